@@ -1,0 +1,3 @@
+"""jupyter-gpuaas: a notebook-centric GPU gateway for JupyterHub."""
+
+__version__ = "0.1.0"
