@@ -1,0 +1,816 @@
+"""The admission core: one state machine that both drivers (gateway, simulator) feed.
+
+Events in (submit, cancel, finish, activity, heartbeat, nodes, time passing), decisions
+out (:class:`~jupyter_gpuaas.admission.model.Decision`). Every method takes `now`; the core
+never reads a clock. Every method returns the decisions it made, in order; the caller
+persists and announces them.
+
+An admission cycle follows Kueue's scheduler: take the head of every tenant whose
+situation changed (nominate: which flavor, does it fit, whom would it preempt), order the
+heads (within nominal before borrowing, then fair share, priority, queue time), admit
+the best, and go again. A head that can neither fit nor preempt marks its bucket
+inadmissible until room frees up for its tenant, so an idle queue costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .autoscale import nodes_needed
+from .ledger import Ledger
+from .model import TERMINAL, Config, Decision, Request, State
+from .nodes import Cluster, Node
+from .preemption import find_victims
+from .queues import BucketKey, TenantQueue, order_key
+from .timers import Timers
+
+# Timer kinds.
+_CULL, _WARN, _EXPIRE, _LEASE, _READY, _SCALE_DOWN = (
+    "cull",
+    "cull_warning",
+    "expire",
+    "lease",
+    "node_ready",
+    "scale_down",
+)
+
+
+@dataclass(frozen=True)
+class Position:
+    tenant_position: int
+    tenant_queued: int
+    overall_position: int
+    overall_queued: int
+
+
+@dataclass(frozen=True)
+class TenantUsage:
+    tenant: str
+    flavor: str
+    nominal: int
+    admitted: int
+    parked: int
+    borrowed: int
+    pending_gpus: int
+    pending_requests: int
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    flavor: str
+    gpus: int
+    holders: dict[int, str]
+    autoscaled: bool
+
+
+@dataclass
+class _Entry:
+    """A nominated head: how its tenant's best candidate would be admitted right now."""
+
+    req: Request
+    mode: str  # "fit" | "preempt" | "resume"
+    flavor: str
+    borrowing: bool
+    victims: list[Request] = field(default_factory=list)
+    key: tuple[Any, ...] = ()
+
+
+class AdmissionCore:
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._ledger = Ledger(config)
+        self._cluster = Cluster()
+        self._timers = Timers()
+        self._requests: dict[str, Request] = {}
+        self._queues: dict[str, TenantQueue] = {t: TenantQueue() for t in config.tenants}
+        self._holding: dict[tuple[str, str], dict[str, Request]] = defaultdict(dict)
+        self._entries: dict[str, _Entry | None] = {}
+        self._dirty: set[str] = set()
+        self._strict_blocked: set[str] = set()
+        # Bucket heads held back by capacity alone (quota would admit them): scale demand.
+        self._capacity_blocked: dict[tuple[str, BucketKey], str] = {}
+        self._resume_blocked: dict[str, str] = {}  # parked rid -> flavor
+        self._provisioning: dict[str, dict[str, float]] = defaultdict(dict)  # flavor->name->t
+        self._desired: dict[str, int] = {}
+        self._seq = 0
+        self._index_tenants()
+        for f in config.flavors.values():
+            for i in range(f.nodes):
+                self._cluster.add(f.name, f"{f.name}-{i}", f.gpus_per_node)
+
+    # ------------------------------------------------------------------ configuration
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    def _index_tenants(self) -> None:
+        self._tenants_of_flavor: dict[str, list[str]] = defaultdict(list)
+        for t in self._config.tenants.values():
+            for f in t.quota:
+                self._tenants_of_flavor[f].append(t.name)
+
+    def update_config(self, config: Config, now: float) -> list[Decision]:
+        """Adopt new quotas and policy. Nobody is evicted; queues are looked at again."""
+        gone = {r.tenant for r in self._requests.values()} - set(config.tenants)
+        if gone:
+            raise ValueError(f"tenants still have requests: {', '.join(sorted(gone))}")
+        self._config = config
+        self._ledger.reconfigure(config)
+        for t in config.tenants:
+            self._queues.setdefault(t, TenantQueue())
+        self._index_tenants()
+        self._wake(config.tenants)
+        return []
+
+    # ------------------------------------------------------------------ events in
+
+    def submit(self, req: Request, now: float, *, claim_parked: bool = False) -> list[Decision]:
+        """A request arrives: rejected at once if it can never be admitted, else queued."""
+        if req.id in self._requests:
+            raise ValueError(f"duplicate request id {req.id!r}")
+        out = [
+            Decision(
+                now, "submit", req.id, {"tenant": req.tenant, "kind": req.kind, "gpus": req.gpus}
+            )
+        ]
+        req.seq = self._seq = self._seq + 1
+        req.queue_time = req.submit_time
+        reason = self.never_fits(req)
+        if reason:
+            req.state = State.REJECTED
+            req.reason = reason
+            out.append(Decision(now, "reject", req.id, {"reason": reason}))
+            return out
+        self._requests[req.id] = req
+        if claim_parked:
+            old = self._find_parked(req)
+            if old is not None:
+                self._take_over(old, req, now, out)
+                return out
+        req.state = State.QUEUED
+        self._queues[req.tenant].push(req)
+        self._touch(req.tenant)
+        return out
+
+    def never_fits(self, req: Request) -> str:
+        """Why `req` can never be admitted ('' if it can), in words for its user."""
+        tenant = self._config.tenants.get(req.tenant)
+        if tenant is None:
+            return f"unknown tenant {req.tenant!r}"
+        if req.gpus < 1:
+            return "a request needs at least one GPU"
+        if req.flavor is not None:
+            if req.flavor not in self._config.flavors:
+                return f"unknown flavor {req.flavor!r}"
+            if req.flavor not in tenant.quota:
+                return f"tenant {tenant.name!r} has no quota for flavor {req.flavor!r}"
+            flavors = [req.flavor]
+        else:
+            flavors = [f for f in tenant.quota if f in self._config.flavors]
+            if not flavors:
+                return f"tenant {tenant.name!r} has no quota for any flavor"
+        widest = 0
+        most = 0
+        for f in flavors:
+            widest = max(widest, self._node_width(f))
+            most = max(most, self._ledger.max_hold(tenant.name, f))
+            if req.gpus <= self._node_width(f) and req.gpus <= self._ledger.max_hold(
+                tenant.name, f
+            ):
+                return ""
+        names = "/".join(flavors)
+        if req.gpus > widest:
+            return f"{req.gpus} GPUs do not fit on one node ({names} nodes have at most {widest})"
+        return (
+            f"{req.gpus} GPUs are more than tenant {tenant.name!r} can ever hold"
+            f" of {names} ({most})"
+        )
+
+    def _node_width(self, flavor: str) -> int:
+        """The most GPUs one node of the flavor has, or could have once scaled up."""
+        widest = max((n.gpus for n in self._cluster.of(flavor)), default=0)
+        spec = self._config.flavors.get(flavor)
+        if spec is not None and (spec.nodes > 0 or flavor in self._config.policy.autoscale):
+            widest = max(widest, spec.gpus_per_node)
+        return widest
+
+    def cancel(self, rid: str, now: float, reason: str = "") -> list[Decision]:
+        """The user cancels: whatever the request holds is released."""
+        return self._end(rid, now, "cancel", State.CANCELLED, reason)
+
+    def finish(self, rid: str, now: float, reason: str = "") -> list[Decision]:
+        """The holder is done (or gone): devices and quota are released."""
+        return self._end(rid, now, "finish", State.FINISHED, reason)
+
+    def activity(self, rid: str, busy: bool, now: float) -> list[Decision]:
+        """The holder is busy or idle. Idle holders are culled; busy culled ones come back."""
+        req = self._get(rid)
+        out: list[Decision] = []
+        if req.state in TERMINAL:
+            return out
+        req.busy = busy
+        if req.state is State.ADMITTED:
+            if busy:
+                req.idle_since = None
+                self._timers.clear(_CULL, rid)
+                self._timers.clear(_WARN, rid)
+            elif req.idle_since is None:
+                req.idle_since = now
+                self._arm_cull(req)
+        elif req.state is State.PARKED:
+            q = self._queues[req.tenant]
+            req.wants_devices = busy
+            if busy:
+                q.resuming[rid] = req
+                self._touch(req.tenant)
+            else:
+                q.resuming.pop(rid, None)
+                self._resume_blocked.pop(rid, None)
+        elif req.state is State.CULLED and busy:
+            self._requeue(req, now, now, out)
+        return out
+
+    def heartbeat(self, rid: str, now: float, busy: bool | None = None) -> list[Decision]:
+        """A lease renewal from the holder, optionally saying whether it is busy."""
+        req = self._get(rid)
+        if req.state is State.ADMITTED and self._config.policy.lease_ttl > 0:
+            req.lease_expires = now + self._config.policy.lease_ttl
+            self._timers.set(_LEASE, rid, req.lease_expires)
+        if busy is None:
+            return []
+        return self.activity(rid, busy, now)
+
+    def add_node(self, flavor: str, name: str, gpus: int, now: float) -> list[Decision]:
+        """A node joined (from the driver's inventory)."""
+        node = self._cluster.add(flavor, name, gpus)
+        node.empty_since = now
+        self._provisioning[flavor].pop(name, None)
+        self._room_freed_in(flavor)
+        return []
+
+    def remove_node(self, name: str, now: float) -> list[Decision]:
+        """A node left: whoever held its devices loses them."""
+        out: list[Decision] = []
+        node = self._cluster.nodes.get(name)
+        if node is None:
+            return out
+        for rid in sorted(set(node.holders.values())):
+            out += self._end(rid, now, "finish", State.FINISHED, f"node {name} left")
+        self._cluster.remove(name)
+        self._timers.clear(_SCALE_DOWN, name)
+        return out
+
+    def restore(self, req: Request, now: float) -> list[Decision]:
+        """Put back a request read from the store, in the state it was stored in.
+
+        A grant whose devices are gone (node missing, device taken) ends with a `finish`.
+        """
+        self._seq = max(self._seq, req.seq)
+        out: list[Decision] = []
+        if req.state in TERMINAL:
+            return out
+        self._requests[req.id] = req
+        if req.state is State.QUEUED:
+            self._queues[req.tenant].push(req)
+            self._touch(req.tenant)
+        elif req.state is State.ADMITTED:
+            node = self._cluster.nodes.get(req.node or "")
+            flavor = req.assigned_flavor or ""
+            ok = (
+                node is not None
+                and node.flavor == flavor
+                and len(req.devices) == req.gpus
+                and all(0 <= d < node.gpus and d not in node.holders for d in req.devices)
+            )
+            if not ok or node is None:
+                req.state = State.FINISHED
+                req.reason = "its devices were gone when the gateway restarted"
+                del self._requests[req.id]
+                out.append(Decision(now, "finish", req.id, {"reason": req.reason}))
+                return out
+            self._cluster.bind(node, req.id, req.devices)
+            self._ledger.add(req.tenant, flavor, req.gpus)
+            self._holding[(req.tenant, flavor)][req.id] = req
+            if req.idle_since is not None:
+                self._arm_cull(req)
+            if req.lease_expires is not None:
+                self._timers.set(_LEASE, req.id, req.lease_expires)
+        elif req.state is State.PARKED:
+            flavor = req.assigned_flavor or ""
+            self._ledger.add(req.tenant, flavor, req.gpus)
+            self._ledger.parked[(req.tenant, flavor)] += req.gpus
+            if req.park_expires is not None:
+                self._timers.set(_EXPIRE, req.id, req.park_expires)
+            if req.wants_devices:
+                self._queues[req.tenant].resuming[req.id] = req
+                self._touch(req.tenant)
+        return out
+
+    # ------------------------------------------------------------------ time
+
+    def next_deadline(self) -> float | None:
+        """When `advance` next has something to do (None: nothing until an event)."""
+        return self._timers.next()
+
+    def advance(self, now: float) -> list[Decision]:
+        """Act on every deadline at or before `now`, each stamped with its own time."""
+        out: list[Decision] = []
+        while True:
+            due = self._timers.pop_due(now)
+            if due is None:
+                return out
+            t, kind, key = due
+            if kind == _READY:
+                self._node_ready(key, t, out)
+                continue
+            if kind == _SCALE_DOWN:
+                self._scale_down(key, t, out)
+                continue
+            req = self._requests.get(key)
+            if req is None:
+                continue
+            if kind == _WARN and req.state is State.ADMITTED:
+                cull_at = self._timers.get(_CULL, key)
+                out.append(Decision(t, "cull_warning", key, {"cull_at": cull_at}))
+            elif kind == _CULL and req.state is State.ADMITTED:
+                self._cull(req, t, out)
+            elif kind == _EXPIRE and req.state is State.PARKED:
+                self._expire(req, t, out)
+            elif kind == _LEASE and req.state is State.ADMITTED:
+                out += self._end(key, t, "finish", State.FINISHED, "lease expired")
+
+    def step(self, now: float) -> list[Decision]:
+        return self.advance(now) + self.schedule(now)
+
+    # ------------------------------------------------------------------ the cycle
+
+    def schedule(self, now: float) -> list[Decision]:
+        """Admission cycles until no head can be admitted; then the scale demand."""
+        out: list[Decision] = []
+        entries = self._entries
+        while True:
+            if self._dirty:
+                for t in self._dirty:
+                    entries[t] = self._nominate(t)
+                self._dirty.clear()
+            best: _Entry | None = None
+            for e in entries.values():
+                if e is not None and (best is None or e.key < best.key):
+                    best = e
+            if best is None:
+                break
+            # Cached entries of untouched tenants may have lost their room to an admission
+            # in another cohort on the same nodes: look again before acting.
+            fresh = self._nominate(best.req.tenant)
+            entries[best.req.tenant] = fresh
+            if fresh is None or fresh.req is not best.req or fresh.key != best.key:
+                continue
+            self._apply(fresh, now, out)
+        if self._config.policy.autoscale:
+            self._scale_demand(now, out)
+        return out
+
+    def _nominate(self, tenant: str) -> _Entry | None:
+        q = self._queues[tenant]
+        spec = self._config.tenants[tenant]
+        for req in sorted(q.resuming.values(), key=order_key):
+            flavor = req.assigned_flavor or ""
+            if self._cluster.best_fit(flavor, req.gpus) is not None:
+                self._resume_blocked.pop(req.id, None)
+                return _Entry(req, "resume", flavor, False, key=(0, order_key(req)))
+            self._resume_blocked[req.id] = flavor
+            if spec.queueing == "StrictFIFO":
+                return None
+        if spec.queueing == "StrictFIFO":
+            if tenant in self._strict_blocked:
+                return None
+            head = q.first()
+            if head is None:
+                return None
+            entry = self._try(head)
+            if entry is None:
+                self._strict_blocked.add(tenant)
+            return entry
+        for _, bucket, req in q.heads():
+            entry = self._try(req, bucket.key)
+            if entry is not None:
+                return entry
+            bucket.inadmissible = True
+        return None
+
+    def _try(self, req: Request, bkey: BucketKey | None = None) -> _Entry | None:
+        spec = self._config.tenants[req.tenant]
+        flavors = [req.flavor] if req.flavor else list(spec.quota)
+        ledger = self._ledger
+        borrowing_choice: str | None = None
+        capacity_flavor: str | None = None
+        for f in flavors:
+            if not ledger.fits(req.tenant, f, req.gpus):
+                continue
+            if self._cluster.best_fit(f, req.gpus) is None:
+                capacity_flavor = capacity_flavor or f
+                continue
+            if not ledger.borrows(req.tenant, f, req.gpus):
+                return self._entry(req, "fit", f, False)
+            borrowing_choice = borrowing_choice or f
+        if borrowing_choice is not None:
+            return self._entry(req, "fit", borrowing_choice, True)
+        for f in flavors:
+            holding = self._holders_near(req.tenant, f)
+            victims = find_victims(req, spec, f, ledger, self._cluster, holding)
+            if victims is not None:
+                own = sum(v.gpus for v in victims if v.tenant == req.tenant)
+                borrowing = ledger.borrows(req.tenant, f, req.gpus, own)
+                return self._entry(req, "preempt", f, borrowing, victims)
+        key = (req.tenant, bkey if bkey is not None else (req.flavor, req.gpus))
+        if capacity_flavor is not None:
+            self._capacity_blocked[key] = capacity_flavor
+        else:
+            self._capacity_blocked.pop(key, None)
+        return None
+
+    def _entry(
+        self,
+        req: Request,
+        mode: str,
+        flavor: str,
+        borrowing: bool,
+        victims: list[Request] | None = None,
+    ) -> _Entry:
+        share = 0.0
+        if borrowing and self._config.policy.fair_sharing:
+            share = self._ledger.share(req.tenant)
+        key = (1, borrowing, share, *order_key(req))
+        return _Entry(req, mode, flavor, borrowing, victims or [], key)
+
+    def _holders_near(self, tenant: str, flavor: str) -> Iterator[Request]:
+        """Requests holding `flavor` devices in the tenant and the rest of its cohort."""
+        spec = self._config.tenants[tenant]
+        names = self._ledger.members[spec.cohort] if spec.cohort else [tenant]
+        for name in names:
+            yield from self._holding[(name, flavor)].values()
+
+    def _apply(self, e: _Entry, now: float, out: list[Decision]) -> None:
+        req = e.req
+        for v in e.victims:
+            self._preempt(v, req, now, out)
+        node = self._cluster.best_fit(e.flavor, req.gpus)
+        assert node is not None, "nominated without room"
+        q = self._queues[req.tenant]
+        if e.mode == "resume":
+            q.resuming.pop(req.id, None)
+            self._ledger.parked[(req.tenant, e.flavor)] -= req.gpus
+            self._timers.clear(_EXPIRE, req.id)
+            req.park_expires = None
+            req.wants_devices = False
+        else:
+            q.remove(req.id)
+            self._ledger.add(req.tenant, e.flavor, req.gpus)
+            self._capacity_blocked.pop((req.tenant, (req.flavor, req.gpus)), None)
+        self._bind(req, node, e.flavor, now)
+        if e.mode == "resume" and req.resumed_from is None:
+            out.append(
+                Decision(now, "resume", req.id, {"node": node.name, "devices": list(req.devices)})
+            )
+        else:
+            if req.first_admit is None:
+                req.first_admit = now
+            fields: dict[str, Any] = {
+                "tenant": req.tenant,
+                "flavor": e.flavor,
+                "gpus": req.gpus,
+                "node": node.name,
+                "devices": list(req.devices),
+            }
+            if req.resumed_from is not None:
+                fields["resumed_from"] = req.resumed_from
+            out.append(Decision(now, "admit", req.id, fields))
+        self._touch(req.tenant)
+
+    def _bind(self, req: Request, node: Node, flavor: str, now: float) -> None:
+        req.devices = node.free_devices(req.gpus)
+        self._cluster.bind(node, req.id, req.devices)
+        self._timers.clear(_SCALE_DOWN, node.name)
+        req.node = node.name
+        req.assigned_flavor = flavor
+        req.state = State.ADMITTED
+        req.admit_time = now
+        self._holding[(req.tenant, flavor)][req.id] = req
+        if self._config.policy.lease_ttl > 0:
+            req.lease_expires = now + self._config.policy.lease_ttl
+            self._timers.set(_LEASE, req.id, req.lease_expires)
+        req.idle_since = None if req.busy else now
+        if req.idle_since is not None:
+            self._arm_cull(req)
+
+    # ------------------------------------------------------------------ releases
+
+    def _release_devices(self, req: Request, now: float) -> None:
+        flavor = req.assigned_flavor or ""
+        node = self._cluster.unbind(req.node or "", req.devices, now)
+        self._holding[(req.tenant, flavor)].pop(req.id, None)
+        if node is not None and not node.holders:
+            self._arm_scale_down(node, now)
+        req.node = None
+        req.devices = ()
+        req.idle_since = None
+        for kind in (_CULL, _WARN, _LEASE):
+            self._timers.clear(kind, req.id)
+        req.lease_expires = None
+        self._room_freed_in(flavor)
+
+    def _release_quota(self, req: Request) -> None:
+        flavor = req.assigned_flavor or ""
+        self._ledger.remove(req.tenant, flavor, req.gpus)
+        if req.state is State.PARKED:
+            self._ledger.parked[(req.tenant, flavor)] -= req.gpus
+            self._queues[req.tenant].resuming.pop(req.id, None)
+            self._resume_blocked.pop(req.id, None)
+            self._timers.clear(_EXPIRE, req.id)
+            req.park_expires = None
+        self._quota_freed_in(req.tenant)
+
+    def _end(self, rid: str, now: float, event: str, state: State, reason: str) -> list[Decision]:
+        req = self._get(rid)
+        if req.state in TERMINAL:
+            return []
+        if req.state is State.QUEUED:
+            self._queues[req.tenant].remove(rid)
+            self._touch(req.tenant)
+        if req.state is State.ADMITTED:
+            self._release_devices(req, now)
+        if req.holds_quota:
+            self._release_quota(req)
+        req.state = state
+        req.reason = reason
+        del self._requests[rid]
+        return [Decision(now, event, rid, {"reason": reason} if reason else {})]
+
+    def _preempt(self, victim: Request, by: Request, now: float, out: list[Decision]) -> None:
+        self._release_devices(victim, now)
+        self._release_quota(victim)
+        victim.preemptions += 1
+        out.append(Decision(now, "preempt", victim.id, {"by": by.id}))
+        if victim.kind == "job":
+            # A preempted job runs again from the start, keeping its place by submit time.
+            self._requeue(victim, now, victim.submit_time, out)
+        else:
+            victim.state = State.PREEMPTED
+            victim.reason = f"preempted by {by.id}"
+            del self._requests[victim.id]
+
+    def _requeue(self, req: Request, now: float, queue_time: float, out: list[Decision]) -> None:
+        req.state = State.QUEUED
+        req.queue_time = queue_time
+        req.assigned_flavor = None
+        req.wants_devices = False
+        self._queues[req.tenant].push(req)
+        self._touch(req.tenant)
+        out.append(Decision(now, "requeue", req.id))
+
+    def _cull(self, req: Request, now: float, out: list[Decision]) -> None:
+        ttl = self._tenant_setting(req.tenant, "reservation_ttl")
+        self._release_devices(req, now)
+        req.culls += 1
+        if ttl > 0:
+            req.state = State.PARKED
+            req.park_expires = now + ttl
+            self._ledger.parked[(req.tenant, req.assigned_flavor or "")] += req.gpus
+            self._timers.set(_EXPIRE, req.id, req.park_expires)
+        else:
+            self._release_quota(req)
+            req.state = State.CULLED
+        out.append(Decision(now, "cull", req.id, {"parked": ttl > 0}))
+
+    def _expire(self, req: Request, now: float, out: list[Decision]) -> None:
+        wanted = req.wants_devices
+        self._release_quota(req)
+        req.state = State.CULLED
+        out.append(Decision(now, "expire", req.id))
+        if wanted:
+            self._requeue(req, now, now, out)
+
+    def _find_parked(self, req: Request) -> Request | None:
+        for other in self._requests.values():
+            if (
+                other.state is State.PARKED
+                and other.user == req.user
+                and other.tenant == req.tenant
+                and other.kind == req.kind
+                and other.gpus == req.gpus
+                and req.flavor in (None, other.assigned_flavor)
+            ):
+                return other
+        return None
+
+    def _take_over(self, old: Request, req: Request, now: float, out: list[Decision]) -> None:
+        """A new request of the same user and tenant takes over a parked reservation."""
+        q = self._queues[req.tenant]
+        q.resuming.pop(old.id, None)
+        self._resume_blocked.pop(old.id, None)
+        self._timers.clear(_EXPIRE, old.id)
+        req.state = State.PARKED
+        req.assigned_flavor = old.assigned_flavor
+        req.park_expires = old.park_expires
+        req.wants_devices = True
+        req.resumed_from = old.id
+        if req.park_expires is not None:
+            self._timers.set(_EXPIRE, req.id, req.park_expires)
+        old.state = State.FINISHED
+        old.reason = f"reservation claimed by {req.id}"
+        del self._requests[old.id]
+        out.append(Decision(now, "finish", old.id, {"reason": old.reason}))
+        q.resuming[req.id] = req
+        self._touch(req.tenant)
+
+    # ------------------------------------------------------------------ who to wake
+
+    def _touch(self, tenant: str) -> None:
+        self._dirty.add(tenant)
+
+    def _wake(self, tenants: Iterable[str]) -> None:
+        for t in tenants:
+            self._queues[t].clear_marks()
+            self._strict_blocked.discard(t)
+            self._dirty.add(t)
+
+    def _room_freed_in(self, flavor: str) -> None:
+        self._wake(self._tenants_of_flavor.get(flavor, ()))
+
+    def _quota_freed_in(self, tenant: str) -> None:
+        cohort = self._config.tenants[tenant].cohort
+        self._wake(self._ledger.members[cohort] if cohort else (tenant,))
+
+    # ------------------------------------------------------------------ idle policy
+
+    def _tenant_setting(self, tenant: str, name: str) -> float:
+        own = getattr(self._config.tenants[tenant], name)
+        return float(own if own is not None else getattr(self._config.policy, name))
+
+    def _arm_cull(self, req: Request) -> None:
+        if req.kind == "job" or req.idle_since is None:
+            return
+        timeout = self._tenant_setting(req.tenant, "idle_timeout")
+        if timeout <= 0:
+            return
+        cull_at = req.idle_since + timeout
+        self._timers.set(_CULL, req.id, cull_at)
+        lead = self._config.policy.cull_warning
+        if 0 < lead < timeout:
+            self._timers.set(_WARN, req.id, cull_at - lead)
+
+    # ------------------------------------------------------------------ autoscale
+
+    def _scale_demand(self, now: float, out: list[Decision]) -> None:
+        sizes: dict[str, list[int]] = defaultdict(list)
+        tentative: list[tuple[str, str, int]] = []
+        for (tenant, bkey), flavor in list(self._capacity_blocked.items()):
+            if flavor not in self._config.policy.autoscale:
+                continue
+            bucket = self._queues[tenant].buckets.get(bkey)
+            if bucket is None:
+                del self._capacity_blocked[(tenant, bkey)]
+                continue
+            gpus = bkey[1]
+            n = 0
+            while n < bucket.count and self._ledger.fits(tenant, flavor, gpus):
+                self._ledger.add(tenant, flavor, gpus)
+                tentative.append((tenant, flavor, gpus))
+                n += 1
+            sizes[flavor] += [gpus] * n
+        for tenant, flavor, gpus in tentative:
+            self._ledger.remove(tenant, flavor, gpus)
+        for rid, flavor in self._resume_blocked.items():
+            if flavor in self._config.policy.autoscale:
+                sizes[flavor].append(self._requests[rid].gpus)
+        for flavor, auto in self._config.policy.autoscale.items():
+            spec = self._config.flavors[flavor]
+            ready = len(self._cluster.of(flavor))
+            coming = len(self._provisioning[flavor]) if auto.provision else 0
+            room = max(0, auto.max_nodes - ready - coming)
+            new = nodes_needed(sizes.get(flavor, ()), spec.gpus_per_node, coming, room)
+            if new and auto.provision:
+                names = self._new_node_names(flavor, new)
+                for name in names:
+                    self._provisioning[flavor][name] = now + auto.provision_delay
+                    self._timers.set(_READY, name, now + auto.provision_delay)
+                out.append(Decision(now, "scale_up", None, {"flavor": flavor, "nodes": new}))
+                coming += new
+                new = 0
+            self._desired[flavor] = ready + coming + new
+
+    def _new_node_names(self, flavor: str, n: int) -> list[str]:
+        taken = {node.name for node in self._cluster.of(flavor)} | set(self._provisioning[flavor])
+        names: list[str] = []
+        i = 0
+        while len(names) < n:
+            name = f"{flavor}-{i}"
+            if name not in taken and name not in self._cluster.nodes:
+                names.append(name)
+            i += 1
+        return names
+
+    def _node_ready(self, name: str, now: float, out: list[Decision]) -> None:
+        flavor = next((f for f, p in self._provisioning.items() if name in p), None)
+        if flavor is None:
+            return
+        del self._provisioning[flavor][name]
+        spec = self._config.flavors[flavor]
+        node = self._cluster.add(flavor, name, spec.gpus_per_node, autoscaled=True)
+        out.append(Decision(now, "node_ready", None, {"flavor": flavor, "node": name}))
+        self._arm_scale_down(node, now)
+        self._room_freed_in(flavor)
+
+    def _arm_scale_down(self, node: Node, now: float) -> None:
+        auto = self._config.policy.autoscale.get(node.flavor)
+        if node.autoscaled and auto is not None and auto.provision:
+            node.empty_since = now
+            self._timers.set(_SCALE_DOWN, node.name, now + auto.scale_down_after)
+
+    def _scale_down(self, name: str, now: float, out: list[Decision]) -> None:
+        node = self._cluster.nodes.get(name)
+        if node is None or node.holders:
+            return
+        self._cluster.remove(name)
+        out.append(Decision(now, "scale_down", None, {"flavor": node.flavor, "node": name}))
+        self._desired[node.flavor] = max(0, self._desired.get(node.flavor, 0) - 1)
+
+    # ------------------------------------------------------------------ queries
+
+    def _get(self, rid: str) -> Request:
+        req = self._requests.get(rid)
+        if req is None:
+            raise KeyError(rid)
+        return req
+
+    def get(self, rid: str) -> Request | None:
+        return self._requests.get(rid)
+
+    def live_requests(self) -> Iterator[Request]:
+        return iter(self._requests.values())
+
+    def position(self, rid: str) -> Position | None:
+        """1-based place of a queued request in its tenant's queue and among all queued."""
+        req = self._requests.get(rid)
+        if req is None or req.state is not State.QUEUED:
+            return None
+        q = self._queues[req.tenant]
+        mine = order_key(req)
+        overall = 0
+        total = 0
+        for other in self._queues.values():
+            total += len(other)
+            overall += sum(1 for r in other.requests() if order_key(r)[:2] < mine[:2])
+        return Position(q.ahead_of(req) + 1, len(q), overall + 1, total)
+
+    def tenant_usage(self) -> list[TenantUsage]:
+        pending: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for name, q in self._queues.items():
+            spec = self._config.tenants.get(name)
+            if spec is None:
+                continue
+            for r in q.requests():
+                f = r.flavor or next(iter(spec.quota), "")
+                pending[(name, f)][0] += r.gpus
+                pending[(name, f)][1] += 1
+        out = []
+        for t in self._config.tenants.values():
+            for f, nominal in t.quota.items():
+                used = self._ledger.usage[(t.name, f)]
+                parked = self._ledger.parked[(t.name, f)]
+                gpus, count = pending.get((t.name, f), (0, 0))
+                out.append(
+                    TenantUsage(
+                        t.name,
+                        f,
+                        nominal,
+                        used - parked,
+                        parked,
+                        self._ledger.borrowed(t.name, f),
+                        gpus,
+                        count,
+                    )
+                )
+        return out
+
+    def nodes(self) -> list[NodeState]:
+        return [
+            NodeState(n.name, n.flavor, n.gpus, dict(n.holders), n.autoscaled)
+            for n in self._cluster
+        ]
+
+    def desired_nodes(self) -> dict[str, int]:
+        """Nodes per flavor the queue asks for: ready, coming, and still to ask for."""
+        out = {f: len(self._cluster.of(f)) for f in self._config.flavors}
+        for f, n in self._desired.items():
+            out[f] = max(out.get(f, 0), n)
+        return out
+
+    def provisioning(self) -> dict[str, dict[str, float]]:
+        """Nodes on their way, by flavor: name -> time they will be ready."""
+        return {f: dict(p) for f, p in self._provisioning.items() if p}

@@ -1,0 +1,139 @@
+"""The quota ledger: who holds how much of which flavor, and what may still be borrowed.
+
+Usage counts admitted and parked GPUs. A tenant's usage up to its guaranteed quota
+(nominal minus lendable) is its own; everything above draws on its cohort's pool, the sum
+of what the members lend. So, for every cohort and flavor:
+
+    sum over members of max(0, usage - guaranteed) <= sum over members of lendable
+
+The ledger keeps that left-hand sum per cohort and flavor up to date, so a fit check is a
+handful of dictionary reads however many requests are admitted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+
+from .model import Config, Tenant
+
+
+class Ledger:
+    def __init__(self, config: Config) -> None:
+        self.usage: dict[tuple[str, str], int] = defaultdict(int)
+        self.parked: dict[tuple[str, str], int] = defaultdict(int)
+        self._drawn: dict[tuple[str, str], int] = defaultdict(int)  # (cohort, flavor)
+        self.reconfigure(config)
+
+    def reconfigure(self, config: Config) -> None:
+        """Adopt new quotas, keeping usage: an admin's change never evicts anyone."""
+        self.tenants: Mapping[str, Tenant] = config.tenants
+        self.members: dict[str, list[str]] = defaultdict(list)
+        self._pool: dict[tuple[str, str], int] = defaultdict(int)
+        for t in config.tenants.values():
+            if t.cohort is not None:
+                self.members[t.cohort].append(t.name)
+                for f in t.quota:
+                    self._pool[(t.cohort, f)] += t.lendable(f)
+        self._drawn.clear()
+        for (tenant, flavor), used in self.usage.items():
+            spec = self.tenants.get(tenant)
+            if spec is not None and spec.cohort is not None:
+                self._drawn[(spec.cohort, flavor)] += max(0, used - spec.guaranteed(flavor))
+
+    # --- changes -------------------------------------------------------------------
+
+    def add(self, tenant: str, flavor: str, gpus: int) -> None:
+        self._move(tenant, flavor, gpus)
+
+    def remove(self, tenant: str, flavor: str, gpus: int) -> None:
+        self._move(tenant, flavor, -gpus)
+
+    def _move(self, tenant: str, flavor: str, delta: int) -> None:
+        key = (tenant, flavor)
+        before = self.usage[key]
+        after = before + delta
+        self.usage[key] = after
+        t = self.tenants[tenant]
+        if t.cohort is not None:
+            g = t.guaranteed(flavor)
+            self._drawn[(t.cohort, flavor)] += max(0, after - g) - max(0, before - g)
+
+    # --- questions -----------------------------------------------------------------
+
+    def nominal(self, tenant: str, flavor: str) -> int:
+        return self.tenants[tenant].quota.get(flavor, 0)
+
+    def borrowed(self, tenant: str, flavor: str) -> int:
+        return max(0, self.usage[(tenant, flavor)] - self.nominal(tenant, flavor))
+
+    def pool(self, cohort: str, flavor: str) -> int:
+        return self._pool[(cohort, flavor)]
+
+    def fits(
+        self,
+        tenant: str,
+        flavor: str,
+        gpus: int,
+        removed: Mapping[str, int] | None = None,
+        allow_borrow: bool = True,
+    ) -> bool:
+        """Would `gpus` more fit the tenant's quota of `flavor`?
+
+        `removed` takes GPUs away from tenants first (per tenant, this flavor): the
+        preemption search asks "would it fit if these victims went?".
+        """
+        t = self.tenants[tenant]
+        if flavor not in t.quota:
+            return False
+        rm = removed or {}
+        used = self.usage[(tenant, flavor)] - rm.get(tenant, 0)
+        after = used + gpus
+        nominal = t.quota[flavor]
+        if after <= nominal and t.cohort is None:
+            return True
+        if t.cohort is None or (not allow_borrow and after > nominal):
+            return False
+        limit = t.borrowing_limit.get(flavor)
+        if limit is not None and after > nominal + limit:
+            return False
+        drawn = self._drawn[(t.cohort, flavor)]
+        for name, gone in rm.items():
+            m = self.tenants[name]
+            if m.cohort != t.cohort or not gone:
+                continue
+            u = self.usage[(name, flavor)]
+            g = m.guaranteed(flavor)
+            drawn += max(0, u - gone - g) - max(0, u - g)
+        g = t.guaranteed(flavor)
+        drawn += max(0, after - g) - max(0, used - g)
+        return drawn <= self._pool[(t.cohort, flavor)]
+
+    def borrows(self, tenant: str, flavor: str, gpus: int, removed: int = 0) -> bool:
+        """Would holding `gpus` more put the tenant above its nominal quota?"""
+        return self.usage[(tenant, flavor)] - removed + gpus > self.nominal(tenant, flavor)
+
+    def max_hold(self, tenant: str, flavor: str) -> int:
+        """The most the tenant could ever hold of the flavor, with everyone else idle."""
+        t = self.tenants[tenant]
+        nominal = t.quota.get(flavor, 0)
+        if t.cohort is None:
+            return nominal
+        others = sum(
+            self.tenants[m].lendable(flavor) for m in self.members[t.cohort] if m != tenant
+        )
+        limit = t.borrowing_limit.get(flavor)
+        return nominal + (others if limit is None else min(limit, others))
+
+    def share(self, tenant: str) -> float:
+        """Weighted share for fair sharing: the largest of borrowed / pool / weight."""
+        t = self.tenants[tenant]
+        if t.cohort is None:
+            return 0.0
+        best = 0.0
+        for f in t.quota:
+            pool = self._pool[(t.cohort, f)]
+            b = self.borrowed(tenant, f)
+            if b and pool:
+                best = max(best, b / pool / t.weight)
+        return best

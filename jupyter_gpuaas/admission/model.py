@@ -1,0 +1,178 @@
+"""The words of the admission core as plain data: flavors, tenants, policy, requests, decisions.
+
+Nothing here does I/O or reads a clock; times are seconds on whatever clock the driver
+uses (virtual in the simulator, the epoch in the gateway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+KINDS = ("server", "kernel", "job")
+QUEUEING = ("BestEffortFIFO", "StrictFIFO")
+WITHIN_TENANT = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
+RECLAIM_WITHIN_COHORT = ("Never", "LowerPriority", "Any")
+BORROW_WITHIN_COHORT = ("Never", "LowerPriority")
+
+
+class State(str, Enum):
+    """Where a request stands. The values are the states of SCENARIO.md."""
+
+    QUEUED = "queued"
+    ADMITTED = "admitted"
+    PARKED = "parked"
+    CULLED = "culled"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+    PREEMPTED = "preempted"
+
+
+#: States after which a request holds nothing and will never run again.
+TERMINAL = frozenset({State.FINISHED, State.CANCELLED, State.REJECTED, State.PREEMPTED})
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """A kind of GPU: a pool of identical nodes with `gpus_per_node` devices each."""
+
+    name: str
+    nodes: int
+    gpus_per_node: int
+
+
+@dataclass(frozen=True)
+class Preemption:
+    within_tenant: str = "Never"
+    reclaim_within_cohort: str = "Never"
+    borrow_within_cohort: str = "Never"
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A team that owns GPU quota (a JupyterHub group; Kueue's ClusterQueue).
+
+    `quota` keeps its key order: it is the order in which flavors are tried.
+    `idle_timeout`/`reservation_ttl` of None fall back to the global policy.
+    """
+
+    name: str
+    quota: Mapping[str, int]
+    cohort: str | None = None
+    borrowing_limit: Mapping[str, int] = field(default_factory=dict)
+    lending_limit: Mapping[str, int] = field(default_factory=dict)
+    weight: float = 1.0
+    queueing: str = "BestEffortFIFO"
+    preemption: Preemption = field(default_factory=Preemption)
+    idle_timeout: float | None = None
+    reservation_ttl: float | None = None
+
+    def lendable(self, flavor: str) -> int:
+        nominal = self.quota.get(flavor, 0)
+        limit = self.lending_limit.get(flavor)
+        return nominal if limit is None else min(limit, nominal)
+
+    def guaranteed(self, flavor: str) -> int:
+        """The part of nominal quota that is never lent: (nominal - lendable)."""
+        return self.quota.get(flavor, 0) - self.lendable(flavor)
+
+
+@dataclass(frozen=True)
+class Autoscale:
+    """Scale-up and scale-down of one flavor's node pool."""
+
+    max_nodes: int
+    provision_delay: float = 0.0
+    scale_down_after: float = 600.0
+    # True: the core models provisioning itself (node_ready after provision_delay), as the
+    # simulator and the gateway's simulated scaler do. False: the core only reports demand
+    # and the driver adds nodes when they really join.
+    provision: bool = True
+
+
+@dataclass(frozen=True)
+class Policy:
+    fair_sharing: bool = False
+    idle_timeout: float = 0.0
+    reservation_ttl: float = 0.0
+    autoscale: Mapping[str, Autoscale] = field(default_factory=dict)
+    # Seconds before a cull that a `cull_warning` decision is made (0 = no warning).
+    cull_warning: float = 0.0
+    # Seconds an admitted holder may go without a heartbeat (0 = no leases, as in the
+    # simulator where holders cannot crash).
+    lease_ttl: float = 0.0
+
+
+@dataclass(frozen=True)
+class Config:
+    """Flavors, tenants and policy: the quota part of a scenario, shared with the gateway."""
+
+    flavors: Mapping[str, Flavor]
+    tenants: Mapping[str, Tenant]
+    policy: Policy = field(default_factory=Policy)
+
+
+@dataclass
+class Request:
+    """A demand for `gpus` GPUs by `user` on behalf of `tenant` (Kueue's Workload).
+
+    The driver creates it; the core owns the fields below the line once submitted.
+    """
+
+    id: str
+    tenant: str
+    user: str
+    kind: str
+    gpus: int
+    submit_time: float
+    flavor: str | None = None
+    priority: int = 0
+    busy: bool = True
+    # --- owned by the core ---
+    state: State = State.QUEUED
+    queue_time: float = 0.0  # ordering time: the submit time, or the time of a re-queue
+    seq: int = 0  # arrival order, the last tie-breaker
+    assigned_flavor: str | None = None  # flavor of the current or parked reservation
+    node: str | None = None
+    devices: tuple[int, ...] = ()
+    first_admit: float | None = None
+    admit_time: float | None = None
+    idle_since: float | None = None
+    park_expires: float | None = None
+    lease_expires: float | None = None
+    wants_devices: bool = False  # parked and busy again: waits to be resumed
+    preemptions: int = 0
+    culls: int = 0
+    reason: str = ""
+    resumed_from: str | None = None  # the parked reservation this request took over
+
+    @property
+    def holds_quota(self) -> bool:
+        return self.state in (State.ADMITTED, State.PARKED)
+
+    @property
+    def holds_devices(self) -> bool:
+        return self.state is State.ADMITTED
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One thing the core decided at time `t`: an event of SCENARIO.md's table.
+
+    `fields` carries the event's own fields (tenant, flavor, node, devices, by, reason, ...).
+    """
+
+    t: float
+    event: str
+    id: str | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"t": self.t, "event": self.event}
+        if self.id is not None:
+            out["id"] = self.id
+        out.update(self.fields)
+        return out

@@ -1,0 +1,96 @@
+"""Nodes and devices: where an admitted request's GPUs physically are.
+
+A request runs on one node. Placement is best fit: the node of the flavor with the fewest
+free devices that still has enough, lowest node index on a tie, lowest device indices
+first. Best fit keeps whole nodes free for wide requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Node:
+    name: str
+    flavor: str
+    gpus: int
+    order: int  # tie-breaker for placement: creation order
+    autoscaled: bool = False
+    holders: dict[int, str] = field(default_factory=dict)  # device index -> request id
+    empty_since: float | None = None  # for scale-down; None while any device is bound
+
+    @property
+    def free(self) -> int:
+        return self.gpus - len(self.holders)
+
+    def free_devices(self, n: int) -> tuple[int, ...]:
+        out = []
+        for d in range(self.gpus):
+            if d not in self.holders:
+                out.append(d)
+                if len(out) == n:
+                    break
+        return tuple(out)
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self._by_flavor: dict[str, list[Node]] = {}
+        self._order = 0
+
+    def add(self, flavor: str, name: str, gpus: int, autoscaled: bool = False) -> Node:
+        if name in self.nodes:
+            raise ValueError(f"node {name!r} exists")
+        node = Node(name, flavor, gpus, self._order, autoscaled)
+        self._order += 1
+        self.nodes[name] = node
+        self._by_flavor.setdefault(flavor, []).append(node)
+        return node
+
+    def remove(self, name: str) -> Node:
+        node = self.nodes.pop(name)
+        self._by_flavor[node.flavor].remove(node)
+        return node
+
+    def of(self, flavor: str) -> list[Node]:
+        return self._by_flavor.get(flavor, [])
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes.values())
+
+    def best_fit(
+        self, flavor: str, gpus: int, freed: Mapping[str, int] | None = None
+    ) -> Node | None:
+        """The node to place `gpus` on, counting `freed` devices (by node) as free too."""
+        best: Node | None = None
+        best_free = 0
+        for node in self._by_flavor.get(flavor, ()):
+            free = node.free + (freed.get(node.name, 0) if freed else 0)
+            if free >= gpus and (best is None or free < best_free):
+                best, best_free = node, free
+                if free == gpus:
+                    break
+        return best
+
+    def bind(self, node: Node, rid: str, devices: Iterable[int]) -> None:
+        for d in devices:
+            if d in node.holders:  # never two holders for one device
+                raise RuntimeError(f"device {node.name}:{d} already held by {node.holders[d]}")
+            node.holders[d] = rid
+        node.empty_since = None
+
+    def unbind(self, node_name: str, devices: Iterable[int], now: float) -> Node | None:
+        node = self.nodes.get(node_name)
+        if node is None:
+            return None
+        for d in devices:
+            node.holders.pop(d, None)
+        if not node.holders:
+            node.empty_since = now
+        return node
+
+    def capacity(self, flavor: str) -> int:
+        return sum(n.gpus for n in self._by_flavor.get(flavor, ()))

@@ -1,0 +1,122 @@
+"""Kueue's classic preemption: whom to evict so that a request fits, and as few as possible.
+
+A request may preempt when, with its victims gone, it fits within its tenant's nominal
+quota; or, where `borrow_within_cohort` allows, while borrowing. Candidates are its own
+tenant's requests allowed by `within_tenant`, and requests of other cohort members that
+are above their nominal quota, allowed by `reclaim_within_cohort` (or, when the preemptor
+borrows, by `borrow_within_cohort`). Victims are taken greedily — other tenants first,
+then lower priority, then most recently admitted — until the request fits, and the set is
+then minimised by putting back every victim the request can do without.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from .ledger import Ledger
+from .model import Request, Tenant
+from .nodes import Cluster
+
+
+def _own_allowed(policy: str, victim: Request, req: Request) -> bool:
+    if policy == "LowerPriority":
+        return victim.priority < req.priority
+    if policy == "LowerOrNewerEqualPriority":
+        if victim.priority != req.priority:
+            return victim.priority < req.priority
+        return (victim.queue_time, victim.seq) > (req.queue_time, req.seq)
+    return False
+
+
+def _victim_order(tenant: str) -> object:
+    def key(v: Request) -> tuple[bool, int, float, int]:
+        return (v.tenant == tenant, v.priority, -(v.admit_time or 0.0), -v.seq)
+
+    return key
+
+
+def find_victims(
+    req: Request,
+    tenant: Tenant,
+    flavor: str,
+    ledger: Ledger,
+    cluster: Cluster,
+    admitted: Iterable[Request],
+) -> list[Request] | None:
+    """The requests to preempt so that `req` fits `flavor`, or None if no set will do.
+
+    `admitted` are the requests holding devices of `flavor` in the tenant or its cohort.
+    """
+    p = tenant.preemption
+    if (
+        p.within_tenant == "Never"
+        and p.reclaim_within_cohort == "Never"
+        and p.borrow_within_cohort == "Never"
+    ):
+        return None
+    own: list[Request] = []
+    reclaim: list[Request] = []
+    borrow: list[Request] = []
+    for v in admitted:
+        if v.tenant == req.tenant:
+            if _own_allowed(p.within_tenant, v, req):
+                own.append(v)
+        elif tenant.cohort is not None:
+            if p.reclaim_within_cohort == "Any" or (
+                p.reclaim_within_cohort == "LowerPriority" and v.priority < req.priority
+            ):
+                reclaim.append(v)
+            elif p.borrow_within_cohort == "LowerPriority" and v.priority < req.priority:
+                borrow.append(v)
+    victims = _minimal(req, flavor, ledger, cluster, own + reclaim, allow_borrow=False)
+    if victims is None and p.borrow_within_cohort == "LowerPriority":
+        candidates = own + reclaim + borrow
+        victims = _minimal(req, flavor, ledger, cluster, candidates, allow_borrow=True)
+    return victims
+
+
+def _minimal(
+    req: Request,
+    flavor: str,
+    ledger: Ledger,
+    cluster: Cluster,
+    candidates: list[Request],
+    allow_borrow: bool,
+) -> list[Request] | None:
+    if not candidates:
+        return None
+    candidates.sort(key=_victim_order(req.tenant))  # type: ignore[arg-type]
+    removed: dict[str, int] = defaultdict(int)
+    freed: dict[str, int] = defaultdict(int)
+
+    def fits() -> bool:
+        return (
+            ledger.fits(req.tenant, flavor, req.gpus, removed, allow_borrow)
+            and cluster.best_fit(flavor, req.gpus, freed) is not None
+        )
+
+    targets: list[Request] = []
+    for v in candidates:
+        if v.tenant != req.tenant:
+            # Only a member still above its nominal quota may be reclaimed from.
+            left = ledger.usage[(v.tenant, flavor)] - removed[v.tenant]
+            if left <= ledger.nominal(v.tenant, flavor):
+                continue
+        targets.append(v)
+        removed[v.tenant] += v.gpus
+        freed[v.node or ""] += v.gpus
+        if fits():
+            break
+    else:
+        return None
+    for i in range(len(targets) - 2, -1, -1):
+        v = targets[i]
+        removed[v.tenant] -= v.gpus
+        freed[v.node or ""] -= v.gpus
+        if fits():
+            targets.pop(i)
+        else:
+            removed[v.tenant] += v.gpus
+            freed[v.node or ""] += v.gpus
+    return targets
