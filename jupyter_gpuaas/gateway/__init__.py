@@ -1,0 +1,1 @@
+"""The arbiter service: store, REST and events, auth, device inventory, metrics, scalers."""

@@ -1,0 +1,236 @@
+"""Prometheus metrics of one gateway, with the names of INTERFACES.md.
+
+Each `GatewayMetrics` owns its own `CollectorRegistry`, so several gateways in one test
+process (or one process embedding two) never clash on the global registry.
+
+Events (an admission's wait, a cull, a preemption) are counters and a histogram updated
+as they happen. State (queues, quotas, devices) is a snapshot the gateway hands over after
+each admission cycle and sampling tick; a custom collector renders the latest snapshot at
+scrape time, so a series whose tenant, flavor or device disappeared disappears with it, and
+a scrape never sees half of an old snapshot and half of a new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from .devices import DeviceSample
+
+# Admission waits range from an instant (free capacity) to hours (a busy pool at night).
+WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, float("inf"))
+
+
+@dataclass(frozen=True)
+class TenantUsage:
+    """GPUs of one tenant and flavor, as the quota ledger counts them."""
+
+    tenant: str
+    flavor: str
+    quota: int
+    admitted: int
+    parked: int
+    borrowed: int
+    pending_gpus: int
+
+
+@dataclass(frozen=True)
+class PendingCount:
+    tenant: str
+    flavor: str
+    kind: str
+    count: int
+
+
+# (sample, flavor, tenant or None, user or None): a device and who holds it, if anyone.
+DeviceRow = tuple[DeviceSample, str, str | None, str | None]
+
+_DEVICE_LABELS = ["node", "device", "flavor", "tenant", "user"]
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    tenants: tuple[TenantUsage, ...] = ()
+    pending: tuple[PendingCount, ...] = ()
+    desired_nodes: tuple[tuple[str, int], ...] = ()
+    idle_gpus: tuple[tuple[str, int], ...] = ()
+    devices: tuple[DeviceRow, ...] = ()
+    simulated: bool | None = None
+
+
+class _SnapshotCollector(Collector):
+    """Renders the gauges from whatever snapshot is current at scrape time."""
+
+    def __init__(self) -> None:
+        self.snapshot = _Snapshot()
+
+    def describe(self) -> list[Metric]:
+        # Declared so the registry does not call collect() at registration, and so that
+        # name clashes with the counters are caught then.
+        return list(self._families(_Snapshot()))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(self.snapshot))
+
+    @staticmethod
+    def _families(snap: _Snapshot) -> list[Metric]:
+        tf = ["tenant", "flavor"]
+        pending_req = GaugeMetricFamily(
+            "gpuaas_pending_requests",
+            "Queued requests per tenant, flavor and kind.",
+            labels=["tenant", "flavor", "kind"],
+        )
+        pending_gpus = GaugeMetricFamily(
+            "gpuaas_pending_gpus", "GPUs asked for by queued requests.", labels=tf
+        )
+        admitted = GaugeMetricFamily(
+            "gpuaas_admitted_gpus", "GPUs bound to admitted requests.", labels=tf
+        )
+        parked = GaugeMetricFamily(
+            "gpuaas_parked_gpus",
+            "GPUs of quota reserved for parked (culled, resumable) requests.",
+            labels=tf,
+        )
+        quota = GaugeMetricFamily("gpuaas_quota_gpus", "Nominal GPU quota.", labels=tf)
+        borrowed = GaugeMetricFamily(
+            "gpuaas_borrowed_gpus", "GPUs used beyond nominal quota, lent by the cohort.", labels=tf
+        )
+        desired = GaugeMetricFamily(
+            "gpuaas_desired_nodes",
+            "Nodes per flavor the queue needs: ready nodes plus the quota-admissible demand "
+            "that capacity blocks (what KEDA scales on).",
+            labels=["flavor"],
+        )
+        idle = GaugeMetricFamily(
+            "gpuaas_idle_gpus", "GPUs held by grants that report idle.", labels=["tenant"]
+        )
+        util = GaugeMetricFamily(
+            "gpuaas_device_utilization_ratio", "GPU utilization, 0..1.", labels=_DEVICE_LABELS
+        )
+        mem = GaugeMetricFamily(
+            "gpuaas_device_memory_used_bytes", "GPU memory in use.", labels=_DEVICE_LABELS
+        )
+        temp = GaugeMetricFamily(
+            "gpuaas_device_temperature_celsius", "GPU temperature.", labels=_DEVICE_LABELS
+        )
+        power = GaugeMetricFamily(
+            "gpuaas_device_power_watts", "GPU power draw.", labels=_DEVICE_LABELS
+        )
+        healthy = GaugeMetricFamily(
+            "gpuaas_device_healthy",
+            "1 if the device answered every essential query in the last sample.",
+            labels=_DEVICE_LABELS,
+        )
+        simulated = GaugeMetricFamily(
+            "gpuaas_devices_simulated", "1 if the inventory is simulated (no real GPUs)."
+        )
+
+        for p in snap.pending:
+            pending_req.add_metric([p.tenant, p.flavor, p.kind], p.count)
+        for t in snap.tenants:
+            labels = [t.tenant, t.flavor]
+            pending_gpus.add_metric(labels, t.pending_gpus)
+            admitted.add_metric(labels, t.admitted)
+            parked.add_metric(labels, t.parked)
+            quota.add_metric(labels, t.quota)
+            borrowed.add_metric(labels, t.borrowed)
+        for flavor, n in snap.desired_nodes:
+            desired.add_metric([flavor], n)
+        for tenant, n in snap.idle_gpus:
+            idle.add_metric([tenant], n)
+        for s, dev_flavor, holder_tenant, holder_user in snap.devices:
+            labels = [s.node, str(s.index), dev_flavor, holder_tenant or "", holder_user or ""]
+            util.add_metric(labels, s.utilization)
+            mem.add_metric(labels, s.memory_used)
+            if s.temperature is not None:
+                temp.add_metric(labels, s.temperature)
+            if s.power is not None:
+                power.add_metric(labels, s.power)
+            healthy.add_metric(labels, 1.0 if s.healthy else 0.0)
+        if snap.simulated is not None:
+            simulated.add_metric([], 1.0 if snap.simulated else 0.0)
+        return [
+            pending_req,
+            pending_gpus,
+            admitted,
+            parked,
+            quota,
+            borrowed,
+            desired,
+            idle,
+            util,
+            mem,
+            temp,
+            power,
+            healthy,
+            simulated,
+        ]
+
+
+class GatewayMetrics:
+    """All of one gateway's metrics and their rendering."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._collector = _SnapshotCollector()
+        self.registry.register(self._collector)
+        self.admission_wait = Histogram(
+            "gpuaas_admission_wait_seconds",
+            "Seconds from submit to admission.",
+            ["tenant", "kind"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.culled = Counter(
+            "gpuaas_culled",
+            "Grants culled for idleness.",
+            ["tenant", "kind"],
+            registry=self.registry,
+        )
+        self.preempted = Counter(
+            "gpuaas_preempted",
+            "Admitted requests preempted to make room for others.",
+            ["tenant", "kind"],
+            registry=self.registry,
+        )
+
+    def observe_wait(self, tenant: str, kind: str, seconds: float) -> None:
+        self.admission_wait.labels(tenant=tenant, kind=kind).observe(max(0.0, seconds))
+
+    def inc_culled(self, tenant: str, kind: str) -> None:
+        self.culled.labels(tenant=tenant, kind=kind).inc()
+
+    def inc_preempted(self, tenant: str, kind: str) -> None:
+        self.preempted.labels(tenant=tenant, kind=kind).inc()
+
+    def set_snapshot(
+        self,
+        tenants: Iterable[TenantUsage],
+        pending: Iterable[PendingCount],
+        desired_nodes: Mapping[str, int],
+        idle_gpus: Mapping[str, int],
+        devices: Iterable[DeviceRow],
+        simulated: bool | None = None,
+    ) -> None:
+        """Replace every gauge's series with these; series absent here are dropped.
+
+        `simulated`, when given, is exported as gpuaas_devices_simulated so dashboards can
+        say that the numbers are invented.
+        """
+        self._collector.snapshot = _Snapshot(
+            tenants=tuple(tenants),
+            pending=tuple(pending),
+            desired_nodes=tuple(desired_nodes.items()),
+            idle_gpus=tuple(idle_gpus.items()),
+            devices=tuple(devices),
+            simulated=simulated,
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        """The body and Content-Type of a `GET metrics` answer."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
