@@ -1,0 +1,340 @@
+"""Validate the `flavors`, `tenants` and `policy` blocks (SCENARIO.md) into the core's model.
+
+One parser serves the simulator's scenarios and the gateway's `--quotas` file, so a quota
+typo is caught the same way everywhere. It is strict on purpose: an unknown key or a wrong
+type is an error that names its dotted path (`tenants.vision.quota.a100`), never something
+silently ignored, because a silently ignored `borowing_limit` changes who gets GPUs.
+
+Pure: stdlib only, no I/O. Callers parse YAML/JSON themselves and pass plain data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from jupyter_gpuaas.admission.model import (
+    BORROW_WITHIN_COHORT,
+    QUEUEING,
+    RECLAIM_WITHIN_COHORT,
+    WITHIN_TENANT,
+    Autoscale,
+    Config,
+    Flavor,
+    Policy,
+    Preemption,
+    Tenant,
+)
+
+__all__ = [
+    "SpecError",
+    "join_key",
+    "parse_config",
+    "want_bool",
+    "want_int",
+    "want_mapping",
+    "want_name",
+    "want_number",
+]
+
+CONFIG_KEYS = ("flavors", "tenants", "policy")
+FLAVOR_KEYS = ("nodes", "gpus_per_node")
+TENANT_KEYS = (
+    "cohort",
+    "quota",
+    "borrowing_limit",
+    "lending_limit",
+    "weight",
+    "queueing",
+    "preemption",
+    "idle_timeout",
+    "reservation_ttl",
+)
+PREEMPTION_KEYS = ("within_tenant", "reclaim_within_cohort", "borrow_within_cohort")
+POLICY_KEYS = (
+    "fair_sharing",
+    "idle_timeout",
+    "reservation_ttl",
+    "autoscale",
+    "cull_warning",
+    "lease_ttl",
+)
+AUTOSCALE_KEYS = ("max_nodes", "provision_delay", "scale_down_after", "provision")
+
+
+class SpecError(ValueError):
+    """A configuration or scenario that breaks the format.
+
+    `key` is the dotted path of the offending value (empty for the document itself) and
+    `problem` says what is wrong; `str()` is the one line the CLI prints.
+    """
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(key, problem)
+        self.key = key
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.problem}" if self.key else self.problem
+
+
+def join_key(prefix: str, key: str) -> str:
+    """`prefix.key`, or `key` alone when there is no prefix (or `prefix` alone)."""
+    if not prefix:
+        return key
+    if not key:
+        return prefix
+    return f"{prefix}.{key}"
+
+
+def _fail(key: str, problem: str) -> NoReturn:
+    raise SpecError(key, problem)
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def want_mapping(value: Any, key: str) -> Mapping[str, Any]:
+    """A mapping with string keys (YAML can produce int or null keys; those are errors)."""
+    if not isinstance(value, Mapping):
+        _fail(key, f"must be a mapping, not {_type_name(value)}")
+    for k in value:
+        if not isinstance(k, str) or not k:
+            _fail(join_key(key, str(k)), "keys must be non-empty strings")
+    return value
+
+
+def _check_keys(value: Mapping[str, Any], allowed: tuple[str, ...], key: str) -> None:
+    for k in value:
+        if k not in allowed:
+            _fail(join_key(key, k), f"unknown key (allowed: {', '.join(allowed)})")
+
+
+def want_int(value: Any, key: str, *, minimum: int = 0) -> int:
+    """An integer (not a bool, not a float) of at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if minimum == 0:
+            _fail(key, "must be a non-negative integer")
+        if minimum == 1:
+            _fail(key, "must be a positive integer")
+        _fail(key, f"must be an integer >= {minimum}")
+    return value
+
+
+def want_number(value: Any, key: str, *, positive: bool = False) -> float:
+    """A finite non-negative number (> 0 when `positive`); bools are not numbers."""
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and (value > 0 if positive else value >= 0)
+    )
+    if not ok:
+        _fail(key, "must be a positive number" if positive else "must be a non-negative number")
+    return float(value)
+
+
+def want_bool(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        _fail(key, "must be true or false")
+    return value
+
+
+def want_name(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        _fail(key, "must be a non-empty string")
+    return value
+
+
+def _want_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
+    if not isinstance(value, str) or value not in choices:
+        _fail(key, f"must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
+def _optional(block: Mapping[str, Any], name: str) -> Any:
+    """The value of an optional key; an explicit null counts as absent (YAML `key:`)."""
+    return block.get(name)
+
+
+def parse_config(data: Mapping[str, Any], *, prefix: str = "") -> Config:
+    """Build a `Config` from the `flavors`, `tenants` and optional `policy` blocks.
+
+    `data` must hold only those keys. `prefix` is prepended to the dotted paths in errors
+    (the gateway passes the name of its quota file's section, if any).
+    """
+    top = want_mapping(data, prefix)
+    _check_keys(top, CONFIG_KEYS, prefix)
+    for required in ("flavors", "tenants"):
+        if required not in top:
+            _fail(join_key(prefix, required), "is required")
+    flavors = _parse_flavors(top["flavors"], join_key(prefix, "flavors"))
+    tenants = _parse_tenants(top["tenants"], flavors, join_key(prefix, "tenants"))
+    policy = _parse_policy(_optional(top, "policy"), flavors, join_key(prefix, "policy"))
+    return Config(flavors=flavors, tenants=tenants, policy=policy)
+
+
+def _parse_flavors(value: Any, key: str) -> dict[str, Flavor]:
+    block = want_mapping(value, key)
+    flavors: dict[str, Flavor] = {}
+    for name, spec in block.items():
+        fkey = join_key(key, name)
+        spec = want_mapping(spec, fkey)
+        _check_keys(spec, FLAVOR_KEYS, fkey)
+        for required in FLAVOR_KEYS:
+            if required not in spec:
+                _fail(join_key(fkey, required), "is required")
+        nodes = want_int(spec["nodes"], join_key(fkey, "nodes"))
+        per_node = want_int(spec["gpus_per_node"], join_key(fkey, "gpus_per_node"), minimum=1)
+        flavors[name] = Flavor(name=name, nodes=nodes, gpus_per_node=per_node)
+    return flavors
+
+
+def _parse_limits(
+    value: Any, quota: Mapping[str, int], key: str, *, lending: bool
+) -> dict[str, int]:
+    if value is None:
+        return {}
+    block = want_mapping(value, key)
+    limits: dict[str, int] = {}
+    for flavor, raw in block.items():
+        lkey = join_key(key, flavor)
+        if flavor not in quota:
+            _fail(lkey, f"flavor {flavor!r} is not in the tenant's quota")
+        n = want_int(raw, lkey)
+        if lending and n > quota[flavor]:
+            _fail(lkey, f"lending limit {n} is above the nominal quota {quota[flavor]}")
+        limits[flavor] = n
+    return limits
+
+
+def _parse_tenants(value: Any, flavors: Mapping[str, Flavor], key: str) -> dict[str, Tenant]:
+    block = want_mapping(value, key)
+    return {
+        name: _parse_tenant(name, spec, flavors, join_key(key, name))
+        for name, spec in block.items()
+    }
+
+
+def _parse_tenant(name: str, value: Any, flavors: Mapping[str, Flavor], key: str) -> Tenant:
+    spec = want_mapping(value, key)
+    _check_keys(spec, TENANT_KEYS, key)
+    if "quota" not in spec:
+        _fail(join_key(key, "quota"), "is required")
+    qkey = join_key(key, "quota")
+    quota: dict[str, int] = {}
+    for flavor, raw in want_mapping(spec["quota"], qkey).items():
+        fkey = join_key(qkey, flavor)
+        if flavor not in flavors:
+            known = ", ".join(flavors) or "none"
+            _fail(fkey, f"unknown flavor {flavor!r} (flavors: {known})")
+        quota[flavor] = want_int(raw, fkey)
+
+    cohort_raw = _optional(spec, "cohort")
+    cohort = None if cohort_raw is None else want_name(cohort_raw, join_key(key, "cohort"))
+    limits: dict[str, dict[str, int]] = {}
+    for which in ("borrowing_limit", "lending_limit"):
+        lkey = join_key(key, which)
+        raw = _optional(spec, which)
+        limits[which] = _parse_limits(raw, quota, lkey, lending=which == "lending_limit")
+        if limits[which] and cohort is None:
+            _fail(lkey, "needs a cohort: a tenant without cohort neither borrows nor lends")
+
+    weight_raw = _optional(spec, "weight")
+    weight = (
+        1.0
+        if weight_raw is None
+        else want_number(weight_raw, join_key(key, "weight"), positive=True)
+    )
+    queueing_raw = _optional(spec, "queueing")
+    queueing = (
+        "BestEffortFIFO"
+        if queueing_raw is None
+        else _want_choice(queueing_raw, QUEUEING, join_key(key, "queueing"))
+    )
+    preemption = _parse_preemption(_optional(spec, "preemption"), join_key(key, "preemption"))
+    idle_raw = _optional(spec, "idle_timeout")
+    ttl_raw = _optional(spec, "reservation_ttl")
+    return Tenant(
+        name=name,
+        quota=quota,
+        cohort=cohort,
+        borrowing_limit=limits["borrowing_limit"],
+        lending_limit=limits["lending_limit"],
+        weight=weight,
+        queueing=queueing,
+        preemption=preemption,
+        idle_timeout=None
+        if idle_raw is None
+        else want_number(idle_raw, join_key(key, "idle_timeout")),
+        reservation_ttl=None
+        if ttl_raw is None
+        else want_number(ttl_raw, join_key(key, "reservation_ttl")),
+    )
+
+
+def _parse_preemption(value: Any, key: str) -> Preemption:
+    if value is None:
+        return Preemption()
+    spec = want_mapping(value, key)
+    _check_keys(spec, PREEMPTION_KEYS, key)
+    choices = {
+        "within_tenant": WITHIN_TENANT,
+        "reclaim_within_cohort": RECLAIM_WITHIN_COHORT,
+        "borrow_within_cohort": BORROW_WITHIN_COHORT,
+    }
+    values = {
+        field: "Never"
+        if spec.get(field) is None
+        else _want_choice(spec[field], allowed, join_key(key, field))
+        for field, allowed in choices.items()
+    }
+    return Preemption(**values)
+
+
+def _parse_policy(value: Any, flavors: Mapping[str, Flavor], key: str) -> Policy:
+    if value is None:
+        return Policy()
+    spec = want_mapping(value, key)
+    _check_keys(spec, POLICY_KEYS, key)
+    numbers: dict[str, float] = {}
+    for name in ("idle_timeout", "reservation_ttl", "cull_warning", "lease_ttl"):
+        raw = _optional(spec, name)
+        if raw is not None:
+            numbers[name] = want_number(raw, join_key(key, name))
+    fair_raw = _optional(spec, "fair_sharing")
+    fair = False if fair_raw is None else want_bool(fair_raw, join_key(key, "fair_sharing"))
+    autoscale = _parse_autoscale(_optional(spec, "autoscale"), flavors, join_key(key, "autoscale"))
+    return Policy(fair_sharing=fair, autoscale=autoscale, **numbers)
+
+
+def _parse_autoscale(value: Any, flavors: Mapping[str, Flavor], key: str) -> dict[str, Autoscale]:
+    if value is None:
+        return {}
+    block = want_mapping(value, key)
+    out: dict[str, Autoscale] = {}
+    for flavor, raw in block.items():
+        akey = join_key(key, flavor)
+        if flavor not in flavors:
+            known = ", ".join(flavors) or "none"
+            _fail(akey, f"unknown flavor {flavor!r} (flavors: {known})")
+        spec = want_mapping(raw, akey)
+        _check_keys(spec, AUTOSCALE_KEYS, akey)
+        if "max_nodes" not in spec:
+            _fail(join_key(akey, "max_nodes"), "is required")
+        max_nodes = want_int(spec["max_nodes"], join_key(akey, "max_nodes"))
+        if max_nodes < flavors[flavor].nodes:
+            _fail(
+                join_key(akey, "max_nodes"),
+                f"{max_nodes} is below the flavor's {flavors[flavor].nodes} nodes",
+            )
+        kwargs: dict[str, Any] = {}
+        for name in ("provision_delay", "scale_down_after"):
+            if spec.get(name) is not None:
+                kwargs[name] = want_number(spec[name], join_key(akey, name))
+        if spec.get("provision") is not None:
+            kwargs["provision"] = want_bool(spec["provision"], join_key(akey, "provision"))
+        out[flavor] = Autoscale(max_nodes=max_nodes, **kwargs)
+    return out

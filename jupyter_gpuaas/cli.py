@@ -1,0 +1,50 @@
+"""`jupyter-gpuaas`: one console script with a subcommand per feature.
+
+Each subcommand lives in its own module with `add_parser(subparsers)` (which registers the
+subcommand and sets `run` as its handler through `set_defaults(run=...)`) and
+`run(args) -> int`. This file only lists the modules, so the gateway, client and demo
+commands can be added without touching each other; modules should import their heavy
+dependencies inside `run`, so `jupyter-gpuaas simulate` does not pay for tornado.
+
+`jupyter gpuaas ...` works too: Jupyter's launcher runs `jupyter-gpuaas` from PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+
+PROG = "jupyter-gpuaas"
+
+#: Modules providing subcommands, in the order `--help` lists them.
+SUBCOMMAND_MODULES: tuple[str, ...] = ("jupyter_gpuaas.sim.cli",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from jupyter_gpuaas import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="A notebook-centric GPU gateway for JupyterHub.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run = getattr(args, "run", None)
+    if run is None:
+        parser.print_help()
+        return 2
+    result: int = run(args)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

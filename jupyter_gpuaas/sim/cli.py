@@ -1,0 +1,108 @@
+"""`jupyter-gpuaas simulate SCENARIO [--events FILE] [--json] [--until SECONDS]`.
+
+Bad input is the user's mistake, not ours: it exits 2 with one line on stderr naming the
+key and the problem, and never a traceback. Failures inside the simulator itself are bugs
+and are left to raise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+from jupyter_gpuaas.admission.config import SpecError
+
+PROG = "jupyter-gpuaas simulate"
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative number: {text!r}")
+    return value
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate",
+        help="replay a scenario through the admission core on a virtual clock",
+        description="Replay a scenario (YAML or JSON) through the admission core on a "
+        "virtual clock and report waits, utilization and per-tenant usage.",
+    )
+    parser.add_argument("scenario", metavar="SCENARIO", help="scenario file (YAML or JSON)")
+    parser.add_argument("--events", metavar="FILE", help="write every decision as JSON lines")
+    parser.add_argument(
+        "--json", action="store_true", help="print the result object as JSON, nothing else"
+    )
+    parser.add_argument(
+        "--until",
+        metavar="SECONDS",
+        type=_seconds,
+        help="stop the clock here (overrides the scenario's until)",
+    )
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _error(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from jupyter_gpuaas.sim.report import build_result, format_table
+    from jupyter_gpuaas.sim.scenario import load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except SpecError as exc:
+        return _error(str(exc))
+    events_file = None
+    if args.events:
+        try:
+            events_file = open(args.events, "w", encoding="utf-8")  # noqa: SIM115
+        except OSError as exc:
+            return _error(f"{args.events}: cannot write: {exc.strerror or exc}")
+
+    from jupyter_gpuaas.sim.driver import run_scenario
+
+    until = args.until if args.until is not None else scenario.until
+    try:
+        started = time.perf_counter()
+        sim = run_scenario(scenario, until=until)
+        wall = time.perf_counter() - started
+        if events_file is not None:
+            _write_events(events_file, sim.decisions)
+    finally:
+        if events_file is not None:
+            events_file.close()
+    result = build_result(scenario, sim.decisions, sim.end, wall)
+    if args.json:
+        json.dump(result, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        title = f"scenario {scenario.name}" if scenario.name else "scenario"
+        sys.stdout.write(f"{title}\n\n{format_table(result)}")
+    return 0
+
+
+def _write_events(fh: Any, decisions: Any) -> None:
+    """JSON lines, written in chunks: a million decisions should take seconds, not minutes."""
+    encode = json.JSONEncoder().encode
+    chunk: list[str] = []
+    for d in decisions:
+        chunk.append(encode(d.to_json()))
+        if len(chunk) >= 10000:
+            fh.write("\n".join(chunk))
+            fh.write("\n")
+            chunk.clear()
+    if chunk:
+        fh.write("\n".join(chunk))
+        fh.write("\n")

@@ -1,0 +1,334 @@
+"""Turn a simulation's decisions into the result object of SCENARIO.md and a human table.
+
+Everything is derived from the decision stream alone (plus the scenario for sizes, submit
+times and busy intervals), so the same report can be built from a gateway's decision log.
+One pass over the decisions; cost is O(decisions + requests · busy intervals).
+
+Choices where SCENARIO.md is silent, kept consistent across the whole report:
+
+* Percentiles are **nearest-rank**: the smallest wait with at least p% of waits at or
+  below it (`sorted[ceil(p/100 · n) − 1]`); 0.0 when there are no waits.
+* Rejected requests have wait 0 and are left out of wait percentiles (they never queued).
+* A request cancelled before its first admission waited until its cancel, not until the
+  end of the clock. A request whose submit time is after the end never arrived: wait 0,
+  left out of wait percentiles, state `queued`.
+* `never_admitted` counts requests neither admitted nor rejected (queued at the end, or
+  cancelled while queued), so admitted + rejected + never_admitted = requests.
+* Capacity starts at t = 0 with the flavors' initial nodes; node_ready/scale_down events
+  add and remove node-time. Everything is clipped to `end`.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jupyter_gpuaas.admission.model import Decision
+from jupyter_gpuaas.sim.scenario import Scenario
+
+__all__ = ["build_result", "format_table", "percentile"]
+
+_HOUR = 3600.0
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of an already sorted sequence (0.0 when empty)."""
+    n = len(sorted_values)
+    if n == 0:
+        return 0.0
+    rank = max(1, math.ceil(p / 100.0 * n))
+    return float(sorted_values[min(rank, n) - 1])
+
+
+def _busy_overlap(
+    start: float, stop: float, origin: float, busy: Sequence[tuple[float, float]]
+) -> float:
+    """Seconds of [start, stop) inside the busy intervals, which are relative to `origin`."""
+    if stop <= start or not busy:
+        return 0.0
+    total = 0.0
+    # Skip intervals that end before `start` (busy lists are sorted and disjoint).
+    i = bisect_right(busy, (start - origin, math.inf)) - 1
+    i = max(i, 0)
+    for s, e in busy[i:]:
+        s += origin
+        if s >= stop:
+            break
+        e += origin
+        if e > start:
+            total += min(e, stop) - max(s, start)
+    return total
+
+
+def build_result(
+    scenario: Scenario, decisions: Sequence[Decision], end: float, wall_seconds: float
+) -> dict[str, Any]:
+    """The `--json` result of SCENARIO.md for `decisions` made up to clock time `end`."""
+    by_id = {r.id: r for r in scenario.requests}
+    state: dict[str, str] = {}
+    first_admit: dict[str, float] = {}
+    flavor_of: dict[str, str | None] = {}
+    preemptions: dict[str, int] = {}
+    culls: dict[str, int] = {}
+    cancelled_at: dict[str, float] = {}
+    gpus_of: dict[str, int] = {}
+    bound_since: dict[str, float] = {}
+    alloc: dict[str, float] = {}  # GPU-seconds bound to devices
+    busy_s: dict[str, float] = {}  # GPU-seconds bound and busy
+
+    flavors = scenario.config.flavors
+    node_start: dict[str, float] = {}
+    node_gpus: dict[str, int] = {}
+    for f in flavors.values():
+        for i in range(f.nodes):
+            node_start[f"{f.name}-{i}"] = 0.0
+            node_gpus[f"{f.name}-{i}"] = f.gpus_per_node
+    node_seconds = 0.0
+    gpu_node_seconds = 0.0
+
+    def unbind(rid: str, t: float) -> None:
+        since = bound_since.pop(rid, None)
+        if since is None:
+            return
+        gpus = gpus_of.get(rid, 0)
+        alloc[rid] = alloc.get(rid, 0.0) + gpus * (t - since)
+        req = by_id.get(rid)
+        if req is None or req.busy is None:
+            busy = t - since
+        else:
+            busy = _busy_overlap(since, t, first_admit.get(rid, since), req.busy)
+        busy_s[rid] = busy_s.get(rid, 0.0) + gpus * busy
+
+    for d in decisions:
+        ev = d.event
+        rid = d.id
+        t = d.t if d.t < end else end
+        if rid is None:
+            if ev == "node_ready":
+                node = str(d.fields.get("node"))
+                fl = flavors.get(str(d.fields.get("flavor")))
+                node_start[node] = t
+                node_gpus[node] = fl.gpus_per_node if fl is not None else 0
+            elif ev == "scale_down":
+                node = str(d.fields.get("node"))
+                began = node_start.pop(node, None)
+                if began is not None:
+                    node_seconds += t - began
+                    gpu_node_seconds += (t - began) * node_gpus.get(node, 0)
+            continue
+        if ev == "admit":
+            state[rid] = "admitted"
+            if rid not in first_admit:
+                first_admit[rid] = t
+            flavor_of[rid] = d.fields.get("flavor")
+            req = by_id.get(rid)
+            gpus_of[rid] = req.gpus if req is not None else int(d.fields.get("gpus", 0))
+            bound_since[rid] = t
+        elif ev == "resume":
+            state[rid] = "admitted"
+            bound_since[rid] = t
+        elif ev == "finish":
+            unbind(rid, t)
+            state[rid] = "finished"
+        elif ev == "cull":
+            unbind(rid, t)
+            culls[rid] = culls.get(rid, 0) + 1
+            state[rid] = "parked" if d.fields.get("parked") else "culled"
+        elif ev == "preempt":
+            unbind(rid, t)
+            preemptions[rid] = preemptions.get(rid, 0) + 1
+            state[rid] = "preempted"
+        elif ev == "cancel":
+            unbind(rid, t)
+            state[rid] = "cancelled"
+            cancelled_at[rid] = t
+        elif ev == "requeue" or ev == "submit":
+            state[rid] = "queued"
+        elif ev == "expire":
+            state[rid] = "culled"
+        elif ev == "reject":
+            state[rid] = "rejected"
+    for rid in list(bound_since):
+        unbind(rid, end)
+    for node, began in node_start.items():
+        if began < end:
+            node_seconds += end - began
+            gpu_node_seconds += (end - began) * node_gpus.get(node, 0)
+
+    requests: dict[str, dict[str, Any]] = {}
+    all_waits: list[float] = []
+    tenant_waits: dict[str, list[float]] = {name: [] for name in scenario.config.tenants}
+    tenant_stats: dict[str, dict[str, Any]] = {}
+    admitted = rejected = never = 0
+
+    def stats_for(tenant: str) -> dict[str, Any]:
+        st = tenant_stats.get(tenant)
+        if st is None:
+            st = tenant_stats[tenant] = {
+                "requests": 0,
+                "admitted": 0,
+                "rejected": 0,
+                "alloc": 0.0,
+                "busy": 0.0,
+            }
+            tenant_waits.setdefault(tenant, [])
+        return st
+
+    for name in scenario.config.tenants:
+        stats_for(name)
+
+    for req in scenario.requests:
+        rid = req.id
+        st = stats_for(req.tenant)
+        st["requests"] += 1
+        s = state.get(rid, "queued")
+        admitted_at = first_admit.get(rid)
+        counted = True
+        if s == "rejected":
+            wait = 0.0
+            counted = False
+            rejected += 1
+            st["rejected"] += 1
+        elif admitted_at is not None:
+            wait = admitted_at - req.submit
+            admitted += 1
+            st["admitted"] += 1
+        else:
+            never += 1
+            if rid in cancelled_at:
+                wait = max(0.0, cancelled_at[rid] - req.submit)
+            elif req.submit > end:
+                wait = 0.0
+                counted = False
+            else:
+                wait = end - req.submit
+        if counted:
+            all_waits.append(wait)
+            tenant_waits[req.tenant].append(wait)
+        st["alloc"] += alloc.get(rid, 0.0)
+        st["busy"] += busy_s.get(rid, 0.0)
+        requests[rid] = {
+            "state": s,
+            "admitted_at": admitted_at,
+            "wait": wait,
+            "flavor": flavor_of.get(rid),
+            "preemptions": preemptions.get(rid, 0),
+            "culls": culls.get(rid, 0),
+        }
+
+    all_waits.sort()
+    allocated = sum(alloc.values()) / _HOUR
+    busy_hours = sum(busy_s.values()) / _HOUR
+    capacity = gpu_node_seconds / _HOUR
+    per_tenant: dict[str, dict[str, Any]] = {}
+    for tenant, st in tenant_stats.items():
+        waits = sorted(tenant_waits[tenant])
+        per_tenant[tenant] = {
+            "requests": st["requests"],
+            "admitted": st["admitted"],
+            "rejected": st["rejected"],
+            "gpu_hours_allocated": _r(st["alloc"] / _HOUR),
+            "gpu_hours_busy": _r(st["busy"] / _HOUR),
+            "wait_p50": percentile(waits, 50),
+            "wait_p95": percentile(waits, 95),
+        }
+    summary: dict[str, Any] = {
+        "requests": len(scenario.requests),
+        "admitted": admitted,
+        "rejected": rejected,
+        "never_admitted": never,
+        "wait_p50": percentile(all_waits, 50),
+        "wait_p95": percentile(all_waits, 95),
+        "wait_max": float(all_waits[-1]) if all_waits else 0.0,
+        "gpu_hours_capacity": _r(capacity),
+        "gpu_hours_allocated": _r(allocated),
+        "gpu_hours_busy": _r(busy_hours),
+        "gpu_hours_idle_allocated": _r(max(0.0, allocated - busy_hours)),
+        "utilization": _r(busy_hours / capacity) if capacity > 0 else 0.0,
+        "node_hours": _r(node_seconds / _HOUR),
+        "preemptions": sum(preemptions.values()),
+        "culls": sum(culls.values()),
+        "end": float(end),
+        "per_tenant": per_tenant,
+    }
+    return {
+        "requests": requests,
+        "summary": summary,
+        "decisions": len(decisions),
+        "wall_seconds": round(wall_seconds, 6),
+    }
+
+
+def _r(x: float) -> float:
+    """Round away float noise (0.30000000000000004 GPU-hours) without losing meaning."""
+    return round(x, 6)
+
+
+def _duration(seconds: float) -> str:
+    """A short human duration: 45s, 12m 05s, 3h 20m."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    """A human summary of a result: a per-tenant table, then overall lines."""
+    summary = result["summary"]
+    per_tenant: Mapping[str, Mapping[str, Any]] = summary.get("per_tenant", {})
+    headers = (
+        "tenant",
+        "requests",
+        "admitted",
+        "rejected",
+        "GPU-h alloc",
+        "GPU-h busy",
+        "wait p50",
+        "wait p95",
+    )
+    rows = [
+        (
+            name,
+            str(t.get("requests", "")),
+            str(t.get("admitted", "")),
+            str(t.get("rejected", "")),
+            f"{t.get('gpu_hours_allocated', 0.0):.1f}",
+            f"{t.get('gpu_hours_busy', 0.0):.1f}",
+            _duration(t.get("wait_p50", 0.0)),
+            _duration(t.get("wait_p95", 0.0)),
+        )
+        for name, t in per_tenant.items()
+    ]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+
+    def line(cells: Sequence[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = "  ".join(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=False))
+        return f"{first}  {rest}".rstrip()
+
+    out = [line(headers), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in rows)
+    capacity = summary.get("gpu_hours_capacity", 0.0)
+    end = summary.get("end")
+    clock = f" to t={end:g}s ({_duration(end)})" if isinstance(end, (int, float)) else ""
+    out += [
+        "",
+        f"requests     {summary['requests']}: {summary['admitted']} admitted, "
+        f"{summary['rejected']} rejected, {summary['never_admitted']} never admitted"
+        f" ({summary.get('preemptions', 0)} preemptions, {summary.get('culls', 0)} culls)",
+        f"waits        p50 {_duration(summary['wait_p50'])}, p95 {_duration(summary['wait_p95'])}, "
+        f"max {_duration(summary['wait_max'])}",
+        f"capacity     {capacity:.1f} GPU-hours on {summary['node_hours']:.1f} node-hours",
+        f"allocated    {summary['gpu_hours_allocated']:.1f} GPU-hours: "
+        f"{summary['gpu_hours_busy']:.1f} busy, {summary['gpu_hours_idle_allocated']:.1f} idle",
+        f"utilization  {summary['utilization'] * 100:.1f}% (busy ÷ capacity)",
+        f"simulated    {result.get('decisions', 0)} decisions{clock} "
+        f"in {result.get('wall_seconds', 0.0):.2f}s",
+    ]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,375 @@
+"""Read and validate scenario files (SCENARIO.md): quota config, requests, expectations.
+
+Format errors are `ScenarioError`s naming the offending key (`requests[3].gpus`), so the
+CLI can print one line and exit 2. A request naming an unknown tenant or flavor is *not* a
+format error: the core rejects it at submit time, as the gateway would.
+
+Requests come inline (`requests:`) or from a CSV trace (`requests_file:`), which may hold
+100,000 rows; the CSV path converts cells with plain `int`/`float` and only parses `busy`
+as JSON when the cell is not empty.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jupyter_gpuaas.admission.config import (
+    SpecError,
+    parse_config,
+    want_mapping,
+    want_number,
+)
+from jupyter_gpuaas.admission.model import KINDS, Config
+
+__all__ = [
+    "REQUEST_KEYS",
+    "SCENARIO_KEYS",
+    "Scenario",
+    "ScenarioError",
+    "ScenarioRequest",
+    "load_scenario",
+    "parse_scenario",
+]
+
+SCENARIO_KEYS = ("flavors", "tenants", "policy", "until", "requests", "requests_file", "expect")
+REQUEST_KEYS = (
+    "id",
+    "tenant",
+    "user",
+    "kind",
+    "gpus",
+    "flavor",
+    "priority",
+    "submit",
+    "duration",
+    "busy",
+    "cancel",
+)
+REQUIRED_REQUEST_KEYS = ("id", "tenant", "user", "kind", "gpus", "submit", "duration")
+_REQUEST_KEY_SET = frozenset(REQUEST_KEYS)
+_KIND_SET = frozenset(KINDS)
+
+Interval = tuple[float, float]
+
+
+class ScenarioError(SpecError):
+    """A scenario file that cannot be read or breaks the format."""
+
+
+@dataclass(frozen=True)
+class ScenarioRequest:
+    """One request of a scenario, as written (times in seconds from the clock's start).
+
+    `busy` is relative to the request's first admission; None means busy all the time.
+    """
+
+    id: str
+    tenant: str
+    user: str
+    kind: str
+    gpus: int
+    submit: float
+    duration: float
+    flavor: str | None = None
+    priority: int = 0
+    busy: tuple[Interval, ...] | None = None
+    cancel: float | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    config: Config
+    requests: tuple[ScenarioRequest, ...]
+    until: float | None = None
+    expect: Mapping[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+
+def _fail(key: str, problem: str) -> ScenarioError:
+    return ScenarioError(key, problem)
+
+
+# --- loading -------------------------------------------------------------------------
+
+
+def _yaml_loader() -> type[Any]:
+    """The fastest safe loader, refusing duplicate keys (YAML silently keeps the last)."""
+    base: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class StrictLoader(base):  # type: ignore[misc]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    key = key_node.value
+                    if key in seen:
+                        mark = key_node.start_mark
+                        raise ScenarioError("", f"duplicate key {key!r} at line {mark.line + 1}")
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+_LOADER = _yaml_loader()
+
+
+def _parse_text(text: str, where: str) -> Any:
+    """JSON when the text is JSON, else YAML; errors say the line."""
+    stripped = text.lstrip()
+    if stripped[:1] in ("{", "["):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass  # maybe YAML flow style; let YAML say what is wrong
+    try:
+        return yaml.load(text, Loader=_LOADER)
+    except ScenarioError as exc:
+        raise ScenarioError(where, exc.problem) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = exc.problem or exc.context or "syntax error"
+        raise ScenarioError(where, f"invalid YAML{at}: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(where, f"invalid YAML: {exc}") from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read a YAML or JSON scenario file; every problem is a `ScenarioError`."""
+    path = Path(path)
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ScenarioError(where, f"cannot read: {reason}") from None
+    data = _parse_text(text, where)
+    try:
+        return parse_scenario(data, base_dir=path.parent, name=path.stem)
+    except SpecError as exc:
+        if not exc.key:
+            raise ScenarioError(where, exc.problem) from None
+        raise
+
+
+# --- parsing -------------------------------------------------------------------------
+
+
+def parse_scenario(data: Any, *, base_dir: Path | None = None, name: str = "") -> Scenario:
+    """Validate a scenario document (already parsed from YAML/JSON) into a `Scenario`.
+
+    `base_dir` resolves a relative `requests_file` (default: the current directory).
+    """
+    if not isinstance(data, Mapping):
+        kind = "an empty document" if data is None else type(data).__name__
+        raise _fail(
+            "", f"a scenario must be a mapping with flavors, tenants and requests, not {kind}"
+        )
+    top = want_mapping(data, "")
+    for key in top:
+        if key not in SCENARIO_KEYS:
+            raise _fail(key, f"unknown key (allowed: {', '.join(SCENARIO_KEYS)})")
+    config = parse_config({k: top[k] for k in ("flavors", "tenants", "policy") if k in top})
+
+    until_raw = top.get("until")
+    until = None if until_raw is None else want_number(until_raw, "until")
+
+    expect_raw = top.get("expect")
+    expect = {} if expect_raw is None else dict(want_mapping(expect_raw, "expect"))
+
+    has_list = "requests" in top
+    has_file = "requests_file" in top
+    if has_list == has_file:
+        raise _fail("requests", "give exactly one of requests or requests_file")
+    if has_list:
+        raw = top["requests"]
+        if raw is None:
+            raw = []
+        if not isinstance(raw, list):
+            raise _fail("requests", f"must be a list, not {type(raw).__name__}")
+        requests = _parse_list(raw)
+    else:
+        rel = top["requests_file"]
+        if not isinstance(rel, str) or not rel:
+            raise _fail("requests_file", "must be a path to a CSV file")
+        requests = _read_csv(rel, base_dir)
+    return Scenario(config=config, requests=requests, until=until, expect=expect, name=name)
+
+
+def _parse_list(raw: list[Any]) -> tuple[ScenarioRequest, ...]:
+    seen: dict[str, int] = {}
+    out = []
+    for i, item in enumerate(raw):
+        key = f"requests[{i}]"
+        out.append(_parse_request(want_mapping(item, key), key, seen, i))
+    return tuple(out)
+
+
+def _read_csv(rel: str, base_dir: Path | None) -> tuple[ScenarioRequest, ...]:
+    path = Path(rel)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            return _parse_csv(fh, rel)
+    except OSError as exc:
+        raise _fail("requests_file", f"cannot read {rel!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise _fail("requests_file", f"cannot read {rel!r}: {exc}") from None
+    except csv.Error as exc:
+        raise _fail(rel, f"invalid CSV: {exc}") from None
+
+
+def _parse_csv(lines: Iterable[str], where: str) -> tuple[ScenarioRequest, ...]:
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None:
+        raise _fail(where, "empty file: the first row must name the columns")
+    header = [h.strip() for h in header]
+    for col in header:
+        if col not in _REQUEST_KEY_SET:
+            raise _fail(f"{where}:1.{col}", f"unknown column (allowed: {', '.join(REQUEST_KEYS)})")
+    if len(set(header)) != len(header):
+        raise _fail(f"{where}:1", "a column is named twice")
+    for col in REQUIRED_REQUEST_KEYS:
+        if col not in header:
+            raise _fail(f"{where}:1.{col}", "required column is missing")
+    width = len(header)
+    seen: dict[str, int] = {}
+    out = []
+    for index, row in enumerate(reader):
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue  # blank line
+        key = f"{where}:{reader.line_num}"
+        if len(row) > width:
+            raise _fail(key, f"{len(row)} cells but the header names {width} columns")
+        item: dict[str, Any] = {}
+        for col, cell in zip(header, row, strict=False):
+            cell = cell.strip()
+            if cell:
+                item[col] = _convert_cell(col, cell, key)
+        out.append(_parse_request(item, key, seen, index))
+    return tuple(out)
+
+
+def _convert_cell(col: str, cell: str, key: str) -> Any:
+    """Turn a CSV cell into what YAML would have given; leave bad cells for validation."""
+    try:
+        if col in ("gpus", "priority"):
+            return int(cell)
+        if col in ("submit", "duration", "cancel"):
+            return float(cell)
+    except ValueError:
+        return cell
+    if col == "busy":
+        try:
+            return json.loads(cell)
+        except ValueError:
+            raise _fail(f"{key}.busy", "must be JSON like [[0, 600]] or empty") from None
+    return cell
+
+
+def _number(value: Any, key: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise _fail(key, "must be a non-negative number")
+    return float(value)
+
+
+def _string(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise _fail(key, "must be a non-empty string")
+    return value
+
+
+def _parse_request(
+    item: Mapping[str, Any], key: str, seen: dict[str, int], index: int
+) -> ScenarioRequest:
+    for k in item:
+        if k not in _REQUEST_KEY_SET:
+            raise _fail(f"{key}.{k}", f"unknown key (allowed: {', '.join(REQUEST_KEYS)})")
+    for k in REQUIRED_REQUEST_KEYS:
+        if item.get(k) is None:
+            raise _fail(f"{key}.{k}", "is required")
+
+    rid = item["id"]
+    if isinstance(rid, int) and not isinstance(rid, bool):
+        rid = str(rid)
+    rid = _string(rid, f"{key}.id")
+    if rid in seen:
+        raise _fail(f"{key}.id", f"duplicate id {rid!r}")
+    seen[rid] = index
+
+    kind = item["kind"]
+    if not isinstance(kind, str) or kind not in _KIND_SET:
+        raise _fail(f"{key}.kind", f"must be one of {', '.join(KINDS)} (got {kind!r})")
+    gpus = item["gpus"]
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise _fail(f"{key}.gpus", "must be a positive integer")
+    priority = item.get("priority")
+    if priority is None:
+        priority = 0
+    elif isinstance(priority, bool) or not isinstance(priority, int):
+        raise _fail(f"{key}.priority", "must be an integer")
+    submit = _number(item["submit"], f"{key}.submit")
+    duration = _number(item["duration"], f"{key}.duration")
+
+    flavor = item.get("flavor")
+    if flavor is not None:
+        flavor = _string(flavor, f"{key}.flavor")
+    cancel = item.get("cancel")
+    if cancel is not None:
+        cancel = _number(cancel, f"{key}.cancel")
+        if cancel < submit:
+            raise _fail(f"{key}.cancel", f"{cancel:g} is before submit {submit:g}")
+    busy_raw = item.get("busy")
+    busy = None if busy_raw is None else _parse_busy(busy_raw, f"{key}.busy")
+
+    return ScenarioRequest(
+        id=rid,
+        tenant=_string(item["tenant"], f"{key}.tenant"),
+        user=_string(item["user"], f"{key}.user"),
+        kind=kind,
+        gpus=gpus,
+        submit=submit,
+        duration=duration,
+        flavor=flavor,
+        priority=priority,
+        busy=busy,
+        cancel=cancel,
+    )
+
+
+def _parse_busy(value: Any, key: str) -> tuple[Interval, ...]:
+    if not isinstance(value, list):
+        raise _fail(key, "must be a list of [start, end] intervals")
+    out: list[Interval] = []
+    prev_end = -1.0
+    for i, pair in enumerate(value):
+        pkey = f"{key}[{i}]"
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise _fail(pkey, "must be a [start, end] pair")
+        start = _number(pair[0], pkey)
+        end = _number(pair[1], pkey)
+        if end <= start:
+            raise _fail(pkey, f"interval runs backwards or is empty ({start:g} >= {end:g})")
+        if start < prev_end:
+            raise _fail(
+                pkey, f"intervals must be sorted without overlap ({start:g} < {prev_end:g})"
+            )
+        prev_end = end
+        out.append((start, end))
+    return tuple(out)
