@@ -1,0 +1,602 @@
+"""The core's driver: the wall clock, persistence, announcements and the loops.
+
+Every change goes the same way: call the admission core (it decides), write the decisions
+and the request rows they changed in one transaction, commit, and only then tell anyone
+(the HTTP answer, SSE listeners, metrics, the scaler). The core is rebuilt from the store
+on start (`restore`), so a crash at any instant leaves a state the core was really in.
+
+The arbiter runs on the event loop's thread; the core and the store are called inline,
+never concurrently, so there is no lock and no interleaving of two decision batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from jupyter_gpuaas.admission.config import SpecError, parse_config
+from jupyter_gpuaas.admission.core import AdmissionCore
+from jupyter_gpuaas.admission.model import (
+    TERMINAL,
+    Autoscale,
+    Config,
+    Decision,
+    Flavor,
+    Request,
+    State,
+)
+
+from .devices import DeviceSample, Inventory
+from .events import Event, EventBus
+from .metrics import GatewayMetrics, PendingCount, TenantUsage
+from .scalers import Scaler
+from .store import Batch, RequestRow, Store, row_to_request
+
+log = logging.getLogger("jupyter_gpuaas.gateway")
+
+
+class Conflict(Exception):
+    """The request is in a state where the operation makes no sense (HTTP 409)."""
+
+
+def new_request_id() -> str:
+    return "r-" + uuid.uuid4().hex[:16]
+
+
+class Arbiter:
+    """Owns the core, the store and the announcements of one gateway."""
+
+    def __init__(
+        self,
+        *,
+        quotas: Mapping[str, Any],
+        store: Store,
+        inventory: Inventory,
+        metrics: GatewayMetrics,
+        scaler: Scaler,
+        bus: EventBus | None = None,
+        lease_ttl: float = 120.0,
+        tick: float = 1.0,
+        sample_interval: float = 5.0,
+    ) -> None:
+        self.quotas = dict(quotas)
+        self.store = store
+        self.inventory = inventory
+        self.metrics = metrics
+        self.scaler = scaler
+        self.bus = bus or EventBus()
+        self.lease_ttl = lease_ttl
+        self.tick = tick
+        self.sample_interval = sample_interval
+        # Requests handed to the core, by id, while live (the core mutates them).
+        self.requests: dict[str, Request] = {}
+        # What the API adds to a request: name, created, updated, utilization.
+        self.meta: dict[str, dict[str, Any]] = {}
+        self.samples: list[DeviceSample] = []
+        self.hold_times: dict[str, list[float]] = {}
+        self._last_desired: dict[str, int] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.config = self.make_config(self.quotas, store.tenant_overrides())
+        self.core = AdmissionCore(self.config)
+
+    # --- configuration ----------------------------------------------------------------
+
+    def make_config(
+        self, quotas: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+    ) -> Config:
+        """Parse the quota file (plus admin overrides) into the core's Config.
+
+        The file's `flavors` name the kinds of GPU; how many nodes each has comes from the
+        inventory, and `gpus_per_node` (the width of autoscaled nodes) too when it has one.
+        """
+        data = dict(quotas)
+        if overrides:
+            tenants = dict(data.get("tenants") or {})
+            tenants.update(overrides)
+            data["tenants"] = tenants
+        config = parse_config(data)
+        per_node: dict[str, int] = {}
+        for node in self.inventory.nodes():
+            per_node[node.flavor] = max(per_node.get(node.flavor, 0), node.gpus)
+        # nodes=0: the core would otherwise invent `<flavor>-<n>` nodes; the gateway adds
+        # the inventory's real nodes with add_node (and only autoscaled ones scale down).
+        flavors = {
+            name: Flavor(name, 0, per_node.get(name, f.gpus_per_node))
+            for name, f in config.flavors.items()
+        }
+        provision = self.scaler.manages_provisioning
+        autoscale = {
+            name: dataclasses.replace(a, provision=provision)
+            for name, a in config.policy.autoscale.items()
+        }
+        policy = dataclasses.replace(config.policy, lease_ttl=self.lease_ttl, autoscale=autoscale)
+        return Config(flavors=flavors, tenants=config.tenants, policy=policy)
+
+    def autoscale(self, flavor: str) -> Autoscale | None:
+        return self.config.policy.autoscale.get(flavor)
+
+    # --- start and stop -----------------------------------------------------------------
+
+    def restore(self, now: float) -> None:
+        """Rebuild the core from the inventory and the store, then run one step."""
+        decisions: list[Decision] = []
+        known = set(self.config.flavors)
+        for node in self.inventory.nodes():
+            if node.flavor not in known:
+                log.warning("node %s has flavor %s, which no quota names", node.name, node.flavor)
+                continue
+            decisions += self.core.add_node(node.flavor, node.name, node.gpus, now)
+        if self.scaler.manages_provisioning:
+            present = {n.name for n in self.inventory.nodes()}
+            for row in self.store.nodes():
+                if row.name in present or row.flavor not in known:
+                    continue
+                self.inventory.add_node(row.flavor, row.gpus, name=row.name)
+                decisions += self.core.add_node(row.flavor, row.name, row.gpus, now)
+        for row in self.store.live_requests():
+            req = row_to_request(row)
+            self.meta[req.id] = _meta_of(row)
+            if req.state is State.ADMITTED and self.lease_ttl > 0:
+                # Holders could not heartbeat while the gateway was down: a fresh lease.
+                req.lease_expires = max(req.lease_expires or 0.0, now + self.lease_ttl)
+            self.requests[req.id] = req
+            # A grant whose node or devices are gone comes back as a `finish` decision.
+            decisions += self.core.restore(req, now)
+        for flavor, seconds in self.store.ended_hold_times():
+            self.hold_times.setdefault(flavor, []).append(seconds)
+        self.commit(decisions + self.core.step(now), now)
+        log.info(
+            "restored %d live requests on %d nodes", len(self.requests), len(self.core.nodes())
+        )
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._admission_loop()),
+            loop.create_task(self._sampling_loop()),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self.bus.close()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _admission_loop(self) -> None:
+        """Wake at the core's next deadline (or every `tick`) and step it."""
+        while True:
+            try:
+                self.commit(self.core.step(time.time()), time.time())
+            except Exception:
+                log.exception("admission step failed")
+            deadline = self.core.next_deadline()
+            delay = self.tick
+            if deadline is not None:
+                delay = min(delay, max(0.0, deadline - time.time()))
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=delay + 0.001)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _sampling_loop(self) -> None:
+        while True:
+            try:
+                loop = asyncio.get_running_loop()
+                self.samples = await loop.run_in_executor(None, self.inventory.sample)
+            except Exception:
+                log.exception("device sampling failed")
+            await asyncio.sleep(self.sample_interval)
+
+    # --- operations (each: core, commit, announce) ------------------------------------------
+
+    def submit(
+        self,
+        *,
+        tenant: str,
+        user: str,
+        kind: str,
+        gpus: int,
+        flavor: str | None = None,
+        priority: int = 0,
+        name: str | None = None,
+    ) -> Request:
+        now = time.time()
+        req = Request(
+            id=new_request_id(),
+            tenant=tenant,
+            user=user,
+            kind=kind,
+            gpus=gpus,
+            submit_time=now,
+            flavor=flavor,
+            priority=priority,
+        )
+        self.requests[req.id] = req
+        self.meta[req.id] = {"name": name, "created": now, "updated": now}
+        # A user coming back within the reservation TTL takes over their parked quota.
+        decisions = list(self.core.submit(req, now, claim_parked=True))
+        if req.state is not State.REJECTED:
+            decisions += self.core.schedule(now)
+        self.commit(decisions, now, extra=[req])
+        return req
+
+    def cancel(self, rid: str, who: str) -> Request:
+        now = time.time()
+        req = self._live(rid)
+        if req.state is State.ADMITTED:
+            decisions = self.core.finish(rid, now, reason=f"released by {who}")
+        else:
+            decisions = self.core.cancel(rid, now)
+        decisions += self.core.schedule(now)
+        self.commit(decisions, now, extra=[req])
+        return req
+
+    def heartbeat(self, rid: str, busy: bool, utilization: float | None) -> Request:
+        now = time.time()
+        req = self._live(rid)
+        if req.state is not State.ADMITTED:
+            raise Conflict(f"request {rid} is {req.state.value}, not admitted")
+        decisions = self.core.heartbeat(rid, now, busy=busy)
+        decisions += self.core.schedule(now)
+        self.meta[rid]["utilization"] = utilization
+        # The renewed lease is written even without decisions: after a restart the
+        # holder must not lose a grant it kept renewing.
+        self.commit(decisions, now, extra=[req])
+        return req
+
+    def put_tenant(self, name: str, spec: Mapping[str, Any]) -> Config:
+        """Replace one tenant's spec; raises SpecError (naming `tenants.<name>...`)."""
+        now = time.time()
+        overrides = self.store.tenant_overrides()
+        overrides[name] = dict(spec)
+        config = self.make_config(self.quotas, overrides)
+        self.store.put_tenant(name, dict(spec), now)
+        self.config = config
+        self.commit(self.core.update_config(config, now) + self.core.schedule(now), now)
+        return config
+
+    def _live(self, rid: str) -> Request:
+        req = self.requests.get(rid)
+        if req is None or req.state in TERMINAL:
+            raise Conflict(f"request {rid} has already ended")
+        return req
+
+    # --- persistence and announcement ----------------------------------------------------
+
+    def commit(
+        self, decisions: Sequence[Decision], now: float, extra: Iterable[Request] = ()
+    ) -> None:
+        """Write decisions and the requests they touch in one transaction, then announce."""
+        touched: dict[str, Request] = {r.id: r for r in extra}
+        for d in decisions:
+            if d.id is not None and d.id in self.requests:
+                touched.setdefault(d.id, self.requests[d.id])
+        if not touched and not decisions:
+            return
+        nodes_added: list[tuple[str, str, int]] = []
+        nodes_removed: list[str] = []
+        if self.scaler.manages_provisioning:
+            gpus_of = {n.name: n.gpus for n in self.core.nodes()}
+            for d in decisions:
+                if d.event == "node_ready":
+                    node = str(d.fields["node"])
+                    flavor = str(d.fields["flavor"])
+                    gpus = gpus_of.get(node, self.config.flavors[flavor].gpus_per_node)
+                    nodes_added.append((node, flavor, gpus))
+                elif d.event == "scale_down":
+                    nodes_removed.append(str(d.fields["node"]))
+        rows = []
+        for req in touched.values():
+            meta = self.meta.setdefault(req.id, {"created": now})
+            meta["updated"] = now
+            rows.append((req, {"name": meta.get("name"), "utilization": meta.get("utilization")}))
+        self.store.write(
+            Batch(rows, decisions, nodes_added=nodes_added, nodes_removed=nodes_removed), now
+        )
+        # Committed: now the world may hear of it.
+        for name, flavor, gpus in nodes_added:
+            self.scaler.node_ready(flavor, name, gpus)  # type: ignore[attr-defined]
+        for name in nodes_removed:
+            self.scaler.node_removed(name)  # type: ignore[attr-defined]
+        for d in decisions:
+            self._account(d)
+            req = self.requests.get(d.id) if d.id else None
+            data = d.to_json()
+            if req is not None:
+                data["request"] = self.request_json(req)
+            self.bus.publish(Event(d.event, data, user=req.user if req else None))
+        for rid, req in touched.items():
+            if req.state in TERMINAL:
+                self.requests.pop(rid, None)
+                self.meta.pop(rid, None)
+        self._maybe_scale()
+
+    def _account(self, d: Decision) -> None:
+        req = self.requests.get(d.id) if d.id else None
+        if d.event == "admit" and req is not None and "resumed_from" not in d.fields:
+            if req.admit_time is not None and req.first_admit == req.admit_time:
+                self.metrics.observe_wait(req.tenant, req.kind, d.t - req.submit_time)
+        elif d.event == "cull" and req is not None:
+            self.metrics.inc_culled(req.tenant, req.kind)
+        elif d.event == "preempt" and req is not None:
+            self.metrics.inc_preempted(req.tenant, req.kind)
+        if d.event in ("finish", "cancel", "preempt") and req is not None and req.admit_time:
+            flavor = req.assigned_flavor
+            if flavor:
+                times = self.hold_times.setdefault(flavor, [])
+                times.append(max(0.0, d.t - req.admit_time))
+                del times[:-200]
+
+    def _maybe_scale(self) -> None:
+        desired = dict(self.core.desired_nodes())
+        if desired == self._last_desired:
+            return
+        self._last_desired = desired
+        ready: dict[str, int] = {}
+        for node in self.core.nodes():
+            ready[node.flavor] = ready.get(node.flavor, 0) + 1
+        try:
+            asyncio.get_running_loop().create_task(self.scaler.apply(desired, ready))
+        except RuntimeError:  # no loop (restore before serving): the next change applies
+            self._last_desired = {}
+
+    # --- views ------------------------------------------------------------------------------
+
+    def view(self, rid: str) -> dict[str, Any] | None:
+        """The request object of `rid`: live from memory, else from the store."""
+        live = self.requests.get(rid)
+        if live is not None:
+            return self.request_json(live)
+        row = self.store.get(rid)
+        return None if row is None else self.request_json(row)
+
+    def request_json(self, req: Request | RequestRow) -> dict[str, Any]:
+        """The API's request object, from a live request or a stored row."""
+        live = isinstance(req, Request)
+        meta = self.meta.get(req.id, {}) if live else _meta_of(req)  # type: ignore[arg-type]
+        state = req.state.value if live else req.state  # type: ignore[union-attr]
+        out: dict[str, Any] = {
+            "id": req.id,
+            "user": req.user,
+            "tenant": req.tenant,
+            "kind": req.kind,
+            "gpus": req.gpus,
+            "flavor": req.flavor,
+            "priority": req.priority,
+            "name": meta.get("name"),
+            "state": state,
+            "created": meta.get("created"),
+            "updated": meta.get("updated"),
+            "submit_time": req.submit_time,
+            "admitted_at": req.first_admit,
+            "reason": req.reason or None,
+            "position": None,
+            "estimated_wait": None,
+            "grant": None,
+            "scaling": None,
+        }
+        if state == State.ADMITTED.value:
+            devices = list(req.devices) if live else req.device_list()  # type: ignore[union-attr]
+            out["grant"] = {
+                "flavor": req.assigned_flavor,
+                "node": req.node,
+                "devices": devices,
+                "lease_expires": req.lease_expires,
+                "admitted_at": req.admit_time,
+                "busy": req.busy,
+                "utilization": meta.get("utilization"),
+            }
+        elif state == State.PARKED.value:
+            out["parked"] = {"flavor": req.assigned_flavor, "expires": req.park_expires}
+        if state == State.QUEUED.value and live:
+            pos = self.core.position(req.id)
+            if pos is not None:
+                out["position"] = {
+                    "tenant": pos.tenant_position,
+                    "tenant_of": pos.tenant_queued,
+                    "overall": pos.overall_position,
+                    "of": pos.overall_queued,
+                }
+                out["estimated_wait"] = self.estimate_wait(req, pos.overall_position)
+            out["scaling"] = self._scaling_for(req)
+        return out
+
+    def _flavors_for(self, req: Request) -> list[str]:
+        if req.flavor:
+            return [req.flavor]
+        tenant = self.config.tenants.get(req.tenant)
+        return list(tenant.quota) if tenant else []
+
+    def _scaling_for(self, req: Request) -> dict[str, Any] | None:
+        """Nodes being provisioned for a flavor this request waits on, and when ready."""
+        provisioning = self.core.provisioning()
+        for flavor in self._flavors_for(req):
+            coming = provisioning.get(flavor)
+            if coming:
+                return {"flavor": flavor, "nodes": len(coming), "ready_by": max(coming.values())}
+        return None
+
+    def estimate_wait(self, req: Request, position: int) -> dict[str, Any]:
+        """A rough wait: when enough running grants of its flavor would have released.
+
+        Grants release on their own when idle (culled at idle_since + idle timeout) or, on
+        average, after the hold time observed for that flavor. Without either, say so.
+        """
+        now = time.time()
+        flavors = self._flavors_for(req)
+        releases: list[float] = []
+        holders = 0
+        mean_hold = None
+        for flavor in flavors:
+            times = self.hold_times.get(flavor) or []
+            if times:
+                mean_hold = sum(times) / len(times)
+                break
+        timeout = self._idle_timeout(req.tenant)
+        for other in self.requests.values():
+            if other.state is not State.ADMITTED or other.assigned_flavor not in flavors:
+                continue
+            holders += 1
+            if other.idle_since is not None and timeout > 0:
+                releases.append(max(now, other.idle_since + timeout))
+            elif mean_hold is not None and other.admit_time is not None:
+                releases.append(max(now, other.admit_time + mean_hold))
+        ahead = position - 1
+        if not releases:
+            return {"seconds": None, "basis": "no running grant releases on its own"}
+        releases.sort()
+        if position <= len(releases):
+            seconds = releases[position - 1] - now
+        elif mean_hold is not None:
+            rounds = math.ceil((position - len(releases)) / max(1, holders))
+            seconds = releases[-1] - now + rounds * mean_hold
+        else:
+            return {"seconds": None, "basis": "no running grant releases on its own"}
+        basis = f"{ahead} request{'s' if ahead != 1 else ''} ahead; {holders} running grant"
+        basis += f"{'s' if holders != 1 else ''} of {'/'.join(flavors) or 'its flavor'}"
+        if mean_hold is not None:
+            basis += f" release in ~{_human(mean_hold)} on average"
+        else:
+            basis += " release when their idle timeout culls them"
+        return {"seconds": round(max(0.0, seconds), 1), "basis": basis}
+
+    def _idle_timeout(self, tenant: str) -> float:
+        t = self.config.tenants.get(tenant)
+        if t is not None and t.idle_timeout is not None:
+            return t.idle_timeout
+        return self.config.policy.idle_timeout
+
+    def devices_json(self) -> dict[str, Any]:
+        out = self.inventory.to_json(self.samples)
+        holders: dict[tuple[str, int], str] = {}
+        for node in self.core.nodes():
+            for index, rid in node.holders.items():
+                holders[(node.name, index)] = rid
+        for d in out["devices"]:
+            rid = holders.get((d["node"], d["index"]))
+            req = self.requests.get(rid) if rid else None
+            d["holder"] = (
+                {"id": req.id, "user": req.user, "tenant": req.tenant, "kind": req.kind}
+                if req
+                else None
+            )
+        out["nodes"] = [
+            {
+                "name": n.name,
+                "flavor": n.flavor,
+                "gpus": n.gpus,
+                "autoscaled": n.autoscaled,
+                "free": n.gpus - len(n.holders),
+            }
+            for n in self.core.nodes()
+        ]
+        out["desired_nodes"] = dict(self.core.desired_nodes())
+        return out
+
+    def tenants_json(self) -> dict[str, Any]:
+        usage: dict[str, list[dict[str, Any]]] = {}
+        for u in self.core.tenant_usage():
+            usage.setdefault(u.tenant, []).append(
+                {
+                    "flavor": u.flavor,
+                    "quota": u.nominal,
+                    "admitted": u.admitted,
+                    "parked": u.parked,
+                    "borrowed": u.borrowed,
+                    "pending_gpus": u.pending_gpus,
+                    "pending_requests": u.pending_requests,
+                }
+            )
+        tenants = []
+        for name, t in self.config.tenants.items():
+            tenants.append(
+                {
+                    "name": name,
+                    "cohort": t.cohort,
+                    "quota": dict(t.quota),
+                    "borrowing_limit": dict(t.borrowing_limit),
+                    "lending_limit": dict(t.lending_limit),
+                    "weight": t.weight,
+                    "queueing": t.queueing,
+                    "idle_timeout": self._idle_timeout(name),
+                    "usage": usage.get(name, []),
+                }
+            )
+        return {"simulated": self.inventory.simulated, "tenants": tenants}
+
+    def snapshot_metrics(self) -> None:
+        tenants = [
+            TenantUsage(
+                u.tenant, u.flavor, u.nominal, u.admitted, u.parked, u.borrowed, u.pending_gpus
+            )
+            for u in self.core.tenant_usage()
+        ]
+        pending: dict[tuple[str, str, str], int] = {}
+        idle: dict[str, int] = {}
+        holders: dict[tuple[str, int], tuple[str, str, str, tuple[int, ...]]] = {}
+        for req in self.requests.values():
+            if req.state is State.QUEUED:
+                flavor = req.flavor or (self._flavors_for(req) or [""])[0]
+                key = (req.tenant, flavor, req.kind)
+                pending[key] = pending.get(key, 0) + 1
+            elif req.state is State.ADMITTED:
+                if not req.busy:
+                    idle[req.tenant] = idle.get(req.tenant, 0) + req.gpus
+                for index in req.devices:
+                    holders[(req.node or "", index)] = (req.id, req.user, req.tenant, ())
+        flavor_of = {(d.node, d.index): d.flavor for d in self.inventory.devices()}
+        attributed = {key: (holder[1], holder[2]) for key, holder in holders.items()}
+        rows = []
+        for s in self.samples:
+            user_tenant = attributed.get((s.node, s.index))
+            rows.append(
+                (
+                    s,
+                    flavor_of.get((s.node, s.index), ""),
+                    user_tenant[1] if user_tenant else None,
+                    user_tenant[0] if user_tenant else None,
+                )
+            )
+        self.metrics.set_snapshot(
+            tenants,
+            [PendingCount(t, f, k, n) for (t, f, k), n in pending.items()],
+            self.core.desired_nodes(),
+            idle,
+            rows,
+            simulated=self.inventory.simulated,
+        )
+
+
+def _meta_of(row: RequestRow) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "created": row.created,
+        "updated": row.updated,
+        "utilization": row.utilization,
+    }
+
+
+def _human(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+__all__ = ["Arbiter", "Conflict", "SpecError", "new_request_id"]
