@@ -5,13 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck contracts pytest scenarios bench clean
+.PHONY: setup demo test lint typecheck contracts pytest scenarios bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml scripts/ensure-system-deps.sh | $(BIN)/python
+	bash scripts/ensure-system-deps.sh
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
