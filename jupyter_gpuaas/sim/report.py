@@ -316,7 +316,7 @@ def format_table(result: Mapping[str, Any]) -> str:
     out.extend(line(r) for r in rows)
     capacity = summary.get("gpu_hours_capacity", 0.0)
     end = summary.get("end")
-    clock = f" to t={end:g}s ({_duration(end)})" if isinstance(end, (int, float)) else ""
+    clock = f" to t={end:.0f}s ({_duration(end)})" if isinstance(end, (int, float)) else ""
     out += [
         "",
         f"requests     {summary['requests']}: {summary['admitted']} admitted, "
