@@ -360,3 +360,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     return main(list(args.argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -255,7 +255,21 @@ class Store:
                     setattr(row, key, value)
             for d in batch.decisions:
                 fields = {k: v for k, v in d.to_json().items() if k not in ("t", "event", "id")}
-                s.add(DecisionRow(t=d.t, event=d.event, request_id=d.id, fields=json.dumps(fields)))
+                s.add(
+                    DecisionRow(
+                        t=d.t,
+                        event=d.event,
+                        request_id=d.id,
+                        fields=json.dumps(fields, default=list),
+                    )
+                )
+            for name, flavor, gpus in batch.nodes_added:
+                if s.get(NodeRow, name) is None:
+                    s.add(NodeRow(name=name, flavor=flavor, gpus=gpus, created=now))
+            for name in batch.nodes_removed:
+                row = s.get(NodeRow, name)
+                if row is not None:
+                    s.delete(row)
 
     def add_node(self, name: str, flavor: str, gpus: int, now: float) -> None:
         with self.session() as s:

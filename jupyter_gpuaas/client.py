@@ -1,0 +1,294 @@
+"""The one HTTP client of the gateway: everything outside it (spawner, kernel provisioner,
+magics, widgets, CLI) talks to the gateway only through this module.
+
+`GatewayClient` is async (tornado's AsyncHTTPClient, for code running on an event loop);
+`SyncGatewayClient` uses urllib and needs no event loop (CLI, spawner hooks, scripts). Both
+have the same methods and raise `GatewayError(status, error, field)` on a 4xx/5xx answer.
+
+`from_env()` finds the gateway: GPUAAS_URL and GPUAAS_TOKEN, else (inside JupyterHub)
+`<hub origin>/services/gpuaas/` from JUPYTERHUB_API_URL and JUPYTERHUB_API_TOKEN.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+from urllib.parse import urlencode, urlparse
+
+__all__ = ["GatewayClient", "GatewayError", "SyncGatewayClient", "gateway_from_env"]
+
+SERVICE_PREFIX = "/services/gpuaas/"
+
+
+class GatewayError(Exception):
+    """An error answer of the gateway (or no answer: status 0)."""
+
+    def __init__(self, status: int, error: str, field: str | None = None, body: Any = None):
+        super().__init__(status, error, field)
+        self.status = status
+        self.error = error
+        self.field = field
+        self.body = body
+
+    def __str__(self) -> str:
+        where = f" ({self.field})" if self.field else ""
+        return f"{self.error}{where} [HTTP {self.status}]" if self.status else self.error
+
+
+def gateway_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(url, token) of the gateway from the environment; raises GatewayError saying how to
+    configure when nothing is set."""
+    env = os.environ if env is None else env
+    token = env.get("GPUAAS_TOKEN") or env.get("JUPYTERHUB_API_TOKEN") or ""
+    url = env.get("GPUAAS_URL")
+    if not url and env.get("JUPYTERHUB_API_URL"):
+        hub = urlparse(env["JUPYTERHUB_API_URL"])
+        url = f"{hub.scheme}://{hub.netloc}{SERVICE_PREFIX}"
+    if not url:
+        raise GatewayError(
+            0,
+            "cannot find the gpuaas gateway: set GPUAAS_URL (e.g. http://127.0.0.1:8765/) "
+            "and GPUAAS_TOKEN, or run inside JupyterHub (JUPYTERHUB_API_URL and "
+            "JUPYTERHUB_API_TOKEN are set there)",
+        )
+    if not token:
+        raise GatewayError(0, f"no token for the gateway at {url}: set GPUAAS_TOKEN")
+    return url.rstrip("/") + "/", token
+
+
+def _submit_body(
+    tenant: str,
+    kind: str,
+    gpus: int,
+    flavor: str | None,
+    priority: int,
+    name: str | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"tenant": tenant, "kind": kind, "gpus": gpus, "priority": priority}
+    if flavor is not None:
+        body["flavor"] = flavor
+    if name is not None:
+        body["name"] = name
+    return body
+
+
+def _error_from(status: int, raw: bytes) -> GatewayError:
+    try:
+        body = json.loads(raw)
+        return GatewayError(status, str(body.get("error")), body.get("field"), body)
+    except (ValueError, AttributeError):
+        text = raw.decode("utf-8", "replace").strip()[:200] or "no body"
+        return GatewayError(status, text)
+
+
+class _Base:
+    def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/") + "/"
+        self.token = token
+        self.timeout = timeout
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
+        url, token = gateway_from_env(env)
+        return cls(url, token, **kwargs)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.token}", "Content-Type": "application/json"}
+
+    def _url(self, path: str, query: Mapping[str, Any] | None = None) -> str:
+        url = self.url + path.lstrip("/")
+        if query:
+            q = {k: v for k, v in query.items() if v is not None}
+            if q:
+                url += "?" + urlencode(q)
+        return url
+
+
+class SyncGatewayClient(_Base):
+    """Blocking client (urllib): no event loop needed."""
+
+    def _call(self, method: str, path: str, body: Any = None, query: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self._url(path, query), data=data, method=method, headers=self._headers()
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            raise _error_from(e.code, e.read()) from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise GatewayError(0, f"cannot reach the gateway at {self.url}: {reason}") from None
+        return json.loads(raw) if raw else None
+
+    def me(self) -> dict[str, Any]:
+        return self._call("GET", "api/me")  # type: ignore[no-any-return]
+
+    def devices(self) -> dict[str, Any]:
+        return self._call("GET", "api/devices")  # type: ignore[no-any-return]
+
+    def tenants(self) -> dict[str, Any]:
+        return self._call("GET", "api/tenants")  # type: ignore[no-any-return]
+
+    def put_tenant(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call("PUT", f"api/tenants/{name}", dict(spec))  # type: ignore[no-any-return]
+
+    def submit(
+        self,
+        tenant: str,
+        kind: str,
+        gpus: int,
+        flavor: str | None = None,
+        priority: int = 0,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        body = _submit_body(tenant, kind, gpus, flavor, priority, name)
+        return self._call("POST", "api/requests", body)  # type: ignore[no-any-return]
+
+    def get(self, rid: str) -> dict[str, Any]:
+        return self._call("GET", f"api/requests/{rid}")  # type: ignore[no-any-return]
+
+    def list(self, **filters: Any) -> list[dict[str, Any]]:
+        return self._call("GET", "api/requests", query=filters)  # type: ignore[no-any-return]
+
+    def cancel(self, rid: str) -> dict[str, Any]:
+        return self._call("DELETE", f"api/requests/{rid}")  # type: ignore[no-any-return]
+
+    def heartbeat(self, rid: str, busy: bool, utilization: float | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"busy": busy}
+        if utilization is not None:
+            body["utilization"] = utilization
+        return self._call("POST", f"api/requests/{rid}/heartbeat", body)  # type: ignore[no-any-return]
+
+
+class GatewayClient(_Base):
+    """Async client (tornado AsyncHTTPClient). `events()` iterates the SSE stream."""
+
+    async def _call(self, method: str, path: str, body: Any = None, query: Any = None) -> Any:
+        from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+        try:
+            resp = await AsyncHTTPClient().fetch(
+                self._url(path, query),
+                method=method,
+                headers=self._headers(),
+                body=None if body is None else json.dumps(body),
+                allow_nonstandard_methods=True,
+                request_timeout=self.timeout,
+            )
+        except HTTPClientError as e:
+            if e.response is not None and e.code != 599:
+                raise _error_from(e.code, e.response.body or b"") from None
+            raise GatewayError(0, f"cannot reach the gateway at {self.url}: {e}") from None
+        except OSError as e:
+            raise GatewayError(0, f"cannot reach the gateway at {self.url}: {e}") from None
+        return json.loads(resp.body) if resp.body else None
+
+    async def me(self) -> dict[str, Any]:
+        return await self._call("GET", "api/me")  # type: ignore[no-any-return]
+
+    async def devices(self) -> dict[str, Any]:
+        return await self._call("GET", "api/devices")  # type: ignore[no-any-return]
+
+    async def tenants(self) -> dict[str, Any]:
+        return await self._call("GET", "api/tenants")  # type: ignore[no-any-return]
+
+    async def put_tenant(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        return await self._call("PUT", f"api/tenants/{name}", dict(spec))  # type: ignore[no-any-return]
+
+    async def submit(
+        self,
+        tenant: str,
+        kind: str,
+        gpus: int,
+        flavor: str | None = None,
+        priority: int = 0,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        body = _submit_body(tenant, kind, gpus, flavor, priority, name)
+        return await self._call("POST", "api/requests", body)  # type: ignore[no-any-return]
+
+    async def get(self, rid: str) -> dict[str, Any]:
+        return await self._call("GET", f"api/requests/{rid}")  # type: ignore[no-any-return]
+
+    async def list(self, **filters: Any) -> list[dict[str, Any]]:
+        return await self._call("GET", "api/requests", query=filters)  # type: ignore[no-any-return]
+
+    async def cancel(self, rid: str) -> dict[str, Any]:
+        return await self._call("DELETE", f"api/requests/{rid}")  # type: ignore[no-any-return]
+
+    async def heartbeat(
+        self, rid: str, busy: bool, utilization: float | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"busy": busy}
+        if utilization is not None:
+            body["utilization"] = utilization
+        return await self._call("POST", f"api/requests/{rid}/heartbeat", body)  # type: ignore[no-any-return]
+
+    async def events(self, *, comments: bool = False) -> AsyncIterator[dict[str, Any]]:
+        """Yield `{"event": name, "data": {...}}` per SSE event (and `{"comment": text}`
+        for keepalives when `comments`). Ends when the server closes the stream."""
+        import asyncio
+
+        from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        stopped = False
+
+        def on_chunk(chunk: bytes) -> None:
+            # Raising here makes tornado close the connection: how a consumer that stopped
+            # iterating hangs up (at the next keepalive at the latest).
+            if stopped:
+                raise GatewayError(0, "event stream closed by the client")
+            queue.put_nowait(chunk)
+
+        fut = AsyncHTTPClient().fetch(
+            self._url("api/events"),
+            headers={**self._headers(), "Accept": "text/event-stream"},
+            streaming_callback=on_chunk,
+            request_timeout=0,
+            connect_timeout=self.timeout,
+        )
+
+        def done(f: Any) -> None:
+            queue.put_nowait(None)
+
+        fut.add_done_callback(done)
+        buf = b""
+        try:
+            while True:
+                chunk = await queue.get()
+                if chunk is None:
+                    exc = fut.exception()
+                    if isinstance(exc, HTTPClientError) and exc.response is not None:
+                        raise _error_from(exc.code, exc.response.body or b"")
+                    return
+                buf += chunk
+                while b"\n\n" in buf:
+                    block, buf = buf.split(b"\n\n", 1)
+                    parsed = _parse_sse(block.decode())
+                    if parsed is not None and (comments or "comment" not in parsed):
+                        yield parsed
+        finally:
+            stopped = True
+
+
+def _parse_sse(block: str) -> dict[str, Any] | None:
+    name, data, comment = "message", [], []
+    for line in block.splitlines():
+        if line.startswith(":"):
+            comment.append(line[1:].strip())
+        elif line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+    if data:
+        return {"event": name, "data": json.loads("\n".join(data))}
+    if comment:
+        return {"comment": " ".join(comment)}
+    return None

@@ -1,0 +1,111 @@
+"""Fixtures of the gateway tests: real gateways on real sockets, real HTTP.
+
+`make_gateway` starts the gateway in-process (tornado on a loopback port, the same app the
+CLI runs) with simulated devices, a temp quota file and token file; `spawn_gateway` starts
+`jupyter-gpuaas gateway` as a subprocess (restart and kill -9 tests). `db_url` is
+parametrized over SQLite and PostgreSQL (a fresh database per test on the session server
+of tests/pg.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from gwutil import (
+    DEVICES,
+    Gateway,
+    GatewayProcess,
+    free_port,
+    fresh_pg_database,
+    gateway_argv,
+    wait_ready,
+    write_files,
+)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'gpuaas.sqlite'}"
+    return fresh_pg_database(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'gpuaas.sqlite'}"
+
+
+@pytest_asyncio.fixture
+async def make_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    from jupyter_gpuaas.gateway.app import GatewayApp
+
+    started: list[Any] = []
+
+    async def make(
+        db_url: str | None = None, quotas: dict[str, Any] | None = None, **traits: Any
+    ) -> Gateway:
+        q, t = write_files(tmp_path, quotas)
+        kw: dict[str, Any] = dict(
+            ip="127.0.0.1",
+            port=0,
+            quotas=str(q),
+            tokens=str(t),
+            devices=DEVICES,
+            db_url=db_url or f"sqlite:///{tmp_path / 'gpuaas.sqlite'}",
+            keepalive_interval=0.3,
+            tick_interval=0.1,
+            sample_interval=0.5,
+            hub_service=False,
+        )
+        kw.update(traits)
+        app = GatewayApp(**kw)
+        port = await app.start_server()
+        started.append(app)
+        return Gateway(app, f"http://127.0.0.1:{port}{app.base_url}")
+
+    yield make
+    for app in started:
+        await app.stop_server()
+
+
+@pytest_asyncio.fixture
+async def gw(make_gateway: Callable[..., Any], sqlite_url: str) -> Gateway:
+    gateway: Gateway = await make_gateway(sqlite_url)
+    return gateway
+
+
+# --- subprocess gateways -----------------------------------------------------------------
+
+
+@pytest.fixture
+def spawn_gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
+    procs: list[GatewayProcess] = []
+
+    def spawn(db_url: str, *extra: str, port: int | None = None, **kw: Any) -> GatewayProcess:
+        port = port or free_port()
+        log = tmp_path / f"gateway-{len(procs)}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for k in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_SERVICE_NAME"):
+            env.pop(k, None)
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                gateway_argv(tmp_path, db_url, port, *extra, **kw),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=tmp_path,
+            )
+        gp = GatewayProcess(proc, f"http://127.0.0.1:{port}/", log)
+        procs.append(gp)
+        wait_ready(gp.url, proc, log)
+        return gp
+
+    yield spawn
+    for gp in procs:
+        gp.stop()

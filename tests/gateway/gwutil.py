@@ -1,0 +1,175 @@
+"""Helpers of the gateway tests (the fixtures are in conftest.py).
+
+`make_gateway` starts the gateway in-process (tornado on a loopback port, the same app the
+CLI runs) with simulated devices, a temp quota file and token file; `spawn_gateway` starts
+`jupyter-gpuaas gateway` as a subprocess (restart and kill -9 tests). `db_url` is
+parametrized over SQLite and PostgreSQL (a fresh database per test on the session server
+of tests/pg.py).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tornado.httpclient import AsyncHTTPClient
+
+from jupyter_gpuaas.client import GatewayClient
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TOKENS = {
+    "alice": "alice-token-0001",  # vision member
+    "bob": "bob-token-00002",  # nlp member
+    "carol": "carol-token-003",  # vision member with view
+    "root": "root-token-0004",  # admin
+    "eve": "eve-token-000005",  # no tenant group
+}
+TOKEN_FILE = {
+    "tokens": {
+        TOKENS["alice"]: {"user": "alice", "groups": ["vision"]},
+        TOKENS["bob"]: {"user": "bob", "groups": ["nlp"]},
+        TOKENS["carol"]: {"user": "carol", "groups": ["vision"], "view": True},
+        TOKENS["root"]: {"user": "root", "admin": True},
+        TOKENS["eve"]: {"user": "eve", "groups": []},
+    }
+}
+QUOTAS: dict[str, Any] = {
+    "flavors": {"a100": {"nodes": 1, "gpus_per_node": 4}, "t4": {"nodes": 1, "gpus_per_node": 8}},
+    "tenants": {
+        "vision": {"cohort": "research", "quota": {"a100": 4, "t4": 0}},
+        "nlp": {"cohort": "research", "quota": {"a100": 2}, "borrowing_limit": {"a100": 0}},
+    },
+}
+DEVICES = "simulated:a100=1x4,t4=1x8"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fresh_pg_database(postgres_url: str) -> str:
+    """A new empty database on the session's PostgreSQL server."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(postgres_url)
+    name = "gw_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(
+        host=url.host, port=url.port, user=url.username, dbname="postgres", autocommit=True
+    ) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
+def write_files(tmp_path: Path, quotas: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    q = tmp_path / "quotas.yaml"
+    q.write_text(yaml.safe_dump(quotas or QUOTAS, sort_keys=False))
+    t = tmp_path / "tokens.yaml"
+    t.write_text(yaml.safe_dump(TOKEN_FILE))
+    return q, t
+
+
+@dataclass
+class Gateway:
+    app: Any
+    url: str
+
+    def client(self, who: str) -> GatewayClient:
+        return GatewayClient(self.url, TOKENS.get(who, who))
+
+    async def raw(
+        self, method: str, path: str, body: Any = None, who: str | None = "alice", **headers: str
+    ) -> tuple[int, Any]:
+        """(status, parsed JSON or text) of one call; `who=None`: no Authorization."""
+        hdrs = dict(headers)
+        if who is not None:
+            hdrs.setdefault("Authorization", f"token {TOKENS.get(who, who)}")
+        if body is not None and not isinstance(body, (str, bytes)):
+            body = json.dumps(body)
+        if body is None and method in ("POST", "PUT"):
+            body = ""
+        resp = await AsyncHTTPClient().fetch(
+            self.url + path.lstrip("/"),
+            method=method,
+            body=body,
+            headers=hdrs,
+            raise_error=False,
+            allow_nonstandard_methods=True,
+        )
+        text = resp.body.decode() if resp.body else ""
+        try:
+            return resp.code, json.loads(text)
+        except ValueError:
+            return resp.code, text
+
+    @property
+    def arbiter(self) -> Any:
+        return self.app.arbiter
+
+
+@dataclass
+class GatewayProcess:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def gateway_argv(
+    tmp_path: Path, db_url: str, port: int, *extra: str, quotas: dict[str, Any] | None = None
+) -> list[str]:
+    q, t = write_files(tmp_path, quotas)
+    from jupyter_gpuaas.cli import SUBCOMMAND_MODULES
+
+    exe = ROOT / ".venv" / "bin" / "jupyter-gpuaas"
+    if "jupyter_gpuaas.gateway.app" in SUBCOMMAND_MODULES and exe.exists():
+        head = [str(exe), "gateway"]  # the real console script
+    else:
+        head = [sys.executable, "-m", "jupyter_gpuaas.gateway.app"]
+    return [
+        *head,
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--quotas={q}",
+        f"--tokens={t}",
+        f"--devices={DEVICES}",
+        f"--db-url={db_url}",
+        *extra,
+    ]
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited {proc.returncode}: {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "api/openapi.json", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"gateway did not start: {log.read_text()[-3000:]}")
