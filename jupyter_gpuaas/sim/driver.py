@@ -17,8 +17,9 @@ from ..admission.core import AdmissionCore
 from ..admission.model import Decision, Request
 from .scenario import Scenario, ScenarioRequest
 
-# Phases within one instant: releases and activity first, then arrivals.
-_RELEASE, _ARRIVE = 0, 1
+# Phases within one instant: releases and activity first, then arrivals, then cancels
+# (so a request cancelled at its own submit instant is never admitted); then one pass.
+_RELEASE, _ARRIVE, _CANCEL = 0, 1, 2
 
 
 @dataclass
@@ -59,7 +60,7 @@ def run_scenario(scenario: Scenario, until: float | None = None) -> SimRun:
     for r in scenario.requests:
         push(r.submit, _ARRIVE, "submit", r.id)
         if r.cancel is not None:
-            push(r.cancel, _RELEASE, "cancel", r.id)
+            push(r.cancel, _CANCEL, "cancel", r.id)
 
     out: list[Decision] = []
     now = 0.0
@@ -100,9 +101,7 @@ def run_scenario(scenario: Scenario, until: float | None = None) -> SimRun:
             _, _, _, what, rid, gen, busy = heapq.heappop(heap)
             if core.get(rid) is None:
                 continue
-            if what == "cancel":
-                decisions += core.cancel(rid, now)
-            elif what == "finish":
+            if what == "finish":
                 if gen == lives[rid].generation:
                     decisions += core.finish(rid, now)
             else:
@@ -122,6 +121,10 @@ def run_scenario(scenario: Scenario, until: float | None = None) -> SimRun:
                 priority=spec.priority,
             )
             decisions += core.submit(req, now)
+        while heap and heap[0][0] == now and heap[0][1] == _CANCEL:
+            rid = heapq.heappop(heap)[4]
+            if core.get(rid) is not None:
+                decisions += core.cancel(rid, now)
         follow(decisions, now)
         follow(core.schedule(now), now)
     end = limit if stop is not None else now
