@@ -1,0 +1,92 @@
+"""Server-Sent Events over real HTTP: what a holder and a waiter hear, and who hears it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from gwutil import Gateway
+
+pytestmark = pytest.mark.asyncio
+
+
+async def collect(gw: Gateway, who: str, into: list[dict[str, Any]]) -> None:
+    async for ev in gw.client(who).events(comments=True):
+        into.append(ev)
+
+
+async def until(events: list[dict[str, Any]], pred: Any, timeout: float = 5.0) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        for ev in events:
+            if pred(ev):
+                return ev
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no matching event in {events}")
+
+
+async def test_admit_after_release_keepalive_and_filtering(gw: Gateway) -> None:
+    alice_events: list[dict[str, Any]] = []
+    bob_events: list[dict[str, Any]] = []
+    carol_events: list[dict[str, Any]] = []
+    tasks = [
+        asyncio.create_task(collect(gw, "alice", alice_events)),
+        asyncio.create_task(collect(gw, "bob", bob_events)),
+        asyncio.create_task(collect(gw, "carol", carol_events)),
+    ]
+    try:
+        await until(alice_events, lambda e: e.get("comment") == "connected")
+        await until(bob_events, lambda e: e.get("comment") == "connected")
+        alice, bob = gw.client("alice"), gw.client("bob")
+        held = await alice.submit("vision", "kernel", 4)
+        waiting = await bob.submit("nlp", "job", 2)
+        assert waiting["state"] == "queued"
+        await alice.cancel(held["id"])
+        admit = await until(
+            bob_events, lambda e: e.get("event") == "admit" and e["data"]["id"] == waiting["id"]
+        )
+        data = admit["data"]
+        assert data["request"]["state"] == "admitted" and data["request"]["grant"]["devices"]
+        assert data["node"] == "a100-0" and data["flavor"] == "a100"
+        # committed before announced: the decision is already in the store
+        events = [d.event for d in gw.arbiter.store.decisions(waiting["id"])]
+        assert events == ["submit", "admit"]
+        # alice hears her own release; she does not hear bob's admission
+        await until(
+            alice_events, lambda e: e.get("event") == "finish" and e["data"]["id"] == held["id"]
+        )
+        assert not [e for e in alice_events if e.get("data", {}).get("id") == waiting["id"]]
+        assert not [e for e in bob_events if e.get("data", {}).get("id") == held["id"]]
+        # carol has view: she hears both
+        await until(carol_events, lambda e: e.get("data", {}).get("id") == waiting["id"])
+        await until(carol_events, lambda e: e.get("data", {}).get("id") == held["id"])
+        # keepalive comments on an idle stream (interval 0.3 s in the tests)
+        await until(bob_events, lambda e: e.get("comment") == "keepalive", timeout=2)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_cull_warning_reaches_the_holder(make_gateway: Any) -> None:
+    from gwutil import QUOTAS
+
+    quotas = {**QUOTAS, "policy": {"idle_timeout": 0.8, "cull_warning": 0.4}}
+    gw: Gateway = await make_gateway(quotas=quotas)
+    events: list[dict[str, Any]] = []
+    task = asyncio.create_task(collect(gw, "alice", events))
+    try:
+        await until(events, lambda e: e.get("comment") == "connected")
+        alice = gw.client("alice")
+        k = await alice.submit("vision", "kernel", 1)
+        await alice.heartbeat(k["id"], busy=False)
+        warn = await until(events, lambda e: e.get("event") == "cull_warning")
+        assert warn["data"]["id"] == k["id"] and warn["data"]["cull_at"] > warn["data"]["t"]
+        cull = await until(events, lambda e: e.get("event") == "cull")
+        assert cull["data"]["parked"] is False
+        assert cull["data"]["request"]["state"] in ("culled", "finished")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
