@@ -333,7 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     app = GatewayApp()
     try:
-        app.initialize(argv)
+        try:
+            app.initialize(argv)
+        except SystemExit as e:
+            # traitlets reports a bad flag or config file itself (one CRITICAL line) and
+            # exits 1; bad input is exit status 2 everywhere in jupyter-gpuaas.
+            return 2 if e.code == 1 else int(e.code or 0)
         app.start()
     except StartupError as e:
         print(f"jupyter-gpuaas gateway: {e}", file=sys.stderr)

@@ -143,13 +143,10 @@ def gateway_argv(
     tmp_path: Path, db_url: str, port: int, *extra: str, quotas: dict[str, Any] | None = None
 ) -> list[str]:
     q, t = write_files(tmp_path, quotas)
-    from jupyter_gpuaas.cli import SUBCOMMAND_MODULES
-
-    exe = ROOT / ".venv" / "bin" / "jupyter-gpuaas"
-    if "jupyter_gpuaas.gateway.app" in SUBCOMMAND_MODULES and exe.exists():
-        head = [str(exe), "gateway"]  # the real console script
-    else:
-        head = [sys.executable, "-m", "jupyter_gpuaas.gateway.app"]
+    # The gateway module itself (what `jupyter-gpuaas gateway` hands its argv to), so
+    # these tests do not depend on every other subcommand importing; test_client.py runs
+    # the real console script.
+    head = [sys.executable, "-m", "jupyter_gpuaas.gateway.app"]
     return [
         *head,
         "--ip=127.0.0.1",
