@@ -296,3 +296,28 @@ def test_hub_service_name_is_configurable() -> None:
     model = hub_model(["access:services!service=gpus", "custom:gpuaas:use"], ["vision"])
     assert identity_from_hub_model(model, service="gpus") is not None
     assert identity_from_hub_model(model) is None
+
+
+def test_hub_snippet_loads_into_jupyterhub_config() -> None:
+    """The shipped jupyterhub_config.py snippet parses into JupyterHub's own traits."""
+    from gwutil import ROOT
+    from jupyterhub.app import JupyterHub
+    from traitlets.config import Config
+
+    c = Config()
+    source = (ROOT / "hub_config" / "gpuaas_service_snippet.py").read_text()
+    exec(compile(source, "gpuaas_service_snippet.py", "exec"), {"get_config": lambda: c})
+    hub = JupyterHub(config=c)
+    (service,) = hub.services
+    assert service["name"] == "gpuaas"
+    assert set(service["oauth_client_allowed_scopes"]) == {
+        "custom:gpuaas:use",
+        "custom:gpuaas:view",
+        "custom:gpuaas:admin",
+    }
+    assert set(hub.custom_scopes) == set(service["oauth_client_allowed_scopes"])
+    roles = {r["name"]: r for r in hub.load_roles}
+    assert "custom:gpuaas:use" in roles["user"]["scopes"]
+    assert "access:services!service=gpuaas" in roles["user"]["scopes"]
+    assert {"list:users", "read:users:groups", "servers"} <= set(roles["gpuaas-service"]["scopes"])
+    assert roles["gpuaas-service"]["services"] == ["gpuaas"]

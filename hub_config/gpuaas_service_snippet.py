@@ -1,0 +1,93 @@
+# jupyterhub_config.py snippet: run the jupyter-gpuaas gateway as the Hub-managed service
+# `gpuaas`, with its custom scopes and roles. Paste (or `load_subconfig`) into your config.
+#
+# Who may do what (INTERFACES.md):
+#   custom:gpuaas:use    submit, see and cancel one's own requests, charge one's own groups
+#   custom:gpuaas:view   see the whole queue
+#   custom:gpuaas:admin  change quotas, cancel any request
+# Tenants are the quota file's tenants; a user may charge a tenant that is a JupyterHub
+# group they belong to (`custom:gpuaas:use!group=vision` narrows that to one group).
+import sys
+
+c = get_config()  # noqa: F821  (defined by JupyterHub when it loads this file)
+
+GPUAAS_PORT = 8765
+
+# .append/.extend work whether or not the rest of the config already set these lists.
+c.JupyterHub.services.append(
+    {
+        "name": "gpuaas",
+        "url": f"http://127.0.0.1:{GPUAAS_PORT}",
+        "command": [
+            sys.executable,
+            "-m",
+            "jupyter_gpuaas.cli",
+            "gateway",
+            "--quotas=/etc/jupyter-gpuaas/quotas.yaml",
+            "--db-url=sqlite:////var/lib/jupyter-gpuaas/gpuaas.sqlite",
+            "--devices=nvml",
+        ],
+        # Tokens the Hub issues for this service (browser OAuth) carry these scopes, so the
+        # user model the gateway gets back lists them: without this, custom scopes never
+        # reach the service (the Hub filters a token's scopes to what the client may ask).
+        "oauth_client_allowed_scopes": [
+            "custom:gpuaas:use",
+            "custom:gpuaas:view",
+            "custom:gpuaas:admin",
+        ],
+        "display": True,
+    }
+)
+
+c.JupyterHub.custom_scopes = {
+    "custom:gpuaas:use": {
+        "description": "Queue GPU servers, kernels and jobs; see and cancel your own requests.",
+    },
+    "custom:gpuaas:view": {
+        "description": "See every request in the GPU queue.",
+        "subscopes": [],
+    },
+    "custom:gpuaas:admin": {
+        "description": "Change GPU quotas and cancel any GPU request.",
+        "subscopes": ["custom:gpuaas:view", "custom:gpuaas:use"],
+    },
+}
+
+c.JupyterHub.load_roles.extend(
+    [
+        {
+            # Every user: reach the service, use GPUs. (Redefining `user` replaces the default
+            # role, so keep its default scopes: self.)
+            "name": "user",
+            "scopes": ["self", "access:services!service=gpuaas", "custom:gpuaas:use"],
+        },
+        {
+            # Single-user servers act for their user (kernel provisioner, server extension):
+            # their JUPYTERHUB_API_TOKEN must carry the gpuaas scopes too.
+            "name": "server",
+            "scopes": [
+                "users:activity!user",  # JupyterHub's default server role...
+                "access:servers!server",
+                "access:services!service=gpuaas",
+                "custom:gpuaas:use",
+            ],
+        },
+        {
+            "name": "gpuaas-admin",
+            "description": "GPU queue administrators",
+            "scopes": [
+                "access:services!service=gpuaas",
+                "custom:gpuaas:view",
+                "custom:gpuaas:admin",
+            ],
+            "users": [],  # e.g. ["alice"]
+            "groups": [],  # e.g. ["gpu-admins"]
+        },
+        {
+            # The gateway itself: resolve users and groups, and stop servers whose grant ended.
+            "name": "gpuaas-service",
+            "scopes": ["list:users", "read:users:groups", "read:groups", "servers"],
+            "services": ["gpuaas"],
+        },
+    ]
+)
