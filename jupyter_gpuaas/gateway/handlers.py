@@ -65,7 +65,11 @@ class BaseHandler(web.RequestHandler):
             model = await hub_auth.get_user(self, sync=False)
             if not model:
                 return None
-            return identity_from_hub_model(model, self.settings.get("service_name", "gpuaas"))
+            ident = identity_from_hub_model(model, self.settings.get("service_name", "gpuaas"))
+            if ident is None:
+                # Known to the Hub but without gpuaas scopes: 403, not 401.
+                return Identity(str(model.get("name", "")), use=False)
+            return ident
         token = token_from_header(self.request.headers.get("Authorization"))
         if token is None:
             return None

@@ -321,3 +321,56 @@ def test_hub_snippet_loads_into_jupyterhub_config() -> None:
     assert "access:services!service=gpuaas" in roles["user"]["scopes"]
     assert {"list:users", "read:users:groups", "servers"} <= set(roles["gpuaas-service"]["scopes"])
     assert roles["gpuaas-service"]["services"] == ["gpuaas"]
+
+
+@pytest.mark.asyncio
+async def test_hub_mode_over_http_with_a_fake_hub_api(
+    make_gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hub mode end to end, against a FAKE Hub API (a tornado handler answering
+    GET /hub/api/user like JupyterHub 5 does for a service), not a running Hub."""
+    import json as _json
+
+    from gwutil import free_port
+    from tornado import web
+
+    models = {
+        "ann-token": hub_model([ACCESS, "custom:gpuaas:use"], ["vision"]),
+        "boss-token": hub_model([ACCESS, "custom:gpuaas:admin"], [], name="boss"),
+        "nope-token": hub_model([ACCESS], ["vision"], name="nope"),
+    }
+
+    class FakeUser(web.RequestHandler):
+        def get(self) -> None:
+            token = (self.request.headers.get("Authorization") or "").split(" ")[-1]
+            if token not in models:
+                raise web.HTTPError(403)
+            self.finish(_json.dumps(models[token]))
+
+    port = free_port()
+    hub = web.Application([(r"/hub/api/user", FakeUser)]).listen(port, "127.0.0.1")
+    try:
+        monkeypatch.setenv("JUPYTERHUB_API_URL", f"http://127.0.0.1:{port}/hub/api")
+        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "service-token")
+        monkeypatch.setenv("JUPYTERHUB_SERVICE_NAME", "gpuaas")
+        monkeypatch.setenv("JUPYTERHUB_CLIENT_ID", "service-gpuaas")
+        monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/services/gpuaas/")
+        gw: Gateway = await make_gateway(hub_service=True, base_url="/services/gpuaas/")
+        assert gw.url.endswith("/services/gpuaas/")
+        status, me = await gw.raw("GET", "api/me", who="ann-token")
+        assert status == 200 and me["tenants"] == ["vision"] and not me["admin"], me
+        status, r = await gw.raw(
+            "POST", "api/requests", {"tenant": "vision", "kind": "job", "gpus": 1}, who="ann-token"
+        )
+        assert status == 201 and r["user"] == "ann"
+        status, _ = await gw.raw(
+            "POST", "api/requests", {"tenant": "nlp", "kind": "job", "gpus": 1}, who="ann-token"
+        )
+        assert status == 403
+        assert (await gw.raw("GET", "api/me", who="nope-token"))[0] == 403
+        assert (await gw.raw("GET", "api/me", who="unknown-token"))[0] == 401
+        assert (await gw.raw("GET", "api/me", who=None))[0] == 401
+        status, _ = await gw.raw("PUT", "api/tenants/nlp", {"quota": {"a100": 1}}, who="boss-token")
+        assert status == 200
+    finally:
+        hub.stop()
