@@ -268,7 +268,10 @@ class GatewayApp(Application):
         }
         handlers: list[Any] = list(routes(self.base_url))
         if self.hub_service:
-            from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+            from jupyterhub.services.auth import (  # type: ignore[import-untyped]
+                HubOAuth,
+                HubOAuthCallbackHandler,
+            )
 
             hub_auth = HubOAuth(
                 api_token=os.environ["JUPYTERHUB_API_TOKEN"], cache_max_age=60, parent=self
@@ -297,7 +300,7 @@ class GatewayApp(Application):
             self.db_url.split("@")[-1],
             len(self.arbiter.core.nodes()),
         )
-        return self.bound_port
+        return int(self.bound_port)
 
     async def stop_server(self) -> None:
         self.http_server.stop()

@@ -135,11 +135,11 @@ class Arbiter:
             decisions += self.core.add_node(node.flavor, node.name, node.gpus, now)
         if self.scaler.manages_provisioning:
             present = {n.name for n in self.inventory.nodes()}
-            for row in self.store.nodes():
-                if row.name in present or row.flavor not in known:
+            for node_row in self.store.nodes():
+                if node_row.name in present or node_row.flavor not in known:
                     continue
-                self.inventory.add_node(row.flavor, row.gpus, name=row.name)
-                decisions += self.core.add_node(row.flavor, row.name, row.gpus, now)
+                self.inventory.add_node(node_row.flavor, node_row.gpus, name=node_row.name)
+                decisions += self.core.add_node(node_row.flavor, node_row.name, node_row.gpus, now)
         for row in self.store.live_requests():
             req = row_to_request(row)
             self.meta[req.id] = _meta_of(row)
@@ -315,11 +315,11 @@ class Arbiter:
             self.scaler.node_removed(name)  # type: ignore[attr-defined]
         for d in decisions:
             self._account(d)
-            req = self.requests.get(d.id) if d.id else None
+            about = self.requests.get(d.id) if d.id else None
             data = d.to_json()
-            if req is not None:
-                data["request"] = self.request_json(req)
-            self.bus.publish(Event(d.event, data, user=req.user if req else None))
+            if about is not None:
+                data["request"] = self.request_json(about)
+            self.bus.publish(Event(d.event, data, user=about.user if about else None))
         for rid, req in touched.items():
             if req.state in TERMINAL:
                 self.requests.pop(rid, None)
@@ -367,9 +367,12 @@ class Arbiter:
 
     def request_json(self, req: Request | RequestRow) -> dict[str, Any]:
         """The API's request object, from a live request or a stored row."""
-        live = isinstance(req, Request)
-        meta = self.meta.get(req.id, {}) if live else _meta_of(req)  # type: ignore[arg-type]
-        state = req.state.value if live else req.state  # type: ignore[union-attr]
+        if isinstance(req, Request):
+            live: Request | None = req
+            meta = self.meta.get(req.id, {})
+            state = req.state.value
+        else:
+            live, meta, state = None, _meta_of(req), req.state
         out: dict[str, Any] = {
             "id": req.id,
             "user": req.user,
@@ -391,7 +394,7 @@ class Arbiter:
             "scaling": None,
         }
         if state == State.ADMITTED.value:
-            devices = list(req.devices) if live else req.device_list()  # type: ignore[union-attr]
+            devices = list(live.devices) if live else req.device_list()  # type: ignore[union-attr]
             out["grant"] = {
                 "flavor": req.assigned_flavor,
                 "node": req.node,
@@ -403,8 +406,8 @@ class Arbiter:
             }
         elif state == State.PARKED.value:
             out["parked"] = {"flavor": req.assigned_flavor, "expires": req.park_expires}
-        if state == State.QUEUED.value and live:
-            pos = self.core.position(req.id)
+        if state == State.QUEUED.value and live is not None:
+            pos = self.core.position(live.id)
             if pos is not None:
                 out["position"] = {
                     "tenant": pos.tenant_position,
@@ -412,8 +415,8 @@ class Arbiter:
                     "overall": pos.overall_position,
                     "of": pos.overall_queued,
                 }
-                out["estimated_wait"] = self.estimate_wait(req, pos.overall_position)
-            out["scaling"] = self._scaling_for(req)
+                out["estimated_wait"] = self.estimate_wait(live, pos.overall_position)
+            out["scaling"] = self._scaling_for(live)
         return out
 
     def _flavors_for(self, req: Request) -> list[str]:
@@ -488,8 +491,8 @@ class Arbiter:
             for index, rid in node.holders.items():
                 holders[(node.name, index)] = rid
         for d in out["devices"]:
-            rid = holders.get((d["node"], d["index"]))
-            req = self.requests.get(rid) if rid else None
+            holder = holders.get((d["node"], d["index"]))
+            req = self.requests.get(holder) if holder else None
             d["holder"] = (
                 {"id": req.id, "user": req.user, "tenant": req.tenant, "kind": req.kind}
                 if req

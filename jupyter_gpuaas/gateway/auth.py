@@ -105,7 +105,13 @@ class TokenTable:
                 if not isinstance(value, bool):
                     raise TokenError(f"{key}.{flag}: must be true or false")
                 flags[flag] = value
-            table.entries[token] = Identity(name=user, groups=frozenset(groups), **flags)
+            table.entries[token] = Identity(
+                name=user,
+                groups=frozenset(groups),
+                use=flags["use"],
+                view=flags["view"],
+                admin=flags["admin"],
+            )
         return table
 
     def lookup(self, token: str) -> Identity | None:

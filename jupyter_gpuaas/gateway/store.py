@@ -267,9 +267,9 @@ class Store:
                 if s.get(NodeRow, name) is None:
                     s.add(NodeRow(name=name, flavor=flavor, gpus=gpus, created=now))
             for name in batch.nodes_removed:
-                row = s.get(NodeRow, name)
-                if row is not None:
-                    s.delete(row)
+                node = s.get(NodeRow, name)
+                if node is not None:
+                    s.delete(node)
 
     def add_node(self, name: str, flavor: str, gpus: int, now: float) -> None:
         with self.session() as s:
@@ -352,4 +352,4 @@ class Store:
             .limit(limit)
         )
         with self.session() as s:
-            return [(f, u - a) for f, a, u in s.execute(stmt) if f is not None]
+            return [(f, u - a) for f, a, u in s.execute(stmt) if f is not None and a is not None]
