@@ -25,8 +25,6 @@ def cli(
     if url:
         env.update(GPUAAS_URL=url, GPUAAS_TOKEN=TOKENS[who])
     cmd = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "jupyter_gpuaas.cli"]
-    if os.environ.get("GPUAAS_TEST_CLI"):  # dev aid: another launcher
-        cmd = os.environ["GPUAAS_TEST_CLI"].split()
     return subprocess.run(cmd + argv, capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -129,8 +127,6 @@ def test_gateway_command_serves(tmp_path: Path, sqlite_url: str) -> None:
     port = free_port()
     argv = gateway_argv(tmp_path, sqlite_url, port, "--base-url=/services/gpuaas/")[3:]
     cmd = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "jupyter_gpuaas.cli"]
-    if os.environ.get("GPUAAS_TEST_CLI"):  # dev aid: another launcher
-        cmd = os.environ["GPUAAS_TEST_CLI"].split()
     log = tmp_path / "gw.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen([*cmd, "gateway", *argv], stdout=f, stderr=subprocess.STDOUT)
