@@ -1,0 +1,98 @@
+"""One gateway event stream per (gateway, token) in the Hub process, fanned out to spawners.
+
+Queued spawns need to know when the queue moves, and running ones when the gateway culls
+or preempts them. Polling every second per spawn would multiply load by the number of
+waiting users; instead the Hub keeps one Server-Sent Events connection (with a token that
+may see the whole queue, `custom:gpuaas:view`) and every spawner subscribes a callback.
+Without such a token each spawner streams with its user's token, which sees only that
+user's own requests; the spawner then also re-reads its position every `refresh_interval`.
+
+The stream reconnects with backoff, and tells subscribers `{"event": "connected"}` after
+every (re)connection: events sent while it was down are lost, so they re-read state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from jupyter_gpuaas.client import GatewayClient, GatewayError
+
+log = logging.getLogger("jupyter_gpuaas.hub")
+
+Callback = Callable[[dict[str, Any]], None]
+
+
+class EventStream:
+    """A reconnecting SSE consumer that runs while it has subscribers."""
+
+    def __init__(self, url: str, token: str, max_backoff: float = 10.0) -> None:
+        self.client = GatewayClient(url, token)
+        self.max_backoff = max_backoff
+        self.callbacks: set[Callback] = set()
+        self.connected = False
+        self._task: asyncio.Task[None] | None = None
+
+    def subscribe(self, callback: Callback) -> Callable[[], None]:
+        """Add a callback; returns the function that removes it."""
+        self.callbacks.add(callback)
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+        def unsubscribe() -> None:
+            self.callbacks.discard(callback)
+            if not self.callbacks and self._task is not None:
+                self._task.cancel()
+                self._task = None
+
+        return unsubscribe
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        for callback in list(self.callbacks):
+            try:
+                callback(event)
+            except Exception:
+                log.exception("gpuaas event callback failed")
+
+    async def _run(self) -> None:
+        backoff = 0.5
+        while self.callbacks:
+            try:
+                async for event in self.client.events(comments=True):
+                    if "comment" in event:
+                        if event["comment"] == "connected" or not self.connected:
+                            self.connected = True
+                            backoff = 0.5
+                            self._dispatch({"event": "connected"})
+                        continue
+                    self._dispatch(event)
+                    if not self.callbacks:
+                        return
+            except asyncio.CancelledError:
+                raise
+            except GatewayError as e:
+                log.warning("gpuaas event stream: %s; reconnecting in %.1fs", e, backoff)
+            except Exception as e:  # a dropped connection mid-chunk, a parse error
+                log.warning("gpuaas event stream failed (%s); reconnecting", e)
+            self.connected = False
+            await asyncio.sleep(backoff)
+            backoff = min(self.max_backoff, backoff * 2)
+
+
+_streams: dict[tuple[str, str], EventStream] = {}
+
+
+def stream_for(url: str, token: str) -> EventStream:
+    """The Hub-wide stream for this gateway and token (created on first use)."""
+    key = (url, token)
+    stream = _streams.get(key)
+    if stream is None:
+        stream = _streams[key] = EventStream(url, token)
+    return stream
+
+
+def forget_stream(url: str, token: str) -> None:
+    """Drop a per-user stream once its token is revoked."""
+    _streams.pop((url, token), None)

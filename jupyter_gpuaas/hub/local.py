@@ -1,0 +1,48 @@
+"""Local-process spawners that queue: the granted devices become CUDA_VISIBLE_DEVICES."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+
+from .spawner import QueuedSpawnerMixin
+
+
+def device_env(grant: dict[str, Any] | None, hide_without_grant: bool) -> dict[str, str]:
+    """The environment that confines a local server to its granted devices.
+
+    CUDA_VISIBLE_DEVICES is what CUDA (and so PyTorch, JAX, TensorFlow) obeys;
+    NVIDIA_VISIBLE_DEVICES is what the NVIDIA container runtime reads when the "local"
+    process is a container (docker run inside a wrapper script). Both name the granted
+    indices; without a grant both hide every device ("" and "void").
+    """
+    if grant is None:
+        if not hide_without_grant:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
+    devices = ",".join(str(d) for d in (grant.get("grant") or {}).get("devices") or [])
+    g = grant.get("grant") or {}
+    return {
+        "CUDA_VISIBLE_DEVICES": devices,
+        "NVIDIA_VISIBLE_DEVICES": devices,
+        "GPUAAS_REQUEST_ID": str(grant.get("id") or ""),
+        "GPUAAS_TENANT": str(grant.get("tenant") or ""),
+        "GPUAAS_FLAVOR": str(g.get("flavor") or ""),
+        "GPUAAS_NODE": str(g.get("node") or ""),
+    }
+
+
+class _LocalGrantMixin(QueuedSpawnerMixin):
+    def get_env(self) -> dict[str, str]:
+        env: dict[str, str] = super().get_env()  # type: ignore[misc]
+        env.update(device_env(self._gp["grant"], self.hide_devices_without_grant))
+        return env
+
+
+class QueuedLocalProcessSpawner(_LocalGrantMixin, LocalProcessSpawner):  # type: ignore[misc]
+    """LocalProcessSpawner (servers run as the users' system accounts) behind the queue."""
+
+
+class QueuedSimpleLocalProcessSpawner(_LocalGrantMixin, SimpleLocalProcessSpawner):  # type: ignore[misc]
+    """SimpleLocalProcessSpawner (no system accounts; demos and tests) behind the queue."""

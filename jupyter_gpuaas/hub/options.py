@@ -1,0 +1,181 @@
+"""The GPU options of a spawn: the form, its parsing, and user_options validation. PURE.
+
+Both ways of starting a server land here: the spawn form (`options_from_form`, strings in
+lists) and the Hub's REST API (`POST /hub/api/users/{name}/server` with the JSON body
+`{"tenant", "flavor", "gpus"}`, which JupyterHub passes as `user_options` unchanged).
+Keys other than these three are left alone for the wrapped spawner (KubeSpawner profiles).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+OPTION_KEYS = ("tenant", "flavor", "gpus")
+
+
+class OptionsError(ValueError):
+    """Bad GPU options; `field` names the key, str() says what is wrong in words."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    gpus: int
+    tenant: str | None = None
+    flavor: str | None = None
+
+
+def options_from_form(formdata: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """Form fields (lists of strings) → user_options. Bad numbers are kept as strings so
+    `parse_options` reports them with the field's name instead of a form error page."""
+
+    def one(key: str) -> str:
+        values = formdata.get(key) or [""]
+        return str(values[0]).strip()
+
+    out: dict[str, Any] = {}
+    gpus = one("gpus")
+    if gpus:
+        out["gpus"] = int(gpus) if gpus.isdigit() else gpus
+    for key in ("tenant", "flavor"):
+        value = one(key)
+        if value:
+            out[key] = value
+    return out
+
+
+def parse_options(
+    options: Mapping[str, Any],
+    *,
+    default_gpus: int,
+    max_gpus: int,
+    member_of: Sequence[str],
+) -> GpuOptions:
+    """Validate user_options against what the Hub knows: types, bounds, group membership.
+
+    `member_of` is the user's tenant groups (the gateway's tenants the user belongs to, or
+    just the user's groups when the gateway's list is unknown). Without a tenant, a user in
+    exactly one tenant gets that one.
+    """
+    gpus = options.get("gpus", default_gpus)
+    if isinstance(gpus, bool) or not isinstance(gpus, int):
+        raise OptionsError("gpus", f"must be a whole number, not {gpus!r}")
+    if gpus < 0:
+        raise OptionsError("gpus", "must be 0 or more")
+    if gpus > max_gpus:
+        raise OptionsError("gpus", f"at most {max_gpus} GPUs may be asked for here")
+    flavor = options.get("flavor")
+    if flavor in ("", "any"):
+        flavor = None
+    if flavor is not None and not isinstance(flavor, str):
+        raise OptionsError("flavor", "must be a flavor name")
+    tenant = options.get("tenant")
+    if tenant is not None and (not isinstance(tenant, str) or not tenant):
+        raise OptionsError("tenant", "must be a tenant (group) name")
+    if gpus == 0:
+        return GpuOptions(gpus=0, tenant=tenant, flavor=flavor)
+    if tenant is None:
+        if len(member_of) == 1:
+            tenant = member_of[0]
+        elif not member_of:
+            raise OptionsError("tenant", "you belong to no GPU tenant (group): ask an admin")
+        else:
+            raise OptionsError("tenant", f"choose one of {', '.join(member_of)}")
+    if tenant not in member_of:
+        raise OptionsError(
+            "tenant",
+            f"you are not a member of tenant {tenant!r} (tenants are JupyterHub groups; "
+            f"yours: {', '.join(member_of) or 'none'})",
+        )
+    return GpuOptions(gpus=gpus, tenant=tenant, flavor=flavor)
+
+
+@dataclass(frozen=True)
+class TenantChoice:
+    """One tenant on the form, with what it holds now (from the gateway's api/tenants)."""
+
+    name: str
+    flavors: tuple[str, ...]
+    usage: str = ""
+
+
+def tenant_choices(tenants_json: Mapping[str, Any], member_of: Sequence[str]) -> list[TenantChoice]:
+    """The gateway's tenants the user belongs to, with a one-line usage summary each."""
+    out = []
+    for t in tenants_json.get("tenants") or []:
+        if t.get("name") not in member_of:
+            continue
+        parts = []
+        for u in t.get("usage") or []:
+            parts.append(
+                f"{u.get('flavor')}: {u.get('admitted', 0)}/{u.get('quota', 0)} in use"
+                + (f", {u['parked']} parked" if u.get("parked") else "")
+                + (f", {u['pending_requests']} queued" if u.get("pending_requests") else "")
+            )
+        out.append(TenantChoice(t["name"], tuple(t.get("quota") or {}), "; ".join(parts)))
+    return out
+
+
+def render_form(
+    *,
+    tenants: Sequence[TenantChoice],
+    flavor_names: Mapping[str, str],
+    default_gpus: int,
+    max_gpus: int,
+    last: Mapping[str, Any] | None = None,
+    banner: str = "",
+    error: str = "",
+) -> str:
+    """The spawn form's HTML (inside JupyterHub's spawn.html, Bootstrap 5 classes)."""
+    e = html.escape
+    last = last or {}
+    parts: list[str] = []
+    if banner:
+        parts.append(f'<div class="alert alert-warning" id="gpuaas-banner">{e(banner)}</div>')
+    if error:
+        parts.append(f'<div class="alert alert-danger" id="gpuaas-error">{e(error)}</div>')
+    flavors: list[str] = []
+    for t in tenants:
+        flavors += [f for f in t.flavors if f not in flavors]
+    options = []
+    for t in tenants:
+        selected = " selected" if last.get("tenant") == t.name else ""
+        label = t.name + (f" ({t.usage})" if t.usage else "")
+        options.append(f'<option value="{e(t.name)}"{selected}>{e(label)}</option>')
+    if not tenants:
+        options.append('<option value="">no GPU tenant: CPU only</option>')
+    parts.append(
+        '<div class="form-group mb-3"><label for="gpuaas-tenant" class="form-label">'
+        "Team (charged for the GPUs)</label>"
+        f'<select class="form-select" name="tenant" id="gpuaas-tenant">{"".join(options)}'
+        "</select></div>"
+    )
+    fl = ['<option value="">any of the team\'s GPU kinds</option>']
+    for f in flavors:
+        selected = " selected" if last.get("flavor") == f else ""
+        fl.append(f'<option value="{e(f)}"{selected}>{e(flavor_names.get(f, f))}</option>')
+    parts.append(
+        '<div class="form-group mb-3"><label for="gpuaas-flavor" class="form-label">'
+        f'GPU kind</label><select class="form-select" name="flavor" id="gpuaas-flavor">'
+        f"{''.join(fl)}</select></div>"
+    )
+    gpus = last.get("gpus", default_gpus)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= max_gpus:
+        gpus = default_gpus
+    if not tenants:
+        gpus, max_gpus = 0, 0
+    parts.append(
+        '<div class="form-group mb-3"><label for="gpuaas-gpus" class="form-label">'
+        "GPUs (0: start at once, without a GPU)</label>"
+        f'<input class="form-control" type="number" name="gpus" id="gpuaas-gpus" min="0" '
+        f'max="{max_gpus}" value="{gpus}"></div>'
+        '<p class="form-text">When no GPU is free the server waits in the team\'s queue; '
+        "the next page shows its place and an estimated wait.</p>"
+    )
+    return "\n".join(parts)

@@ -1,0 +1,609 @@
+"""A spawner that queues GPU server starts at the gpuaas gateway, then starts the real one.
+
+`QueuedSpawnerMixin` goes in front of the spawner that really starts servers
+(`class QueuedLocalProcessSpawner(QueuedSpawnerMixin, LocalProcessSpawner)`), so every
+spawner keeps its own start/stop/poll and only gains a queue in front.
+
+Why the queue wait sits in `run_pre_spawn_hook`, not in `start()`
+--------------------------------------------------------------------
+JupyterHub's `User.spawn` awaits, in order: `apply_group_overrides`, the user-options hook,
+`run_pre_spawn_hook()`, and then `asyncio.wait_for(spawner.start(), spawner.start_timeout)`.
+Only `start()` is under `start_timeout` (60 s by default); a spawn that waited for a GPU
+inside `start()` would be killed after a minute in the queue, and raising `start_timeout`
+to hours would also stop bounding the real start (a pod that never schedules would hang
+for hours). So the mixin waits for admission in `run_pre_spawn_hook`, which the Hub awaits
+without a timeout, bounds that wait itself by `queue_timeout` (generous by default), and
+leaves `start()` — the wrapped spawner's real start with the granted devices — bounded by
+the unchanged `start_timeout`. While it waits the spawn is pending in every sense the Hub
+knows (`spawner.pending == "spawn"`), so the spawn-pending page and
+`GET /hub/api/users/{name}/server/progress` stream `progress()`, and stopping the server
+cancels the spawn task, which cancels the gateway request.
+
+What the mixin adds
+-------------------
+- options: tenant (one of the user's tenant groups), flavor and GPU count, from the spawn
+  form or the REST API's user_options; `gpus: 0` starts at once without the queue;
+- refusals fail the spawn at once: a tenant the user is not in (403) and a request the
+  gateway can never admit (422, with its reason);
+- progress: position, the tenant's usage and quota and an estimated wait, re-read when the
+  gateway's event stream (events.py) says something changed, not on a timer;
+- admitted: `_apply_grant()` hands the devices to the wrapped spawner (CUDA_VISIBLE_DEVICES
+  for local processes, `nvidia.com/gpu` limits and the flavor's node selector for pods);
+- running: a heartbeat task renews the lease and reports busy/idle from the Hub's
+  last-activity; a gateway `cull` (or preemption, or lease loss) stops the server through
+  the Hub's REST API, keeping a parked reservation so a restart within the reservation TTL
+  is admitted at once;
+- release: stop, the server's death (seen by `poll()`) and a cancelled spawn release or
+  cancel the request. A Hub that dies holding a grant stops heartbeating: the lease expires
+  and the gateway frees the devices (no GPU leaks).
+
+The spawner talks to the gateway as the user, with a token it mints for the request
+(scopes: `custom:gpuaas:use`, access to the gateway service, and stopping this one server)
+and revokes on release, so ownership and tenant membership are the gateway's own checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote
+
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from traitlets import Bool, Dict, Float, Integer, Unicode, default, validate
+from traitlets.config import Configurable
+
+from jupyter_gpuaas.client import GatewayClient, GatewayError
+
+from .events import forget_stream, stream_for
+from .k8s import validate_flavors
+from .options import (
+    GpuOptions,
+    OptionsError,
+    options_from_form,
+    parse_options,
+    render_form,
+    tenant_choices,
+)
+from .status import QueueStatus, StatusBoard, progress_event
+
+#: Request states after which the gateway holds nothing for us any more.
+ENDED = ("finished", "cancelled", "rejected", "preempted", "culled")
+
+
+class QueuedSpawnerMixin(Configurable):
+    """Queue GPU spawns at the gpuaas gateway before the wrapped spawner starts them."""
+
+    gateway_url = Unicode(
+        help="""URL of the gpuaas gateway's API root, e.g.
+        http://127.0.0.1:8765/services/gpuaas/ (the service's own address: the Hub
+        reaches it directly, not through the proxy). Default: $GPUAAS_URL.""",
+    ).tag(config=True)
+
+    @default("gateway_url")
+    def _gateway_url_default(self) -> str:
+        return os.environ.get("GPUAAS_URL", "")
+
+    gateway_service_name = Unicode(
+        "gpuaas",
+        help="""Name of the gateway's JupyterHub service: the request tokens the spawner
+        mints for users carry `access:services!service=<name>`.""",
+    ).tag(config=True)
+
+    gateway_token = Unicode(
+        help="""A token that may see the whole queue (`custom:gpuaas:view`), e.g. the gpuaas
+        service's api_token. The Hub uses it for one event stream shared by all spawns and
+        for the tenant list of the form. Empty: each spawn streams its own user's events
+        and re-reads its position every `refresh_interval`. Default: $GPUAAS_HUB_TOKEN.""",
+    ).tag(config=True)
+
+    @default("gateway_token")
+    def _gateway_token_default(self) -> str:
+        return os.environ.get("GPUAAS_HUB_TOKEN", "")
+
+    flavors = Dict(
+        help="""GPU flavors by name: {"a100": {"display_name": "NVIDIA A100 80GB",
+        "resource": "nvidia.com/gpu", "node_selector": {...}, "tolerations": [...]}}.
+        display_name labels the spawn form; the rest builds Kubernetes pods
+        (QueuedKubeSpawner). Flavors the gateway knows but this lacks get plain names.""",
+    ).tag(config=True)
+
+    @validate("flavors")
+    def _validate_flavors(self, proposal: Any) -> dict[str, Any]:
+        return validate_flavors(proposal["value"])
+
+    default_gpus = Integer(
+        0,
+        help="""GPUs a spawn asks for when its options name none (a REST start without a
+        body, or a spawner without the form). 0 keeps scripted starts CPU-only.""",
+    ).tag(config=True)
+
+    max_gpus = Integer(
+        8, help="The most GPUs one server may ask for (the form's maximum)."
+    ).tag(config=True)
+
+    @validate("default_gpus", "max_gpus")
+    def _validate_gpu_counts(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if value < 0:
+            raise ValueError(f"{proposal['trait'].name} must be >= 0, not {value}")
+        return value
+
+    request_priority = Integer(
+        0, help="Priority of server requests (higher runs first within a tenant)."
+    ).tag(config=True)
+
+    queue_timeout = Float(
+        24 * 3600.0,
+        help="""Seconds a spawn may wait in the gateway's queue before it gives up (and
+        cancels its request). Separate from `start_timeout`, which still bounds only the
+        real start once the GPUs are granted. 0: wait as long as it takes.""",
+    ).tag(config=True)
+
+    heartbeat_interval = Float(
+        30.0,
+        help="""Seconds between lease renewals of a running server's grant. Must be well
+        under the gateway's --lease-ttl (120 s by default).""",
+    ).tag(config=True)
+
+    activity_window = Float(
+        600.0,
+        help="""A server counts as busy (not to be culled) if the Hub saw activity within
+        this many seconds. The Hub's view of activity is coarse (the proxy and the server
+        report every JupyterHub.last_activity_interval, 300 s by default), so keep this
+        above that interval.""",
+    ).tag(config=True)
+
+    refresh_interval = Float(
+        30.0,
+        help="""Longest a queued spawn goes without re-reading its place in the queue. The
+        event stream wakes it sooner whenever the queue changes; this is the safety net
+        (and the only update when the user's token cannot see other users' requests).""",
+    ).tag(config=True)
+
+    @validate("queue_timeout", "heartbeat_interval", "activity_window", "refresh_interval")
+    def _validate_seconds(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if value < 0 or (value == 0 and proposal["trait"].name != "queue_timeout"):
+            raise ValueError(f"{proposal['trait'].name} must be > 0, not {value}")
+        return value
+
+    hide_devices_without_grant = Bool(
+        True,
+        help="""Servers started with gpus: 0 see no GPU (CUDA_VISIBLE_DEVICES=""), so
+        nothing uses a device the gateway did not grant. GPU kernels started inside such
+        a server get their own devices from the gpuaas kernel provisioner.""",
+    ).tag(config=True)
+
+    simulated_banner = Unicode(
+        "No GPU was found on this machine: the gateway grants SIMULATED devices. Queueing, "
+        "quotas and culling are real; the CUDA_VISIBLE_DEVICES your server gets name no "
+        "real GPU.",
+        help="Shown on the spawn form when the gateway's devices are simulated.",
+    ).tag(config=True)
+
+    # ----------------------------------------------------------------- options
+
+    @default("options_form")
+    def _options_form_default(self) -> Any:
+        return type(self)._gpuaas_options_form
+
+    @default("options_from_form")
+    def _options_from_form_default(self) -> Any:
+        return options_from_form
+
+    @default("apply_user_options")
+    def _apply_user_options_default(self) -> Any:
+        # tenant/flavor/gpus are this mixin's (gpu_options()); say so, or the Hub warns
+        # that they went unhandled. A configured apply_user_options replaces this.
+        return _gpu_options_are_ours
+
+    def _member_groups(self) -> list[str]:
+        return sorted(g.name for g in self.user.groups)
+
+    async def _gpuaas_options_form(self) -> str:
+        """The spawn form: the user's tenants with their usage, flavors, GPU count."""
+        groups = self._member_groups()
+        banner = error = ""
+        tenants = []
+        try:
+            client = self._reader_client()
+            data = await client.tenants()
+            tenants = tenant_choices(data, groups)
+            if data.get("simulated"):
+                banner = self.simulated_banner
+        except GatewayError as e:
+            error = f"The GPU gateway cannot be reached ({e}); only gpus: 0 starts now."
+        names = {n: str(s.get("display_name") or n) for n, s in self.flavors.items()}
+        return render_form(
+            tenants=tenants,
+            flavor_names=names,
+            default_gpus=self.default_gpus,
+            max_gpus=self.max_gpus,
+            last=self.orm_spawner.user_options or {},
+            banner=banner,
+            error=error,
+        )
+
+    def gpu_options(self) -> GpuOptions:
+        """This spawn's GPU options, validated against the user's groups."""
+        try:
+            return parse_options(
+                self.user_options or {},
+                default_gpus=self.default_gpus,
+                max_gpus=self.max_gpus,
+                member_of=self._member_groups(),
+            )
+        except OptionsError as e:
+            status = 403 if "not a member" in str(e) else 400
+            raise web.HTTPError(status, "GPU request refused: %s", str(e)) from None
+
+    # ----------------------------------------------------------------- state
+
+    @property
+    def _gp(self) -> dict[str, Any]:
+        """Per-spawner runtime state (not traits: nothing here is configuration)."""
+        state: dict[str, Any] | None = self.__dict__.get("_gpuaas")
+        if state is None:
+            state = self.__dict__["_gpuaas"] = {
+                "rid": None,  # the gateway request while we hold or wait for one
+                "grant": None,  # the request object once admitted
+                "token": None,  # the user token minted for the request
+                "keep": False,  # the gateway parked it: do not cancel on stop
+                "running": False,  # the real start finished
+                "hb": None,  # heartbeat task
+                "unsubscribe": None,
+                "board": StatusBoard(),
+            }
+        return state
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()  # type: ignore[misc]
+        gp = self._gp
+        if gp["rid"]:
+            state["gpuaas"] = {"request": gp["rid"], "grant": gp["grant"]}
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)  # type: ignore[misc]
+        saved = state.get("gpuaas") or {}
+        if saved.get("request"):
+            self._gp.update(rid=saved["request"], grant=saved.get("grant"), running=True)
+
+    def clear_state(self) -> None:
+        super().clear_state()  # type: ignore[misc]
+        gp = self._gp
+        if gp["hb"] is None:  # never while a request is live: release() clears it
+            gp.update(rid=None, grant=None, keep=False, running=False)
+
+    # ----------------------------------------------------------------- clients
+
+    def _user_token(self) -> str:
+        """A token of this user for the request's life: submit, heartbeat, stop itself."""
+        gp = self._gp
+        if not gp["token"]:
+            server = f"{self.user.name}/{self.name}"
+            gp["token"] = self.user.new_api_token(
+                note=f"gpuaas request of server {server or 'default'}",
+                scopes=[
+                    "custom:gpuaas:use",
+                    f"access:services!service={self.gateway_service_name}",
+                    f"servers!server={server}",
+                ],
+            )
+        return str(gp["token"])
+
+    def _revoke_user_token(self) -> None:
+        token = self._gp["token"]
+        self._gp["token"] = None
+        if not token:
+            return
+        forget_stream(self.gateway_url, token)
+        try:
+            from jupyterhub import orm
+
+            db = self.user.db
+            found = orm.APIToken.find(db, token)
+            if found is not None:
+                db.delete(found)
+                db.commit()
+        except Exception:
+            self.log.exception("could not revoke the gpuaas token of %s", self._log_name)
+
+    def _check_gateway(self) -> None:
+        if not self.gateway_url:
+            raise web.HTTPError(
+                500, "the GPU gateway is not configured (set QueuedSpawnerMixin.gateway_url)"
+            )
+
+    def _user_client(self) -> GatewayClient:
+        self._check_gateway()
+        return GatewayClient(self.gateway_url, self._user_token())
+
+    def _reader_client(self) -> GatewayClient:
+        """For reads that need no ownership: the Hub's token when configured."""
+        self._check_gateway()
+        return GatewayClient(self.gateway_url, self.gateway_token or self._user_token())
+
+    def _subscribe(self, callback: Any) -> None:
+        gp = self._gp
+        if gp["unsubscribe"] is None:
+            stream = stream_for(self.gateway_url, self.gateway_token or self._user_token())
+            gp["unsubscribe"] = stream.subscribe(callback)
+
+    def _unsubscribe(self) -> None:
+        unsubscribe = self._gp["unsubscribe"]
+        self._gp["unsubscribe"] = None
+        if unsubscribe is not None:
+            unsubscribe()
+
+    # ----------------------------------------------------------------- queueing
+
+    async def run_pre_spawn_hook(self) -> None:
+        """The configured pre_spawn_hook, then the wait for GPUs (see the module doc)."""
+        result = super().run_pre_spawn_hook()  # type: ignore[misc]
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            await result
+        await self.wait_for_gpus()
+
+    async def wait_for_gpus(self) -> None:
+        """Submit the request and wait until it is admitted (or refused, or timed out)."""
+        gp = self._gp
+        board: StatusBoard = gp["board"]
+        board.reset()
+        options = self.gpu_options()
+        if options.gpus == 0:
+            gp["grant"] = None
+            board.publish(QueueStatus("skipped", options))
+            return
+        client = self._user_client()
+        name = f"{self.user.name}/{self.name}" if self.name else self.user.name
+        try:
+            req = await client.submit(
+                options.tenant or "",
+                "server",
+                options.gpus,
+                flavor=options.flavor,
+                priority=self.request_priority,
+                name=f"server {name}",
+            )
+        except GatewayError as e:
+            self._revoke_user_token()
+            board.publish(QueueStatus("failed", options, reason=e.error))
+            raise _refusal(e) from None
+        gp["rid"] = req["id"]
+        self.log.info(
+            "gpuaas request %s for %s: %s", req["id"], self._log_name, req.get("state")
+        )
+        changed = asyncio.Event()
+
+        def on_event(event: dict[str, Any]) -> None:
+            # Any change may move our place; re-read rather than trust partial data.
+            changed.set()
+
+        self._subscribe(on_event)
+        deadline = time.monotonic() + self.queue_timeout if self.queue_timeout else None
+        try:
+            while True:
+                status = await self._queue_status(req, options)
+                board.publish(status)
+                state = req.get("state")
+                if state == "admitted":
+                    break
+                if state in ENDED or state is None:
+                    reason = req.get("reason") or f"the request was {state}"
+                    raise web.HTTPError(409, "GPU request %s: %s", state, reason)
+                wait = self.refresh_interval
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise web.HTTPError(
+                            504,
+                            "no GPU was granted within %s (QueuedSpawnerMixin.queue_timeout);"
+                            " the request was cancelled",
+                            _human(self.queue_timeout),
+                        )
+                    wait = min(wait, left)
+                changed.clear()
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout=wait)
+                except asyncio.TimeoutError:
+                    pass
+                req = await client.get(gp["rid"])
+        except BaseException as e:  # refused, timed out, or the spawn was cancelled
+            self._unsubscribe()
+            if not isinstance(e, web.HTTPError):
+                why = "cancelled" if isinstance(e, asyncio.CancelledError) else str(e)
+                board.publish(QueueStatus("failed", options, reason=why))
+            else:
+                board.publish(QueueStatus("failed", options, reason=e.log_message % e.args))
+            await asyncio.shield(self.release_gpus("the spawn ended before the server started"))
+            raise
+        gp["grant"] = req
+        self._start_heartbeat()
+        await self._apply_grant(req)
+
+    async def _queue_status(self, req: dict[str, Any], options: GpuOptions) -> QueueStatus:
+        usage: list[dict[str, Any]] = []
+        simulated = False
+        try:
+            tenants = await self._reader_client().tenants()
+            simulated = bool(tenants.get("simulated"))
+            for t in tenants.get("tenants") or []:
+                if t.get("name") == req.get("tenant"):
+                    usage = list(t.get("usage") or [])
+        except GatewayError as e:
+            self.log.debug("tenant usage unavailable: %s", e)
+        phase = "admitted" if req.get("state") == "admitted" else "queued"
+        return QueueStatus(phase, options, request=req, usage=usage, simulated=simulated)
+
+    async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        """Queue updates while waiting, then the wrapped spawner's own progress."""
+        board: StatusBoard = self._gp["board"]
+        async for status in board.updates():
+            yield progress_event(status)
+            if status.phase in ("admitted", "skipped", "failed"):
+                break
+        async for event in super().progress():  # type: ignore[misc]
+            yield event
+
+    async def _apply_grant(self, req: dict[str, Any]) -> None:
+        """Hand the granted devices to the wrapped spawner (overridden per spawner kind)."""
+
+    # ----------------------------------------------------------------- running
+
+    async def start(self) -> Any:
+        gp = self._gp
+        if gp["rid"] is None and self.gpu_options().gpus > 0:
+            # Started without the Hub's User.spawn (a test, a script): queue here instead.
+            await self.wait_for_gpus()
+        result = await super().start()  # type: ignore[misc]
+        gp["running"] = True
+        return result
+
+    def start_polling(self) -> None:
+        super().start_polling()  # type: ignore[misc]
+        # After a Hub restart the state names a live request: renew its lease again.
+        if self._gp["rid"] and self._gp["hb"] is None:
+            self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
+        gp = self._gp
+        if gp["hb"] is None or gp["hb"].done():
+            gp["hb"] = asyncio.ensure_future(self._heartbeat_loop())
+        rid = gp["rid"]
+
+        def on_event(event: dict[str, Any]) -> None:
+            data = event.get("data") or {}
+            if data.get("id") != rid or rid != self._gp["rid"]:
+                return
+            if event.get("event") in ("cull", "preempt", "finish", "expire"):
+                asyncio.ensure_future(self._gateway_ended(event["event"], data))
+
+        self._unsubscribe()
+        self._subscribe(on_event)
+
+    def _busy(self) -> bool:
+        if not self._gp["running"]:
+            return True  # starting (pulling an image, say) is not idleness
+        last = self.orm_spawner.last_activity if self.orm_spawner is not None else None
+        if last is None:
+            return False
+        now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+        if last.tzinfo is not None:
+            last = last.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        return (now - last).total_seconds() < self.activity_window
+
+    async def _heartbeat_loop(self) -> None:
+        rid = self._gp["rid"]
+        while rid is not None and rid == self._gp["rid"]:
+            try:
+                await self._user_client().heartbeat(rid, self._busy())
+            except GatewayError as e:
+                if e.status in (404, 409):  # the gateway ended it (cull, lease, preempt)
+                    await self._gateway_ended("heartbeat refused", {"id": rid})
+                    return
+                self.log.warning("gpuaas heartbeat of %s failed: %s", self._log_name, e)
+            await asyncio.sleep(self.heartbeat_interval)
+
+    async def _gateway_ended(self, why: str, data: dict[str, Any]) -> None:
+        """The gateway took the GPUs back: stop the server through the Hub's API."""
+        gp = self._gp
+        rid = gp["rid"]
+        if rid is None or data.get("id") != rid:
+            return
+        try:
+            req = await self._user_client().get(rid)
+        except GatewayError:
+            req = {"state": "unknown"}
+        state = req.get("state")
+        if state in ("admitted", "queued"):
+            return  # resumed already (a busy heartbeat raced the cull)
+        gp["keep"] = state == "parked"  # a parked reservation outlives the server
+        self.log.info(
+            "gpuaas %s request %s of %s (%s): stopping the server",
+            why,
+            rid,
+            self._log_name,
+            state,
+        )
+        await self._stop_through_hub()
+
+    async def _stop_through_hub(self) -> None:
+        name = quote(self.user.name, safe="")
+        path = f"users/{name}/servers/{quote(self.name, safe='')}" if self.name else (
+            f"users/{name}/server"
+        )
+        url = self.hub.api_url.rstrip("/") + "/" + path
+        request = HTTPRequest(
+            url, method="DELETE", headers={"Authorization": f"token {self._user_token()}"}
+        )
+        try:
+            await AsyncHTTPClient().fetch(request)
+        except HTTPClientError as e:
+            if e.code != 400:  # 400: already stopping
+                self.log.error("could not stop %s through the Hub: %s", self._log_name, e)
+
+    async def poll(self) -> int | None:
+        status: int | None = await super().poll()  # type: ignore[misc]
+        gp = self._gp
+        if status is not None and gp["running"] and gp["rid"] is not None:
+            # Died on its own: the Hub will clean up without calling stop().
+            await self.release_gpus(f"the server exited ({status})")
+        return status
+
+    async def stop(self, now: bool = False) -> None:
+        try:
+            await super().stop(now=now)  # type: ignore[misc]
+        finally:
+            # After the process is gone, so the next holder never shares a device with it.
+            await self.release_gpus("the server stopped")
+
+    async def release_gpus(self, why: str) -> None:
+        """Give the request back (cancel if queued, release if admitted); idempotent."""
+        gp = self._gp
+        rid, keep = gp["rid"], gp["keep"]
+        hb = gp["hb"]
+        gp.update(rid=None, grant=None, running=False, keep=False, hb=None)
+        if hb is not None and hb is not asyncio.current_task():
+            hb.cancel()
+        self._unsubscribe()
+        if rid is not None and not keep:
+            try:
+                await self._user_client().cancel(rid)
+                self.log.info("gpuaas request %s of %s released: %s", rid, self._log_name, why)
+            except GatewayError as e:
+                if e.status not in (404, 409):  # 409: it had already ended
+                    self.log.warning(
+                        "could not release gpuaas request %s (%s); its lease will expire",
+                        rid,
+                        e,
+                    )
+        self._revoke_user_token()
+
+
+def _gpu_options_are_ours(spawner: Any, user_options: dict[str, Any]) -> None:
+    """apply_user_options: the GPU keys are read in wait_for_gpus(); nothing to apply."""
+
+
+def _refusal(e: GatewayError) -> web.HTTPError:
+    """A gateway refusal as the spawn's failure, in words the spawn page shows."""
+    if e.status == 422:
+        return web.HTTPError(422, "GPU request can never be admitted: %s", e.error)
+    if e.status in (401, 403):
+        return web.HTTPError(403, "GPU request refused by the gateway: %s", e.error)
+    if e.status == 400:
+        return web.HTTPError(400, "GPU request refused: %s", str(e))
+    return web.HTTPError(503, "the GPU gateway is unavailable: %s", str(e))
+
+
+def _human(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"

@@ -1,0 +1,122 @@
+"""What a queued spawn shows: its status, and the board that streams it to progress().
+
+The spawn task (waiting for GPUs) publishes; any number of progress streams (the pending
+page in several tabs, the REST progress endpoint) read. Each reader gets the latest status
+at once and then every later one; a reader that falls behind skips to the newest, because
+only the current place in the queue matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .options import GpuOptions
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    phase: str  # queued | admitted | skipped (gpus: 0) | failed
+    options: GpuOptions
+    request: dict[str, Any] = field(default_factory=dict)
+    usage: list[dict[str, Any]] = field(default_factory=list)
+    simulated: bool = False
+    reason: str = ""
+
+
+class StatusBoard:
+    def __init__(self) -> None:
+        self._status: QueueStatus | None = None
+        self._version = 0
+        self._changed = asyncio.Event()
+
+    def reset(self) -> None:
+        self._status = None
+
+    def publish(self, status: QueueStatus) -> None:
+        self._status = status
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def updates(self) -> AsyncIterator[QueueStatus]:
+        seen = -1
+        while True:
+            if self._status is not None and self._version != seen:
+                seen = self._version
+                yield self._status
+                continue
+            await self._changed.wait()
+
+
+def _gpus_text(options: GpuOptions, flavor: str | None) -> str:
+    kind = flavor or options.flavor or "GPU"
+    return f"{options.gpus}× {kind}"
+
+
+def progress_event(status: QueueStatus) -> dict[str, Any]:
+    """A JupyterHub progress event; `gpuaas` carries the machine-readable details."""
+    o = status.options
+    req = status.request
+    detail: dict[str, Any] = {
+        "phase": status.phase,
+        "request": req.get("id"),
+        "tenant": o.tenant,
+        "gpus": o.gpus,
+        "flavor": o.flavor,
+        "usage": status.usage,
+        "simulated": status.simulated,
+    }
+    if status.phase == "skipped":
+        return {"progress": 40, "message": "No GPU asked for: starting at once", "gpuaas": detail}
+    if status.phase == "failed":
+        detail["reason"] = status.reason
+        return {"progress": 100, "message": f"GPU request failed: {status.reason}",
+                "gpuaas": detail}
+    if status.phase == "admitted":
+        grant = req.get("grant") or {}
+        devices = ",".join(str(d) for d in grant.get("devices") or [])
+        detail["grant"] = grant
+        sim = " (simulated devices)" if status.simulated else ""
+        return {
+            "progress": 40,
+            "message": f"GPUs granted: {_gpus_text(o, grant.get('flavor'))} on "
+            f"{grant.get('node')}, devices {devices}{sim}. Starting the server…",
+            "gpuaas": detail,
+        }
+    pos = req.get("position") or {}
+    detail["position"] = pos.get("tenant")
+    detail["position_overall"] = pos.get("overall")
+    detail["queued"] = pos.get("of")
+    wait = req.get("estimated_wait") or {}
+    detail["estimated_wait"] = wait.get("seconds")
+    parts = [f"Queued for {_gpus_text(o, None)} (team {o.tenant})"]
+    if pos:
+        parts.append(
+            f"position {pos.get('tenant')} of {pos.get('tenant_of')} in the team, "
+            f"{pos.get('overall')} of {pos.get('of')} overall"
+        )
+    for u in status.usage:
+        if o.flavor in (None, u.get("flavor")):
+            parts.append(
+                f"{o.tenant} uses {u.get('admitted', 0)} of {u.get('quota', 0)} "
+                f"{u.get('flavor')}" + (f" ({u['parked']} parked)" if u.get("parked") else "")
+            )
+    seconds = wait.get("seconds")
+    if seconds is not None:
+        parts.append(f"about {_minutes(float(seconds))}")
+    elif wait.get("basis"):
+        parts.append(f"no estimate ({wait['basis']})")
+    scaling = req.get("scaling")
+    if scaling:
+        parts.append(f"{scaling.get('nodes')} {scaling.get('flavor')} node(s) on the way")
+    return {"progress": 10, "message": "; ".join(parts), "gpuaas": detail}
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 60:
+        return "less than a minute"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 90 else f"{seconds / 3600:.1f} h"
