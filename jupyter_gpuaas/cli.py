@@ -18,7 +18,13 @@ from collections.abc import Sequence
 PROG = "jupyter-gpuaas"
 
 #: Modules providing subcommands, in the order `--help` lists them.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("jupyter_gpuaas.sim.cli",)
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "jupyter_gpuaas.sim.cli",
+    "jupyter_gpuaas.gateway.app",
+    "jupyter_gpuaas.gateway.devices_cli",
+    "jupyter_gpuaas.client_cli",
+    "jupyter_gpuaas.hub.demo",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
