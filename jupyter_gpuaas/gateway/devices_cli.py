@@ -31,7 +31,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="nvml (default), nvml:flavor=NAME, or simulated:FLAVOR=NODESxGPUS[,…] "
         "(default from $GPUAAS_DEVICES)",
     )
-    parser.set_defaults(func=run)
+    parser.set_defaults(run=run)
     return parser
 
 
