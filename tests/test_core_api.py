@@ -212,3 +212,23 @@ def test_unknown_and_ended_requests() -> None:
     core.submit(req("r1"), 0.0)
     assert events(core.cancel("r1", 1.0)) == [("cancel", "r1")]
     assert core.get("r1") is None
+
+
+def test_restored_autoscaled_node_is_scaled_down_when_idle() -> None:
+    core = AdmissionCore(
+        parse_config(
+            {
+                "flavors": {"a100": {"nodes": 0, "gpus_per_node": 2}},
+                "tenants": {"vision": {"quota": {"a100": 4}}},
+                "policy": {"autoscale": {"a100": {"max_nodes": 2, "scale_down_after": 60}}},
+            }
+        )
+    )
+    core.add_node("a100", "a100-0", 2, 0.0, autoscaled=True)
+    core.add_node("a100", "fixed", 2, 0.0)
+    assert core.next_deadline() == 60.0
+    out = core.step(60.0)
+    assert [(d.event, d.fields) for d in out] == [
+        ("scale_down", {"flavor": "a100", "node": "a100-0"})
+    ]
+    assert [n.name for n in core.nodes()] == ["fixed"]

@@ -80,6 +80,10 @@ class _Entry:
 
 
 class AdmissionCore:
+    """The decision core. It starts with `Flavor.nodes` nodes of each flavor, named
+    `<flavor>-<n>` as in the simulator; a driver whose nodes come from an inventory passes
+    flavors with `nodes=0` and calls :meth:`add_node` for each node it really has."""
+
     def __init__(self, config: Config) -> None:
         self._config = config
         self._ledger = Ledger(config)
@@ -245,11 +249,18 @@ class AdmissionCore:
             return []
         return self.activity(rid, busy, now)
 
-    def add_node(self, flavor: str, name: str, gpus: int, now: float) -> list[Decision]:
-        """A node joined (from the driver's inventory)."""
-        node = self._cluster.add(flavor, name, gpus)
+    def add_node(
+        self, flavor: str, name: str, gpus: int, now: float, *, autoscaled: bool = False
+    ) -> list[Decision]:
+        """A node joined (from the driver's inventory).
+
+        `autoscaled` nodes are removed again after `scale_down_after` without holders,
+        as if the core had asked for them (the gateway restores simulated scale-ups so).
+        """
+        node = self._cluster.add(flavor, name, gpus, autoscaled=autoscaled)
         node.empty_since = now
         self._provisioning[flavor].pop(name, None)
+        self._arm_scale_down(node, now)
         self._room_freed_in(flavor)
         return []
 
