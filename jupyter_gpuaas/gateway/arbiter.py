@@ -139,7 +139,9 @@ class Arbiter:
                 if node_row.name in present or node_row.flavor not in known:
                     continue
                 self.inventory.add_node(node_row.flavor, node_row.gpus, name=node_row.name)
-                decisions += self.core.add_node(node_row.flavor, node_row.name, node_row.gpus, now)
+                decisions += self.core.add_node(
+                    node_row.flavor, node_row.name, node_row.gpus, now, autoscaled=True
+                )
         for row in self.store.live_requests():
             req = row_to_request(row)
             self.meta[req.id] = _meta_of(row)
