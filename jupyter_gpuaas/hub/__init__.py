@@ -47,8 +47,7 @@ def __getattr__(name: str) -> Any:
     except ImportError as e:
         if name == "QueuedKubeSpawner":
             raise ImportError(
-                "QueuedKubeSpawner needs KubeSpawner: pip install jupyterhub-kubespawner "
-                f"({e})"
+                f"QueuedKubeSpawner needs KubeSpawner: pip install jupyterhub-kubespawner ({e})"
             ) from e
         raise
     return getattr(module, name)

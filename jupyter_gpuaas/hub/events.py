@@ -28,24 +28,28 @@ Callback = Callable[[dict[str, Any]], None]
 class EventStream:
     """A reconnecting SSE consumer that runs while it has subscribers."""
 
-    def __init__(self, url: str, token: str, max_backoff: float = 10.0) -> None:
+    def __init__(
+        self, url: str, token: str, max_backoff: float = 10.0, shared: bool = False
+    ) -> None:
         self.client = GatewayClient(url, token)
+        self.shared = shared  # the Hub's own stream: kept open between spawns
         self.max_backoff = max_backoff
         self.callbacks: set[Callback] = set()
         self.connected = False
         self._task: asyncio.Task[None] | None = None
 
     def subscribe(self, callback: Callback) -> Callable[[], None]:
-        """Add a callback; returns the function that removes it."""
+        """Add a callback; returns the function that removes it.
+
+        A stream without subscribers stays connected (the Hub's shared stream is wanted
+        again at the next spawn) until its next event, when it hangs up.
+        """
         self.callbacks.add(callback)
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
 
         def unsubscribe() -> None:
             self.callbacks.discard(callback)
-            if not self.callbacks and self._task is not None:
-                self._task.cancel()
-                self._task = None
 
         return unsubscribe
 
@@ -58,9 +62,11 @@ class EventStream:
 
     async def _run(self) -> None:
         backoff = 0.5
-        while self.callbacks:
+        while self.callbacks or self.shared:
             try:
                 async for event in self.client.events(comments=True):
+                    if not self.callbacks and not self.shared:
+                        return
                     if "comment" in event:
                         if event["comment"] == "connected" or not self.connected:
                             self.connected = True
@@ -68,8 +74,6 @@ class EventStream:
                             self._dispatch({"event": "connected"})
                         continue
                     self._dispatch(event)
-                    if not self.callbacks:
-                        return
             except asyncio.CancelledError:
                 raise
             except GatewayError as e:
@@ -84,12 +88,12 @@ class EventStream:
 _streams: dict[tuple[str, str], EventStream] = {}
 
 
-def stream_for(url: str, token: str) -> EventStream:
+def stream_for(url: str, token: str, shared: bool = False) -> EventStream:
     """The Hub-wide stream for this gateway and token (created on first use)."""
     key = (url, token)
     stream = _streams.get(key)
     if stream is None:
-        stream = _streams[key] = EventStream(url, token)
+        stream = _streams[key] = EventStream(url, token, shared=shared)
     return stream
 
 

@@ -54,7 +54,7 @@ from urllib.parse import quote
 
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import Bool, Dict, Float, Integer, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError
@@ -114,7 +114,10 @@ class QueuedSpawnerMixin(Configurable):
 
     @validate("flavors")
     def _validate_flavors(self, proposal: Any) -> dict[str, Any]:
-        return validate_flavors(proposal["value"])
+        try:
+            return validate_flavors(proposal["value"])
+        except ValueError as e:
+            raise TraitError(str(e)) from None
 
     default_gpus = Integer(
         0,
@@ -122,15 +125,15 @@ class QueuedSpawnerMixin(Configurable):
         body, or a spawner without the form). 0 keeps scripted starts CPU-only.""",
     ).tag(config=True)
 
-    max_gpus = Integer(
-        8, help="The most GPUs one server may ask for (the form's maximum)."
-    ).tag(config=True)
+    max_gpus = Integer(8, help="The most GPUs one server may ask for (the form's maximum).").tag(
+        config=True
+    )
 
     @validate("default_gpus", "max_gpus")
     def _validate_gpu_counts(self, proposal: Any) -> int:
         value = int(proposal["value"])
         if value < 0:
-            raise ValueError(f"{proposal['trait'].name} must be >= 0, not {value}")
+            raise TraitError(f"{proposal['trait'].name} must be >= 0, not {value}")
         return value
 
     request_priority = Integer(
@@ -169,7 +172,7 @@ class QueuedSpawnerMixin(Configurable):
     def _validate_seconds(self, proposal: Any) -> float:
         value = float(proposal["value"])
         if value < 0 or (value == 0 and proposal["trait"].name != "queue_timeout"):
-            raise ValueError(f"{proposal['trait'].name} must be > 0, not {value}")
+            raise TraitError(f"{proposal['trait'].name} must be > 0, not {value}")
         return value
 
     hide_devices_without_grant = Bool(
@@ -332,7 +335,10 @@ class QueuedSpawnerMixin(Configurable):
     def _subscribe(self, callback: Any) -> None:
         gp = self._gp
         if gp["unsubscribe"] is None:
-            stream = stream_for(self.gateway_url, self.gateway_token or self._user_token())
+            if self.gateway_token:
+                stream = stream_for(self.gateway_url, self.gateway_token, shared=True)
+            else:
+                stream = stream_for(self.gateway_url, self._user_token())
             gp["unsubscribe"] = stream.subscribe(callback)
 
     def _unsubscribe(self) -> None:
@@ -376,9 +382,7 @@ class QueuedSpawnerMixin(Configurable):
             board.publish(QueueStatus("failed", options, reason=e.error))
             raise _refusal(e) from None
         gp["rid"] = req["id"]
-        self.log.info(
-            "gpuaas request %s for %s: %s", req["id"], self._log_name, req.get("state")
-        )
+        self.log.info("gpuaas request %s for %s: %s", req["id"], self._log_name, req.get("state"))
         changed = asyncio.Event()
 
         def on_event(event: dict[str, Any]) -> None:
@@ -482,14 +486,19 @@ class QueuedSpawnerMixin(Configurable):
             if data.get("id") != rid or rid != self._gp["rid"]:
                 return
             if event.get("event") in ("cull", "preempt", "finish", "expire"):
-                asyncio.ensure_future(self._gateway_ended(event["event"], data))
+                # Kept until done: the loop holds only weak references to tasks.
+                self._gp["ending"] = asyncio.ensure_future(
+                    self._gateway_ended(event["event"], data)
+                )
 
         self._unsubscribe()
         self._subscribe(on_event)
 
     def _busy(self) -> bool:
-        if not self._gp["running"]:
-            return True  # starting (pulling an image, say) is not idleness
+        if not self._gp["running"] or getattr(self, "_spawn_pending", False):
+            # Starting (pulling an image, waiting for the server to answer) is not idleness;
+            # the Hub's last_activity is the spawn's start until the server reports.
+            return True
         last = self.orm_spawner.last_activity if self.orm_spawner is not None else None
         if last is None:
             return False
@@ -523,6 +532,9 @@ class QueuedSpawnerMixin(Configurable):
         state = req.get("state")
         if state in ("admitted", "queued"):
             return  # resumed already (a busy heartbeat raced the cull)
+        if gp.get("stopping") == rid:
+            return  # the event stream and a refused heartbeat both said so
+        gp["stopping"] = rid
         gp["keep"] = state == "parked"  # a parked reservation outlives the server
         self.log.info(
             "gpuaas %s request %s of %s (%s): stopping the server",
@@ -535,8 +547,10 @@ class QueuedSpawnerMixin(Configurable):
 
     async def _stop_through_hub(self) -> None:
         name = quote(self.user.name, safe="")
-        path = f"users/{name}/servers/{quote(self.name, safe='')}" if self.name else (
-            f"users/{name}/server"
+        path = (
+            f"users/{name}/servers/{quote(self.name, safe='')}"
+            if self.name
+            else (f"users/{name}/server")
         )
         url = self.hub.api_url.rstrip("/") + "/" + path
         request = HTTPRequest(

@@ -73,8 +73,11 @@ def progress_event(status: QueueStatus) -> dict[str, Any]:
         return {"progress": 40, "message": "No GPU asked for: starting at once", "gpuaas": detail}
     if status.phase == "failed":
         detail["reason"] = status.reason
-        return {"progress": 100, "message": f"GPU request failed: {status.reason}",
-                "gpuaas": detail}
+        return {
+            "progress": 100,
+            "message": f"GPU request failed: {status.reason}",
+            "gpuaas": detail,
+        }
     if status.phase == "admitted":
         grant = req.get("grant") or {}
         devices = ",".join(str(d) for d in grant.get("devices") or [])

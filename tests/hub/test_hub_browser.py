@@ -1,0 +1,80 @@
+"""The spawn form and the spawn-pending page in a real browser (headless Chromium).
+
+bob logs in with the shared password, sees the form (only his tenant, the simulated-device
+banner), asks for one GPU while alice holds all of vision's quota, and the pending page
+shows his place in the queue, updated by the Hub's progress stream. Screenshots are kept
+under test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import REPO, Hub
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+def page():  # type: ignore[no-untyped-def]
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip("no /usr/bin/chromium: scripts/ensure-system-deps.sh installs it")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1200, "height": 900})
+            page = context.new_page()
+            page.set_default_timeout(30_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def test_spawn_form_and_pending_page_show_the_queue(clean_hub: Hub, page) -> None:  # type: ignore[no-untyped-def]
+    hub = clean_hub
+    artifacts = REPO / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    assert hub.spawn("alice", {"tenant": "vision", "gpus": 3}).status_code in (201, 202)
+    hub.wait_ready("alice")
+
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("input[name=username]", "bob")
+    page.fill("input[name=password]", hub.password)
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_url("**/hub/spawn**")
+    page.wait_for_selector("#gpuaas-tenant")
+    tenants = page.eval_on_selector_all("#gpuaas-tenant option", "os => os.map(o => o.value)")
+    assert tenants == ["vision"]  # bob is not in nlp: it is not offered
+    assert "SIMULATED" in page.inner_text("#gpuaas-banner")
+    page.fill("#gpuaas-gpus", "1")
+    page.screenshot(path=str(artifacts / "hub-spawn-form.png"), full_page=True)
+
+    page.click("#spawn_form button[type=submit]")
+    page.wait_for_url("**/spawn-pending/bob**")
+    message = page.locator("#progress-message")
+    message.filter(has_text="position 1 of 1").wait_for()
+    text = message.inner_text()
+    assert "Queued for 1× GPU (team vision)" in text
+    assert "vision uses 3 of 3 a100" in text
+    shot = artifacts / "hub-spawn-pending.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert Path(shot).stat().st_size > 0
+
+    # Stopping alice admits bob; the same page follows to the running server.
+    hub.stop_server("alice")
+    page.wait_for_url("**/user/bob/**", timeout=60_000)
+    hub.wait_ready("bob")

@@ -1,0 +1,208 @@
+"""Pure parts of the hub package: pod settings, options, progress text, demo helpers.
+
+The Kubernetes test has no Kubernetes API server: `gpu_pod_settings` is a pure function
+(like KubeSpawner's objects.py), so its output is compared as plain dicts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_gpuaas.hub.demo import FALLBACK_DEVICES, detect_devices, quotas_for
+from jupyter_gpuaas.hub.k8s import gpu_pod_settings, validate_flavors
+from jupyter_gpuaas.hub.options import (
+    GpuOptions,
+    OptionsError,
+    options_from_form,
+    parse_options,
+    render_form,
+    tenant_choices,
+)
+from jupyter_gpuaas.hub.status import QueueStatus, progress_event
+
+FLAVORS = {
+    "a100": {
+        "display_name": "NVIDIA A100",
+        "node_selector": {"nvidia.com/gpu.product": "A100-SXM4-80GB"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+    "mig": {"resource": "nvidia.com/mig-1g.10gb", "node_selector": {"pool": "mig"}},
+}
+BASE = {
+    "node_selector": {"team": "ml"},
+    "tolerations": [{"key": "spot", "operator": "Exists"}],
+    "extra_resource_limits": {"ephemeral-storage": "10Gi"},
+    "extra_resource_guarantees": {},
+}
+
+
+def test_pod_gets_gpu_limits_node_selector_and_tolerations_of_its_flavor() -> None:
+    got = gpu_pod_settings(gpus=2, flavor="a100", flavors=FLAVORS, **BASE)
+    assert got == {
+        "extra_resource_limits": {"ephemeral-storage": "10Gi", "nvidia.com/gpu": "2"},
+        "extra_resource_guarantees": {"nvidia.com/gpu": "2"},
+        "node_selector": {"team": "ml", "nvidia.com/gpu.product": "A100-SXM4-80GB"},
+        "tolerations": [
+            {"key": "spot", "operator": "Exists"},
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        ],
+    }
+    assert BASE["extra_resource_limits"] == {"ephemeral-storage": "10Gi"}  # not mutated
+
+
+def test_pod_mig_resource_and_pinned_node() -> None:
+    got = gpu_pod_settings(
+        gpus=1,
+        flavor="mig",
+        flavors=FLAVORS,
+        node="gpu-node-7",
+        node_label="kubernetes.io/hostname",
+        **BASE,
+    )
+    assert got["extra_resource_limits"] == {
+        "ephemeral-storage": "10Gi",
+        "nvidia.com/mig-1g.10gb": "1",
+    }
+    assert got["node_selector"] == {
+        "team": "ml",
+        "pool": "mig",
+        "kubernetes.io/hostname": "gpu-node-7",
+    }
+    assert got["tolerations"] == [{"key": "spot", "operator": "Exists"}]
+
+
+def test_pod_without_gpus_is_unchanged() -> None:
+    got = gpu_pod_settings(gpus=0, flavor="a100", flavors=FLAVORS, **BASE)
+    assert got == {**BASE, "tolerations": [{"key": "spot", "operator": "Exists"}]}
+
+
+def test_flavor_config_is_validated() -> None:
+    assert validate_flavors(FLAVORS) == FLAVORS
+    with pytest.raises(ValueError, match=r"flavors.a100: unknown key\(s\) gpus"):
+        validate_flavors({"a100": {"gpus": 4}})
+    with pytest.raises(ValueError, match=r"flavors\.a100\.node_selector"):
+        validate_flavors({"a100": {"node_selector": {"x": 1}}})
+
+
+def test_form_data_and_user_options() -> None:
+    form = {"tenant": ["vision"], "flavor": [""], "gpus": ["2"]}
+    assert options_from_form(form) == {"tenant": "vision", "gpus": 2}
+    assert options_from_form({"gpus": ["x"]}) == {"gpus": "x"}
+    parse = parse_options
+    kw = {"default_gpus": 0, "max_gpus": 4, "member_of": ["vision"]}
+    assert parse({"gpus": 2}, **kw) == GpuOptions(2, "vision", None)  # the only tenant
+    assert parse({}, **kw) == GpuOptions(0)
+    assert parse({"gpus": 1, "flavor": "any"}, **kw).flavor is None
+    with pytest.raises(OptionsError, match="not a member of tenant 'nlp'"):
+        parse({"gpus": 1, "tenant": "nlp"}, **kw)
+    with pytest.raises(OptionsError, match="gpus: must be a whole number"):
+        parse({"gpus": "x"}, **kw)
+    with pytest.raises(OptionsError, match="gpus: must be a whole number"):
+        parse({"gpus": True}, **kw)
+    with pytest.raises(OptionsError, match="at most 4"):
+        parse({"gpus": 5}, **kw)
+    with pytest.raises(OptionsError, match="choose one of nlp, vision"):
+        parse({"gpus": 1}, default_gpus=0, max_gpus=4, member_of=["nlp", "vision"])
+
+
+def test_form_lists_only_the_users_tenants_and_escapes() -> None:
+    tenants = {
+        "tenants": [
+            {
+                "name": "vision",
+                "quota": {"a100": 2},
+                "usage": [
+                    {
+                        "flavor": "a100",
+                        "quota": 2,
+                        "admitted": 1,
+                        "parked": 1,
+                        "pending_requests": 3,
+                    }
+                ],
+            },
+            {"name": "nlp", "quota": {"t4": 1}, "usage": []},
+        ]
+    }
+    choices = tenant_choices(tenants, ["vision"])
+    assert [c.name for c in choices] == ["vision"]
+    assert choices[0].usage == "a100: 1/2 in use, 1 parked, 3 queued"
+    html = render_form(
+        tenants=choices,
+        flavor_names={"a100": "NVIDIA <A100>"},
+        default_gpus=1,
+        max_gpus=4,
+        banner="SIMULATED",
+    )
+    assert 'value="vision"' in html and 'value="nlp"' not in html
+    assert "NVIDIA &lt;A100&gt;" in html and 'id="gpuaas-banner"' in html
+    assert 'max="4" value="1"' in html
+
+
+def test_progress_messages() -> None:
+    opts = GpuOptions(2, "vision", "a100")
+    queued = progress_event(
+        QueueStatus(
+            "queued",
+            opts,
+            request={
+                "id": "r-1",
+                "position": {"tenant": 1, "tenant_of": 2, "overall": 3, "of": 5},
+                "estimated_wait": {"seconds": 240, "basis": "..."},
+            },
+            usage=[{"flavor": "a100", "quota": 4, "admitted": 4, "parked": 0}],
+        )
+    )
+    assert queued["message"] == (
+        "Queued for 2× a100 (team vision); position 1 of 2 in the team, 3 of 5 overall; "
+        "vision uses 4 of 4 a100; about 4 min"
+    )
+    assert queued["gpuaas"]["position"] == 1 and queued["gpuaas"]["estimated_wait"] == 240
+    admitted = progress_event(
+        QueueStatus(
+            "admitted",
+            opts,
+            request={"grant": {"flavor": "a100", "node": "a100-0", "devices": [2, 3]}},
+            simulated=True,
+        )
+    )
+    assert "on a100-0, devices 2,3 (simulated devices)" in admitted["message"]
+
+
+def test_demo_helpers() -> None:
+    assert detect_devices("simulated:t4=1x2") == ("simulated:t4=1x2", None, 0)
+    spec, flavor, _gpus = detect_devices("nvml")
+    assert (spec == FALLBACK_DEVICES and flavor is None) or spec == f"nvml:flavor={flavor}"
+    import yaml
+
+    q = yaml.safe_load(quotas_for("h200", 1))
+    assert q["flavors"] == {"h200": {"nodes": 1, "gpus_per_node": 1}}
+    assert q["tenants"]["vision"]["quota"] == {"h200": 1}
+    assert q["tenants"]["nlp"]["quota"] == {"h200": 0}
+
+
+def test_spawner_traits_are_validated() -> None:
+    from traitlets import TraitError
+
+    from jupyter_gpuaas.hub import QueuedSimpleLocalProcessSpawner
+
+    s = QueuedSimpleLocalProcessSpawner()
+    assert s.queue_timeout == 24 * 3600 and callable(s.options_form)
+    with pytest.raises(TraitError):
+        s.heartbeat_interval = 0
+    with pytest.raises(TraitError):
+        s.max_gpus = -1
+    with pytest.raises(TraitError):
+        s.flavors = {"a100": {"nope": 1}}
+
+
+def test_kube_spawner_needs_kubespawner() -> None:
+    import importlib.util
+
+    import jupyter_gpuaas.hub as hub
+
+    if importlib.util.find_spec("kubespawner") is not None:
+        assert hub.QueuedKubeSpawner.__name__ == "QueuedKubeSpawner"
+    else:
+        with pytest.raises(ImportError, match="pip install jupyterhub-kubespawner"):
+            _ = hub.QueuedKubeSpawner
