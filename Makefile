@@ -1,11 +1,15 @@
 # The README's two commands: `make demo` runs the product, `make test` passes the tests.
-# Both set up everything on a fresh machine with Python 3.10+ (and, later, Node 20+).
+# Both set up everything on a fresh machine with Python 3.10+ and Node 20+: the venv, the
+# system packages (PostgreSQL, Chromium: scripts/ensure-system-deps.sh) and JupyterHub's
+# proxy, configurable-http-proxy, from npm into node_modules/ (package.json).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+NODE_STAMP := node_modules/.installed
+CHP := node_modules/.bin/configurable-http-proxy
 
-.PHONY: setup demo test lint typecheck contracts pytest scenarios bench clean
+.PHONY: setup node-deps demo test lint typecheck contracts pytest scenarios bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,10 +20,22 @@ $(STAMP): pyproject.toml scripts/ensure-system-deps.sh | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
-setup: $(STAMP)
+# `npm ci` when the lock file is there (reproducible), else `npm install` (writes it).
+$(NODE_STAMP): package.json $(wildcard package-lock.json)
+	@command -v npm >/dev/null 2>&1 || { echo "make: npm not found: install Node 20+" >&2; exit 1; }
+	if [ -f package-lock.json ]; then npm ci --no-audit --no-fund --loglevel=error; \
+	else npm install --no-audit --no-fund --loglevel=error; fi
+	test -x $(CHP)
+	touch $(NODE_STAMP)
 
-demo: $(STAMP)
-	$(BIN)/jupyter-gpuaas simulate hub_config/examples/two-teams.yaml
+node-deps: $(NODE_STAMP)
+
+setup: $(STAMP) $(NODE_STAMP)
+
+# The local demo hub on http://127.0.0.1:8000 (override: make demo DEMO_ARGS="--port 9000").
+DEMO_ARGS ?=
+demo: setup
+	$(BIN)/jupyter-gpuaas demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check jupyter_gpuaas tests benchmarks
@@ -31,7 +47,7 @@ contracts: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy jupyter_gpuaas/admission
 
-pytest: $(STAMP)
+pytest: setup
 	$(BIN)/python -m pytest -q
 
 test: lint contracts typecheck pytest
@@ -43,4 +59,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache
