@@ -1,3 +1,20 @@
 """jupyter-gpuaas: a notebook-centric GPU gateway for JupyterHub."""
 
 __version__ = "0.1.0"
+
+
+def _jupyter_server_extension_points() -> list[dict[str, object]]:
+    """The jupyter_server extension `jupyter_gpuaas` (GPU kernels, proxy routes).
+
+    Imported lazily: `import jupyter_gpuaas` must stay cheap for the CLI and the core.
+    """
+    from jupyter_gpuaas.server import _jupyter_server_extension_points as points
+
+    return points()
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """`%load_ext jupyter_gpuaas`: the `%gpu` and `%%gpu_job` magics (imported only now)."""
+    from jupyter_gpuaas.magics import load_ipython_extension as load
+
+    load(ipython)

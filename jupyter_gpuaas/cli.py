@@ -20,6 +20,7 @@ PROG = "jupyter-gpuaas"
 #: Modules providing subcommands, in the order `--help` lists them.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "jupyter_gpuaas.sim.cli",
+    "jupyter_gpuaas.server.kernelspec_cli",
     "jupyter_gpuaas.gateway.app",
     "jupyter_gpuaas.gateway.devices_cli",
     "jupyter_gpuaas.client_cli",

@@ -1,0 +1,16 @@
+"""Single-user side of jupyter-gpuaas: the jupyter_server extension `jupyter_gpuaas`, the
+`gpuaas` kernel provisioner, activity reporting, culling and the `/gpuaas/` routes.
+
+Only the CLI-facing `kernelspec_cli` may be imported without jupyter_server's weight; the
+rest is imported on demand by jupyter_server and jupyter_client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    from .extension import GpuaasExtension
+
+    return [{"module": "jupyter_gpuaas.server.extension", "app": GpuaasExtension}]

@@ -1,0 +1,497 @@
+"""The jupyter_server extension `jupyter_gpuaas`: the single-user side of GPU kernels.
+
+It ties the `gpuaas` kernel provisioner to the server:
+
+- kernels start as *pending* kernels, so the REST call that starts one returns while the
+  kernel waits in the gateway's queue (only the gateway's first answer is awaited, so a
+  request that can never be admitted fails the call at once with the reason);
+- shutting down or interrupting a waiting kernel cancels its request;
+- a heartbeat loop reports each GPU kernel's activity as lease renewals, and notices dead
+  kernels;
+- an event loop listens to the gateway (admit, cull_warning, cull, preempt, finish) and
+  acts: wakes a waiting kernel, warns the user, shuts a culled kernel down;
+- on server shutdown every grant is released and every wait cancelled.
+
+jupyter_server offers no hook around kernel start/shutdown/interrupt, so the extension
+wraps those three methods on the server's kernel manager instance (not its class: other
+servers in the same process, e.g. in tests, are untouched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from jupyter_server.extension.application import ExtensionApp
+from tornado import web
+from traitlets import Bool, Float, Integer, Unicode, default, validate
+
+from jupyter_gpuaas.client import GatewayClient, GatewayError, gateway_from_env
+
+from .activity import GpuUsage, Holder, decide_busy, process_tree
+from .kernels import GpuKernel, KernelTable, Notification, set_table
+from .provisioner import GpuaasProvisioner
+
+EVENT_SCHEMA = Path(__file__).parent / "event_schemas" / "gpu_kernel.yaml"
+EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpuaas/gpu_kernel/v1"
+
+
+class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
+    name = "jupyter_gpuaas"
+    description = "GPU kernels that start only on admitted GPUs and give them back when idle."
+
+    gateway_url = Unicode(
+        help="URL of the gpuaas gateway. Default: GPUAAS_URL, else (inside JupyterHub) "
+        "<hub origin>/services/gpuaas/ derived from JUPYTERHUB_API_URL."
+    ).tag(config=True)
+
+    @default("gateway_url")
+    def _gateway_url_default(self) -> str:
+        try:
+            return gateway_from_env()[0]
+        except GatewayError:
+            return ""
+
+    gateway_token = Unicode(
+        help="Token for the gateway. Default: GPUAAS_TOKEN, else JUPYTERHUB_API_TOKEN (the "
+        "server's token, which needs the scope custom:gpuaas:use: see hub_config/)."
+    ).tag(config=True)
+
+    @default("gateway_token")
+    def _gateway_token_default(self) -> str:
+        return os.environ.get("GPUAAS_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN") or ""
+
+    default_tenant = Unicode(
+        "",
+        help="Tenant charged by GPU kernels whose kernelspec names none. Empty: the user's "
+        "only tenant, else the first the gateway lists for the user.",
+    ).tag(config=True)
+
+    heartbeat_interval = Float(
+        30.0,
+        help="Seconds between lease heartbeats of each GPU kernel. Keep it well under the "
+        "gateway's lease TTL (120 s by default) so one lost heartbeat does not lose a grant.",
+    ).tag(config=True)
+
+    busy_utilization = Float(
+        0.05,
+        help="GPU utilization (0..1) of a kernel's own processes above which it counts as "
+        "busy even when it executes nothing (a background training thread).",
+    ).tag(config=True)
+
+    use_pending_kernels = Bool(
+        True,
+        help="Make the server's kernel manager use pending kernels, so starting a GPU "
+        "kernel that must queue does not block the REST call (and the notebook) meanwhile.",
+    ).tag(config=True)
+
+    submit_wait = Float(
+        5.0,
+        help="Seconds a kernel start waits for the gateway's first answer, so a request "
+        "that can never be admitted fails the start at once, with the reason.",
+    ).tag(config=True)
+
+    history_size = Integer(
+        50, help="Ended GPU kernels (culled, failed, released) kept for /gpuaas/kernels."
+    ).tag(config=True)
+
+    reconnect_delay = Float(
+        2.0, help="Seconds before reconnecting to the gateway's event stream after it drops."
+    ).tag(config=True)
+
+    request_timeout = Float(30.0, help="Seconds before a call to the gateway gives up.").tag(
+        config=True
+    )
+
+    @validate("heartbeat_interval", "submit_wait", "reconnect_delay", "request_timeout")
+    def _validate_positive(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if value <= 0:
+            raise ValueError(f"{proposal['trait'].name} must be > 0, not {value}")
+        return value
+
+    @validate("busy_utilization")
+    def _validate_ratio(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if not 0 <= value <= 1:
+            raise ValueError(f"busy_utilization must be within 0..1, not {value}")
+        return value
+
+    # ------------------------------------------------------------------ set-up
+
+    table: KernelTable
+    client: GatewayClient | None = None
+    gpu_usage: GpuUsage
+    _tasks: list[asyncio.Task[None]]
+    _last_beat: dict[str, datetime]
+    _idle_timeouts: dict[str, float] | None = None
+
+    def initialize_settings(self) -> None:
+        self.client = None
+        if self.gateway_url and self.gateway_token:
+            self.client = GatewayClient(
+                self.gateway_url, self.gateway_token, timeout=self.request_timeout
+            )
+        else:
+            self.log.warning(
+                "gpuaas: no gateway configured (set GPUAAS_URL and GPUAAS_TOKEN, or run "
+                "inside JupyterHub): GPU kernels will fail to start"
+            )
+        self.table = KernelTable(self.client, self.history_size, self.default_tenant)
+        set_table(self.table)
+        self.gpu_usage = GpuUsage()
+        self._tasks = []
+        self._last_beat = {}
+        self.settings["gpuaas"] = self
+        mkm = self.serverapp.kernel_manager
+        if self.use_pending_kernels and hasattr(mkm, "use_pending_kernels"):
+            mkm.use_pending_kernels = True
+        self._wrap_kernel_manager(mkm)
+        try:
+            self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
+        except Exception as e:  # an older jupyter_events: notices stay in /gpuaas/ only
+            self.log.warning("gpuaas: cannot register the event schema: %s", e)
+        self.table.on_notify.append(self._emit)
+
+    def initialize_handlers(self) -> None:
+        from .handlers import routes
+
+        self.handlers.extend(routes())
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        """Start the heartbeat and event loops once the server's loop runs."""
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._heartbeat_loop())]
+        if self.client is not None:
+            self._tasks.append(loop.create_task(self._events_loop()))
+        self.log.info(
+            "gpuaas: GPU kernels through the gateway at %s (heartbeat every %.0f s)",
+            self.gateway_url or "(none)",
+            self.heartbeat_interval,
+        )
+
+    async def stop_extension(self) -> None:
+        """Stop the loops, cancel every wait and release every grant of this server."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks = []
+        # Cancel the waits first: releasing a grant first could admit a waiting kernel.
+        waiting = [r for r in self.table.live.values() if r.waiting]
+        for record in waiting:
+            record.abort_reason = "server shutting down"
+            record.poke()
+        await _until(lambda: all(r.ended is not None for r in waiting), 5.0)
+        releases = [
+            r.provisioner.release("released", "server shut down")
+            for r in list(self.table.live.values())
+            if isinstance(r.provisioner, GpuaasProvisioner)
+        ]
+        if releases:
+            await asyncio.gather(*releases, return_exceptions=True)
+        self.gpu_usage.close()
+
+    # ------------------------------------------------------------------ kernel manager hooks
+
+    def _is_gpu_kernel(self, mkm: Any, kernel_id: str) -> bool:
+        try:
+            spec = mkm.get_kernel(kernel_id).kernel_spec
+        except Exception:
+            return False
+        meta = (getattr(spec, "metadata", None) or {}).get("kernel_provisioner") or {}
+        return bool(meta.get("provisioner_name") == "gpuaas")
+
+    def _wrap_kernel_manager(self, mkm: Any) -> None:
+        orig_start = mkm.start_kernel
+        orig_shutdown = mkm.shutdown_kernel
+        orig_interrupt = mkm.interrupt_kernel
+        table = self.table
+
+        async def start_kernel(*args: Any, **kwargs: Any) -> str:
+            from .provisioner import GpuAdmissionError
+
+            try:
+                kernel_id: str = await orig_start(*args, **kwargs)
+            except GpuAdmissionError as e:  # not pending: the start itself failed
+                raise _http_error(e) from None
+            if self._is_gpu_kernel(mkm, kernel_id):
+                await self._await_first_answer(mkm, kernel_id, orig_shutdown)
+            return kernel_id
+
+        async def shutdown_kernel(kernel_id: str, *args: Any, **kwargs: Any) -> Any:
+            record = table.get(kernel_id)
+            if record is not None and record.waiting:
+                record.abort_reason = "kernel shut down while waiting for a GPU"
+                record.poke()
+            elif record is None and self._is_gpu_kernel(mkm, kernel_id):
+                table.aborts[kernel_id] = "kernel shut down while waiting for a GPU"
+            return await orig_shutdown(kernel_id, *args, **kwargs)
+
+        def interrupt_kernel(kernel_id: str) -> Any:
+            record = table.get(kernel_id)
+            if record is not None and record.waiting:
+                record.abort_reason = "interrupted while waiting for a GPU"
+                record.poke()
+                return None
+            return orig_interrupt(kernel_id)
+
+        mkm.start_kernel = start_kernel
+        mkm.shutdown_kernel = shutdown_kernel
+        mkm.interrupt_kernel = interrupt_kernel
+
+    async def _await_first_answer(self, mkm: Any, kernel_id: str, shutdown: Any) -> None:
+        """Wait (briefly) for the gateway's first answer; raise its refusal as HTTP 422."""
+        km = mkm.get_kernel(kernel_id)
+        deadline = time.monotonic() + self.submit_wait
+        while time.monotonic() < deadline:
+            record = self.table.get(kernel_id)
+            if record is not None and record.answered is not None:
+                break
+            if km.ready.done():
+                break
+            await asyncio.sleep(0.002)
+        record = self.table.get(kernel_id)
+        if record is not None and record.answered is not None:
+            try:
+                await asyncio.wait_for(
+                    asyncio.shield(record.answered), max(0.0, deadline - time.monotonic())
+                )
+            except asyncio.TimeoutError:
+                return  # still talking to the gateway: the kernel stays pending
+        failed = record is not None and record.state == "failed"
+        if km.ready.done() and not km.ready.cancelled() and km.ready.exception() is not None:
+            failed = True
+        if not failed:
+            return
+        error = km.ready.exception() if km.ready.done() else None
+        if error is None:
+            try:
+                await asyncio.wait_for(asyncio.shield(km.ready), 5)
+            except Exception as e:
+                error = e
+        await shutdown(kernel_id)  # removes the failed kernel from the map...
+        # ...but jupyter_client (8.x) leaves a failed start in `_pending_kernels`, where
+        # shutdown_all would later trip over it with a 404.
+        getattr(mkm, "_pending_kernels", {}).pop(kernel_id, None)
+        raise _http_error(error or RuntimeError(record.reason if record else "failed"))
+
+    # ------------------------------------------------------------------ heartbeats
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                await self.heartbeat_once()
+            except Exception:
+                self.log.exception("gpuaas: heartbeat round failed")
+            await asyncio.sleep(self.heartbeat_interval)
+
+    async def heartbeat_once(self) -> None:
+        """One round: notice deaths, then report each running GPU kernel busy or idle."""
+        running: list[GpuKernel] = []
+        for record in list(self.table.live.values()):
+            prov = record.provisioner
+            if record.state != "running" or not isinstance(prov, GpuaasProvisioner):
+                continue
+            if prov.process is not None:
+                await prov.poll()  # a dead kernel releases its grant here
+            if record.state == "running" and record.request_id:
+                running.append(record)
+        if not running:
+            return
+        holders = [
+            Holder(r.kernel_id, r.node, r.devices, process_tree(int(r.provisioner.pid)))
+            for r in running
+            if r.provisioner.pid
+        ]
+        utilization: dict[str, float | None] = {}
+        if holders and self.gpu_usage.available:
+            loop = asyncio.get_running_loop()
+            utilization = await loop.run_in_executor(None, self.gpu_usage.utilization, holders)
+        now = datetime.now(timezone.utc)
+        await asyncio.gather(
+            *(self._beat(r, utilization.get(r.kernel_id), now) for r in running),
+            return_exceptions=True,
+        )
+
+    async def _beat(self, record: GpuKernel, utilization: float | None, now: datetime) -> None:
+        km = record.provisioner.parent
+        busy = decide_busy(
+            getattr(km, "execution_state", None),
+            getattr(km, "last_activity", None),
+            self._last_beat.get(record.kernel_id),
+            utilization,
+            self.busy_utilization,
+        )
+        record.utilization = utilization
+        if busy:
+            record.idle_since = None
+            record.warning = None
+        elif record.idle_since is None:
+            record.idle_since = time.time()
+        assert self.client is not None and record.request_id is not None
+        try:
+            obj = await self.client.heartbeat(record.request_id, busy, utilization)
+        except GatewayError as e:
+            if e.status in (404, 409):
+                await self._grant_gone(record)
+            else:
+                self.log.warning("gpuaas: heartbeat of %s failed: %s", record.request_id, e)
+            return
+        self._last_beat[record.kernel_id] = now
+        grant = obj.get("grant") or {}
+        record.lease_expires = grant.get("lease_expires", record.lease_expires)
+
+    async def _grant_gone(self, record: GpuKernel) -> None:
+        """A heartbeat found the grant ended (an event we missed): find out why, act."""
+        assert self.client is not None and record.request_id is not None
+        try:
+            obj = await self.client.get(record.request_id)
+        except GatewayError:
+            obj = {}
+        state = obj.get("state")
+        if state in ("parked", "culled"):
+            await self._end_kernel(record, "culled", await self._cull_reason(record))
+        elif state == "preempted":
+            await self._end_kernel(record, "preempted", obj.get("reason") or "preempted")
+        else:
+            reason = obj.get("reason") or "its GPU grant ended"
+            await self._end_kernel(record, "lost", f"GPU grant lost: {reason}")
+
+    # ------------------------------------------------------------------ gateway events
+
+    async def _events_loop(self) -> None:
+        assert self.client is not None
+        while True:
+            try:
+                async for event in self.client.events():
+                    try:
+                        await self.on_event(str(event["event"]), dict(event["data"]))
+                    except Exception:
+                        self.log.exception("gpuaas: handling event %s failed", event.get("event"))
+            except GatewayError as e:
+                self.log.warning("gpuaas: gateway event stream: %s", e)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.log.warning("gpuaas: gateway event stream dropped: %s", e)
+            await asyncio.sleep(self.reconnect_delay)
+
+    async def on_event(self, name: str, data: dict[str, Any]) -> None:
+        request = data.get("request") or {}
+        rid = data.get("id") or request.get("id")
+        record = self.table.by_request(str(rid)) if rid else None
+        if record is None:
+            return
+        if name == "admit":
+            record.apply(request)
+        elif name == "cull_warning":
+            self._warn(record, data.get("cull_at"))
+        elif name == "cull":
+            await self._end_kernel(record, "culled", await self._cull_reason(record))
+        elif name == "preempt":
+            by = data.get("by")
+            reason = "preempted" + (f" by request {by}" if by else "")
+            await self._end_kernel(record, "preempted", reason)
+        elif name in ("finish", "cancel", "expire", "reject"):
+            reason = data.get("reason") or request.get("reason") or f"GPU request {name}ed"
+            if record.waiting:
+                record.end("failed", str(reason))
+                record.poke()
+            else:
+                await self._end_kernel(record, "lost", f"GPU grant lost: {reason}")
+        elif request:
+            record.apply(request)  # queued positions and other updates
+
+    def _warn(self, record: GpuKernel, cull_at: Any) -> None:
+        seconds = max(0.0, float(cull_at) - time.time()) if cull_at else None
+        when = f"in {seconds:.0f} s" if seconds is not None else "soon"
+        msg = (
+            f"GPU kernel {record.kernel_name} ({record.kernel_id[:8]}) is idle on its GPUs and "
+            f"will be shut down {when} to free them; run something to keep it."
+        )
+        record.warning = {"message": msg, "cull_at": cull_at, "t": time.time()}
+        self.log.warning("gpuaas: %s", msg)
+        self.table.notify(
+            Notification(
+                "cull_warning", record.kernel_id, record.request_id, msg, data={"cull_at": cull_at}
+            )
+        )
+
+    async def _cull_reason(self, record: GpuKernel) -> str:
+        """`culled: idle on GPU for 30 min`: the tenant's idle timeout, else what we saw."""
+        if self._idle_timeouts is None and self.client is not None:
+            try:
+                tenants = (await self.client.tenants()).get("tenants") or []
+                self._idle_timeouts = {
+                    t["name"]: float(t.get("idle_timeout") or 0) for t in tenants
+                }
+            except (GatewayError, KeyError, TypeError, ValueError):
+                self._idle_timeouts = {}
+        idle = (self._idle_timeouts or {}).get(record.tenant or "", 0.0)
+        if not idle and record.idle_since is not None:
+            idle = time.time() - record.idle_since
+        return f"culled: idle on GPU for {human_duration(idle)}" if idle else "culled: idle"
+
+    async def _end_kernel(self, record: GpuKernel, state: str, reason: str) -> None:
+        """The gateway took the GPUs away: record why, tell the user, stop the kernel."""
+        if record.ended is not None:
+            return
+        record.end(state, reason)
+        self.table.retire(record)
+        self.log.warning("gpuaas: GPU kernel %s %s", record.kernel_id, reason)
+        self.table.notify(Notification(state, record.kernel_id, record.request_id, f"{reason}"))
+        mkm = self.serverapp.kernel_manager
+        if record.kernel_id in mkm:
+            try:
+                await mkm.shutdown_kernel(record.kernel_id)
+            except Exception as e:
+                self.log.warning("gpuaas: shutting down kernel %s: %s", record.kernel_id, e)
+
+    def _emit(self, note: Notification) -> None:
+        data: dict[str, Any] = {
+            "action": note.kind if note.kind != "released" else "lost",
+            "kernel_id": note.kernel_id,
+            "request_id": note.request_id,
+            "msg": note.message,
+        }
+        if "cull_at" in note.data:
+            data["cull_at"] = note.data["cull_at"]
+        try:
+            self.serverapp.event_logger.emit(schema_id=EVENT_SCHEMA_ID, data=data)
+        except Exception as e:
+            self.log.debug("gpuaas: event not emitted: %s", e)
+
+
+async def _until(check: Any, timeout: float) -> bool:
+    """Poll `check()` every few milliseconds until true or `timeout` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
+
+
+def _http_error(error: BaseException) -> web.HTTPError:
+    status = getattr(error, "status", 0)
+    code = 422 if status == 422 else 403 if status == 403 else 503
+    message = str(error) or type(error).__name__
+    err = web.HTTPError(code, message)
+    err.reason = "GPU kernel cannot start"
+    return err
+
+
+def human_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

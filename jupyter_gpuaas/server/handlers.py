@@ -1,0 +1,175 @@
+"""Routes under `/gpuaas/`: the sidebar's only way to the gateway, and this server's GPU
+kernels.
+
+`/gpuaas/api/...` forwards to the gateway with the server's token, so the browser never
+holds a gateway token and needs no CORS: whoever this server lets in acts as the server's
+owner (in JupyterHub, the token's user). Answers come back verbatim (status and JSON body),
+so the sidebar sees the gateway's own errors (`{"error", "field"}`); an unreachable gateway
+is a 502 in the same shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from tornado import httpclient, web
+from tornado.iostream import StreamClosedError
+
+if TYPE_CHECKING:
+    from .extension import GpuaasExtension
+
+AUTH_RESOURCE = "gpuaas"
+
+
+class GpuaasHandler(APIHandler):  # type: ignore[misc]
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def ext(self) -> GpuaasExtension:
+        ext: GpuaasExtension = self.settings["gpuaas"]
+        return ext
+
+    def gateway_or_502(self) -> Any:
+        client = self.ext.client
+        if client is None:
+            self.send_error_json(502, "no gpuaas gateway configured (GPUAAS_URL)")
+            return None
+        return client
+
+    def send_error_json(self, status: int, error: str) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": error, "field": None}))
+
+
+class ProxyHandler(GpuaasHandler):
+    """GET/POST/DELETE `/gpuaas/api/<path>` → the gateway's `api/<path>`."""
+
+    async def _forward(self, path: str) -> None:
+        client = self.gateway_or_502()
+        if client is None:
+            return
+        url = client.url + "api/" + path
+        if self.request.query:
+            url += "?" + self.request.query
+        method = self.request.method or "GET"
+        body = self.request.body if method in ("POST", "PUT") else None
+        try:
+            resp = await httpclient.AsyncHTTPClient().fetch(
+                url,
+                method=method,
+                headers={
+                    "Authorization": f"token {client.token}",
+                    "Content-Type": "application/json",
+                },
+                body=body,
+                allow_nonstandard_methods=True,
+                raise_error=False,
+                request_timeout=client.timeout,
+            )
+        except OSError as e:
+            self.send_error_json(502, f"cannot reach the gpuaas gateway: {e}")
+            return
+        if resp.code == 599:
+            self.send_error_json(502, f"cannot reach the gpuaas gateway: {resp.error}")
+            return
+        self.set_status(resp.code)
+        self.set_header("Content-Type", "application/json")
+        self.finish(resp.body or b"")
+
+    @web.authenticated
+    @authorized
+    async def get(self, path: str) -> None:
+        await self._forward(path)
+
+    @web.authenticated
+    @authorized
+    async def post(self, path: str) -> None:
+        await self._forward(path)
+
+    @web.authenticated
+    @authorized
+    async def delete(self, path: str) -> None:
+        await self._forward(path)
+
+
+class EventsHandler(GpuaasHandler):
+    """`/gpuaas/api/events`: the gateway's Server-Sent Events, passed through as they come."""
+
+    _closed = False
+    _pending: asyncio.Queue[bytes | None] | None = None
+
+    def on_connection_close(self) -> None:
+        self._closed = True
+        if self._pending is not None:
+            self._pending.put_nowait(None)  # wake the writer loop now, not at the next chunk
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        client = self.gateway_or_502()
+        if client is None:
+            return
+        self.set_header("Content-Type", "text/event-stream")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("X-Accel-Buffering", "no")
+        pending: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._pending = pending
+
+        def on_chunk(chunk: bytes) -> None:
+            if self._closed:
+                # Raising closes the upstream connection: the browser went away.
+                raise StreamClosedError()
+            pending.put_nowait(chunk)
+
+        fetch = httpclient.AsyncHTTPClient().fetch(
+            client.url + "api/events",
+            headers={"Authorization": f"token {client.token}", "Accept": "text/event-stream"},
+            streaming_callback=on_chunk,
+            request_timeout=0,
+            connect_timeout=client.timeout,
+            raise_error=False,
+        )
+        fetch.add_done_callback(lambda _: pending.put_nowait(None))
+        try:
+            while not self._closed:
+                chunk = await pending.get()
+                if chunk is None:
+                    break
+                self.write(chunk)
+                await self.flush()
+        except StreamClosedError:
+            self._closed = True
+        if not self._finished and not self._closed:
+            self.finish()
+
+
+class KernelsHandler(GpuaasHandler):
+    """`/gpuaas/kernels`: this server's GPU kernels, live first, then recently ended."""
+
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        self.finish(json.dumps([k.to_json() for k in self.ext.table.all()]))
+
+
+class NotificationsHandler(GpuaasHandler):
+    """`/gpuaas/notifications`: cull warnings and culls, newest last."""
+
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        self.finish(json.dumps([n.to_json() for n in self.ext.table.notifications]))
+
+
+def routes() -> list[tuple[str, type[web.RequestHandler]]]:
+    return [
+        (r"/gpuaas/api/events", EventsHandler),
+        (r"/gpuaas/api/((?:requests|tenants|devices|me)(?:/[^/]+)?(?:/heartbeat)?)", ProxyHandler),
+        (r"/gpuaas/kernels", KernelsHandler),
+        (r"/gpuaas/notifications", NotificationsHandler),
+    ]

@@ -1,0 +1,233 @@
+"""The GPU kernels of this server: one record per kernel, shared by the provisioner (which
+owns the kernel's request) and the extension (which reports activity, listens to the
+gateway's events and answers `/gpuaas/kernels`).
+
+Kernel provisioners are created by jupyter_client's factory with the kernel manager as
+parent and cannot be handed the extension, so the two meet here: a process-wide
+`KernelTable` that the extension replaces with a fresh one when it starts. Provisioners used
+without the extension (nbclient, `jupyter console`) get a table of their own making and
+simply nobody reports for them but their own polling.
+
+Everything runs on the server's event loop thread; no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jupyter_gpuaas.client import GatewayClient
+
+#: Kernel-side states (`GpuKernel.state`): what the kernel is doing about its GPUs.
+WAITING = ("submitting", "queued", "parked")
+RUNNING = "running"
+ENDED = ("released", "culled", "preempted", "failed", "cancelled", "lost")
+
+
+@dataclass
+class GpuKernel:
+    """What this server knows about one GPU kernel and its gateway request."""
+
+    kernel_id: str
+    kernel_name: str
+    gpus: int
+    flavor: str | None
+    tenant: str | None = None
+    request_id: str | None = None
+    state: str = "submitting"
+    position: dict[str, Any] | None = None
+    estimated_wait: dict[str, Any] | None = None
+    node: str | None = None
+    devices: list[int] = field(default_factory=list)
+    lease_expires: float | None = None
+    reason: str = ""  # why it ended, or why it cannot start
+    warning: dict[str, Any] | None = None  # the last cull warning, until busy again
+    created: float = field(default_factory=time.time)
+    ended: float | None = None
+    idle_since: float | None = None
+    utilization: float | None = None
+    # Set whenever the record changes: the provisioner waiting for admission wakes on it.
+    changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # Resolved with the gateway's first answer (queued, admitted or refused).
+    answered: asyncio.Future[None] | None = field(default=None, repr=False)
+    # Set by the extension to make a waiting provisioner give up (shutdown, interrupt).
+    abort_reason: str = ""
+    # The provisioner, for polling and for the extension's shutdown of all grants.
+    provisioner: Any = field(default=None, repr=False)
+
+    @property
+    def waiting(self) -> bool:
+        return self.state in WAITING
+
+    @property
+    def holds_devices(self) -> bool:
+        return self.state == RUNNING and self.request_id is not None
+
+    def answer(self) -> None:
+        """The gateway answered the submit (or the submit failed): release the waiters."""
+        fut = self.answered_future()
+        if not fut.done():
+            fut.set_result(None)
+
+    def answered_future(self) -> asyncio.Future[None]:
+        if self.answered is None:
+            self.answered = asyncio.get_running_loop().create_future()
+        return self.answered
+
+    def poke(self) -> None:
+        self.changed.set()
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        """Take in a request object of the gateway (from an answer or an event)."""
+        self.request_id = obj.get("id", self.request_id)
+        self.tenant = obj.get("tenant", self.tenant)
+        gw_state = obj.get("state")
+        grant = obj.get("grant")
+        if gw_state == "admitted" and grant:
+            self.node = grant.get("node")
+            self.devices = [int(d) for d in grant.get("devices") or []]
+            self.lease_expires = grant.get("lease_expires")
+            self.position = None
+            self.estimated_wait = None
+            if self.state in WAITING:
+                self.state = "admitted"  # the provisioner turns it into running
+        elif gw_state in ("queued", "parked") and self.state in WAITING:
+            self.state = gw_state
+            self.position = obj.get("position")
+            self.estimated_wait = obj.get("estimated_wait")
+        self.poke()
+
+    def end(self, state: str, reason: str = "") -> None:
+        if self.ended is None:
+            self.state = state
+            self.reason = reason or self.reason
+            self.ended = time.time()
+            self.position = None
+            self.devices = [] if state != "culled" else self.devices
+        self.answer()
+        self.poke()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kernel_id": self.kernel_id,
+            "kernel_name": self.kernel_name,
+            "request_id": self.request_id,
+            "state": self.state,
+            "gpus": self.gpus,
+            "flavor": self.flavor,
+            "tenant": self.tenant,
+            "position": self.position,
+            "estimated_wait": self.estimated_wait,
+            "node": self.node,
+            "devices": list(self.devices),
+            "lease_expires": self.lease_expires,
+            "reason": self.reason or None,
+            "warning": self.warning,
+            "utilization": self.utilization,
+            "idle_since": self.idle_since,
+            "created": self.created,
+            "ended": self.ended,
+        }
+
+
+@dataclass
+class Notification:
+    """A message for the user (a cull warning, a cull), shown by the sidebar."""
+
+    kind: str
+    kernel_id: str
+    request_id: str | None
+    message: str
+    t: float = field(default_factory=time.time)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "kernel_id": self.kernel_id,
+            "request_id": self.request_id,
+            "message": self.message,
+            "t": self.t,
+            **self.data,
+        }
+
+
+class KernelTable:
+    """Live GPU kernels by kernel id, plus a bounded history of ended ones."""
+
+    def __init__(
+        self, client: GatewayClient | None = None, history_size: int = 50, tenant: str = ""
+    ) -> None:
+        self.client = client
+        self.default_tenant = tenant
+        self.live: dict[str, GpuKernel] = {}
+        self.history: collections.deque[GpuKernel] = collections.deque(maxlen=history_size)
+        self.notifications: collections.deque[Notification] = collections.deque(maxlen=100)
+        self.on_notify: list[Callable[[Notification], None]] = []
+        # Kernels shut down before their provisioner even made a record: why, by kernel id.
+        self.aborts: dict[str, str] = {}
+        self._tenants_cache: list[str] | None = None
+
+    def add(self, kernel: GpuKernel) -> GpuKernel:
+        self.live[kernel.kernel_id] = kernel
+        return kernel
+
+    def get(self, kernel_id: str) -> GpuKernel | None:
+        return self.live.get(kernel_id)
+
+    def by_request(self, request_id: str) -> GpuKernel | None:
+        for k in self.live.values():
+            if k.request_id == request_id:
+                return k
+        return None
+
+    def retire(self, kernel: GpuKernel) -> None:
+        """A kernel that ended leaves the live table; its record stays in the history."""
+        if self.live.get(kernel.kernel_id) is kernel:
+            del self.live[kernel.kernel_id]
+        if kernel not in self.history:
+            self.history.append(kernel)
+
+    def all(self) -> Iterable[GpuKernel]:
+        yield from self.live.values()
+        seen = set(self.live)
+        for k in reversed(self.history):
+            if k.kernel_id not in seen:
+                seen.add(k.kernel_id)
+                yield k
+
+    def notify(self, note: Notification) -> None:
+        self.notifications.append(note)
+        for callback in list(self.on_notify):
+            try:
+                callback(note)
+            except Exception:  # a broken listener must not stop the others
+                pass
+
+    async def chargeable_tenants(self, client: GatewayClient) -> list[str]:
+        """Tenants the user may charge, as the gateway says (cached for the table's life)."""
+        if self._tenants_cache is None:
+            me = await client.me()
+            self._tenants_cache = [str(t) for t in me.get("tenants") or []]
+        return self._tenants_cache
+
+
+_table: KernelTable | None = None
+
+
+def current_table() -> KernelTable:
+    """The table of this process (one is made on first use when no extension runs)."""
+    global _table
+    if _table is None:
+        _table = KernelTable()
+    return _table
+
+
+def set_table(table: KernelTable | None) -> None:
+    global _table
+    _table = table

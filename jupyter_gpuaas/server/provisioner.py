@@ -1,0 +1,302 @@
+"""The `gpuaas` kernel provisioner: a local kernel that starts only on admitted GPUs.
+
+A GPU kernelspec names it (`metadata.kernel_provisioner = {"provisioner_name": "gpuaas",
+"config": {"gpus": 1, "flavor": "a100"}}`). Before launch it submits a `kernel` request to
+the gateway and waits for admission; the kernel then runs with CUDA_VISIBLE_DEVICES and
+NVIDIA_VISIBLE_DEVICES set to exactly the granted devices.
+
+Lifecycle, in jupyter_client's terms:
+
+- `pre_launch`: acquire a grant unless one is held (a restart keeps its grant);
+- `cleanup(restart=True)`: keep the grant; `cleanup(restart=False)`: release it (unless the
+  gateway culled it: then its quota is parked for the user's relaunch and must stay so);
+- `poll()` seeing the process gone outside a shutdown: the kernel died, release at once
+  (an auto-restart asks again);
+- a crashed server cannot release anything: its grants end when their leases expire.
+
+Waiting is woken by the extension's event listener and, whether or not an extension runs,
+by polling the request every `poll_interval` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from jupyter_client.provisioning import LocalProvisioner
+from traitlets import Float, Integer, Unicode
+
+from jupyter_gpuaas.client import GatewayClient, GatewayError
+
+from .kernels import ENDED, GpuKernel, KernelTable, current_table
+
+ENDED_GATEWAY_STATES = ("finished", "cancelled", "rejected", "preempted", "culled")
+
+
+class GpuAdmissionError(RuntimeError):
+    """The kernel cannot start on GPUs: refused, cancelled, or the gateway is unreachable.
+
+    `status` is the gateway's HTTP status where there was one (422: can never be admitted).
+    """
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
+    """Launches a local kernel on GPUs granted by the jupyter-gpuaas gateway."""
+
+    gpus = Integer(1, help="GPUs the kernel needs (kernelspec config `gpus`).").tag(config=True)
+    flavor = Unicode(
+        None,
+        allow_none=True,
+        help="GPU flavor (a100, t4, ...); unset: the tenant's flavors in quota order.",
+    ).tag(config=True)
+    tenant = Unicode(
+        None,
+        allow_none=True,
+        help="Tenant (team) charged; unset: the user's only tenant, else the first the "
+        "gateway lists for the user.",
+    ).tag(config=True)
+    priority = Integer(0, help="Request priority within the tenant (higher first).").tag(
+        config=True
+    )
+    poll_interval = Float(
+        2.0,
+        help="Seconds between polls of a waiting request (events usually wake it sooner).",
+    ).tag(config=True)
+    admission_timeout = Float(
+        0.0,
+        help="Seconds to wait for admission before giving up (0: wait as long as it takes; "
+        "shutting the kernel down cancels the wait).",
+    ).tag(config=True)
+
+    record: GpuKernel | None = None
+    _release_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ gateway
+
+    def _table(self) -> KernelTable:
+        return current_table()
+
+    def _client(self) -> GatewayClient:
+        table = self._table()
+        if table.client is None:
+            table.client = GatewayClient.from_env()
+        return table.client
+
+    async def _pick_tenant(self, client: GatewayClient) -> str:
+        if self.tenant:
+            return str(self.tenant)
+        table = self._table()
+        if table.default_tenant:
+            return table.default_tenant
+        try:
+            tenants = await table.chargeable_tenants(client)
+        except GatewayError as e:
+            raise GpuAdmissionError(f"cannot ask the gateway for your tenants: {e}") from None
+        if not tenants:
+            raise GpuAdmissionError(
+                "you are not a member of any GPU tenant: ask an administrator to add you to "
+                "a tenant group, or set the kernelspec's provisioner config `tenant`"
+            )
+        return tenants[0]
+
+    @property
+    def grant_env(self) -> dict[str, str]:
+        """The environment that confines the kernel to its granted devices."""
+        if self.record is None:
+            return {}
+        devices = ",".join(str(d) for d in self.record.devices)
+        env = {"CUDA_VISIBLE_DEVICES": devices, "NVIDIA_VISIBLE_DEVICES": devices}
+        if self.record.request_id:
+            env["GPUAAS_REQUEST_ID"] = self.record.request_id
+        if self.record.node:
+            env["GPUAAS_NODE"] = self.record.node
+        return env
+
+    def _has_grant(self) -> bool:
+        return self.record is not None and self.record.state in ("admitted", "running")
+
+    def _set_reason(self, text: str) -> None:
+        # jupyter_server shows `reason` in the kernel model (GET api/kernels) while set.
+        km = self.parent
+        if km is not None and hasattr(km, "reason"):
+            km.reason = text
+
+    async def acquire(self) -> GpuKernel:
+        """Submit a `kernel` request and wait until it is admitted."""
+        if self._release_task is not None:
+            await asyncio.shield(self._release_task)  # a death's release goes first
+        table = self._table()
+        kernel_id = str(self.kernel_id)
+        name = getattr(self.kernel_spec, "display_name", "") or "GPU kernel"
+        record = GpuKernel(
+            kernel_id=kernel_id,
+            kernel_name=str(getattr(self.parent, "kernel_name", "") or name),
+            gpus=int(self.gpus),
+            flavor=self.flavor,
+            provisioner=self,
+        )
+        # Shut down (or interrupted) before the provisioner even got here.
+        record.abort_reason = table.aborts.pop(kernel_id, "")
+        self.record = table.add(record)
+        try:
+            client = self._client()
+            tenant = await self._pick_tenant(client)
+            record.tenant = tenant
+            try:
+                obj = await client.submit(
+                    tenant,
+                    "kernel",
+                    int(self.gpus),
+                    flavor=self.flavor,
+                    priority=int(self.priority),
+                    name=f"{name} ({kernel_id[:8]})",
+                )
+            except GatewayError as e:
+                raise GpuAdmissionError(f"GPU request refused: {e.error}", e.status) from None
+            record.apply(obj)
+            record.answer()
+            await self._wait_admitted(client, record)
+        except GpuAdmissionError as e:
+            if record.ended is None:
+                record.end("failed", str(e))
+            table.retire(record)
+            self._set_reason(str(e))
+            raise
+        except GatewayError as e:  # no answer at all (status 0)
+            record.end("failed", f"gateway unreachable: {e}")
+            table.retire(record)
+            raise GpuAdmissionError(record.reason) from None
+        record.state = "running"
+        self._set_reason("")
+        self.log.info(
+            "GPU kernel %s admitted: request %s, devices %s on %s",
+            kernel_id,
+            record.request_id,
+            record.devices,
+            record.node,
+        )
+        return record
+
+    async def _wait_admitted(self, client: GatewayClient, record: GpuKernel) -> None:
+        started = time.monotonic()
+        while record.state != "admitted":
+            if record.abort_reason:
+                await self._cancel_quietly(client, record)
+                record.end("cancelled", record.abort_reason)
+                raise GpuAdmissionError(record.abort_reason)
+            if record.state in ENDED:
+                raise GpuAdmissionError(record.reason or f"GPU request {record.state}")
+            self._set_reason(_waiting_text(record))
+            timeout = float(self.poll_interval)
+            if self.admission_timeout > 0:
+                left = self.admission_timeout - (time.monotonic() - started)
+                if left <= 0:
+                    await self._cancel_quietly(client, record)
+                    reason = f"no GPU within {self.admission_timeout:.0f} s"
+                    record.end("cancelled", reason)
+                    raise GpuAdmissionError(reason)
+                timeout = min(timeout, left)
+            record.changed.clear()
+            try:
+                await asyncio.wait_for(record.changed.wait(), timeout)
+                continue  # woken by an event or an abort: look again before polling
+            except asyncio.TimeoutError:
+                pass
+            if record.request_id is None:
+                continue
+            try:
+                obj = await client.get(record.request_id)
+            except GatewayError as e:
+                self.log.warning("polling GPU request %s: %s", record.request_id, e)
+                continue
+            if obj.get("state") in ENDED_GATEWAY_STATES:
+                record.end("failed", obj.get("reason") or f"GPU request {obj.get('state')}")
+            else:
+                record.apply(obj)
+        if record.abort_reason:  # admitted just as the kernel was shut down: give it back
+            await self._cancel_quietly(client, record)
+            record.end("cancelled", record.abort_reason)
+            raise GpuAdmissionError(record.abort_reason)
+
+    async def _cancel_quietly(self, client: GatewayClient, record: GpuKernel) -> None:
+        if record.request_id is None:
+            return
+        try:
+            await client.cancel(record.request_id)
+        except GatewayError as e:
+            if e.status != 409:  # 409: it already ended, which is what we want
+                self.log.warning("cancelling GPU request %s: %s", record.request_id, e)
+
+    async def release(self, state: str = "released", reason: str = "") -> None:
+        """Give the devices back (idempotent). A culled request keeps its parked quota."""
+        record = self.record
+        if record is None or record.ended is not None:
+            if record is not None:
+                self._table().retire(record)
+            return
+        keep_parked = record.state == "culled"
+        record.end(state, reason)
+        self._table().retire(record)
+        if keep_parked or record.request_id is None:
+            return
+        try:
+            await self._cancel_quietly(self._client(), record)
+        except GatewayError as e:
+            self.log.warning("releasing GPU request %s: %s", record.request_id, e)
+
+    # ------------------------------------------------------------------ provisioner API
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        if not self._has_grant():
+            await self.acquire()
+        kwargs = await super().pre_launch(**kwargs)
+        kwargs["env"].update(self.grant_env)
+        return kwargs
+
+    async def poll(self) -> int | None:
+        alive_before = self.process is not None
+        ret: int | None = await super().poll()
+        if alive_before and ret is not None and self._has_grant() and not self._stopping():
+            # Died on its own (kill -9, segfault, OOM): nobody will call cleanup before an
+            # auto-restart, and the devices are idle now. Release in the background so
+            # is_alive() stays fast; a restart's acquire() waits for it.
+            assert self.record is not None
+            reason = f"kernel died (exit status {ret})"
+            self.log.warning("GPU kernel %s: %s; releasing its GPUs", self.kernel_id, reason)
+            self._release_task = asyncio.ensure_future(self.release("released", reason))
+        return ret
+
+    def _stopping(self) -> bool:
+        return bool(getattr(self.parent, "shutting_down", False))
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await super().cleanup(restart=restart)
+        if restart:
+            return  # a restart keeps its grant; pre_launch reuses it
+        if self.record is not None and self.record.waiting:
+            self.record.abort_reason = self.record.abort_reason or "kernel shut down"
+            self.record.poke()
+            return
+        await self.release("released", "kernel shut down")
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = await super().get_provisioner_info()
+        if self.record is not None:
+            info["gpuaas"] = self.record.to_json()
+        return info
+
+
+def _waiting_text(record: GpuKernel) -> str:
+    what = f"{record.gpus}× {record.flavor or 'GPU'}"
+    team = f" (team {record.tenant})" if record.tenant else ""
+    if record.state == "parked":
+        return f"resuming {what}{team} from its reservation"
+    pos = record.position or {}
+    if pos.get("overall"):
+        return f"waiting for {what}{team}: position {pos['overall']} of {pos.get('of', '?')}"
+    return f"waiting for {what}{team}"

@@ -1,0 +1,189 @@
+"""Fixtures of the GPU kernel tests: a real gateway subprocess with simulated devices, and a
+jupyter_server (pytest-jupyter) with the `jupyter_gpuaas` extension enabled explicitly
+(the editable install may not have installed the jupyter-config file).
+
+The gateway is a subprocess started like an administrator would (`jupyter-gpuaas gateway`),
+with a short lease TTL; a test marked `@pytest.mark.gateway_policy(idle_timeout=3, ...)`
+gets that quota-file policy. The server is torn down (its extension stopped, its kernels
+shut down) before the gateway, so releases reach a live gateway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+# pytest-jupyter's fixtures (jp_serverapp, jp_fetch, ...) and hooks, for this directory only:
+# enabling the plugin for the whole suite would hand every coroutine test to its loop.
+from pytest_jupyter.jupyter_server import *  # noqa: F403
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "alice-token-0123456789"
+ADMIN_TOKEN = "admin-token-0123456789"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "gateway_policy(**policy): the `policy` block of the test gateway's quotas"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class GatewayProc:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def call(self, method: str, path: str, body: Any = None, token: str = ADMIN_TOKEN) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def request(self, rid: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.call("GET", f"api/requests/{rid}")
+        return result
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def gateway_command() -> list[str]:
+    from jupyter_gpuaas.cli import SUBCOMMAND_MODULES
+
+    exe = ROOT / ".venv" / "bin" / "jupyter-gpuaas"
+    if "jupyter_gpuaas.gateway.app" in SUBCOMMAND_MODULES and exe.exists():
+        return [str(exe), "gateway"]
+    # Until the gateway registers its subcommand: the same entry point, as a module.
+    return [sys.executable, "-m", "jupyter_gpuaas.gateway.app"]
+
+
+@pytest.fixture
+def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GatewayProc]:
+    marker = request.node.get_closest_marker("gateway_policy")
+    policy: dict[str, Any] = {"idle_timeout": 0, "reservation_ttl": 60, "cull_warning": 0}
+    if marker is not None:
+        policy.update(marker.kwargs)
+    gdir = tmp_path / "gateway"
+    gdir.mkdir()
+    quotas = gdir / "quotas.yaml"
+    quotas.write_text(
+        yaml.safe_dump(
+            {
+                "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+                "tenants": {"vision": {"quota": {"a100": 1}}},
+                "policy": policy,
+            }
+        )
+    )
+    tokens = gdir / "tokens.yaml"
+    tokens.write_text(
+        yaml.safe_dump(
+            {
+                "tokens": {
+                    TOKEN: {"user": "alice", "groups": ["vision"], "admin": False},
+                    ADMIN_TOKEN: {"user": "root", "groups": [], "admin": True},
+                }
+            }
+        )
+    )
+    port = free_port()
+    log = gdir / "gateway.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    argv = [
+        *gateway_command(),
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--db-url=sqlite:///{gdir / 'gpuaas.sqlite'}",
+        f"--quotas={quotas}",
+        f"--tokens={tokens}",
+        "--devices=simulated:a100=1x1",
+        "--lease-ttl=5",
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=gdir)
+    gw = GatewayProc(proc, f"http://127.0.0.1:{port}/", log)
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited {proc.returncode}: {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(gw.url + "api/openapi.json", timeout=1):
+                break
+        except OSError:
+            if time.monotonic() > deadline:
+                gw.stop()
+                raise RuntimeError(f"gateway did not start: {log.read_text()[-3000:]}") from None
+            time.sleep(0.05)
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture
+def gpu_kernelspecs(jp_environ: Any, jp_data_dir: Path) -> dict[str, str]:
+    """GPU kernelspecs in the test's Jupyter data dir, written by our own installer."""
+    from jupyter_gpuaas.server.kernelspec_cli import write_spec
+
+    kernels = Path(jp_data_dir) / "kernels"
+    write_spec(kernels / "gpu1", gpus=1, flavor="a100", display_name="Python 3 (1 GPU)")
+    write_spec(kernels / "gpu2", gpus=2, flavor="a100", display_name="Python 3 (2 GPUs)")
+    return {"one": "gpu1", "never": "gpu2"}
+
+
+@pytest.fixture
+def jp_server_config(gateway: GatewayProc, gpu_kernelspecs: dict[str, str]) -> dict[str, Any]:
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpuaas": True}},
+        "GpuaasExtension": {
+            "gateway_url": gateway.url,
+            "gateway_token": TOKEN,
+            "heartbeat_interval": 0.5,
+            "reconnect_delay": 0.2,
+        },
+        "GpuaasProvisioner": {"poll_interval": 0.5},
+    }
+
+
+@pytest.fixture
+def gpu_app(jp_serverapp: Any, jp_asyncio_loop: Any, gateway: GatewayProc) -> Iterator[Any]:
+    """The server with the extension started (pytest-jupyter does not run the start hooks);
+    stopped again, kernels and all, while the gateway still runs."""
+    jp_asyncio_loop.run_until_complete(jp_serverapp.extension_manager.start_all_extensions())
+    yield jp_serverapp
+    ext = gpu_extension(jp_serverapp)
+    jp_asyncio_loop.run_until_complete(ext.stop_extension())
+    jp_asyncio_loop.run_until_complete(jp_serverapp.kernel_manager.shutdown_all(now=True))
+
+
+def gpu_extension(app: Any) -> Any:
+    return app.web_app.settings["gpuaas"]
