@@ -56,8 +56,8 @@ def find_victims(
     ):
         return None
     own: list[Request] = []
-    reclaim: list[Request] = []
-    borrow: list[Request] = []
+    reclaim: list[Request] = []  # other members' requests, by reclaim_within_cohort
+    lower: list[Request] = []  # other members' lower-priority requests
     for v in admitted:
         if v.tenant == req.tenant:
             if _own_allowed(p.within_tenant, v, req):
@@ -67,12 +67,13 @@ def find_victims(
                 p.reclaim_within_cohort == "LowerPriority" and v.priority < req.priority
             ):
                 reclaim.append(v)
-            elif p.borrow_within_cohort == "LowerPriority" and v.priority < req.priority:
-                borrow.append(v)
+            if v.priority < req.priority:
+                lower.append(v)
+    # Within nominal quota once the victims are gone: reclaim what the cohort borrowed.
     victims = _minimal(req, flavor, ledger, cluster, own + reclaim, allow_borrow=False)
     if victims is None and p.borrow_within_cohort == "LowerPriority":
-        candidates = own + reclaim + borrow
-        victims = _minimal(req, flavor, ledger, cluster, candidates, allow_borrow=True)
+        # Borrowing: only lower-priority requests of other members may make room.
+        victims = _minimal(req, flavor, ledger, cluster, own + lower, allow_borrow=True)
     return victims
 
 

@@ -86,7 +86,8 @@ def run_scenario(scenario: Scenario, until: float | None = None) -> SimRun:
                     if s > 0:
                         push(t + s, _RELEASE, "activity", d.id, busy=True)
                     push(t + e, _RELEASE, "activity", d.id, busy=False)
-            out.extend(core.activity(d.id, _busy_at(spec, t - life.anchor), t))
+            if core.get(d.id) is not None:  # not preempted in the same pass
+                out.extend(core.activity(d.id, _busy_at(spec, t - life.anchor), t))
 
     while True:
         t_next = heap[0][0] if heap else math.inf
