@@ -50,6 +50,7 @@ class GpuKernel:
     created: float = field(default_factory=time.time)
     ended: float | None = None
     idle_since: float | None = None
+    waited: float | None = None  # seconds from submit to admission (queue + round trips)
     utilization: float | None = None
     # Set whenever the record changes: the provisioner waiting for admission wakes on it.
     changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -130,6 +131,7 @@ class GpuKernel:
             "warning": self.warning,
             "utilization": self.utilization,
             "idle_since": self.idle_since,
+            "waited": self.waited,
             "created": self.created,
             "ended": self.ended,
         }

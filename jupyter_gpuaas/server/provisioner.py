@@ -143,6 +143,7 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
         # Shut down (or interrupted) before the provisioner even got here.
         record.abort_reason = table.aborts.pop(kernel_id, "")
         self.record = table.add(record)
+        started = time.perf_counter()
         try:
             client = self._client()
             tenant = await self._pick_tenant(client)
@@ -172,6 +173,7 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
             table.retire(record)
             raise GpuAdmissionError(record.reason) from None
         record.state = "running"
+        record.waited = time.perf_counter() - started
         self._set_reason("")
         self.log.info(
             "GPU kernel %s admitted: request %s, devices %s on %s",
