@@ -70,6 +70,7 @@ c.QueuedSpawnerMixin.heartbeat_interval = 1.0
 c.QueuedSpawnerMixin.activity_window = 1.0
 c.Spawner.default_url = "/api"
 c.Spawner.start_timeout = 60
+c.Spawner.poll_interval = 2
 c.Spawner.http_timeout = 60
 """
 
@@ -83,8 +84,9 @@ def free_port() -> int:
 class Hub:
     """The running hub, and what the tests do with it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extra_config: str = "") -> None:
         self.root = root
+        self.extra_config = extra_config  # appended to the generated config
         self.port = free_port()
         self.gateway_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -102,7 +104,8 @@ class Hub:
         (self.root / "quotas.yaml").write_text(QUOTAS)
         config = self.root / "jupyterhub_config.py"
         demo_config = str(REPO / "hub_config" / "local" / "jupyterhub_config.py")
-        config.write_text(EXTRA_CONFIG.format(demo_config=demo_config, token=self.token))
+        text = EXTRA_CONFIG.format(demo_config=demo_config, token=self.token)
+        config.write_text(text + self.extra_config)
         env = dict(os.environ)
         env.update(
             GPUAAS_DEMO_IP="127.0.0.1",

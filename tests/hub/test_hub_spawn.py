@@ -7,6 +7,8 @@ queue, and the single-user server processes, whose environment is read from /pro
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -111,6 +113,21 @@ def test_foreign_tenant_fails_fast(clean_hub: Hub) -> None:
     assert "not a member of tenant 'nlp'" in resp.json()["message"]
     hub.wait_stopped("alice")
     assert not [r for r in hub.requests_of("alice") if r["tenant"] == "nlp"]
+
+
+def test_a_dead_server_releases_its_gpus(clean_hub: Hub) -> None:
+    hub = clean_hub
+    assert hub.spawn("bob", {"tenant": "vision", "gpus": 1}).status_code in (201, 202)
+    hub.wait_ready("bob")
+    req = _grant(hub, "bob")
+    os.kill(hub.pid("bob"), signal.SIGKILL)  # the Hub learns of it from poll()
+    hub.wait_stopped("bob", timeout=30)
+    hub.wait_for(
+        lambda: {r["id"]: r["state"] for r in hub.requests_of("bob")}[req["id"]] == "finished",
+        10,
+        "bob's grant to be released",
+    )
+    assert hub.tenant("vision")["usage"][0]["admitted"] == 0
 
 
 def test_idle_server_is_culled_and_resumes_at_once_within_the_ttl(clean_hub: Hub) -> None:
