@@ -31,6 +31,7 @@ from tornado import web
 from traitlets import Bool, Float, Integer, Unicode, default, validate
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, gateway_from_env
+from jupyter_gpuaas.jobs import server_hook as jobs_hook
 
 from .activity import GpuUsage, Holder, decide_busy, process_tree
 from .kernels import GpuKernel, KernelTable, Notification, set_table
@@ -142,6 +143,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
                 "inside JupyterHub): GPU kernels will fail to start"
             )
         self.table = KernelTable(self.client, self.history_size, self.default_tenant)
+        self.table.reporting = True
         set_table(self.table)
         self.gpu_usage = GpuUsage()
         self._tasks = []
@@ -156,11 +158,13 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         except Exception as e:  # an older jupyter_events: notices stay in /gpuaas/ only
             self.log.warning("gpuaas: cannot register the event schema: %s", e)
         self.table.on_notify.append(self._emit)
+        jobs_hook.setup(self)  # batch jobs (jupyter_gpuaas/jobs/): JobManager
 
     def initialize_handlers(self) -> None:
         from .handlers import routes
 
         self.handlers.extend(routes())
+        self.handlers.extend(jobs_hook.handlers())  # /gpuaas/jobs
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Start the heartbeat and event loops once the server's loop runs."""
@@ -168,6 +172,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         self._tasks = [loop.create_task(self._heartbeat_loop())]
         if self.client is not None:
             self._tasks.append(loop.create_task(self._events_loop()))
+        await jobs_hook.start(self)  # exports GPUAAS_SERVER_URL/TOKEN for %gpu in kernels
         self.log.info(
             "gpuaas: GPU kernels through the gateway at %s (heartbeat every %.0f s)",
             self.gateway_url or "(none)",
@@ -176,6 +181,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
     async def stop_extension(self) -> None:
         """Stop the loops, cancel every wait and release every grant of this server."""
+        await jobs_hook.stop(self)  # live jobs end, their GPUs are released
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -167,6 +167,9 @@ class KernelTable:
     ) -> None:
         self.client = client
         self.default_tenant = tenant
+        # True when the server extension reports activity; else provisioners renew their
+        # own leases (a kernel run by nbclient or `jupyter console`).
+        self.reporting = False
         self.live: dict[str, GpuKernel] = {}
         self.history: collections.deque[GpuKernel] = collections.deque(maxlen=history_size)
         self.notifications: collections.deque[Notification] = collections.deque(maxlen=100)

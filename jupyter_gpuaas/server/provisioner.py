@@ -73,8 +73,16 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
         "shutting the kernel down cancels the wait).",
     ).tag(config=True)
 
+    standalone_heartbeat = Float(
+        30.0,
+        help="Seconds between lease renewals when no jupyter_gpuaas server extension reports "
+        "activity (nbclient, jupyter console). Such a kernel always reports busy: whoever "
+        "runs it without a server is running code, and there is nobody to cull it for.",
+    ).tag(config=True)
+
     record: GpuKernel | None = None
     _release_task: asyncio.Task[None] | None = None
+    _lease_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ gateway
 
@@ -174,6 +182,8 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
             raise GpuAdmissionError(record.reason) from None
         record.state = "running"
         record.waited = time.perf_counter() - started
+        if not table.reporting and self._lease_task is None:
+            self._lease_task = asyncio.ensure_future(self._renew_lease(record))
         self._set_reason("")
         self.log.info(
             "GPU kernel %s admitted: request %s, devices %s on %s",
@@ -234,6 +244,21 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
             if e.status != 409:  # 409: it already ended, which is what we want
                 self.log.warning("cancelling GPU request %s: %s", record.request_id, e)
 
+    async def _renew_lease(self, record: GpuKernel) -> None:
+        """Heartbeats for a kernel no server extension watches, while it holds its grant."""
+        client = self._client()
+        while record.ended is None and record.request_id is not None:
+            await asyncio.sleep(float(self.standalone_heartbeat))
+            if record.ended is not None:
+                break
+            try:
+                await client.heartbeat(record.request_id, True)
+            except GatewayError as e:
+                if e.status in (404, 409):
+                    record.end("lost", f"GPU grant lost: {e.error}")
+                    break
+                self.log.warning("renewing GPU lease %s: %s", record.request_id, e)
+
     async def release(self, state: str = "released", reason: str = "") -> None:
         """Give the devices back (idempotent). A culled request keeps its parked quota."""
         record = self.record
@@ -241,6 +266,9 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
             if record is not None:
                 self._table().retire(record)
             return
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            self._lease_task = None
         keep_parked = record.state == "culled"
         record.end(state, reason)
         self._table().retire(record)
