@@ -34,14 +34,18 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run_status)
 
-    p = subparsers.add_parser("submit", help="ask the gateway for GPUs")
-    p.add_argument("--tenant", required=True, help="the tenant (team) to charge")
+    p = subparsers.add_parser("submit", help="run a notebook or script as a GPU job, or ask "
+                              "the gateway for GPUs")  # fmt: skip
+    p.add_argument("--tenant", help="the tenant (team) to charge (required for a raw request)")
     p.add_argument("--gpus", required=True, type=_positive_int, help="how many GPUs")
     p.add_argument("--kind", default="job", choices=("server", "kernel", "job"))
     p.add_argument("--flavor", help="a GPU flavor (default: the tenant's, in quota order)")
     p.add_argument("--priority", type=_int, default=0, help="higher runs first (in a tenant)")
     p.add_argument("--name", help="a name to recognise the request by")
     p.add_argument("--json", action="store_true", help="print JSON")
+    from jupyter_gpuaas.jobs.cli import add_submit_arguments
+
+    add_submit_arguments(p)  # `submit NOTEBOOK.ipynb|SCRIPT.py`: a job (jobs/cli.py)
     p.set_defaults(run=run_submit)
 
     p = subparsers.add_parser("cancel", help="cancel a queued request or release a grant")
@@ -116,6 +120,15 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_submit(args: argparse.Namespace) -> int:
+    if getattr(args, "source", None):
+        from jupyter_gpuaas.jobs.cli import run_submit_job
+
+        return run_submit_job(args)
+    if not args.tenant:
+        print("jupyter-gpuaas submit: error: a raw request (no NOTEBOOK or SCRIPT) needs "
+              "--tenant", file=sys.stderr)  # fmt: skip
+        return 2
+
     def go(args: argparse.Namespace) -> int:
         r = _client().submit(
             args.tenant, args.kind, args.gpus, args.flavor, args.priority, args.name

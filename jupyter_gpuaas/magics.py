@@ -1,0 +1,278 @@
+"""`%load_ext jupyter_gpuaas`: the `%gpu` line magic and the `%%gpu_job` cell magic.
+
+    %gpu status                       my requests, my tenants' quota and usage, devices
+    %gpu submit NB.ipynb --gpus 1 [--tenant T] [--flavor F] [--priority P] [-p NAME VALUE]...
+    %gpu jobs                         this server's jobs
+    %gpu logs ID [--follow]           a job's log (--follow: until it ends)
+    %gpu cancel ID                    dequeue, or stop and free the GPUs
+
+    %%gpu_job --gpus 1 [--tenant T] [--flavor F] [--name NAME]
+    <the cell's code runs as a script on the granted GPUs, in the notebook's directory>
+
+Everything goes to this kernel's Jupyter server (`server_client.py` says how it is found
+and why the server and not the gateway): jobs run there, so they outlive this kernel.
+`submit` and `%%gpu_job` return a `GpuJob`: displayed, it is a live widget in JupyterLab
+(plain text elsewhere); `job.wait()` blocks until it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from typing import Any
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+from jupyter_gpuaas.jobs.model import resolve_value
+from jupyter_gpuaas.jobs.server_client import ServerClient, ServerError
+from jupyter_gpuaas.widgets import JobView, StatusView, format_jobs
+
+ENDED = ("succeeded", "failed", "cancelled")
+
+
+class _UsageError(Exception):
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting the kernel."""
+
+    def error(self, message: str) -> Any:
+        raise _UsageError(message, self.format_usage())
+
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        raise _UsageError(message or "", "")  # --help: the help is already printed
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+
+
+def _request_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", required=True, type=_positive, help="how many GPUs")
+    p.add_argument("--tenant", help="the tenant (team) to charge (default: yours)")
+    p.add_argument("--flavor", help="a GPU flavor, e.g. a100 (default: any of the tenant's)")
+    p.add_argument("--priority", type=_whole, default=0, help="higher runs first in a tenant")
+    p.add_argument("--name", help="a name to recognise the job by")
+    p.add_argument("--wait", action="store_true", help="block until the job ends")
+
+
+def line_parser() -> _Parser:
+    p = _Parser(prog="%gpu", description="GPU jobs and status through the gpuaas gateway.")
+    sub = p.add_subparsers(dest="command", metavar="{status,submit,jobs,logs,cancel}",
+                           parser_class=_Parser)  # fmt: skip
+    s = sub.add_parser("status", help="my requests, my tenants' quota and usage, devices")
+    s.add_argument("--text", action="store_true", help="plain text, not a live widget")
+    s = sub.add_parser("submit", help="run a notebook as a GPU job (papermill parameters)")
+    s.add_argument("notebook", help="the notebook (.ipynb) to run")
+    _request_options(s)
+    s.add_argument("-p", "--parameter", nargs=2, action="append", default=[],
+                   metavar=("NAME", "VALUE"), help="a papermill parameter")  # fmt: skip
+    sub.add_parser("jobs", help="this server's GPU jobs")
+    s = sub.add_parser("logs", help="a job's log")
+    s.add_argument("id")
+    s.add_argument("--follow", "-f", action="store_true", help="until the job ends")
+    s.add_argument("--tail", type=_positive, help="only the last N bytes")
+    s = sub.add_parser("cancel", help="cancel a job (dequeue, or stop and free its GPUs)")
+    s.add_argument("id")
+    return p
+
+
+def cell_parser() -> _Parser:
+    p = _Parser(prog="%%gpu_job", description="Run this cell's code as a GPU job.")
+    _request_options(p)
+    return p
+
+
+def _rich_frontend() -> bool:
+    """A kernel talking to a frontend that can show widgets (not a terminal IPython)."""
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        if ip is None or getattr(ip, "kernel", None) is None:
+            return False
+        import ipywidgets  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class GpuJob:
+    """A handle on one job of this server. Displayed: a live widget (or a text line)."""
+
+    def __init__(self, client: ServerClient, data: dict[str, Any]) -> None:
+        self.client = client
+        self.data = data
+
+    @property
+    def id(self) -> str:
+        return str(self.data["id"])
+
+    @property
+    def state(self) -> str:
+        return str(self.data["state"])
+
+    def refresh(self) -> GpuJob:
+        self.data = self.client.job(self.id)
+        return self
+
+    def wait(self, timeout: float | None = None, interval: float = 0.5) -> GpuJob:
+        """Block until the job ends (or `timeout` seconds: TimeoutError)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.refresh().state not in ENDED:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"GPU job {self.id} still {self.state} after {timeout} s")
+            time.sleep(interval)
+        return self
+
+    def cancel(self) -> GpuJob:
+        self.data = self.client.cancel(self.id)
+        return self
+
+    def logs(self, tail: int | None = None) -> str:
+        return self.client.logs(self.id, tail=tail)
+
+    def __repr__(self) -> str:
+        return f"GpuJob({self.id!r}, state={self.state!r})"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(JobView.from_job(self.data).text())
+
+    def _ipython_display_(self) -> None:
+        if _rich_frontend():
+            from IPython.display import display
+
+            from jupyter_gpuaas.widgets import JobWidget
+
+            display(JobWidget(self.client, self.data))  # type: ignore[no-untyped-call]
+        else:
+            print(JobView.from_job(self.data).text())
+
+
+@magics_class
+class GpuMagics(Magics):
+    @line_magic("gpu")  # type: ignore[arg-type]
+    def gpu(self, line: str) -> Any:
+        try:
+            argv = shlex.split(line)
+        except ValueError as e:
+            return _usage(line_parser().format_usage(), str(e))
+        parser = line_parser()
+        if not argv or argv[0] in ("help", "-h", "--help"):
+            print(parser.format_help())
+            return None
+        try:
+            args = parser.parse_args(argv)
+        except _UsageError as e:
+            return _usage(e.usage, str(e))
+        try:
+            return getattr(self, f"_{args.command}")(args)
+        except ServerError as e:
+            print(f"%gpu {args.command}: {e}", file=sys.stderr)
+            return None
+
+    @cell_magic("gpu_job")  # type: ignore[arg-type]
+    def gpu_job(self, line: str, cell: str) -> Any:
+        try:
+            args = cell_parser().parse_args(shlex.split(line))
+        except (_UsageError, ValueError) as e:
+            return _usage(cell_parser().format_usage(), str(e))
+        spec = {
+            "kind": "cell",
+            "code": cell,
+            "cwd": os.getcwd(),
+            "python": sys.executable,
+            **_request(args),
+        }
+        try:
+            return _submit(spec, args.wait)
+        except ServerError as e:
+            print(f"%%gpu_job: {e}", file=sys.stderr)
+            return None
+
+    # ------------------------------------------------------------------ subcommands
+
+    def _status(self, args: argparse.Namespace) -> None:
+        client = ServerClient.from_env()
+        if _rich_frontend() and not args.text:
+            from IPython.display import display
+
+            from jupyter_gpuaas.widgets import StatusWidget
+
+            display(StatusWidget(client))  # type: ignore[no-untyped-call]
+            return
+        print(StatusView.from_status(client.status()).text())
+
+    def _submit(self, args: argparse.Namespace) -> GpuJob | None:
+        path = os.path.abspath(os.path.expanduser(args.notebook))
+        spec = {
+            "kind": "notebook",
+            "path": path,
+            "parameters": {name: resolve_value(value) for name, value in args.parameter},
+            **_request(args),
+        }
+        return _submit(spec, args.wait)
+
+    def _jobs(self, args: argparse.Namespace) -> None:
+        jobs = ServerClient.from_env().jobs()
+        print(format_jobs(jobs))
+
+    def _logs(self, args: argparse.Namespace) -> None:
+        client = ServerClient.from_env()
+        if not args.follow:
+            print(client.logs(args.id, tail=args.tail), end="")
+            return
+        try:
+            for chunk in client.follow(args.id):
+                print(chunk, end="", flush=True)
+        except KeyboardInterrupt:
+            print("\n(stopped following; the job goes on)")
+
+    def _cancel(self, args: argparse.Namespace) -> None:
+        job = ServerClient.from_env().cancel(args.id)
+        print(JobView.from_job(job).text())
+
+
+def _request(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"gpus": args.gpus, "priority": args.priority}
+    for key in ("tenant", "flavor", "name"):
+        if getattr(args, key):
+            out[key] = getattr(args, key)
+    return out
+
+
+def _submit(spec: dict[str, Any], wait: bool) -> GpuJob:
+    client = ServerClient.from_env()
+    job = GpuJob(client, client.submit(spec))
+    return job.wait() if wait else job
+
+
+def _usage(usage: str, message: str) -> None:
+    if usage:
+        print(usage.rstrip(), file=sys.stderr)
+    if message:
+        print(f"error: {message.strip()}", file=sys.stderr)
+    return None
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(GpuMagics)
