@@ -1,0 +1,234 @@
+"""Helpers of the batch job tests (fixtures in conftest.py): everything real, as a user
+would run it.
+
+- a gateway subprocess (`jupyter-gpuaas gateway`, one simulated a100: one job at a time);
+- a `jupyter server` subprocess with the `jupyter_gpuaas` extension and short intervals,
+  whose root is a temp directory of notebooks;
+- an in-process IPython shell with `%load_ext jupyter_gpuaas`, pointed at that server
+  through GPUAAS_SERVER_URL / GPUAAS_SERVER_TOKEN (what the extension exports to kernels).
+
+The gateway and server are shared by a module's tests (starting them costs seconds); each
+test waits for its own jobs to end, so the one GPU is free again for the next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TOKEN = "alice-jobs-token-0001"
+ADMIN = "root-jobs-token-00002"
+SERVER_TOKEN = "server-token-jobs-0003"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def clean_env() -> dict[str, str]:
+    drop = ("JUPYTERHUB_", "GPUAAS_", "JUPYTER_", "JPY_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+
+
+def http(method: str, url: str, token: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, method=method,
+        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def wait_for(predicate: Any, timeout: float = 30, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Proc:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+def _wait_up(p: Proc, probe: str, token: str = "") -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        if p.proc.poll() is not None:
+            raise RuntimeError(f"{p.url} exited {p.proc.returncode}: {p.tail()}")
+        try:
+            req = urllib.request.Request(p.url + probe, headers={"Authorization": f"token {token}"})
+            with urllib.request.urlopen(req, timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                p.stop()
+                raise RuntimeError(f"{p.url} did not start: {p.tail()}") from None
+            time.sleep(0.1)
+
+
+@dataclass
+class Gateway(Proc):
+    def call(self, method: str, path: str, body: Any = None, token: str = ADMIN) -> Any:
+        return http(method, self.url + path, token, body)
+
+    def request(self, rid: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.call("GET", f"api/requests/{rid}")
+        return result
+
+    def free_gpus(self) -> int:
+        return sum(int(n["free"]) for n in self.call("GET", "api/devices")["nodes"])
+
+
+def start_gateway(gdir: Path) -> Gateway:
+    """`jupyter-gpuaas gateway` with one simulated a100; tenants vision (alice) and nlp."""
+    (gdir / "quotas.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+                "tenants": {
+                    "vision": {"quota": {"a100": 1}},
+                    "nlp": {"quota": {"a100": 1}},
+                },
+            }
+        )
+    )
+    (gdir / "tokens.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "tokens": {
+                    TOKEN: {"user": "alice", "groups": ["vision"]},
+                    ADMIN: {"user": "root", "groups": [], "admin": True},
+                }
+            }
+        )
+    )
+    port = free_port()
+    argv = [
+        str(BIN / "jupyter-gpuaas"), "gateway", "--ip=127.0.0.1", f"--port={port}",
+        f"--db-url=sqlite:///{gdir / 'gpuaas.sqlite'}", f"--quotas={gdir / 'quotas.yaml'}",
+        f"--tokens={gdir / 'tokens.yaml'}", "--devices=simulated:a100=1x1", "--lease-ttl=20",
+    ]  # fmt: skip
+    log = gdir / "gateway.log"
+    env = {**clean_env(), "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=gdir)
+    gw = Gateway(proc, f"http://127.0.0.1:{port}/", log)
+    _wait_up(gw, "api/openapi.json")
+    return gw
+
+
+@dataclass
+class Server(Proc):
+    root: Path = field(default=Path("."))
+    state_dir: Path = field(default=Path("."))
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        return http(method, self.url + path, SERVER_TOKEN, body)
+
+    def env(self) -> dict[str, str]:
+        return {"GPUAAS_SERVER_URL": self.url, "GPUAAS_SERVER_TOKEN": SERVER_TOKEN}
+
+
+def start_server(gateway: Gateway, home: Path) -> Server:
+    """`jupyter server` with the extension, rooted at home/notebooks, configured by a
+    config file in its own JUPYTER_CONFIG_DIR (isolated from the user's)."""
+    root, cfg = home / "notebooks", home / "config"
+    for d in (root, cfg, home / "data", home / "runtime"):
+        d.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    state_dir = home / "data" / "gpuaas" / "jobs"
+    (cfg / "jupyter_server_config.json").write_text(
+        json.dumps(
+            {
+                "ServerApp": {
+                    "jpserver_extensions": {"jupyter_gpuaas": True},
+                    "ip": "127.0.0.1",
+                    "port": port,
+                    "port_retries": 0,
+                    "open_browser": False,
+                    "allow_root": True,  # CI containers run as root
+                    "root_dir": str(root),
+                },
+                "IdentityProvider": {"token": SERVER_TOKEN},
+                "GpuaasExtension": {
+                    "gateway_url": gateway.url,
+                    "gateway_token": TOKEN,
+                    "heartbeat_interval": 1.0,
+                    "reconnect_delay": 0.2,
+                },
+                "JobManager": {
+                    "heartbeat_interval": 1.0,
+                    "poll_interval": 0.2,
+                    "reconcile_interval": 1.0,
+                    "reconnect_delay": 0.2,
+                    "kill_grace": 2.0,
+                    "state_dir": str(state_dir),
+                },
+            }
+        )
+    )
+    env = {
+        **clean_env(),
+        "PYTHONUNBUFFERED": "1",
+        "JUPYTER_CONFIG_DIR": str(cfg),
+        "JUPYTER_DATA_DIR": str(home / "data"),
+        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+    }
+    log = home / f"server-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(BIN / "jupyter-server")], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root
+        )
+    server = Server(proc, f"http://127.0.0.1:{port}/", log, root, state_dir)
+    _wait_up(server, "gpuaas/jobs", SERVER_TOKEN)
+    return server
+
+
+def notebook(path: Path, *cells: str, parameters: str | None = None) -> Path:
+    """A notebook on the venv's python3 kernel; `parameters` is its tagged cell."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}  # fmt: skip
+    if parameters is not None:
+        cell = nbformat.v4.new_code_cell(parameters)
+        cell.metadata["tags"] = ["parameters"]
+        nb.cells.append(cell)
+    nb.cells += [nbformat.v4.new_code_cell(src) for src in cells]
+    nbformat.write(nb, path)
+    return path
