@@ -10,15 +10,11 @@ shut down) before the gateway, so releases reach a live gateway.
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,63 +24,13 @@ import yaml
 # pytest-jupyter's fixtures (jp_serverapp, jp_fetch, ...) and hooks, for this directory only:
 # enabling the plugin for the whole suite would hand every coroutine test to its loop.
 from pytest_jupyter.jupyter_server import *  # noqa: F403
-
-ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "alice-token-0123456789"
-ADMIN_TOKEN = "admin-token-0123456789"
+from srvutil import ADMIN_TOKEN, TOKEN, GatewayProc, free_port, gateway_command, gpu_extension
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "gateway_policy(**policy): the `policy` block of the test gateway's quotas"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class GatewayProc:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def call(self, method: str, path: str, body: Any = None, token: str = ADMIN_TOKEN) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read() or b"null")
-
-    def request(self, rid: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("GET", f"api/requests/{rid}")
-        return result
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def gateway_command() -> list[str]:
-    from jupyter_gpuaas.cli import SUBCOMMAND_MODULES
-
-    exe = ROOT / ".venv" / "bin" / "jupyter-gpuaas"
-    if "jupyter_gpuaas.gateway.app" in SUBCOMMAND_MODULES and exe.exists():
-        return [str(exe), "gateway"]
-    # Until the gateway registers its subcommand: the same entry point, as a module.
-    return [sys.executable, "-m", "jupyter_gpuaas.gateway.app"]
 
 
 @pytest.fixture
@@ -183,7 +129,3 @@ def gpu_app(jp_serverapp: Any, jp_asyncio_loop: Any, gateway: GatewayProc) -> It
     ext = gpu_extension(jp_serverapp)
     jp_asyncio_loop.run_until_complete(ext.stop_extension())
     jp_asyncio_loop.run_until_complete(jp_serverapp.kernel_manager.shutdown_all(now=True))
-
-
-def gpu_extension(app: Any) -> Any:
-    return app.web_app.settings["gpuaas"]

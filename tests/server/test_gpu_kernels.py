@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from conftest import GatewayProc, gpu_extension
+from srvutil import GatewayProc, gpu_extension
 from tornado.httpclient import HTTPClientError
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import TOKEN, GatewayProc
+from srvutil import TOKEN, GatewayProc
 
 from jupyter_gpuaas.server.kernels import set_table
 
