@@ -156,6 +156,12 @@ class JobManager(LoggingConfigurable):
         self._tasks = [loop.create_task(self._tick_loop())]
         if self.client is not None:
             self._tasks.append(loop.create_task(self._events_loop()))
+        self.log.info(
+            "gpuaas: batch jobs on %s (heartbeat every %.1f s, index in %s)",
+            type(self.runner).__name__,
+            self.heartbeat_interval,
+            self.state_dir,
+        )
 
     async def stop(self) -> None:
         """Stop the loops; end every live job ("server stopped") and give its GPUs back.

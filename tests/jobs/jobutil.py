@@ -120,7 +120,10 @@ def start_gateway(gdir: Path) -> Gateway:
             {
                 "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
                 "tenants": {
-                    "vision": {"quota": {"a100": 1}},
+                    "vision": {
+                        "quota": {"a100": 1},
+                        "preemption": {"within_tenant": "LowerPriority"},
+                    },
                     "nlp": {"quota": {"a100": 1}},
                 },
             }

@@ -129,6 +129,35 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def test_a_preempted_job_is_stopped_then_runs_again(
+    shell: Any, server: Server, gateway: Gateway
+) -> None:
+    runs = server.root / "runs.txt"
+    code = (
+        "import time\n"
+        "with open('runs.txt', 'a') as f:\n"
+        "    f.write('run\\n')\n"
+        "if open('runs.txt').read().count('run') < 2:\n"
+        "    time.sleep(600)\n"
+        "print('finished on run 2')\n"
+    )
+    job = shell.run_cell_magic("gpu_job", "--gpus 1", code)
+    wait_for(lambda: runs.exists() and job.refresh().state == "running", what="first run")
+    first_pid = int(job.data["pid"])
+    urgent = gateway.call("POST", "api/requests", {"tenant": "vision", "kind": "kernel",
+                          "gpus": 1, "priority": 10}, token=TOKEN)  # fmt: skip
+    assert urgent["state"] == "admitted", urgent
+    wait_for(lambda: job.refresh().state == "queued", what="requeued")
+    assert job.data["reason"] == "preempted; queued again" and not _alive(first_pid)
+    gateway.call("DELETE", f"api/requests/{urgent['id']}", token=TOKEN)
+    assert job.wait(timeout=30).state == "succeeded", job.data
+    assert runs.read_text().count("run") == 2
+    assert "preempted: stopped, queued again" in job.logs()
+    assert "finished on run 2" in job.logs()
+    runs.unlink()
+    wait_for(lambda: gateway.free_gpus() == 1, what="GPU free")
+
+
 def test_failing_jobs_report_why_and_release_their_gpu(
     shell: Any, server: Server, gateway: Gateway
 ) -> None:
@@ -195,7 +224,13 @@ def test_status_as_text(shell: Any, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_shell_commands(server: Server, gateway: Gateway) -> None:
-    nb = notebook(server.root / "cli.ipynb", "print('n is', n)", parameters="n = 0")
+    # The job's kernel inherits the server's environment: %gpu works in there too.
+    nb = notebook(
+        server.root / "cli.ipynb",
+        "print('n is', n)",
+        "%load_ext jupyter_gpuaas\n%gpu jobs",
+        parameters="n = 0",
+    )
     env = {**clean_env(), **server.env()}
 
     def cli(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -205,6 +240,7 @@ def test_shell_commands(server: Server, gateway: Gateway) -> None:
     out = cli("submit", str(nb), "--gpus", "1", "-p", "n", "7", "--wait")
     assert out.returncode == 0, out
     assert "n is 7" in out.stdout and "succeeded" in out.stdout
+    assert "cli.ipynb" in out.stdout.split("n is 7", 1)[1]  # %gpu jobs listed itself
     script = server.root / "train.py"
     script.write_text("import os\nprint('script on', os.environ['CUDA_VISIBLE_DEVICES'])\n")
     out = cli("submit", str(script), "--gpus", "1", "--json")
