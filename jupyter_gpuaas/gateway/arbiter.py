@@ -5,20 +5,29 @@ and the request rows they changed in one transaction, commit, and only then tell
 (the HTTP answer, SSE listeners, metrics, the scaler). The core is rebuilt from the store
 on start (`restore`), so a crash at any instant leaves a state the core was really in.
 
-The arbiter runs on the event loop's thread; the core and the store are called inline,
-never concurrently, so there is no lock and no interleaving of two decision batches.
+Group commit. Operations (submit, cancel, heartbeat, a quota change, an admission step)
+are queued and run by one `_cycle` on the event loop's thread: it runs every queued
+operation against the core in arrival order (each staging a copy of its batch), hands the
+whole group to the store's thread, which writes it in ONE transaction, and once that
+committed announces every batch in order and answers every operation. While a group is
+being committed, no operation runs: the core is never more than one uncommitted group
+ahead of the store, and readers (`settled()`) wait for that group, so nobody sees a state
+the store might not have. The core and the store are never called concurrently.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from jupyter_gpuaas.admission.config import SpecError, parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
@@ -35,8 +44,9 @@ from jupyter_gpuaas.admission.model import (
 from .devices import DeviceSample, Inventory
 from .events import Event, EventBus
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
+from .positions import QueueIndex
 from .scalers import Scaler
-from .store import Batch, RequestRow, Store, row_to_request
+from .store import Batch, RequestRow, Snapshot, Store, row_to_request, snapshot
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
@@ -45,8 +55,40 @@ class Conflict(Exception):
     """The request is in a state where the operation makes no sense (HTTP 409)."""
 
 
+class StoreError(Exception):
+    """The store could not record a group of decisions (HTTP 500; nothing was announced)."""
+
+
 def new_request_id() -> str:
     return "r-" + uuid.uuid4().hex[:16]
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Staged:
+    """One decided batch, waiting for its group's commit before it is announced."""
+
+    snap: Snapshot
+    events: list[Event]
+    accounts: list[Callable[[], None]]
+    nodes_added: list[tuple[str, str, int]]
+    nodes_removed: list[str]
+    ended: list[str]
+
+
+@dataclass
+class _Op:
+    fn: Callable[[], Any]
+    future: asyncio.Future[Any]
+    outcome: tuple[bool, Any] = (False, None)  # (ok, value or exception)
+
+
+@dataclass
+class _Group:
+    ops: list[_Op] = field(default_factory=list)
+    staged: list[_Staged] = field(default_factory=list)
 
 
 class Arbiter:
@@ -83,7 +125,19 @@ class Arbiter:
         self._last_desired: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self.config = self.make_config(self.quotas, store.tenant_overrides())
+        # Group commit: operations waiting to run, what the running one staged, the group
+        # being committed, and readers waiting for it (see the module docstring).
+        self._ops: list[_Op] = []
+        self._staging: list[_Staged] | None = None
+        self._inflight: asyncio.Task[None] | None = None
+        self._cycle_scheduled = False
+        self._settle_waiters: list[asyncio.Future[None]] = []
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="gpuaas-store")
+        self._json_cache: dict[str, dict[str, Any]] = {}
+        # Positions and running grants, in step with the committed batches.
+        self.index = QueueIndex()
+        self.overrides = store.tenant_overrides()
+        self.config = self.make_config(self.quotas, self.overrides)
         self.core = AdmissionCore(self.config)
 
     # --- configuration ----------------------------------------------------------------
@@ -151,9 +205,11 @@ class Arbiter:
             self.requests[req.id] = req
             # A grant whose node or devices are gone comes back as a `finish` decision.
             decisions += self.core.restore(req, now)
+        for req in self.requests.values():
+            self.index.sync(req)
         for flavor, seconds in self.store.ended_hold_times():
             self.hold_times.setdefault(flavor, []).append(seconds)
-        self.commit(decisions + self.core.step(now), now)
+        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now))
         log.info(
             "restored %d live requests on %d nodes", len(self.requests), len(self.core.nodes())
         )
@@ -173,6 +229,11 @@ class Arbiter:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+        while self._inflight is not None or self._ops:
+            await self.settled()
+            if self._ops and self._inflight is None:
+                self._cycle()
+        self._writer.shutdown(wait=True)
         self.bus.close()
 
     def wake(self) -> None:
@@ -182,7 +243,7 @@ class Arbiter:
         """Wake at the core's next deadline (or every `tick`) and step it."""
         while True:
             try:
-                self.commit(self.core.step(time.time()), time.time())
+                await self._run(self._step)
             except Exception:
                 log.exception("admission step failed")
             deadline = self.core.next_deadline()
@@ -195,6 +256,10 @@ class Arbiter:
             except asyncio.TimeoutError:
                 pass
 
+    def _step(self) -> None:
+        now = time.time()
+        self.commit(self.core.step(now), now)
+
     async def _sampling_loop(self) -> None:
         while True:
             try:
@@ -204,9 +269,111 @@ class Arbiter:
                 log.exception("device sampling failed")
             await asyncio.sleep(self.sample_interval)
 
-    # --- operations (each: core, commit, announce) ------------------------------------------
+    # --- group commit ---------------------------------------------------------------------
 
-    def submit(
+    async def _run(self, fn: Callable[[], T]) -> T:
+        """Run `fn` (which calls the core and `commit`) in the next cycle; its value once
+        everything it staged is committed and announced. Its exception as is."""
+        op = _Op(fn, asyncio.get_running_loop().create_future())
+        self._ops.append(op)
+        self._schedule_cycle()
+        result: T = await op.future
+        return result
+
+    async def settled(self) -> None:
+        """Return when the core holds no decision the store has not committed.
+
+        Readers call it before looking at the core: the group being committed is waited
+        for, and no operation runs between its announcement and the reader's resumption.
+        """
+        if self._inflight is None:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._settle_waiters.append(waiter)
+        await waiter
+
+    def _schedule_cycle(self) -> None:
+        if not self._cycle_scheduled and self._inflight is None:
+            self._cycle_scheduled = True
+            asyncio.get_running_loop().call_soon(self._cycle)
+
+    def _cycle(self) -> None:
+        """Run every queued operation, then commit what they staged as one group."""
+        self._cycle_scheduled = False
+        if self._inflight is not None or not self._ops:
+            return
+        group = _Group(self._ops)
+        self._ops = []
+        self._json_cache = {}
+        for op in group.ops:
+            self._staging = group.staged
+            try:
+                op.outcome = (True, op.fn())
+            except Exception as e:  # Conflict, SpecError, ...: nothing to commit for it
+                op.outcome = (False, e)
+            finally:
+                self._staging = None
+        self._json_cache = {}
+        if not group.staged:
+            self._answer(group)
+            self._schedule_cycle()
+            return
+        self._inflight = asyncio.get_running_loop().create_task(self._commit_group(group))
+
+    async def _commit_group(self, group: _Group) -> None:
+        loop = asyncio.get_running_loop()
+        snaps = [st.snap for st in group.staged]
+        try:
+            try:
+                await loop.run_in_executor(self._writer, self.store.write_many, snaps)
+            except Exception as e:
+                log.exception("the store failed to record %d batches: not announced", len(snaps))
+                err = StoreError(f"the store failed to record the decision: {e}")
+                for op in group.ops:
+                    op.outcome = (False, err)
+            else:
+                for st in group.staged:
+                    self._announce(st)
+                self._maybe_scale()
+            self._answer(group)
+        finally:
+            self._inflight = None
+            waiters, self._settle_waiters = self._settle_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+            if self._ops:
+                self._schedule_cycle()
+
+    @staticmethod
+    def _answer(group: _Group) -> None:
+        for op in group.ops:
+            if op.future.done():
+                continue
+            ok, value = op.outcome
+            if ok:
+                op.future.set_result(value)
+            else:
+                op.future.set_exception(value)
+
+    def _commit_now(self, fn: Callable[[], None]) -> None:
+        """Stage, write and announce synchronously (restore, before the loop serves)."""
+        staged: list[_Staged] = []
+        self._staging = staged
+        try:
+            fn()
+        finally:
+            self._staging = None
+            self._json_cache = {}
+        if staged:
+            self.store.write_many([st.snap for st in staged])
+            for st in staged:
+                self._announce(st)
+            self._maybe_scale()
+
+    # --- operations (each: core, stage; answered once committed and announced) ------------
+
+    async def submit(
         self,
         *,
         tenant: str,
@@ -216,7 +383,22 @@ class Arbiter:
         flavor: str | None = None,
         priority: int = 0,
         name: str | None = None,
-    ) -> Request:
+    ) -> tuple[Request, dict[str, Any]]:
+        """Submit; the request and its API object as of its own decision."""
+        return await self._run(
+            functools.partial(self._submit, tenant, user, kind, gpus, flavor, priority, name)
+        )
+
+    def _submit(
+        self,
+        tenant: str,
+        user: str,
+        kind: str,
+        gpus: int,
+        flavor: str | None,
+        priority: int,
+        name: str | None,
+    ) -> tuple[Request, dict[str, Any]]:
         now = time.time()
         req = Request(
             id=new_request_id(),
@@ -235,9 +417,12 @@ class Arbiter:
         if req.state is not State.REJECTED:
             decisions += self.core.schedule(now)
         self.commit(decisions, now, extra=[req])
-        return req
+        return req, self._json_of(req)
 
-    def cancel(self, rid: str, who: str) -> Request:
+    async def cancel(self, rid: str, who: str) -> tuple[Request, dict[str, Any]]:
+        return await self._run(functools.partial(self._cancel, rid, who))
+
+    def _cancel(self, rid: str, who: str) -> tuple[Request, dict[str, Any]]:
         now = time.time()
         req = self._live(rid)
         if req.state is State.ADMITTED:
@@ -246,9 +431,16 @@ class Arbiter:
             decisions = self.core.cancel(rid, now)
         decisions += self.core.schedule(now)
         self.commit(decisions, now, extra=[req])
-        return req
+        return req, self._json_of(req)
 
-    def heartbeat(self, rid: str, busy: bool, utilization: float | None) -> Request:
+    async def heartbeat(
+        self, rid: str, busy: bool, utilization: float | None
+    ) -> tuple[Request, dict[str, Any]]:
+        return await self._run(functools.partial(self._heartbeat, rid, busy, utilization))
+
+    def _heartbeat(
+        self, rid: str, busy: bool, utilization: float | None
+    ) -> tuple[Request, dict[str, Any]]:
         now = time.time()
         req = self._live(rid)
         if req.state is not State.ADMITTED:
@@ -259,18 +451,29 @@ class Arbiter:
         # The renewed lease is written even without decisions: after a restart the
         # holder must not lose a grant it kept renewing.
         self.commit(decisions, now, extra=[req])
-        return req
+        return req, self._json_of(req)
 
-    def put_tenant(self, name: str, spec: Mapping[str, Any]) -> Config:
+    async def put_tenant(self, name: str, spec: Mapping[str, Any]) -> Config:
         """Replace one tenant's spec; raises SpecError (naming `tenants.<name>...`)."""
+        return await self._run(functools.partial(self._put_tenant, name, dict(spec)))
+
+    def _put_tenant(self, name: str, spec: dict[str, Any]) -> Config:
         now = time.time()
-        overrides = self.store.tenant_overrides()
-        overrides[name] = dict(spec)
+        overrides = {**self.overrides, name: spec}
         config = self.make_config(self.quotas, overrides)
-        self.store.put_tenant(name, dict(spec), now)
+        decisions = self.core.update_config(config, now)  # ValueError: nothing changed
         self.config = config
-        self.commit(self.core.update_config(config, now) + self.core.schedule(now), now)
+        self.overrides = overrides
+        self.commit(decisions + self.core.schedule(now), now, tenants=[(name, spec)])
         return config
+
+    def owner_of(self, rid: str) -> str | None:
+        """Who submitted `rid` (None: no such request), without building its view."""
+        live = self.requests.get(rid)
+        if live is not None:
+            return live.user
+        row = self.store.get(rid)
+        return None if row is None else row.user
 
     def _live(self, rid: str) -> Request:
         req = self.requests.get(rid)
@@ -281,15 +484,29 @@ class Arbiter:
     # --- persistence and announcement ----------------------------------------------------
 
     def commit(
-        self, decisions: Sequence[Decision], now: float, extra: Iterable[Request] = ()
+        self,
+        decisions: Sequence[Decision],
+        now: float,
+        extra: Iterable[Request] = (),
+        tenants: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> None:
-        """Write decisions and the requests they touch in one transaction, then announce."""
+        """Stage decisions and the requests they touch: written in one transaction with
+        the rest of this cycle's group, and announced only once that committed.
+
+        Everything announced (the rows, the SSE data, the metrics) is taken now, as of
+        this batch: later batches of the group do not leak into its announcement.
+        """
+        if self._staging is None:
+            raise RuntimeError("Arbiter.commit outside an operation (use _run or _commit_now)")
         touched: dict[str, Request] = {r.id: r for r in extra}
         for d in decisions:
             if d.id is not None and d.id in self.requests:
                 touched.setdefault(d.id, self.requests[d.id])
-        if not touched and not decisions:
+        if not touched and not decisions and not tenants:
             return
+        self._json_cache = {}
+        for req in touched.values():
+            self.index.sync(req)
         nodes_added: list[tuple[str, str, int]] = []
         nodes_removed: list[str] = []
         if self.scaler.manages_provisioning:
@@ -306,43 +523,79 @@ class Arbiter:
         for req in touched.values():
             meta = self.meta.setdefault(req.id, {"created": now})
             meta["updated"] = now
-            rows.append((req, {"name": meta.get("name"), "utilization": meta.get("utilization")}))
-        self.store.write(
-            Batch(rows, decisions, nodes_added=nodes_added, nodes_removed=nodes_removed), now
+            extra_cols = {"name": meta.get("name"), "utilization": meta.get("utilization")}
+            if "created" in meta:
+                extra_cols["created"] = meta["created"]
+            rows.append((req, extra_cols))
+        snap = snapshot(
+            Batch(
+                rows,
+                decisions,
+                nodes_added=nodes_added,
+                nodes_removed=nodes_removed,
+                tenants=list(tenants),
+            ),
+            now,
         )
-        # Committed: now the world may hear of it.
-        for name, flavor, gpus in nodes_added:
-            self.scaler.node_ready(flavor, name, gpus)  # type: ignore[attr-defined]
-        for name in nodes_removed:
-            self.scaler.node_removed(name)  # type: ignore[attr-defined]
+        events: list[Event] = []
+        accounts: list[Callable[[], None]] = []
         for d in decisions:
-            self._account(d)
+            accounts += self._account(d)
             about = self.requests.get(d.id) if d.id else None
             data = d.to_json()
             if about is not None:
-                data["request"] = self.request_json(about)
-            self.bus.publish(Event(d.event, data, user=about.user if about else None))
-        for rid, req in touched.items():
-            if req.state in TERMINAL:
+                data["request"] = self._json_of(about)
+            events.append(Event(d.event, data, user=about.user if about else None))
+        ended = [rid for rid, req in touched.items() if req.state in TERMINAL]
+        self._staging.append(_Staged(snap, events, accounts, nodes_added, nodes_removed, ended))
+
+    def _json_of(self, req: Request) -> dict[str, Any]:
+        """`request_json` of a live request as of the last staged batch (computed once)."""
+        out = self._json_cache.get(req.id)
+        if out is None:
+            out = self._json_cache[req.id] = self.request_json(req)
+        return out
+
+    def _announce(self, st: _Staged) -> None:
+        """Committed: now the world may hear of it."""
+        for name, flavor, gpus in st.nodes_added:
+            self.scaler.node_ready(flavor, name, gpus)  # type: ignore[attr-defined]
+        for name in st.nodes_removed:
+            self.scaler.node_removed(name)  # type: ignore[attr-defined]
+        for account in st.accounts:
+            account()
+        for event in st.events:
+            self.bus.publish(event)
+        for rid in st.ended:
+            req = self.requests.get(rid)
+            if req is not None and req.state in TERMINAL:
                 self.requests.pop(rid, None)
                 self.meta.pop(rid, None)
-        self._maybe_scale()
 
-    def _account(self, d: Decision) -> None:
+    def _account(self, d: Decision) -> list[Callable[[], None]]:
+        """The metrics and hold times a decision changes, applied once it is committed."""
+        out: list[Callable[[], None]] = []
         req = self.requests.get(d.id) if d.id else None
-        if d.event == "admit" and req is not None and "resumed_from" not in d.fields:
+        if req is None:
+            return out
+        if d.event == "admit" and "resumed_from" not in d.fields:
             if req.admit_time is not None and req.first_admit == req.admit_time:
-                self.metrics.observe_wait(req.tenant, req.kind, d.t - req.submit_time)
-        elif d.event == "cull" and req is not None:
-            self.metrics.inc_culled(req.tenant, req.kind)
-        elif d.event == "preempt" and req is not None:
-            self.metrics.inc_preempted(req.tenant, req.kind)
-        if d.event in ("finish", "cancel", "preempt") and req is not None and req.admit_time:
+                wait = d.t - req.submit_time
+                out.append(functools.partial(self.metrics.observe_wait, req.tenant, req.kind, wait))
+        elif d.event == "cull":
+            out.append(functools.partial(self.metrics.inc_culled, req.tenant, req.kind))
+        elif d.event == "preempt":
+            out.append(functools.partial(self.metrics.inc_preempted, req.tenant, req.kind))
+        if d.event in ("finish", "cancel", "preempt") and req.admit_time:
             flavor = req.assigned_flavor
             if flavor:
-                times = self.hold_times.setdefault(flavor, [])
-                times.append(max(0.0, d.t - req.admit_time))
-                del times[:-200]
+                out.append(functools.partial(self._held, flavor, max(0.0, d.t - req.admit_time)))
+        return out
+
+    def _held(self, flavor: str, seconds: float) -> None:
+        times = self.hold_times.setdefault(flavor, [])
+        times.append(seconds)
+        del times[:-200]
 
     def _maybe_scale(self) -> None:
         desired = dict(self.core.desired_nodes())
@@ -409,7 +662,8 @@ class Arbiter:
         elif state == State.PARKED.value:
             out["parked"] = {"flavor": req.assigned_flavor, "expires": req.park_expires}
         if state == State.QUEUED.value and live is not None:
-            pos = self.core.position(live.id)
+            # The index answers by bisection; the core's scan if it ever disagrees.
+            pos = self.index.position(live) or self.core.position(live.id)
             if pos is not None:
                 out["position"] = {
                     "tenant": pos.tenant_position,
@@ -453,7 +707,7 @@ class Arbiter:
                 mean_hold = sum(times) / len(times)
                 break
         timeout = self._idle_timeout(req.tenant)
-        for other in self.requests.values():
+        for other in self.index.admitted.values():
             if other.state is not State.ADMITTED or other.assigned_flavor not in flavors:
                 continue
             holders += 1

@@ -8,7 +8,6 @@ name the field, because a silently ignored `gpu: 4` typo would queue the wrong r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Mapping
@@ -155,25 +154,27 @@ def _reject_field(reason: str) -> str | None:
 
 
 class DevicesHandler(BaseHandler):
-    def get(self) -> None:
+    async def get(self) -> None:
         self.require()
+        await self.arbiter.settled()
         self.send(self.arbiter.devices_json())
 
 
 class TenantsHandler(BaseHandler):
-    def get(self) -> None:
+    async def get(self) -> None:
         self.require()
+        await self.arbiter.settled()
         self.send(self.arbiter.tenants_json())
 
 
 class TenantHandler(BaseHandler):
-    def put(self, name: str) -> None:
+    async def put(self, name: str) -> None:
         who = self.require()
         if not who.admin:
             raise ApiError(403, "changing quotas needs custom:gpuaas:admin")
         spec = self.json_body()
         try:
-            self.arbiter.put_tenant(name, spec)
+            await self.arbiter.put_tenant(name, spec)
         except SpecError as e:
             raise ApiError(400, str(e), e.key) from None
         except ValueError as e:
@@ -187,7 +188,7 @@ SUBMIT_KEYS = ("tenant", "kind", "gpus", "flavor", "priority", "name")
 
 
 class RequestsHandler(BaseHandler):
-    def get(self) -> None:
+    async def get(self) -> None:
         who = self.require()
         q = self.query(("state", "tenant", "user", "kind", "limit"))
         if "state" in q and q["state"] not in STATES:
@@ -199,6 +200,7 @@ class RequestsHandler(BaseHandler):
             if not q["limit"].isdigit() or not 1 <= int(q["limit"]) <= 10000:
                 raise ApiError(400, "must be an integer from 1 to 10000", "limit")
             limit = int(q["limit"])
+        await self.arbiter.settled()
         if not who.can_view:
             if q.get("user", who.name) != who.name:
                 raise ApiError(403, "seeing other users' requests needs custom:gpuaas:view", "user")
@@ -216,7 +218,7 @@ class RequestsHandler(BaseHandler):
             out.append(self.arbiter.request_json(live if live is not None else row))
         self.send(out)
 
-    def post(self) -> None:
+    async def post(self) -> None:
         who = self.require()
         data = self.json_body()
         _check_keys(data, SUBMIT_KEYS)
@@ -236,7 +238,9 @@ class RequestsHandler(BaseHandler):
             raise ApiError(403, "submitting needs custom:gpuaas:use")
         if tenant in self.arbiter.config.tenants and not who.may_charge(tenant):
             raise ApiError(403, f"you are not a member of tenant {tenant!r}", "tenant")
-        req = self.arbiter.submit(
+        # Answered once the submission (and whatever it admitted) is committed; `obj` is
+        # the request as of its own decision.
+        req, obj = await self.arbiter.submit(
             tenant=tenant,
             user=who.name,
             kind=kind,
@@ -245,7 +249,6 @@ class RequestsHandler(BaseHandler):
             priority=priority,
             name=name,
         )
-        obj = self.arbiter.view(req.id)
         if req.state is State.REJECTED:
             raise ApiError(422, req.reason, _reject_field(req.reason), id=req.id, request=obj)
         self.set_header("Location", f"{self.settings['base_url']}api/requests/{req.id}")
@@ -259,30 +262,33 @@ class RequestHandler(BaseHandler):
             raise ApiError(404, f"no request {rid}")
         return obj
 
-    def get(self, rid: str) -> None:
+    async def get(self, rid: str) -> None:
         who = self.require()
+        await self.arbiter.settled()
         obj = self._find(rid)
         if not who.may_see(obj["user"]):
             raise ApiError(403, "not your request (seeing it needs custom:gpuaas:view)")
         self.send(obj)
 
-    def delete(self, rid: str) -> None:
+    async def delete(self, rid: str) -> None:
         who = self.require()
-        obj = self._find(rid)
-        if obj["user"] != who.name and not who.admin:
+        owner = self.arbiter.owner_of(rid)
+        if owner is None:
+            raise ApiError(404, f"no request {rid}")
+        if owner != who.name and not who.admin:
             raise ApiError(403, "not your request (cancelling it needs custom:gpuaas:admin)")
         try:
-            req = self.arbiter.cancel(rid, who.name)
+            _, obj = await self.arbiter.cancel(rid, who.name)
         except Conflict as e:
             raise ApiError(409, str(e)) from None
-        self.send(self.arbiter.view(req.id))
+        self.send(obj)
 
 
 HEARTBEAT_KEYS = ("busy", "utilization")
 
 
 class HeartbeatHandler(BaseHandler):
-    def post(self, rid: str) -> None:
+    async def post(self, rid: str) -> None:
         who = self.require()
         data = self.json_body()
         _check_keys(data, HEARTBEAT_KEYS)
@@ -293,18 +299,16 @@ class HeartbeatHandler(BaseHandler):
             if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 <= util <= 1:
                 raise ApiError(400, "must be a number from 0 to 1", "utilization")
             util = float(util)
-        live = self.arbiter.requests.get(rid)
-        row = None if live is not None else self.arbiter.store.get(rid)
-        if live is None and row is None:
+        owner = self.arbiter.owner_of(rid)
+        if owner is None:
             raise ApiError(404, f"no request {rid}")
-        owner = live.user if live is not None else row.user  # type: ignore[union-attr]
         if owner != who.name:
             raise ApiError(403, "only the holder may heartbeat its request")
         try:
-            req = self.arbiter.heartbeat(rid, data["busy"], util)
+            _, obj = await self.arbiter.heartbeat(rid, data["busy"], util)
         except Conflict as e:
             raise ApiError(409, str(e)) from None
-        self.send(self.arbiter.view(req.id))
+        self.send(obj)
 
 
 class EventsHandler(BaseHandler):
@@ -315,27 +319,29 @@ class EventsHandler(BaseHandler):
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("X-Accel-Buffering", "no")  # proxies must not buffer the stream
         keepalive = float(self.settings.get("keepalive_interval", 15.0))
-        listener = self.arbiter.bus.subscribe(lambda e: e.user is None or who.may_see(e.user))
+        bus = self.arbiter.bus
+        # Viewers hear everything; a user, what is about their own requests (indexed).
+        listener = bus.subscribe() if who.can_view else bus.subscribe(owner=who.name)
         try:
             self.write(": connected\n\n")
             await self.flush()
             while True:
-                try:
-                    event = await asyncio.wait_for(listener.queue.get(), timeout=keepalive)
-                except asyncio.TimeoutError:
-                    if listener.dropped:
-                        break
+                if not await listener.wait(keepalive):
                     self.write(": keepalive\n\n")
                     await self.flush()
                     continue
-                if event is None:
+                # Everything that arrived since the last write goes out in one write: a
+                # listener keeps up with a burst of decisions without one wake-up each.
+                events = listener.take()
+                if events:
+                    self.write(b"".join(e.wire for e in events))
+                    await self.flush()
+                if listener.closed or listener.dropped:
                     break
-                self.write(event.encode())
-                await self.flush()
         except StreamClosedError:
             pass
         finally:
-            self.arbiter.bus.unsubscribe(listener)
+            bus.unsubscribe(listener)
         if not self._finished:
             self.finish()
 
@@ -353,9 +359,10 @@ class MetricsHandler(BaseHandler):
         if self.settings.get("metrics_require_auth"):
             await super().prepare()
 
-    def get(self) -> None:
+    async def get(self) -> None:
         if self.settings.get("metrics_require_auth"):
             self.require()
+        await self.arbiter.settled()
         self.arbiter.snapshot_metrics()
         body, content_type = self.arbiter.metrics.render()
         self.set_header("Content-Type", content_type)

@@ -18,19 +18,20 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     Boolean,
     Float,
     Integer,
     String,
+    Table,
     Text,
     create_engine,
     event,
     select,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from jupyter_gpuaas.admission.model import TERMINAL, Decision, Request, State
@@ -116,6 +117,11 @@ class TenantOverrideRow(Base):
     updated: Mapped[float] = mapped_column(Float)
 
 
+REQUESTS = cast(Table, RequestRow.__table__)
+DECISIONS = cast(Table, DecisionRow.__table__)
+NODES = cast(Table, NodeRow.__table__)
+OVERRIDES = cast(Table, TenantOverrideRow.__table__)
+
 # Fields copied verbatim between the core's Request and a row.
 _COPIED = (
     "tenant",
@@ -177,6 +183,67 @@ class Batch:
     decisions: Sequence[Decision]
     nodes_added: list[tuple[str, str, int]] = field(default_factory=list)  # name, flavor, gpus
     nodes_removed: list[str] = field(default_factory=list)
+    tenants: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # overrides put
+
+
+@dataclass
+class Snapshot:
+    """A Batch as plain data, taken when the core decided it.
+
+    The arbiter keeps deciding while a group of snapshots is written by the store's
+    thread, and the core mutates its Request objects: the rows are copied first.
+    """
+
+    rows: list[dict[str, Any]]
+    decisions: list[dict[str, Any]]
+    nodes_added: list[tuple[str, str, int]]
+    nodes_removed: list[str]
+    tenants: list[tuple[str, str]]  # (name, spec JSON)
+    now: float
+
+
+def snapshot(batch: Batch, now: float) -> Snapshot:
+    """Copy a batch into plain data (raises TypeError if a decision is not JSON)."""
+    rows = []
+    for req, extra in batch.requests:
+        row = {name: getattr(req, name) for name in _COPIED}
+        row["id"] = req.id
+        row["state"] = req.state.value
+        row["devices"] = json.dumps(list(req.devices))
+        row["updated"] = now
+        row.update(extra)
+        row.setdefault("created", now)
+        rows.append(row)
+    decisions = []
+    for d in batch.decisions:
+        fields = {k: v for k, v in d.to_json().items() if k not in ("t", "event", "id")}
+        decisions.append(
+            {
+                "t": d.t,
+                "event": d.event,
+                "request_id": d.id,
+                "fields": json.dumps(fields, default=list),
+            }
+        )
+    return Snapshot(
+        rows,
+        decisions,
+        list(batch.nodes_added),
+        list(batch.nodes_removed),
+        [(name, json.dumps(spec)) for name, spec in batch.tenants],
+        now,
+    )
+
+
+def _dialect_insert(dialect: str) -> Any:
+    """INSERT with ON CONFLICT DO UPDATE (an upsert) of SQLite or PostgreSQL."""
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+    return pg_insert
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -244,32 +311,77 @@ class Store:
 
     def write(self, batch: Batch, now: float) -> None:
         """Write request rows and decisions in one transaction (commit on return)."""
-        with self.session() as s:
-            for req, extra in batch.requests:
-                row = s.get(RequestRow, req.id)
-                if row is None:
-                    row = RequestRow(id=req.id, created=now, name=extra.get("name"))
-                    s.add(row)
-                request_to_row(req, row, now)
-                for key, value in extra.items():
-                    setattr(row, key, value)
-            for d in batch.decisions:
-                fields = {k: v for k, v in d.to_json().items() if k not in ("t", "event", "id")}
-                s.add(
-                    DecisionRow(
-                        t=d.t,
-                        event=d.event,
-                        request_id=d.id,
-                        fields=json.dumps(fields, default=list),
+        self.write_many([snapshot(batch, now)])
+
+    def write_many(self, snapshots: Sequence[Snapshot]) -> None:
+        """Write several batches, in order, in ONE transaction (group commit).
+
+        The gateway's arbiter hands over every batch decided while the previous group was
+        being committed, so one fsync covers many submissions. Either all of them are
+        recorded or none: the store stays a state the core was in after some batch.
+        Request rows are upserted (the last image of a row in the group wins; `created`
+        is set only on insert, and `name`/`utilization` only where the batch gave them).
+        """
+        rows: dict[str, dict[str, Any]] = {}
+        decisions: list[dict[str, Any]] = []
+        for snap in snapshots:
+            for row in snap.rows:
+                before = rows.get(row["id"])
+                if before is not None:
+                    row = {**before, **row, "created": before["created"]}
+                rows[row["id"]] = row
+            decisions += snap.decisions
+        with self.engine.begin() as conn:
+            if rows:
+                self._upsert_requests(conn, list(rows.values()))
+            if decisions:
+                conn.execute(DECISIONS.insert(), decisions)
+            for snap in snapshots:
+                now = snap.now
+                nodes = NODES
+                for name, flavor, gpus in snap.nodes_added:
+                    if conn.execute(select(nodes.c.name).where(nodes.c.name == name)).first():
+                        continue
+                    conn.execute(
+                        nodes.insert().values(
+                            name=name, flavor=flavor, gpus=gpus, autoscaled=True, created=now
+                        )
                     )
+                for name in snap.nodes_removed:
+                    conn.execute(nodes.delete().where(nodes.c.name == name))
+                overrides = OVERRIDES
+                for name, spec in snap.tenants:
+                    done = conn.execute(
+                        overrides.update()
+                        .where(overrides.c.name == name)
+                        .values(spec=spec, updated=now)
+                    )
+                    if not done.rowcount:
+                        conn.execute(overrides.insert().values(name=name, spec=spec, updated=now))
+
+    def _upsert_requests(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        table = REQUESTS
+        dialect = conn.dialect.name
+        # One statement per set of columns (a batch without `name` keeps the stored one).
+        by_keys: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for row in rows:
+            by_keys.setdefault(tuple(sorted(row)), []).append(row)
+        for keys, group in by_keys.items():
+            update = [k for k in keys if k not in ("id", "created")]
+            if dialect in ("sqlite", "postgresql"):
+                stmt: Any = _dialect_insert(dialect)(table)
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=[table.c.id], set_={k: stmt.excluded[k] for k in update}
                 )
-            for name, flavor, gpus in batch.nodes_added:
-                if s.get(NodeRow, name) is None:
-                    s.add(NodeRow(name=name, flavor=flavor, gpus=gpus, created=now))
-            for name in batch.nodes_removed:
-                node = s.get(NodeRow, name)
-                if node is not None:
-                    s.delete(node)
+                conn.execute(stmt, group)
+                continue
+            for row in group:  # any other database: look each row up
+                found = conn.execute(select(table.c.id).where(table.c.id == row["id"])).first()
+                if found is None:
+                    conn.execute(table.insert().values(**row))
+                else:
+                    values = {k: row[k] for k in update}
+                    conn.execute(table.update().where(table.c.id == row["id"]).values(**values))
 
     def add_node(self, name: str, flavor: str, gpus: int, now: float) -> None:
         with self.session() as s:

@@ -1,0 +1,77 @@
+"""The arbiter's queue index answers what the core's position() scan answers."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from gwutil import QUOTAS, Gateway
+
+from jupyter_gpuaas.admission.model import State
+
+pytestmark = pytest.mark.asyncio
+
+
+def check(gw: Gateway) -> int:
+    arbiter = gw.arbiter
+    queued = 0
+    for req in list(arbiter.core.live_requests()):
+        assert arbiter.index.position(req) == arbiter.core.position(req.id), req.id
+        queued += req.state is State.QUEUED
+        assert (req.id in arbiter.index.admitted) == (req.state is State.ADMITTED)
+    assert len(arbiter.index) == queued
+    return queued
+
+
+async def test_index_matches_the_core_under_random_load(make_gateway: Any) -> None:
+    # Higher priority preempts lower within a tenant: victims are requeued.
+    preempt = {"within_tenant": "LowerPriority", "reclaim_within_cohort": "Any"}
+    quotas = {
+        **QUOTAS,
+        "tenants": {
+            name: {**spec, "preemption": preempt} for name, spec in QUOTAS["tenants"].items()
+        },
+    }
+    gw: Gateway = await make_gateway(quotas=quotas)
+    arbiter = gw.arbiter
+    rng = random.Random(7)
+    live: list[str] = []
+    seen_queued = 0
+    for step in range(400):
+        if live and rng.random() < 0.35:
+            rid = live.pop(rng.randrange(len(live)))
+            try:
+                await arbiter.cancel(rid, "root")
+            except Exception:  # preempted and ended meanwhile: nothing to cancel
+                pass
+        else:
+            user, tenant = rng.choice((("alice", "vision"), ("bob", "nlp"), ("carol", "vision")))
+            req, obj = await arbiter.submit(
+                tenant=tenant,
+                user=user,
+                kind=rng.choice(("kernel", "job")),
+                gpus=rng.choice((1, 1, 2)),
+                priority=rng.choice((0, 0, 0, 5, 10)),
+            )
+            assert obj["state"] == req.state.value
+            live.append(req.id)
+        if step % 10 == 0:
+            seen_queued = max(seen_queued, check(gw))
+    seen_queued = max(seen_queued, check(gw))
+    assert seen_queued > 20
+    events = {d.event for d in arbiter.store.decisions()}
+    assert {"admit", "preempt", "requeue", "cancel"} <= events, events
+    # The API's object carries the same position.
+    for req in list(arbiter.core.live_requests()):
+        if req.state is State.QUEUED:
+            pos = arbiter.core.position(req.id)
+            status, body = await gw.raw("GET", f"api/requests/{req.id}", who="root")
+            assert status == 200
+            assert body["position"] == {
+                "tenant": pos.tenant_position,
+                "tenant_of": pos.tenant_queued,
+                "overall": pos.overall_position,
+                "of": pos.overall_queued,
+            }
+            break
