@@ -259,7 +259,8 @@ class JobManager(LoggingConfigurable):
         priority = spec.get("priority") or 0
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise JobError(400, "must be a whole number", "priority")
-        parameters = spec.get("parameters") or {}
+        parameters = spec.get("parameters")
+        parameters = {} if parameters is None else parameters
         if not isinstance(parameters, dict):
             raise JobError(400, "must be an object of name: value", "parameters")
         for key in ("tenant", "flavor", "name", "python", "code", "path", "cwd"):
