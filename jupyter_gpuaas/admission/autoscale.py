@@ -1,8 +1,20 @@
-"""How many new nodes a flavor needs for the requests that only capacity holds back."""
+"""The scale side of the core: nodes asked for, on their way, and given back.
+
+Only requests that quota would admit but no node can hold ask for nodes (the core collects
+their sizes); this module turns them into node counts, names the new nodes, and removes
+autoscaled nodes that stay empty for `scale_down_after`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+from .model import Config, Decision
+from .nodes import Cluster, Node
+from .timers import Timers
+
+READY, SCALE_DOWN = "node_ready", "scale_down"  # timer kinds
 
 
 def nodes_needed(sizes: Iterable[int], gpus_per_node: int, provisioning: int, limit: int) -> int:
@@ -27,3 +39,69 @@ def nodes_needed(sizes: Iterable[int], gpus_per_node: int, provisioning: int, li
             new += 1
             free.append(gpus_per_node - size)
     return new
+
+
+class Autoscaler:
+    def __init__(self, cluster: Cluster, timers: Timers) -> None:
+        self._cluster = cluster
+        self._timers = timers
+        self.provisioning: dict[str, dict[str, float]] = defaultdict(dict)  # flavor->node->t
+        self.desired: dict[str, int] = {}
+
+    def plan(self, config: Config, sizes: Mapping[str, list[int]], now: float) -> list[Decision]:
+        """Ask for the nodes that waiting `sizes` (GPUs per request, by flavor) need."""
+        out: list[Decision] = []
+        for flavor, auto in config.policy.autoscale.items():
+            spec = config.flavors[flavor]
+            ready = len(self._cluster.of(flavor))
+            coming = len(self.provisioning[flavor]) if auto.provision else 0
+            room = max(0, auto.max_nodes - ready - coming)
+            new = nodes_needed(sizes.get(flavor, ()), spec.gpus_per_node, coming, room)
+            if new and auto.provision:
+                for name in self._new_names(flavor, new):
+                    self.provisioning[flavor][name] = now + auto.provision_delay
+                    self._timers.set(READY, name, now + auto.provision_delay)
+                out.append(Decision(now, "scale_up", None, {"flavor": flavor, "nodes": new}))
+                coming += new
+                new = 0
+            # Without provisioning of its own (a real scaler), the core only says how many.
+            self.desired[flavor] = ready + coming + new
+        return out
+
+    def _new_names(self, flavor: str, n: int) -> list[str]:
+        taken = set(self._cluster.nodes) | set(self.provisioning[flavor])
+        names: list[str] = []
+        i = 0
+        while len(names) < n:
+            name = f"{flavor}-{i}"
+            if name not in taken:
+                names.append(name)
+            i += 1
+        return names
+
+    def joined(self, flavor: str, name: str) -> None:
+        """A node the driver added: it is no longer on its way."""
+        self.provisioning[flavor].pop(name, None)
+
+    def node_ready(self, config: Config, name: str, now: float) -> Node | None:
+        flavor = next((f for f, p in self.provisioning.items() if name in p), None)
+        if flavor is None:
+            return None
+        del self.provisioning[flavor][name]
+        node = self._cluster.add(flavor, name, config.flavors[flavor].gpus_per_node, True)
+        self.arm_scale_down(config, node, now)
+        return node
+
+    def arm_scale_down(self, config: Config, node: Node, now: float) -> None:
+        auto = config.policy.autoscale.get(node.flavor)
+        if node.autoscaled and auto is not None and auto.provision:
+            node.empty_since = now
+            self._timers.set(SCALE_DOWN, node.name, now + auto.scale_down_after)
+
+    def scale_down(self, name: str, now: float) -> Decision | None:
+        node = self._cluster.nodes.get(name)
+        if node is None or node.holders:
+            return None
+        self._cluster.remove(name)
+        self.desired[node.flavor] = max(0, self.desired.get(node.flavor, 0) - 1)
+        return Decision(now, "scale_down", None, {"flavor": node.flavor, "node": name})

@@ -19,52 +19,20 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .autoscale import nodes_needed
+from . import views
+from .autoscale import READY, SCALE_DOWN, Autoscaler
 from .ledger import Ledger
 from .model import TERMINAL, Config, Decision, Request, State
 from .nodes import Cluster, Node
 from .preemption import find_victims
 from .queues import BucketKey, TenantQueue, order_key
 from .timers import Timers
+from .views import NodeState, Position, TenantUsage
 
-# Timer kinds.
-_CULL, _WARN, _EXPIRE, _LEASE, _READY, _SCALE_DOWN = (
-    "cull",
-    "cull_warning",
-    "expire",
-    "lease",
-    "node_ready",
-    "scale_down",
-)
+__all__ = ["AdmissionCore", "NodeState", "Position", "TenantUsage"]
 
-
-@dataclass(frozen=True)
-class Position:
-    tenant_position: int
-    tenant_queued: int
-    overall_position: int
-    overall_queued: int
-
-
-@dataclass(frozen=True)
-class TenantUsage:
-    tenant: str
-    flavor: str
-    nominal: int
-    admitted: int
-    parked: int
-    borrowed: int
-    pending_gpus: int
-    pending_requests: int
-
-
-@dataclass(frozen=True)
-class NodeState:
-    name: str
-    flavor: str
-    gpus: int
-    holders: dict[int, str]
-    autoscaled: bool
+# Timer kinds (the autoscaler has two more).
+_CULL, _WARN, _EXPIRE, _LEASE = "cull", "cull_warning", "expire", "lease"
 
 
 @dataclass
@@ -98,8 +66,7 @@ class AdmissionCore:
         # Bucket heads held back by capacity alone (quota would admit them): scale demand.
         self._capacity_blocked: dict[tuple[str, BucketKey], str] = {}
         self._resume_blocked: dict[str, str] = {}  # parked rid -> flavor
-        self._provisioning: dict[str, dict[str, float]] = defaultdict(dict)  # flavor->name->t
-        self._desired: dict[str, int] = {}
+        self._scaler = Autoscaler(self._cluster, self._timers)
         self._seq = 0
         self._index_tenants()
         for f in config.flavors.values():
@@ -259,8 +226,8 @@ class AdmissionCore:
         """
         node = self._cluster.add(flavor, name, gpus, autoscaled=autoscaled)
         node.empty_since = now
-        self._provisioning[flavor].pop(name, None)
-        self._arm_scale_down(node, now)
+        self._scaler.joined(flavor, name)
+        self._scaler.arm_scale_down(self._config, node, now)
         self._room_freed_in(flavor)
         return []
 
@@ -273,7 +240,7 @@ class AdmissionCore:
         for rid in sorted(set(node.holders.values())):
             out += self._end(rid, now, "finish", State.FINISHED, f"node {name} left")
         self._cluster.remove(name)
-        self._timers.clear(_SCALE_DOWN, name)
+        self._timers.clear(SCALE_DOWN, name)
         return out
 
     def restore(self, req: Request, now: float) -> list[Decision]:
@@ -336,11 +303,18 @@ class AdmissionCore:
             if due is None:
                 return out
             t, kind, key = due
-            if kind == _READY:
-                self._node_ready(key, t, out)
+            if kind == READY:
+                node = self._scaler.node_ready(self._config, key, t)
+                if node is not None:
+                    out.append(
+                        Decision(t, "node_ready", None, {"flavor": node.flavor, "node": key})
+                    )
+                    self._room_freed_in(node.flavor)
                 continue
-            if kind == _SCALE_DOWN:
-                self._scale_down(key, t, out)
+            if kind == SCALE_DOWN:
+                gone = self._scaler.scale_down(key, t)
+                if gone is not None:
+                    out.append(gone)
                 continue
             req = self._requests.get(key)
             if req is None:
@@ -506,7 +480,7 @@ class AdmissionCore:
     def _bind(self, req: Request, node: Node, flavor: str, now: float) -> None:
         req.devices = node.free_devices(req.gpus)
         self._cluster.bind(node, req.id, req.devices)
-        self._timers.clear(_SCALE_DOWN, node.name)
+        self._timers.clear(SCALE_DOWN, node.name)
         req.node = node.name
         req.assigned_flavor = flavor
         req.state = State.ADMITTED
@@ -526,7 +500,7 @@ class AdmissionCore:
         node = self._cluster.unbind(req.node or "", req.devices, now)
         self._holding[(req.tenant, flavor)].pop(req.id, None)
         if node is not None and not node.holders:
-            self._arm_scale_down(node, now)
+            self._scaler.arm_scale_down(self._config, node, now)
         req.node = None
         req.devices = ()
         req.idle_since = None
@@ -699,57 +673,7 @@ class AdmissionCore:
         for rid, flavor in self._resume_blocked.items():
             if flavor in self._config.policy.autoscale:
                 sizes[flavor].append(self._requests[rid].gpus)
-        for flavor, auto in self._config.policy.autoscale.items():
-            spec = self._config.flavors[flavor]
-            ready = len(self._cluster.of(flavor))
-            coming = len(self._provisioning[flavor]) if auto.provision else 0
-            room = max(0, auto.max_nodes - ready - coming)
-            new = nodes_needed(sizes.get(flavor, ()), spec.gpus_per_node, coming, room)
-            if new and auto.provision:
-                names = self._new_node_names(flavor, new)
-                for name in names:
-                    self._provisioning[flavor][name] = now + auto.provision_delay
-                    self._timers.set(_READY, name, now + auto.provision_delay)
-                out.append(Decision(now, "scale_up", None, {"flavor": flavor, "nodes": new}))
-                coming += new
-                new = 0
-            self._desired[flavor] = ready + coming + new
-
-    def _new_node_names(self, flavor: str, n: int) -> list[str]:
-        taken = {node.name for node in self._cluster.of(flavor)} | set(self._provisioning[flavor])
-        names: list[str] = []
-        i = 0
-        while len(names) < n:
-            name = f"{flavor}-{i}"
-            if name not in taken and name not in self._cluster.nodes:
-                names.append(name)
-            i += 1
-        return names
-
-    def _node_ready(self, name: str, now: float, out: list[Decision]) -> None:
-        flavor = next((f for f, p in self._provisioning.items() if name in p), None)
-        if flavor is None:
-            return
-        del self._provisioning[flavor][name]
-        spec = self._config.flavors[flavor]
-        node = self._cluster.add(flavor, name, spec.gpus_per_node, autoscaled=True)
-        out.append(Decision(now, "node_ready", None, {"flavor": flavor, "node": name}))
-        self._arm_scale_down(node, now)
-        self._room_freed_in(flavor)
-
-    def _arm_scale_down(self, node: Node, now: float) -> None:
-        auto = self._config.policy.autoscale.get(node.flavor)
-        if node.autoscaled and auto is not None and auto.provision:
-            node.empty_since = now
-            self._timers.set(_SCALE_DOWN, node.name, now + auto.scale_down_after)
-
-    def _scale_down(self, name: str, now: float, out: list[Decision]) -> None:
-        node = self._cluster.nodes.get(name)
-        if node is None or node.holders:
-            return
-        self._cluster.remove(name)
-        out.append(Decision(now, "scale_down", None, {"flavor": node.flavor, "node": name}))
-        self._desired[node.flavor] = max(0, self._desired.get(node.flavor, 0) - 1)
+        out += self._scaler.plan(self._config, sizes, now)
 
     # ------------------------------------------------------------------ queries
 
@@ -770,58 +694,21 @@ class AdmissionCore:
         req = self._requests.get(rid)
         if req is None or req.state is not State.QUEUED:
             return None
-        q = self._queues[req.tenant]
-        mine = order_key(req)
-        overall = 0
-        total = 0
-        for other in self._queues.values():
-            total += len(other)
-            overall += sum(1 for r in other.requests() if order_key(r)[:2] < mine[:2])
-        return Position(q.ahead_of(req) + 1, len(q), overall + 1, total)
+        return views.position(self._queues, req)
 
     def tenant_usage(self) -> list[TenantUsage]:
-        pending: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-        for name, q in self._queues.items():
-            spec = self._config.tenants.get(name)
-            if spec is None:
-                continue
-            for r in q.requests():
-                f = r.flavor or next(iter(spec.quota), "")
-                pending[(name, f)][0] += r.gpus
-                pending[(name, f)][1] += 1
-        out = []
-        for t in self._config.tenants.values():
-            for f, nominal in t.quota.items():
-                used = self._ledger.usage[(t.name, f)]
-                parked = self._ledger.parked[(t.name, f)]
-                gpus, count = pending.get((t.name, f), (0, 0))
-                out.append(
-                    TenantUsage(
-                        t.name,
-                        f,
-                        nominal,
-                        used - parked,
-                        parked,
-                        self._ledger.borrowed(t.name, f),
-                        gpus,
-                        count,
-                    )
-                )
-        return out
+        return views.tenant_usage(self._config, self._queues, self._ledger)
 
     def nodes(self) -> list[NodeState]:
-        return [
-            NodeState(n.name, n.flavor, n.gpus, dict(n.holders), n.autoscaled)
-            for n in self._cluster
-        ]
+        return views.node_states(self._cluster)
 
     def desired_nodes(self) -> dict[str, int]:
         """Nodes per flavor the queue asks for: ready, coming, and still to ask for."""
         out = {f: len(self._cluster.of(f)) for f in self._config.flavors}
-        for f, n in self._desired.items():
+        for f, n in self._scaler.desired.items():
             out[f] = max(out.get(f, 0), n)
         return out
 
     def provisioning(self) -> dict[str, dict[str, float]]:
         """Nodes on their way, by flavor: name -> time they will be ready."""
-        return {f: dict(p) for f, p in self._provisioning.items() if p}
+        return {f: dict(p) for f, p in self._scaler.provisioning.items() if p}
