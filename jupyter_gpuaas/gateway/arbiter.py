@@ -6,13 +6,15 @@ and the request rows they changed in one transaction, commit, and only then tell
 on start (`restore`), so a crash at any instant leaves a state the core was really in.
 
 Group commit. Operations (submit, cancel, heartbeat, a quota change, an admission step)
-are queued and run by one `_cycle` on the event loop's thread: it runs every queued
-operation against the core in arrival order (each staging a copy of its batch), hands the
-whole group to the store's thread, which writes it in ONE transaction, and once that
-committed announces every batch in order and answers every operation. While a group is
-being committed, no operation runs: the core is never more than one uncommitted group
-ahead of the store, and readers (`settled()`) wait for that group, so nobody sees a state
-the store might not have. The core and the store are never called concurrently.
+are queued and run together by one `_cycle` on the event loop's thread, scheduled once per
+loop iteration: it runs every queued operation against the core in arrival order (each
+staging a copy of its batch), writes the whole group in ONE transaction, and once that
+committed announces every batch in order and answers every operation. Under load one
+commit (one fsync) covers every request that arrived in the same loop iteration. The
+write is done inline, not in a thread: a writer thread would hand the GIL back and forth
+with the busy loop (each handover up to the 5 ms switch interval) and the cycle, not the
+disk, would become the bottleneck. The core never holds a decision the store has not
+committed once a cycle returns, so readers need no lock.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -125,14 +126,11 @@ class Arbiter:
         self._last_desired: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        # Group commit: operations waiting to run, what the running one staged, the group
-        # being committed, and readers waiting for it (see the module docstring).
+        # Group commit: operations waiting for the next cycle, and where the running one
+        # stages its batches (see the module docstring).
         self._ops: list[_Op] = []
         self._staging: list[_Staged] | None = None
-        self._inflight: asyncio.Task[None] | None = None
         self._cycle_scheduled = False
-        self._settle_waiters: list[asyncio.Future[None]] = []
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="gpuaas-store")
         self._json_cache: dict[str, dict[str, Any]] = {}
         # Positions and running grants, in step with the committed batches.
         self.index = QueueIndex()
@@ -229,11 +227,8 @@ class Arbiter:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
-        while self._inflight is not None or self._ops:
-            await self.settled()
-            if self._ops and self._inflight is None:
-                self._cycle()
-        self._writer.shutdown(wait=True)
+        if self._ops:
+            self._cycle()
         self.bus.close()
 
     def wake(self) -> None:
@@ -280,27 +275,15 @@ class Arbiter:
         result: T = await op.future
         return result
 
-    async def settled(self) -> None:
-        """Return when the core holds no decision the store has not committed.
-
-        Readers call it before looking at the core: the group being committed is waited
-        for, and no operation runs between its announcement and the reader's resumption.
-        """
-        if self._inflight is None:
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._settle_waiters.append(waiter)
-        await waiter
-
     def _schedule_cycle(self) -> None:
-        if not self._cycle_scheduled and self._inflight is None:
+        if not self._cycle_scheduled:
             self._cycle_scheduled = True
             asyncio.get_running_loop().call_soon(self._cycle)
 
     def _cycle(self) -> None:
-        """Run every queued operation, then commit what they staged as one group."""
+        """Run every queued operation, commit what they staged as one group, announce."""
         self._cycle_scheduled = False
-        if self._inflight is not None or not self._ops:
+        if not self._ops:
             return
         group = _Group(self._ops)
         self._ops = []
@@ -314,18 +297,10 @@ class Arbiter:
             finally:
                 self._staging = None
         self._json_cache = {}
-        if not group.staged:
-            self._answer(group)
-            self._schedule_cycle()
-            return
-        self._inflight = asyncio.get_running_loop().create_task(self._commit_group(group))
-
-    async def _commit_group(self, group: _Group) -> None:
-        loop = asyncio.get_running_loop()
-        snaps = [st.snap for st in group.staged]
-        try:
+        if group.staged:
+            snaps = [st.snap for st in group.staged]
             try:
-                await loop.run_in_executor(self._writer, self.store.write_many, snaps)
+                self.store.write_many(snaps)
             except Exception as e:
                 log.exception("the store failed to record %d batches: not announced", len(snaps))
                 err = StoreError(f"the store failed to record the decision: {e}")
@@ -335,15 +310,7 @@ class Arbiter:
                 for st in group.staged:
                     self._announce(st)
                 self._maybe_scale()
-            self._answer(group)
-        finally:
-            self._inflight = None
-            waiters, self._settle_waiters = self._settle_waiters, []
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
-            if self._ops:
-                self._schedule_cycle()
+        self._answer(group)
 
     @staticmethod
     def _answer(group: _Group) -> None:
@@ -412,8 +379,10 @@ class Arbiter:
         )
         self.requests[req.id] = req
         self.meta[req.id] = {"name": name, "created": now, "updated": now}
-        # A user coming back within the reservation TTL takes over their parked quota.
-        decisions = list(self.core.submit(req, now, claim_parked=True))
+        # A user coming back within the reservation TTL takes over their parked quota
+        # (the core looks for it by scanning every live request: only when there is one).
+        claim = self.index.has_parked(user)
+        decisions = list(self.core.submit(req, now, claim_parked=claim))
         if req.state is not State.REJECTED:
             decisions += self.core.schedule(now)
         self.commit(decisions, now, extra=[req])

@@ -154,16 +154,14 @@ def _reject_field(reason: str) -> str | None:
 
 
 class DevicesHandler(BaseHandler):
-    async def get(self) -> None:
+    def get(self) -> None:
         self.require()
-        await self.arbiter.settled()
         self.send(self.arbiter.devices_json())
 
 
 class TenantsHandler(BaseHandler):
-    async def get(self) -> None:
+    def get(self) -> None:
         self.require()
-        await self.arbiter.settled()
         self.send(self.arbiter.tenants_json())
 
 
@@ -188,7 +186,7 @@ SUBMIT_KEYS = ("tenant", "kind", "gpus", "flavor", "priority", "name")
 
 
 class RequestsHandler(BaseHandler):
-    async def get(self) -> None:
+    def get(self) -> None:
         who = self.require()
         q = self.query(("state", "tenant", "user", "kind", "limit"))
         if "state" in q and q["state"] not in STATES:
@@ -200,7 +198,6 @@ class RequestsHandler(BaseHandler):
             if not q["limit"].isdigit() or not 1 <= int(q["limit"]) <= 10000:
                 raise ApiError(400, "must be an integer from 1 to 10000", "limit")
             limit = int(q["limit"])
-        await self.arbiter.settled()
         if not who.can_view:
             if q.get("user", who.name) != who.name:
                 raise ApiError(403, "seeing other users' requests needs custom:gpuaas:view", "user")
@@ -262,9 +259,8 @@ class RequestHandler(BaseHandler):
             raise ApiError(404, f"no request {rid}")
         return obj
 
-    async def get(self, rid: str) -> None:
+    def get(self, rid: str) -> None:
         who = self.require()
-        await self.arbiter.settled()
         obj = self._find(rid)
         if not who.may_see(obj["user"]):
             raise ApiError(403, "not your request (seeing it needs custom:gpuaas:view)")
@@ -359,10 +355,9 @@ class MetricsHandler(BaseHandler):
         if self.settings.get("metrics_require_auth"):
             await super().prepare()
 
-    async def get(self) -> None:
+    def get(self) -> None:
         if self.settings.get("metrics_require_auth"):
             self.require()
-        await self.arbiter.settled()
         self.arbiter.snapshot_metrics()
         body, content_type = self.arbiter.metrics.render()
         self.set_header("Content-Type", content_type)

@@ -8,7 +8,9 @@ batch touched (every change of a request's queue state comes with a decision abo
 and answered by bisection. Same definition as the core: the tenant position counts the
 tenant's requests with a smaller order key; the overall one, all queued requests with a
 smaller (priority, queue time). It also keeps the admitted requests (wait estimates look
-at the running grants, not at every live request).
+at the running grants, not at every live request) and who has a parked reservation (a
+submission looks for one to take over only then: the core's look is a scan of all live
+requests).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class QueueIndex:
         self._overall: list[tuple[int, float]] = []  # sorted (-priority, queue time)
         self._tenant: dict[str, list[OrderKey]] = {}  # tenant -> sorted keys
         self.admitted: dict[str, Request] = {}
+        self._parked: dict[str, str] = {}  # rid -> user
+        self._parked_users: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -46,6 +50,19 @@ class QueueIndex:
             self.admitted[req.id] = req
         else:
             self.admitted.pop(req.id, None)
+        if req.state is State.PARKED:
+            if req.id not in self._parked:
+                self._parked[req.id] = req.user
+                self._parked_users[req.user] = self._parked_users.get(req.user, 0) + 1
+        elif req.id in self._parked:
+            user = self._parked.pop(req.id)
+            self._parked_users[user] -= 1
+            if not self._parked_users[user]:
+                del self._parked_users[user]
+
+    def has_parked(self, user: str) -> bool:
+        """Whether `user` holds a parked reservation (one a new submission may take over)."""
+        return user in self._parked_users
 
     def _remove(self, rid: str, entry: tuple[str, OrderKey]) -> None:
         del self._queued[rid]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -20,6 +21,9 @@ def check(gw: Gateway) -> int:
         assert arbiter.index.position(req) == arbiter.core.position(req.id), req.id
         queued += req.state is State.QUEUED
         assert (req.id in arbiter.index.admitted) == (req.state is State.ADMITTED)
+    parked = {r.user for r in arbiter.core.live_requests() if r.state is State.PARKED}
+    for user in ("alice", "bob", "carol"):
+        assert arbiter.index.has_parked(user) == (user in parked), user
     assert len(arbiter.index) == queued
     return queued
 
@@ -27,8 +31,10 @@ def check(gw: Gateway) -> int:
 async def test_index_matches_the_core_under_random_load(make_gateway: Any) -> None:
     # Higher priority preempts lower within a tenant: victims are requeued.
     preempt = {"within_tenant": "LowerPriority", "reclaim_within_cohort": "Any"}
+    # Idle grants are culled quickly and parked: a later submission may take one over.
     quotas = {
         **QUOTAS,
+        "policy": {"idle_timeout": 0.05, "reservation_ttl": 30},
         "tenants": {
             name: {**spec, "preemption": preempt} for name, spec in QUOTAS["tenants"].items()
         },
@@ -39,7 +45,11 @@ async def test_index_matches_the_core_under_random_load(make_gateway: Any) -> No
     live: list[str] = []
     seen_queued = 0
     for step in range(400):
-        if live and rng.random() < 0.35:
+        if arbiter.index.admitted and rng.random() < 0.1:
+            rid = rng.choice(list(arbiter.index.admitted))
+            await arbiter.heartbeat(rid, False, None)
+            await asyncio.sleep(0.1)  # culled (parked) by the admission loop
+        elif live and rng.random() < 0.35:
             rid = live.pop(rng.randrange(len(live)))
             try:
                 await arbiter.cancel(rid, "root")
@@ -61,7 +71,9 @@ async def test_index_matches_the_core_under_random_load(make_gateway: Any) -> No
     seen_queued = max(seen_queued, check(gw))
     assert seen_queued > 20
     events = {d.event for d in arbiter.store.decisions()}
-    assert {"admit", "preempt", "requeue", "cancel"} <= events, events
+    assert {"admit", "preempt", "requeue", "cancel", "cull"} <= events, events
+    claimed = [d for d in arbiter.store.decisions() if '"resumed_from"' in d.fields]
+    assert claimed, "no parked reservation was taken over"
     # The API's object carries the same position.
     for req in list(arbiter.core.live_requests()):
         if req.state is State.QUEUED:
