@@ -45,6 +45,7 @@ class _Entry:
     borrowing: bool
     victims: list[Request] = field(default_factory=list)
     key: tuple[Any, ...] = ()
+    epoch: int = 0  # the core's epoch when nominated: unchanged means still true
 
 
 class AdmissionCore:
@@ -65,10 +66,14 @@ class AdmissionCore:
         self._strict_blocked: set[str] = set()
         # Bucket heads held back by capacity alone (quota would admit them): scale demand.
         self._capacity_blocked: dict[tuple[str, BucketKey], str] = {}
+        # Who to wake when devices of a flavor free up: (tenant, bucket) blocked by capacity
+        # there; bucket None for the tenant itself (StrictFIFO head, waiting resume).
+        self._cap_waiters: dict[str, set[tuple[str, BucketKey | None]]] = defaultdict(set)
+        self._epoch = 0  # bumps whenever quota or devices are taken
+        self._width: dict[str, int] = {}  # widest node per flavor, for rejections
         self._resume_blocked: dict[str, str] = {}  # parked rid -> flavor
         self._scaler = Autoscaler(self._cluster, self._timers)
         self._seq = 0
-        self._index_tenants()
         for f in config.flavors.values():
             for i in range(f.nodes):
                 self._cluster.add(f.name, f"{f.name}-{i}", f.gpus_per_node)
@@ -79,12 +84,6 @@ class AdmissionCore:
     def config(self) -> Config:
         return self._config
 
-    def _index_tenants(self) -> None:
-        self._tenants_of_flavor: dict[str, list[str]] = defaultdict(list)
-        for t in self._config.tenants.values():
-            for f in t.quota:
-                self._tenants_of_flavor[f].append(t.name)
-
     def update_config(self, config: Config, now: float) -> list[Decision]:
         """Adopt new quotas and policy. Nobody is evicted; queues are looked at again."""
         gone = {r.tenant for r in self._requests.values()} - set(config.tenants)
@@ -92,9 +91,9 @@ class AdmissionCore:
             raise ValueError(f"tenants still have requests: {', '.join(sorted(gone))}")
         self._config = config
         self._ledger.reconfigure(config)
+        self._width.clear()
         for t in config.tenants:
             self._queues.setdefault(t, TenantQueue())
-        self._index_tenants()
         self._wake(config.tenants)
         return []
 
@@ -124,7 +123,12 @@ class AdmissionCore:
                 self._take_over(old, req, now, out)
                 return out
         req.state = State.QUEUED
-        self._queues[req.tenant].push(req)
+        q = self._queues[req.tenant]
+        bucket = q.push(req)
+        if bucket.inadmissible and q.head(bucket) is req:
+            # A new head may preempt where the old one could not (a higher priority).
+            bucket.inadmissible = False
+            self._strict_blocked.discard(req.tenant)
         self._touch(req.tenant)
         return out
 
@@ -148,12 +152,12 @@ class AdmissionCore:
         widest = 0
         most = 0
         for f in flavors:
-            widest = max(widest, self._node_width(f))
-            most = max(most, self._ledger.max_hold(tenant.name, f))
-            if req.gpus <= self._node_width(f) and req.gpus <= self._ledger.max_hold(
-                tenant.name, f
-            ):
+            width = self._node_width(f)
+            hold = self._ledger.max_hold(tenant.name, f)
+            if req.gpus <= width and req.gpus <= hold:
                 return ""
+            widest = max(widest, width)
+            most = max(most, hold)
         names = "/".join(flavors)
         if req.gpus > widest:
             return f"{req.gpus} GPUs do not fit on one node ({names} nodes have at most {widest})"
@@ -164,10 +168,13 @@ class AdmissionCore:
 
     def _node_width(self, flavor: str) -> int:
         """The most GPUs one node of the flavor has, or could have once scaled up."""
-        widest = max((n.gpus for n in self._cluster.of(flavor)), default=0)
-        spec = self._config.flavors.get(flavor)
-        if spec is not None and (spec.nodes > 0 or flavor in self._config.policy.autoscale):
-            widest = max(widest, spec.gpus_per_node)
+        widest = self._width.get(flavor)
+        if widest is None:
+            widest = max((n.gpus for n in self._cluster.of(flavor)), default=0)
+            spec = self._config.flavors.get(flavor)
+            if spec is not None and (spec.nodes > 0 or flavor in self._config.policy.autoscale):
+                widest = max(widest, spec.gpus_per_node)
+            self._width[flavor] = widest
         return widest
 
     def cancel(self, rid: str, now: float, reason: str = "") -> list[Decision]:
@@ -225,6 +232,7 @@ class AdmissionCore:
         as if the core had asked for them (the gateway restores simulated scale-ups so).
         """
         node = self._cluster.add(flavor, name, gpus, autoscaled=autoscaled)
+        self._width.pop(flavor, None)
         node.empty_since = now
         self._scaler.joined(flavor, name)
         self._scaler.arm_scale_down(self._config, node, now)
@@ -240,6 +248,7 @@ class AdmissionCore:
         for rid in sorted(set(node.holders.values())):
             out += self._end(rid, now, "finish", State.FINISHED, f"node {name} left")
         self._cluster.remove(name)
+        self._width.pop(node.flavor, None)
         self._timers.clear(SCALE_DOWN, name)
         return out
 
@@ -349,13 +358,15 @@ class AdmissionCore:
                     best = e
             if best is None:
                 break
-            # Cached entries of untouched tenants may have lost their room to an admission
-            # in another cohort on the same nodes: look again before acting.
-            fresh = self._nominate(best.req.tenant)
-            entries[best.req.tenant] = fresh
-            if fresh is None or fresh.req is not best.req or fresh.key != best.key:
-                continue
-            self._apply(fresh, now, out)
+            if best.epoch != self._epoch:
+                # Nominated before the last admission, which may have taken its room (in
+                # another cohort, on the same nodes): look again before acting.
+                fresh = self._nominate(best.req.tenant)
+                entries[best.req.tenant] = fresh
+                if fresh is None or fresh.req is not best.req or fresh.key != best.key:
+                    continue
+                best = fresh
+            self._apply(best, now, out)
         if self._config.policy.autoscale:
             self._scale_demand(now, out)
         return out
@@ -367,8 +378,10 @@ class AdmissionCore:
             flavor = req.assigned_flavor or ""
             if self._cluster.best_fit(flavor, req.gpus) is not None:
                 self._resume_blocked.pop(req.id, None)
-                return _Entry(req, "resume", flavor, False, key=(0, order_key(req)))
+                key = (0, order_key(req))
+                return _Entry(req, "resume", flavor, False, key=key, epoch=self._epoch)
             self._resume_blocked[req.id] = flavor
+            self._cap_waiters[flavor].add((tenant, None))
             if spec.queueing == "StrictFIFO":
                 return None
         if spec.queueing == "StrictFIFO":
@@ -377,7 +390,7 @@ class AdmissionCore:
             head = q.first()
             if head is None:
                 return None
-            entry = self._try(head)
+            entry = self._try(head, strict=True)
             if entry is None:
                 self._strict_blocked.add(tenant)
             return entry
@@ -388,17 +401,19 @@ class AdmissionCore:
             bucket.inadmissible = True
         return None
 
-    def _try(self, req: Request, bkey: BucketKey | None = None) -> _Entry | None:
+    def _try(
+        self, req: Request, bkey: BucketKey | None = None, strict: bool = False
+    ) -> _Entry | None:
         spec = self._config.tenants[req.tenant]
         flavors = [req.flavor] if req.flavor else list(spec.quota)
         ledger = self._ledger
         borrowing_choice: str | None = None
-        capacity_flavor: str | None = None
+        capacity_flavors: list[str] = []
         for f in flavors:
             if not ledger.fits(req.tenant, f, req.gpus):
                 continue
             if self._cluster.best_fit(f, req.gpus) is None:
-                capacity_flavor = capacity_flavor or f
+                capacity_flavors.append(f)
                 continue
             if not ledger.borrows(req.tenant, f, req.gpus):
                 return self._entry(req, "fit", f, False)
@@ -406,15 +421,20 @@ class AdmissionCore:
         if borrowing_choice is not None:
             return self._entry(req, "fit", borrowing_choice, True)
         for f in flavors:
-            holding = self._holders_near(req.tenant, f)
+            holding = self._victim_pool(req, f)
+            if not holding:
+                continue
             victims = find_victims(req, spec, f, ledger, self._cluster, holding)
             if victims is not None:
                 own = sum(v.gpus for v in victims if v.tenant == req.tenant)
                 borrowing = ledger.borrows(req.tenant, f, req.gpus, own)
                 return self._entry(req, "preempt", f, borrowing, victims)
         key = (req.tenant, bkey if bkey is not None else (req.flavor, req.gpus))
-        if capacity_flavor is not None:
-            self._capacity_blocked[key] = capacity_flavor
+        if capacity_flavors:
+            self._capacity_blocked[key] = capacity_flavors[0]
+            waiter = (req.tenant, None if strict else key[1])
+            for f in capacity_flavors:
+                self._cap_waiters[f].add(waiter)
         else:
             self._capacity_blocked.pop(key, None)
         return None
@@ -431,14 +451,31 @@ class AdmissionCore:
         if borrowing and self._config.policy.fair_sharing:
             share = self._ledger.share(req.tenant)
         key = (1, borrowing, share, *order_key(req))
-        return _Entry(req, mode, flavor, borrowing, victims or [], key)
+        return _Entry(req, mode, flavor, borrowing, victims or [], key, self._epoch)
 
-    def _holders_near(self, tenant: str, flavor: str) -> Iterator[Request]:
-        """Requests holding `flavor` devices in the tenant and the rest of its cohort."""
-        spec = self._config.tenants[tenant]
-        names = self._ledger.members[spec.cohort] if spec.cohort else [tenant]
-        for name in names:
-            yield from self._holding[(name, flavor)].values()
+    def _victim_pool(self, req: Request, flavor: str) -> list[Request]:
+        """Requests holding `flavor` that the preemption policy could ever evict for `req`:
+        its own tenant's (unless within_tenant is Never) and those of cohort members above
+        their nominal quota (unless the cohort policies are Never). Most searches end here.
+        """
+        spec = self._config.tenants[req.tenant]
+        p = spec.preemption
+        pool: list[Request] = []
+        if p.within_tenant != "Never":
+            pool += [
+                v
+                for v in self._holding[(req.tenant, flavor)].values()
+                if v.priority <= req.priority
+            ]
+        if spec.cohort and (
+            p.reclaim_within_cohort != "Never" or p.borrow_within_cohort != "Never"
+        ):
+            anyone = p.reclaim_within_cohort == "Any"
+            for name in self._ledger.members[spec.cohort]:
+                if name != req.tenant and self._ledger.borrowed(name, flavor) > 0:
+                    held = self._holding[(name, flavor)].values()
+                    pool += held if anyone else [v for v in held if v.priority < req.priority]
+        return pool
 
     def _apply(self, e: _Entry, now: float, out: list[Decision]) -> None:
         req = e.req
@@ -458,6 +495,7 @@ class AdmissionCore:
             self._ledger.add(req.tenant, e.flavor, req.gpus)
             self._capacity_blocked.pop((req.tenant, (req.flavor, req.gpus)), None)
         self._bind(req, node, e.flavor, now)
+        self._epoch += 1
         if e.mode == "resume" and req.resumed_from is None:
             out.append(
                 Decision(now, "resume", req.id, {"node": node.name, "devices": list(req.devices)})
@@ -625,7 +663,15 @@ class AdmissionCore:
             self._dirty.add(t)
 
     def _room_freed_in(self, flavor: str) -> None:
-        self._wake(self._tenants_of_flavor.get(flavor, ()))
+        """Devices of `flavor` freed: wake only who waits for devices there. Those who wait
+        for quota are woken by quota released in their cohort (`_quota_freed_in`)."""
+        for tenant, bkey in self._cap_waiters.pop(flavor, ()):
+            if bkey is not None:
+                bucket = self._queues[tenant].buckets.get(bkey)
+                if bucket is not None:
+                    bucket.inadmissible = False
+            self._strict_blocked.discard(tenant)
+            self._dirty.add(tenant)
 
     def _quota_freed_in(self, tenant: str) -> None:
         cohort = self._config.tenants[tenant].cohort

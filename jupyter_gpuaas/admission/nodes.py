@@ -20,10 +20,10 @@ class Node:
     autoscaled: bool = False
     holders: dict[int, str] = field(default_factory=dict)  # device index -> request id
     empty_since: float | None = None  # for scale-down; None while any device is bound
+    free: int = -1  # devices without a holder, kept by bind/unbind (placement reads it a lot)
 
-    @property
-    def free(self) -> int:
-        return self.gpus - len(self.holders)
+    def __post_init__(self) -> None:
+        self.free = self.gpus - len(self.holders)
 
     def free_devices(self, n: int) -> tuple[int, ...]:
         out = []
@@ -80,6 +80,7 @@ class Cluster:
             if d in node.holders:  # never two holders for one device
                 raise RuntimeError(f"device {node.name}:{d} already held by {node.holders[d]}")
             node.holders[d] = rid
+            node.free -= 1
         node.empty_since = None
 
     def unbind(self, node_name: str, devices: Iterable[int], now: float) -> Node | None:
@@ -87,7 +88,8 @@ class Cluster:
         if node is None:
             return None
         for d in devices:
-            node.holders.pop(d, None)
+            if node.holders.pop(d, None) is not None:
+                node.free += 1
         if not node.holders:
             node.empty_since = now
         return node
