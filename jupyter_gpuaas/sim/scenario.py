@@ -278,6 +278,9 @@ def _convert_cell(col: str, cell: str, key: str) -> Any:
     return cell
 
 
+_PLAIN_NUMBERS = (int, float)
+
+
 def _number(value: Any, key: str) -> float:
     if (
         isinstance(value, bool)
@@ -357,8 +360,20 @@ def _parse_busy(value: Any, key: str) -> tuple[Interval, ...]:
     if not isinstance(value, list):
         raise _fail(key, "must be a list of [start, end] intervals")
     out: list[Interval] = []
-    prev_end = -1.0
+    prev_end = 0.0
     for i, pair in enumerate(value):
+        # Fast path for the common, valid pair (a month of trace has millions of them);
+        # anything else goes through the checks that name what is wrong.
+        if type(pair) is list and len(pair) == 2:
+            start, end = pair
+            if (
+                type(start) in _PLAIN_NUMBERS
+                and type(end) in _PLAIN_NUMBERS
+                and prev_end <= start < end < math.inf
+            ):
+                out.append((float(start), float(end)))
+                prev_end = end
+                continue
         pkey = f"{key}[{i}]"
         if not isinstance(pair, list) or len(pair) != 2:
             raise _fail(pkey, "must be a [start, end] pair")
@@ -366,10 +381,5 @@ def _parse_busy(value: Any, key: str) -> tuple[Interval, ...]:
         end = _number(pair[1], pkey)
         if end <= start:
             raise _fail(pkey, f"interval runs backwards or is empty ({start:g} >= {end:g})")
-        if start < prev_end:
-            raise _fail(
-                pkey, f"intervals must be sorted without overlap ({start:g} < {prev_end:g})"
-            )
-        prev_end = end
-        out.append((start, end))
+        raise _fail(pkey, f"intervals must be sorted without overlap ({start:g} < {prev_end:g})")
     return tuple(out)
