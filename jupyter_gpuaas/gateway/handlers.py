@@ -8,19 +8,21 @@ name the field, because a silently ignored `gpu: 4` typo would queue the wrong r
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from tornado import web
-from tornado.iostream import StreamClosedError
 
 from jupyter_gpuaas.admission.config import SpecError
 from jupyter_gpuaas.admission.model import KINDS, State
 
 from .arbiter import Arbiter, Conflict
 from .auth import Identity, TokenTable, identity_from_hub_model, token_from_header
+from .events import Listener
 from .openapi import build_openapi
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
@@ -308,7 +310,17 @@ class HeartbeatHandler(BaseHandler):
 
 
 class EventsHandler(BaseHandler):
-    """Server-Sent Events: `event: <decision>` / `data: <decision JSON + request>`."""
+    """Server-Sent Events: `event: <decision>` / `data: <decision JSON + request>`.
+
+    The bus calls `_deliver` with everything published in its last period; at most one
+    write is in flight per stream (tornado's flush futures must not overlap) and what
+    arrives meanwhile is sent when it completes. A stream that cannot keep up piles up
+    in its listener until the bus drops it.
+    """
+
+    _listener: Listener | None = None
+    _writing = False
+    _last_write = 0.0
 
     async def get(self) -> None:
         who = self.require()
@@ -317,29 +329,48 @@ class EventsHandler(BaseHandler):
         keepalive = float(self.settings.get("keepalive_interval", 15.0))
         bus = self.arbiter.bus
         # Viewers hear everything; a user, what is about their own requests (indexed).
-        listener = bus.subscribe() if who.can_view else bus.subscribe(owner=who.name)
+        owner = None if who.can_view else who.name
+        listener = self._listener = bus.subscribe(self._deliver, owner=owner)
         try:
-            self.write(": connected\n\n")
-            await self.flush()
-            while True:
-                if not await listener.wait(keepalive):
-                    self.write(": keepalive\n\n")
-                    await self.flush()
-                    continue
-                # Everything that arrived since the last write goes out in one write: a
-                # listener keeps up with a burst of decisions without one wake-up each.
-                events = listener.take()
-                if events:
-                    self.write(b"".join(e.wire for e in events))
-                    await self.flush()
-                if listener.closed or listener.dropped:
-                    break
-        except StreamClosedError:
-            pass
+            self._send(b": connected\n\n")
+            while not await listener.wait(keepalive):
+                if time.monotonic() - self._last_write >= keepalive * 0.9:
+                    self._send(b": keepalive\n\n")
         finally:
             bus.unsubscribe(listener)
         if not self._finished:
             self.finish()
+
+    def _deliver(self) -> None:
+        listener = self._listener
+        if listener is None or self._writing:
+            return  # sent when the write in flight completes
+        events = listener.take()
+        if events:
+            self._send(b"".join(e.wire for e in events))
+
+    def _send(self, data: bytes) -> None:
+        listener = self._listener
+        if self._finished or listener is None or listener.ended:
+            return
+        self.write(data)
+        self._last_write = time.monotonic()
+        self._writing = True
+        self.flush().add_done_callback(self._written)
+
+    def _written(self, future: asyncio.Future[None]) -> None:
+        self._writing = False
+        listener = self._listener
+        if listener is None:
+            return
+        if future.cancelled() or future.exception() is not None:
+            listener.end()  # the client went away
+        elif listener.pending:
+            self._deliver()
+
+    def on_connection_close(self) -> None:
+        if self._listener is not None:
+            self._listener.end()
 
 
 class OpenAPIHandler(BaseHandler):

@@ -286,12 +286,14 @@ def upgrade(engine: Engine) -> None:
 class Store:
     """Synchronous access to the database, used from the gateway's event loop.
 
-    Calls are short (one transaction per batch of decisions), so they run inline: that
-    keeps the order "commit, then announce" trivially true without locks.
+    Calls are short (one transaction per group of batches of decisions, see the
+    arbiter's group commit), so they run inline: that keeps the order "commit, then
+    announce" trivially true without locks.
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._upserts: dict[tuple[str, tuple[str, ...]], Any] = {}
 
     @classmethod
     def open(cls, url: str) -> Store:
@@ -359,6 +361,20 @@ class Store:
                     if not done.rowcount:
                         conn.execute(overrides.insert().values(name=name, spec=spec, updated=now))
 
+    def _upsert(self, dialect: str, keys: tuple[str, ...]) -> Any:
+        """The upsert of request rows with these columns (built once: building one costs
+        more than running it)."""
+        stmt = self._upserts.get((dialect, keys))
+        if stmt is None:
+            table = REQUESTS
+            update = [k for k in keys if k not in ("id", "created")]
+            stmt = _dialect_insert(dialect)(table)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[table.c.id], set_={k: stmt.excluded[k] for k in update}
+            )
+            self._upserts[(dialect, keys)] = stmt
+        return stmt
+
     def _upsert_requests(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         table = REQUESTS
         dialect = conn.dialect.name
@@ -369,11 +385,7 @@ class Store:
         for keys, group in by_keys.items():
             update = [k for k in keys if k not in ("id", "created")]
             if dialect in ("sqlite", "postgresql"):
-                stmt: Any = _dialect_insert(dialect)(table)
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=[table.c.id], set_={k: stmt.excluded[k] for k in update}
-                )
-                conn.execute(stmt, group)
+                conn.execute(self._upsert(dialect, keys), group)
                 continue
             for row in group:  # any other database: look each row up
                 found = conn.execute(select(table.c.id).where(table.c.id == row["id"])).first()

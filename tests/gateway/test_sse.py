@@ -90,3 +90,36 @@ async def test_cull_warning_reaches_the_holder(make_gateway: Any) -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_closed_stream_unsubscribes(gw: Gateway) -> None:
+    events: list[dict[str, Any]] = []
+    task = asyncio.create_task(collect(gw, "alice", events))
+    await until(events, lambda e: e.get("comment") == "connected")
+    assert len(gw.arbiter.bus.listeners) == 1
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while gw.arbiter.bus.listeners and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    assert not gw.arbiter.bus.listeners
+
+
+async def test_bus_batches_delivery_and_drops_a_listener_that_falls_behind() -> None:
+    from jupyter_gpuaas.gateway.events import Event, EventBus
+
+    bus = EventBus(maxsize=5)
+    calls: list[int] = []
+    got: list[str] = []
+    stuck = bus.subscribe(lambda: calls.append(1))  # never takes its events
+    bob = bus.subscribe(lambda: got.extend(e.name for e in bob.take()), owner="bob")
+    for i in range(5):
+        bus.publish(Event(f"e{i}", {"t": 0.0}, user="alice"))
+    bus.publish(Event("bob's", {"t": 0.0}, user="bob"))
+    bus.publish(Event("node", {"t": 0.0}))  # about no request: everyone
+    assert stuck.dropped and stuck not in bus.listeners and stuck.ready.is_set()
+    assert got == []  # delivered together, `coalesce` seconds after the first
+    await asyncio.sleep(bus.coalesce + 0.05)
+    assert got == ["bob's", "node"] and calls == []
+    assert Event("x", {"t": 1.0}).wire == b'event: x\ndata: {"t": 1.0}\n\n'
