@@ -1,0 +1,739 @@
+"""Gateway under load (issue 3): open-loop submissions, 500 SSE listeners, release latency.
+
+Starts a real `jupyter-gpuaas gateway` subprocess (temporary SQLite store in WAL mode with
+synchronous=FULL, simulated devices, a token file of 16 users in 4 tenants plus 2 viewers),
+then from THIS process, over loopback:
+
+1. opens `--listeners` SSE streams on `api/events` (90% spread over the 16 users, 10% by
+   the two users with view rights, who hear every decision);
+2. submits at a steady `--rate` per second for `--duration` seconds, open loop: request i
+   is scheduled at start + i/rate and sent then whatever happened to the ones before it;
+   its latency is measured from that scheduled instant to the last byte of the answer, so
+   a stalled gateway (or a stalled load generator) shows up as latency, not as a lower
+   rate. Each accepted request is cancelled (`DELETE`, by its owner) after a random
+   lifetime of 1-9 s, so the live set stays near rate x 5 s instead of growing without
+   bound; a cancel of an admitted request is a release that admits the next in line.
+   16 a100 GPUs against ~1,000 live 1-2 GPU requests: almost every submission queues;
+3. reads the gateway's peak RSS (VmHWM of /proc/<pid>/status) and counts SSE deliveries
+   against the decision log (every listener must receive every decision it may see);
+4. release to next admission: on a 1-GPU h100 node, a holder and a queued waiter; the
+   holder is DELETEd and the clock runs until the waiter's `admit` event reaches the
+   waiter's own SSE listener (the 500 listeners stay connected). `--probes` times.
+
+Errors are any non-2xx answer or a connection error. Everything runs on one machine: the
+load generator shares the CPUs with the gateway (say so when quoting the numbers).
+
+    .venv/bin/python benchmarks/gateway_load.py [--quick] [--duration S] [--rate N]
+        [--listeners N] [--probes N] [--json FILE]
+
+`--quick` is 5 s at 50/s with 50 listeners and 5 probes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TARGETS = {
+    "submit_p99_ms": 50.0,
+    "errors": 0,
+    "rss_mib": 300.0,
+    "release_to_admit_ms": 100.0,
+}
+
+TENANTS = ("t0", "t1", "t2", "t3")
+USERS_PER_TENANT = 4
+VIEWERS = ("viewer0", "viewer1")
+PROBE = "probe"
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def users() -> list[tuple[str, str]]:
+    """(user, tenant) of the submitting users."""
+    return [(f"{t}u{i}", t) for t in TENANTS for i in range(USERS_PER_TENANT)]
+
+
+def token_of(user: str) -> str:
+    return f"tok-{user}-0123456789"
+
+
+def write_config(tmp: Path) -> tuple[Path, Path]:
+    quotas = {
+        "flavors": {
+            "a100": {"nodes": 2, "gpus_per_node": 8},
+            "h100": {"nodes": 1, "gpus_per_node": 1},
+        },
+        "tenants": {
+            **{t: {"quota": {"a100": 4}} for t in TENANTS},
+            PROBE: {"quota": {"h100": 1}},
+        },
+    }
+    tokens: dict[str, Any] = {}
+    for user, tenant in users():
+        tokens[token_of(user)] = {"user": user, "groups": [tenant]}
+    for user in VIEWERS:
+        tokens[token_of(user)] = {"user": user, "groups": [], "view": True}
+    tokens[token_of(PROBE)] = {"user": PROBE, "groups": [PROBE]}
+    q, t = tmp / "quotas.yaml", tmp / "tokens.yaml"
+    q.write_text(yaml.safe_dump(quotas, sort_keys=False))
+    t.write_text(yaml.safe_dump({"tokens": tokens}))
+    return q, t
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def system_cpu() -> tuple[list[float], float]:
+    """(the machine's CPU seconds by kind: user, nice, system, idle, iowait, irq, softirq,
+    steal; and the clock), from /proc/stat."""
+    hz = os.sysconf("SC_CLK_TCK")
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    return [int(x) / hz for x in fields], time.perf_counter()
+
+
+def prioritize(nice: int) -> Any:
+    """Run this process (and the gateway it starts) at niceness `nice`; returns an undo.
+
+    With autogroup scheduling (Linux desktops and many VMs) a process's nice value only
+    counts within its session's group, and sessions share the CPUs equally: so the group's
+    own nice value is set too (/proc/self/autogroup), and put back afterwards.
+    """
+    if not nice:
+        return lambda: None
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    group = Path("/proc/self/autogroup")
+    try:
+        before = int(group.read_text().split("nice")[1])
+        group.write_text(str(nice))
+    except (OSError, ValueError, IndexError):
+        return lambda: None
+
+    def undo() -> None:
+        try:
+            group.write_text(str(before))
+        except OSError:
+            pass
+
+    return undo
+
+
+def start_gateway(
+    tmp: Path, extra: list[str], nice: int = 0
+) -> tuple[subprocess.Popen[bytes], int, Path]:
+    q, t = write_config(tmp)
+    port = free_port()
+    db = tmp / "gpuaas.sqlite"
+    log = tmp / "gateway.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for k in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_SERVICE_NAME"):
+        env.pop(k, None)
+    argv = [
+        sys.executable,
+        "-m",
+        "jupyter_gpuaas.gateway.app",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--quotas={q}",
+        f"--tokens={t}",
+        "--devices=simulated:a100=2x8,h100=1x1",
+        f"--db-url=sqlite:///{db}",
+        *extra,
+    ]
+
+    def lift() -> None:  # in the child: the same scheduling priority as the generator
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp, preexec_fn=lift
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"gateway exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/openapi.json", timeout=1):
+                return proc, port, db
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"gateway did not start:\n{log.read_text()[-3000:]}")
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of a process, in KiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(rest.split()[0])
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    ram = 0.0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            ram = int(line.split()[1]) / 1024 / 1024
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gib": round(ram, 1),
+        "python": platform.python_version(),
+    }
+
+
+def server_times(log: Path) -> dict[str, list[float]]:
+    """Tornado's own request_time (ms, headers read to answer written) per method, from
+    the gateway's access log: how much of the latency was spent inside the gateway."""
+    out: dict[str, list[float]] = {"POST": [], "DELETE": []}
+    for line in log.read_text(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[-1].endswith("ms") and parts[-4] in out:
+            try:
+                out[parts[-4]].append(float(parts[-1][:-2]))
+            except ValueError:
+                pass
+    return out
+
+
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100); nan for no values."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))]
+
+
+# --------------------------------------------------------------------------- HTTP client
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection (the gateway always sends Content-Length)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def call(
+        self, method: str, path: str, token: str, body: bytes = b""
+    ) -> tuple[int, bytes]:
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: token {token}\r\nContent-Length: {len(body)}\r\n"
+        )
+        if body:
+            head += "Content-Type: application/json\r\n"
+        self.writer.write(head.encode() + b"\r\n" + body)
+        status_line = await self.reader.readuntil(b"\r\n")
+        headers = await self.reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in headers.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        payload = await self.reader.readexactly(length) if length else b""
+        return int(status_line.split(b" ", 2)[1]), payload
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Pool:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.idle: deque[Conn] = deque()
+        self.opened = 0
+
+    async def _open(self) -> Conn:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.opened += 1
+        return Conn(reader, writer)
+
+    async def warm(self, n: int) -> None:
+        conns = await asyncio.gather(*(self._open() for _ in range(n)))
+        self.idle.extend(conns)
+
+    async def call(
+        self, method: str, path: str, token: str, body: bytes = b""
+    ) -> tuple[int, bytes]:
+        conn = self.idle.pop() if self.idle else await self._open()
+        try:
+            result = await conn.call(method, path, token, body)
+        except BaseException:
+            conn.close()
+            raise
+        self.idle.append(conn)
+        return result
+
+    def close(self) -> None:
+        while self.idle:
+            self.idle.pop().close()
+
+
+# --------------------------------------------------------------------------- SSE listeners
+
+
+class SSE(asyncio.Protocol):
+    """A listener on api/events that counts events and the decision-to-receipt lag.
+
+    Parsing is kept cheap (the generator shares the CPUs with the gateway): the decision's
+    `t` is the first key of every event's data, so it is read without decoding the JSON.
+    `watch` listeners decode every event and hand it to `on_event`.
+    """
+
+    def __init__(self, who: str, lags: list[float], on_event: Any = None) -> None:
+        self.who = who
+        self.lags = lags
+        self.on_event = on_event
+        self.buf = b""
+        self.events = 0
+        self.by_name: Counter[str] = Counter()
+        self.connected = asyncio.get_running_loop().create_future()
+        self.closed = False
+        self.headers_done = False
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        req = (
+            "GET /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: token {token_of(self.who)}\r\nAccept: text/event-stream\r\n\r\n"
+        )
+        transport.write(req.encode())
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        buf = self.buf + data
+        if not self.headers_done:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self.buf = buf
+                return
+            status = buf[: buf.find(b"\r\n")]
+            if b" 200 " not in status and not self.connected.done():
+                self.connected.set_exception(RuntimeError(status.decode()))
+            self.headers_done = True
+            buf = buf[end + 4 :]
+            # chunked transfer: the chunk-size lines are stripped below, per block
+        blocks = buf.split(b"\n\n")
+        self.buf = blocks.pop()
+        for block in blocks:
+            i = block.find(b"event: ")
+            if i < 0:
+                if b": connected" in block and not self.connected.done():
+                    self.connected.set_result(None)
+                continue
+            j = block.index(b"\n", i)
+            name = block[i + 7 : j].decode()
+            k = block.index(b'{"t": ', j)
+            t = float(block[k + 6 : block.index(b",", k)])
+            self.events += 1
+            self.by_name[name] += 1
+            self.lags.append(now - t)
+            if self.on_event is not None:
+                data_at = block.index(b"data: ", j) + 6
+                self.on_event(name, json.loads(block[data_at:]), now)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.connected.done():
+            self.connected.set_exception(exc or ConnectionError("closed"))
+
+
+async def open_listener(port: int, listener: SSE) -> None:
+    loop = asyncio.get_running_loop()
+    await loop.create_connection(lambda: listener, "127.0.0.1", port)
+    await asyncio.wait_for(listener.connected, 30)
+
+
+# --------------------------------------------------------------------------- the load
+
+
+@dataclass
+class Load:
+    latencies: list[float] = field(default_factory=list)  # submit, from scheduled send
+    send_late: list[float] = field(default_factory=list)  # generator lateness at send
+    cancel_latencies: list[float] = field(default_factory=list)
+    accepted: int = 0
+    states: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    cancels: int = 0
+    cancel_conflicts: int = 0
+    pending: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+async def submit_one(
+    pool: Pool, load: Load, sched: float, user: str, tenant: str, rng: random.Random
+) -> None:
+    late = time.perf_counter() - sched
+    load.send_late.append(late)
+    body = {
+        "tenant": tenant,
+        "kind": rng.choice(("kernel", "job")),
+        "gpus": rng.choice((1, 1, 1, 2)),
+        "name": "load",
+    }
+    try:
+        status, payload = await pool.call(
+            "POST", "/api/requests", token_of(user), json.dumps(body).encode()
+        )
+    except (OSError, asyncio.IncompleteReadError) as e:
+        load.errors[f"submit {type(e).__name__}"] += 1
+        return
+    load.latencies.append(time.perf_counter() - sched)
+    if status != 201:
+        load.errors[f"submit HTTP {status}"] += 1
+        return
+    load.accepted += 1
+    obj = json.loads(payload)
+    load.states[obj["state"]] += 1
+    await asyncio.sleep(rng.uniform(1.0, 9.0))
+    t0 = time.perf_counter()
+    try:
+        status, payload = await pool.call("DELETE", f"/api/requests/{obj['id']}", token_of(user))
+    except (OSError, asyncio.IncompleteReadError) as e:
+        load.errors[f"cancel {type(e).__name__}"] += 1
+        return
+    load.cancel_latencies.append(time.perf_counter() - t0)
+    load.cancels += 1
+    if status == 409:  # ended on its own (preempted, lease expired): not an error
+        load.cancel_conflicts += 1
+    elif status != 200:
+        load.errors[f"cancel HTTP {status}"] += 1
+
+
+async def run_load(pool: Pool, rate: float, duration: float, seed: int) -> Load:
+    load = Load()
+    rng = random.Random(seed)
+    who = users()
+    n = int(rate * duration)
+    start = time.perf_counter() + 0.05
+    for i in range(n):
+        sched = start + i / rate
+        delay = sched - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        user, tenant = who[rng.randrange(len(who))]
+        task = asyncio.create_task(submit_one(pool, load, sched, user, tenant, rng))
+        load.pending.add(task)
+        task.add_done_callback(load.pending.discard)
+    return load
+
+
+# --------------------------------------------------------------------------- release probe
+
+
+async def release_probes(pool: Pool, port: int, probes: int) -> dict[str, Any]:
+    """DELETE the h100 holder; time until the queued waiter's admit reaches its listener."""
+    admitted: dict[str, float] = {}
+    waiters: dict[str, asyncio.Future[float]] = {}
+
+    def on_event(name: str, data: dict[str, Any], now: float) -> None:
+        if name == "admit":
+            fut = waiters.pop(data.get("id", ""), None)
+            if fut is not None and not fut.done():
+                fut.set_result(time.perf_counter())
+            admitted[data.get("id", "")] = now
+
+    listener = SSE(PROBE, [], on_event)
+    await open_listener(port, listener)
+    tok = token_of(PROBE)
+    body = json.dumps({"tenant": PROBE, "kind": "kernel", "gpus": 1, "flavor": "h100"}).encode()
+    status, payload = await pool.call("POST", "/api/requests", tok, body)
+    assert status == 201, payload
+    holder = json.loads(payload)
+    assert holder["state"] == "admitted", holder
+    times: list[float] = []
+    for _ in range(probes):
+        status, payload = await pool.call("POST", "/api/requests", tok, body)
+        assert status == 201, payload
+        waiter = json.loads(payload)
+        assert waiter["state"] == "queued", waiter
+        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        waiters[waiter["id"]] = fut
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        status, payload = await pool.call("DELETE", f"/api/requests/{holder['id']}", tok)
+        assert status == 200, payload
+        t1 = await asyncio.wait_for(fut, 10)
+        times.append(t1 - t0)
+        holder = waiter
+    await pool.call("DELETE", f"/api/requests/{holder['id']}", tok)
+    assert listener.transport is not None
+    listener.transport.close()
+    ms = [t * 1000 for t in times]
+    return {
+        "n": len(ms),
+        "median_ms": round(pct(ms, 50), 1),
+        "p95_ms": round(pct(ms, 95), 1),
+        "max_ms": round(max(ms), 1),
+    }
+
+
+# --------------------------------------------------------------------------- accounting
+
+
+def expected_deliveries(db: Path, after_seq: int, upto_seq: int) -> tuple[Counter[str], int]:
+    """Decisions committed in (after_seq, upto_seq], per request owner; and the total."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute(
+            "SELECT r.user, count(*) FROM decisions d LEFT JOIN requests r "
+            "ON r.id = d.request_id WHERE d.seq > ? AND d.seq <= ? GROUP BY r.user",
+            (after_seq, upto_seq),
+        ).fetchall()
+    finally:
+        con.close()
+    per_user: Counter[str] = Counter()
+    for user, n in rows:
+        per_user[user or ""] += n
+    return per_user, sum(per_user.values())
+
+
+def last_seq(db: Path) -> int:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return int(con.execute("SELECT coalesce(max(seq), 0) FROM decisions").fetchone()[0])
+    finally:
+        con.close()
+
+
+async def quiet(listeners: list[SSE], settle: float = 1.0, limit: float = 60.0) -> None:
+    """Wait until no listener has received anything for `settle` seconds."""
+    deadline = time.monotonic() + limit
+    last = -1
+    while time.monotonic() < deadline:
+        total = sum(sse.events for sse in listeners)
+        if total == last:
+            return
+        last = total
+        await asyncio.sleep(settle)
+
+
+# --------------------------------------------------------------------------- main
+
+
+async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    proc, port, db = start_gateway(tmp, args.gateway_arg or [], args.nice)
+    try:
+        rss_idle = proc_status(proc.pid)
+        pool = Pool(port)
+        await pool.warm(args.connections)
+        # Listeners: 10% by the viewers (they hear everything), the rest over the users.
+        lags: list[float] = []
+        listeners: list[SSE] = []
+        who = [u for u, _ in users()]
+        for i in range(args.listeners):
+            if i % 10 == 9:
+                user = VIEWERS[(i // 10) % len(VIEWERS)]
+            else:
+                user = who[i % len(who)]
+            listeners.append(SSE(user, lags))
+        for i in range(0, len(listeners), 50):
+            await asyncio.gather(*(open_listener(port, s) for s in listeners[i : i + 50]))
+        rss_listening = proc_status(proc.pid)
+        seq0 = last_seq(db)
+        cpu0, wall0 = cpu_seconds(proc.pid), time.perf_counter()
+        own0 = time.process_time()
+        sys0, at0 = system_cpu()
+        load0 = os.getloadavg()[0]
+        print(
+            f"gateway pid {proc.pid} on :{port}; {len(listeners)} listeners connected; "
+            f"{args.rate:g}/s for {args.duration:g} s ...",
+            file=sys.stderr,
+        )
+        load = await run_load(pool, args.rate, args.duration, args.seed)
+        submitted_wall = time.perf_counter() - wall0
+        window_cpu = cpu_seconds(proc.pid) - cpu0
+        own_cpu = time.process_time() - own0
+        sys1, at1 = system_cpu()
+        used = [(b - a) / (at1 - at0) for a, b in zip(sys0, sys1, strict=True)]
+        machine_busy = sum(used) - used[3] - used[4]
+        # Let the cancels scheduled by the last submissions happen, then settle.
+        if load.pending:
+            await asyncio.wait(list(load.pending), timeout=60)
+        gateway_cpu = cpu_seconds(proc.pid) - cpu0
+        await quiet(listeners)
+        seq1 = last_seq(db)
+        per_user, total = expected_deliveries(db, seq0, seq1)
+        expected = 0
+        received = 0
+        short: list[str] = []
+        for sse in listeners:
+            want = total if sse.who in VIEWERS else per_user[sse.who] + per_user[""]
+            expected += want
+            received += sse.events
+            if sse.events != want or sse.closed:
+                short.append(f"{sse.who}: {sse.events}/{want}{' closed' if sse.closed else ''}")
+        probe = await release_probes(pool, port, args.probes)
+        status = proc_status(proc.pid)
+        pool.close()
+        for sse in listeners:
+            if sse.transport is not None:
+                sse.transport.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    inside = server_times(tmp / "gateway.log")
+    lat = [x * 1000 for x in load.latencies]
+    late = [x * 1000 for x in load.send_late]
+    canc = [x * 1000 for x in load.cancel_latencies]
+    lag = [x * 1000 for x in lags]
+    n_err = sum(load.errors.values())
+    result = {
+        "machine": machine(),
+        "command": " ".join(["benchmarks/gateway_load.py", *sys.argv[1:]]),
+        "rate_per_s": args.rate,
+        "duration_s": args.duration,
+        "listeners": args.listeners,
+        "submitted": len(load.latencies)
+        + sum(n for k, n in load.errors.items() if k.startswith("submit ") and "HTTP" not in k),
+        "submit_window_s": round(submitted_wall, 2),
+        "accepted": load.accepted,
+        "states_at_submit": dict(load.states),
+        "errors": n_err,
+        "error_kinds": dict(load.errors),
+        "submit_ms": {
+            "p50": round(pct(lat, 50), 1),
+            "p95": round(pct(lat, 95), 1),
+            "p99": round(pct(lat, 99), 1),
+            "max": round(max(lat, default=math.nan), 1),
+        },
+        # the same, inside the gateway (tornado's request_time, from its access log)
+        "submit_in_gateway_ms": {
+            "p50": round(pct(inside["POST"], 50), 1),
+            "p99": round(pct(inside["POST"], 99), 1),
+            "max": round(max(inside["POST"], default=math.nan), 1),
+        },
+        "generator_late_ms": {"p99": round(pct(late, 99), 1), "max": round(max(late), 1)},
+        "cancels": load.cancels,
+        "cancel_conflicts": load.cancel_conflicts,
+        "cancel_ms": {"p50": round(pct(canc, 50), 1), "p99": round(pct(canc, 99), 1)},
+        "connections_opened": pool.opened,
+        "gateway_cpu_s": round(gateway_cpu, 1),
+        # CPU seconds per second of the submission window: gateway and this generator
+        "cpu_share_in_window": {
+            "gateway": round(window_cpu / submitted_wall, 2),
+            "generator": round(own_cpu / submitted_wall, 2),
+            # everything else on the machine (other jobs, the kernel's own threads)
+            "others": round(machine_busy - (window_cpu + own_cpu) / submitted_wall, 2),
+            "of_which_softirq": round(used[6], 2),  # loopback TCP is mostly softirq
+            "steal": round(used[7], 2),
+            "idle": round(used[3] + used[4], 2),
+        },
+        "load_average_at_start": round(load0, 2),
+        "nice": args.nice,
+        "gateway_cpu_ms_per_submission": round(1000 * gateway_cpu / max(1, load.accepted), 2),
+        "rss_mib": {
+            "idle": round(rss_idle["VmRSS"] / 1024, 1),
+            "listening": round(rss_listening["VmRSS"] / 1024, 1),
+            "end": round(status["VmRSS"] / 1024, 1),
+            "peak": round(status["VmHWM"] / 1024, 1),
+        },
+        "sse": {
+            "decisions": total,
+            "expected_deliveries": expected,
+            "received": received,
+            "missing": expected - received,
+            "listeners_short": short[:10],
+            "lag_ms": {
+                "p50": round(pct(lag, 50), 1),
+                "p99": round(pct(lag, 99), 1),
+                "max": round(max(lag, default=math.nan), 1),
+            },
+        },
+        "release_to_admit": probe,
+    }
+    result["pass"] = {
+        "submit_p99_under_50ms": result["submit_ms"]["p99"] < TARGETS["submit_p99_ms"],
+        "zero_errors": n_err == 0 and not short,
+        "rss_under_300mib": result["rss_mib"]["peak"] < TARGETS["rss_mib"],
+        "release_to_admit_under_100ms": probe["max_ms"] < TARGETS["release_to_admit_ms"],
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="5 s, 50/s, 50 listeners, 5 probes")
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--rate", type=float, default=200.0)
+    p.add_argument("--listeners", type=int, default=500)
+    p.add_argument("--probes", type=int, default=20)
+    p.add_argument("--connections", type=int, default=32, help="keep-alive connections")
+    p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="scheduling niceness of the gateway and the generator (negative needs root): "
+        "keeps unrelated jobs on a shared machine from taking the CPU from them",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (db, gateway log)")
+    p.add_argument(
+        "--gateway-arg", action="append", help="extra gateway flag (repeatable)", default=[]
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.duration, args.rate, args.listeners, args.probes = 5.0, 50.0, 50, 5
+    tmp = Path(tempfile.mkdtemp(prefix="gw-load-"))
+    restore_autogroup = prioritize(args.nice)
+    try:
+        result = asyncio.run(bench(args, tmp))
+    finally:
+        restore_autogroup()
+        if args.keep:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0 if all(result["pass"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
