@@ -60,7 +60,10 @@ class AdmissionCore:
         self._timers = Timers()
         self._requests: dict[str, Request] = {}
         self._queues: dict[str, TenantQueue] = {t: TenantQueue() for t in config.tenants}
+        # Device holders per (tenant, flavor), and their GPUs per priority: the candidates
+        # of a preemption search, and a quick bound on what one could achieve.
         self._holding: dict[tuple[str, str], dict[str, Request]] = defaultdict(dict)
+        self._held_by_priority: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
         self._entries: dict[str, _Entry | None] = {}
         self._dirty: set[str] = set()
         self._strict_blocked: set[str] = set()
@@ -282,7 +285,7 @@ class AdmissionCore:
                 return out
             self._cluster.bind(node, req.id, req.devices)
             self._ledger.add(req.tenant, flavor, req.gpus)
-            self._holding[(req.tenant, flavor)][req.id] = req
+            self._hold(req, flavor)
             if req.idle_since is not None:
                 self._arm_cull(req)
             if req.lease_expires is not None:
@@ -394,11 +397,20 @@ class AdmissionCore:
             if entry is None:
                 self._strict_blocked.add(tenant)
             return entry
+        # A head that fails by quota (not capacity) and cannot preempt condemns every later
+        # head with the same flavor choice, as many GPUs or more and no higher priority:
+        # they would fail the same checks, so they are marked without being tried.
+        failed: list[tuple[str | None, int, int]] = []
         for _, bucket, req in q.heads():
+            if any(f == req.flavor and req.gpus >= g and req.priority <= p for f, g, p in failed):
+                bucket.inadmissible = True
+                continue
             entry = self._try(req, bucket.key)
             if entry is not None:
                 return entry
             bucket.inadmissible = True
+            if (tenant, bucket.key) not in self._capacity_blocked:
+                failed.append((req.flavor, req.gpus, req.priority))
         return None
 
     def _try(
@@ -453,28 +465,68 @@ class AdmissionCore:
         key = (1, borrowing, share, *order_key(req))
         return _Entry(req, mode, flavor, borrowing, victims or [], key, self._epoch)
 
+    def _hold(self, req: Request, flavor: str) -> None:
+        self._holding[(req.tenant, flavor)][req.id] = req
+        by_prio = self._held_by_priority[(req.tenant, flavor)]
+        by_prio[req.priority] = by_prio.get(req.priority, 0) + req.gpus
+
+    def _unhold(self, req: Request, flavor: str) -> None:
+        if self._holding[(req.tenant, flavor)].pop(req.id, None) is not None:
+            by_prio = self._held_by_priority[(req.tenant, flavor)]
+            left = by_prio[req.priority] - req.gpus
+            if left:
+                by_prio[req.priority] = left
+            else:
+                del by_prio[req.priority]
+
     def _victim_pool(self, req: Request, flavor: str) -> list[Request]:
         """Requests holding `flavor` that the preemption policy could ever evict for `req`:
         its own tenant's (unless within_tenant is Never) and those of cohort members above
-        their nominal quota (unless the cohort policies are Never). Most searches end here.
+        their nominal quota (unless the cohort policies are Never).
+
+        Empty when even evicting all of them could not make room: most failing searches
+        end on that bound, computed from GPUs held per priority, without a candidate list.
         """
         spec = self._config.tenants[req.tenant]
         p = spec.preemption
-        pool: list[Request] = []
+        ledger = self._ledger
+        prio = req.priority
+        own_gpus = 0
         if p.within_tenant != "Never":
-            pool += [
-                v
-                for v in self._holding[(req.tenant, flavor)].values()
-                if v.priority <= req.priority
-            ]
+            for q, gpus in self._held_by_priority[(req.tenant, flavor)].items():
+                if q < prio or (q == prio and p.within_tenant == "LowerOrNewerEqualPriority"):
+                    own_gpus += gpus
+        others: list[str] = []
+        removed: dict[str, int] = {req.tenant: own_gpus}
         if spec.cohort and (
             p.reclaim_within_cohort != "Never" or p.borrow_within_cohort != "Never"
         ):
             anyone = p.reclaim_within_cohort == "Any"
-            for name in self._ledger.members[spec.cohort]:
-                if name != req.tenant and self._ledger.borrowed(name, flavor) > 0:
-                    held = self._holding[(name, flavor)].values()
-                    pool += held if anyone else [v for v in held if v.priority < req.priority]
+            for name in ledger.members[spec.cohort]:
+                if name == req.tenant:
+                    continue
+                borrowed = ledger.borrowed(name, flavor)
+                if borrowed <= 0:
+                    continue
+                held = self._held_by_priority[(name, flavor)]
+                gpus = sum(g for q, g in held.items() if anyone or q < prio)
+                if gpus:
+                    # All of it, not just what it borrowed: the last victim may overshoot.
+                    others.append(name)
+                    removed[name] = gpus
+        if not own_gpus and not others:
+            return []
+        freeable = sum(removed.values()) + self._cluster.free_in(flavor)
+        borrow_ok = p.borrow_within_cohort != "Never"
+        if freeable < req.gpus or not ledger.fits(
+            req.tenant, flavor, req.gpus, removed, allow_borrow=borrow_ok
+        ):
+            return []
+        pool: list[Request] = []
+        if own_gpus:
+            pool += [v for v in self._holding[(req.tenant, flavor)].values() if v.priority <= prio]
+        for name in others:
+            pool += self._holding[(name, flavor)].values()
         return pool
 
     def _apply(self, e: _Entry, now: float, out: list[Decision]) -> None:
@@ -523,7 +575,7 @@ class AdmissionCore:
         req.assigned_flavor = flavor
         req.state = State.ADMITTED
         req.admit_time = now
-        self._holding[(req.tenant, flavor)][req.id] = req
+        self._hold(req, flavor)
         if self._config.policy.lease_ttl > 0:
             req.lease_expires = now + self._config.policy.lease_ttl
             self._timers.set(_LEASE, req.id, req.lease_expires)
@@ -536,7 +588,7 @@ class AdmissionCore:
     def _release_devices(self, req: Request, now: float) -> None:
         flavor = req.assigned_flavor or ""
         node = self._cluster.unbind(req.node or "", req.devices, now)
-        self._holding[(req.tenant, flavor)].pop(req.id, None)
+        self._unhold(req, flavor)
         if node is not None and not node.holders:
             self._scaler.arm_scale_down(self._config, node, now)
         req.node = None
@@ -556,7 +608,7 @@ class AdmissionCore:
             self._resume_blocked.pop(req.id, None)
             self._timers.clear(_EXPIRE, req.id)
             req.park_expires = None
-        self._quota_freed_in(req.tenant)
+        self._quota_freed_in(req.tenant, flavor)
 
     def _end(self, rid: str, now: float, event: str, state: State, reason: str) -> list[Decision]:
         req = self._get(rid)
@@ -673,9 +725,20 @@ class AdmissionCore:
             self._strict_blocked.discard(tenant)
             self._dirty.add(tenant)
 
-    def _quota_freed_in(self, tenant: str) -> None:
+    def _quota_freed_in(self, tenant: str, flavor: str) -> None:
+        """Quota of `flavor` freed in the tenant's cohort: wake the members' heads that could
+        use it. Heads pinned to another flavor, or of members without quota for this one,
+        stay asleep: nothing they wait for changed."""
         cohort = self._config.tenants[tenant].cohort
-        self._wake(self._ledger.members[cohort] if cohort else (tenant,))
+        for name in self._ledger.members[cohort] if cohort else (tenant,):
+            q = self._queues[name]
+            can_use = flavor in self._config.tenants[name].quota
+            for bucket in q.buckets.values():
+                pin = bucket.key[0]
+                if pin == flavor or (pin is None and can_use):
+                    bucket.inadmissible = False
+            self._strict_blocked.discard(name)
+            self._dirty.add(name)
 
     # ------------------------------------------------------------------ idle policy
 

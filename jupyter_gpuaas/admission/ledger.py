@@ -30,7 +30,18 @@ class Ledger:
         self.tenants: Mapping[str, Tenant] = config.tenants
         self.members: dict[str, list[str]] = defaultdict(list)
         self._pool: dict[tuple[str, str], int] = defaultdict(int)
+        # Per (tenant, flavor): nominal, guaranteed, borrowing limit (None: unlimited).
+        # Flat dicts, because the admission cycle asks these questions millions of times.
+        self._nominal: dict[tuple[str, str], int] = {}
+        self._guaranteed: dict[tuple[str, str], int] = {}
+        self._limit: dict[tuple[str, str], int | None] = {}
+        self._cohort: dict[str, str | None] = {}
         for t in config.tenants.values():
+            self._cohort[t.name] = t.cohort
+            for f, nominal in t.quota.items():
+                self._nominal[(t.name, f)] = nominal
+                self._guaranteed[(t.name, f)] = t.guaranteed(f)
+                self._limit[(t.name, f)] = t.borrowing_limit.get(f)
             if t.cohort is not None:
                 self.members[t.cohort].append(t.name)
                 for f in t.quota:
@@ -54,18 +65,19 @@ class Ledger:
         before = self.usage[key]
         after = before + delta
         self.usage[key] = after
-        t = self.tenants[tenant]
-        if t.cohort is not None:
-            g = t.guaranteed(flavor)
-            self._drawn[(t.cohort, flavor)] += max(0, after - g) - max(0, before - g)
+        cohort = self._cohort[tenant]
+        if cohort is not None:
+            g = self._guaranteed.get(key, 0)
+            self._drawn[(cohort, flavor)] += max(0, after - g) - max(0, before - g)
 
     # --- questions -----------------------------------------------------------------
 
     def nominal(self, tenant: str, flavor: str) -> int:
-        return self.tenants[tenant].quota.get(flavor, 0)
+        return self._nominal.get((tenant, flavor), 0)
 
     def borrowed(self, tenant: str, flavor: str) -> int:
-        return max(0, self.usage[(tenant, flavor)] - self.nominal(tenant, flavor))
+        key = (tenant, flavor)
+        return max(0, self.usage[key] - self._nominal.get(key, 0))
 
     def pool(self, cohort: str, flavor: str) -> int:
         return self._pool[(cohort, flavor)]
@@ -83,35 +95,36 @@ class Ledger:
         `removed` takes GPUs away from tenants first (per tenant, this flavor): the
         preemption search asks "would it fit if these victims went?".
         """
-        t = self.tenants[tenant]
-        if flavor not in t.quota:
-            return False
+        key = (tenant, flavor)
+        nominal = self._nominal.get(key)
+        if nominal is None:
+            return False  # a flavor absent from the tenant's quota is not usable by it
         rm = removed or {}
-        used = self.usage[(tenant, flavor)] - rm.get(tenant, 0)
+        used = self.usage[key] - rm.get(tenant, 0)
         after = used + gpus
-        nominal = t.quota[flavor]
-        if after <= nominal and t.cohort is None:
-            return True
-        if t.cohort is None or (not allow_borrow and after > nominal):
+        cohort = self._cohort[tenant]
+        if cohort is None:
+            return after <= nominal
+        if not allow_borrow and after > nominal:
             return False
-        limit = t.borrowing_limit.get(flavor)
+        limit = self._limit[key]
         if limit is not None and after > nominal + limit:
             return False
-        drawn = self._drawn[(t.cohort, flavor)]
+        drawn = self._drawn[(cohort, flavor)]
         for name, gone in rm.items():
-            m = self.tenants[name]
-            if m.cohort != t.cohort or not gone:
+            if not gone or self._cohort.get(name) != cohort:
                 continue
             u = self.usage[(name, flavor)]
-            g = m.guaranteed(flavor)
+            g = self._guaranteed.get((name, flavor), 0)
             drawn += max(0, u - gone - g) - max(0, u - g)
-        g = t.guaranteed(flavor)
+        g = self._guaranteed[key]
         drawn += max(0, after - g) - max(0, used - g)
-        return drawn <= self._pool[(t.cohort, flavor)]
+        return drawn <= self._pool[(cohort, flavor)]
 
     def borrows(self, tenant: str, flavor: str, gpus: int, removed: int = 0) -> bool:
         """Would holding `gpus` more put the tenant above its nominal quota?"""
-        return self.usage[(tenant, flavor)] - removed + gpus > self.nominal(tenant, flavor)
+        key = (tenant, flavor)
+        return self.usage[key] - removed + gpus > self._nominal.get(key, 0)
 
     def max_hold(self, tenant: str, flavor: str) -> int:
         """The most the tenant could ever hold of the flavor, with everyone else idle."""

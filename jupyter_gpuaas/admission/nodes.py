@@ -39,6 +39,8 @@ class Cluster:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
         self._by_flavor: dict[str, list[Node]] = {}
+        self._free: dict[str, int] = {}  # free devices per flavor
+        self._widest_free: dict[str, int] = {}  # most free devices on one node, per flavor
         self._order = 0
 
     def add(self, flavor: str, name: str, gpus: int, autoscaled: bool = False) -> Node:
@@ -48,11 +50,15 @@ class Cluster:
         self._order += 1
         self.nodes[name] = node
         self._by_flavor.setdefault(flavor, []).append(node)
+        self._free[flavor] = self._free.get(flavor, 0) + node.free
+        self._widest_free.pop(flavor, None)
         return node
 
     def remove(self, name: str) -> Node:
         node = self.nodes.pop(name)
         self._by_flavor[node.flavor].remove(node)
+        self._free[node.flavor] -= node.free
+        self._widest_free.pop(node.flavor, None)
         return node
 
     def of(self, flavor: str) -> list[Node]:
@@ -61,18 +67,31 @@ class Cluster:
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes.values())
 
+    def free_in(self, flavor: str) -> int:
+        return self._free.get(flavor, 0)
+
     def best_fit(
         self, flavor: str, gpus: int, freed: Mapping[str, int] | None = None
     ) -> Node | None:
         """The node to place `gpus` on, counting `freed` devices (by node) as free too."""
+        if not freed:
+            # Most calls ask "is there room at all?": answer from the cached widest gap.
+            widest = self._widest_free.get(flavor)
+            if widest is not None and widest < gpus:
+                return None
         best: Node | None = None
         best_free = 0
+        widest = 0
         for node in self._by_flavor.get(flavor, ()):
             free = node.free + (freed.get(node.name, 0) if freed else 0)
+            if free > widest:
+                widest = free
             if free >= gpus and (best is None or free < best_free):
                 best, best_free = node, free
                 if free == gpus:
-                    break
+                    return best  # an exact fit: no need to look further (nor to cache)
+        if not freed:
+            self._widest_free[flavor] = widest
         return best
 
     def bind(self, node: Node, rid: str, devices: Iterable[int]) -> None:
@@ -81,6 +100,8 @@ class Cluster:
                 raise RuntimeError(f"device {node.name}:{d} already held by {node.holders[d]}")
             node.holders[d] = rid
             node.free -= 1
+            self._free[node.flavor] -= 1
+        self._widest_free.pop(node.flavor, None)
         node.empty_since = None
 
     def unbind(self, node_name: str, devices: Iterable[int], now: float) -> Node | None:
@@ -90,6 +111,8 @@ class Cluster:
         for d in devices:
             if node.holders.pop(d, None) is not None:
                 node.free += 1
+                self._free[node.flavor] += 1
+        self._widest_free.pop(node.flavor, None)
         if not node.holders:
             node.empty_since = now
         return node
