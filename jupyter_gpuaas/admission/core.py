@@ -22,10 +22,10 @@ from typing import Any
 from . import views
 from .autoscale import READY, SCALE_DOWN, Autoscaler
 from .ledger import Ledger
-from .model import TERMINAL, Config, Decision, Request, State
+from .model import TERMINAL, Config, Decision, Preemption, Request, State
 from .nodes import Cluster, Node
 from .preemption import find_victims
-from .queues import BucketKey, TenantQueue, order_key
+from .queues import Bucket, BucketKey, TenantQueue, order_key
 from .timers import Timers
 from .views import NodeState, Position, TenantUsage
 
@@ -73,6 +73,8 @@ class AdmissionCore:
         # there; bucket None for the tenant itself (StrictFIFO head, waiting resume).
         self._cap_waiters: dict[str, set[tuple[str, BucketKey | None]]] = defaultdict(set)
         self._epoch = 0  # bumps whenever quota or devices are taken
+        self._preempts: dict[str, bool] = {}  # tenants with any preemption policy
+        self._index_policies()
         self._width: dict[str, int] = {}  # widest node per flavor, for rejections
         self._resume_blocked: dict[str, str] = {}  # parked rid -> flavor
         self._scaler = Autoscaler(self._cluster, self._timers)
@@ -87,6 +89,11 @@ class AdmissionCore:
     def config(self) -> Config:
         return self._config
 
+    def _index_policies(self) -> None:
+        self._preempts = {
+            t.name: t.preemption != Preemption() for t in self._config.tenants.values()
+        }
+
     def update_config(self, config: Config, now: float) -> list[Decision]:
         """Adopt new quotas and policy. Nobody is evicted; queues are looked at again."""
         gone = {r.tenant for r in self._requests.values()} - set(config.tenants)
@@ -94,6 +101,7 @@ class AdmissionCore:
             raise ValueError(f"tenants still have requests: {', '.join(sorted(gone))}")
         self._config = config
         self._ledger.reconfigure(config)
+        self._index_policies()
         self._width.clear()
         for t in config.tenants:
             self._queues.setdefault(t, TenantQueue())
@@ -349,6 +357,10 @@ class AdmissionCore:
     def schedule(self, now: float) -> list[Decision]:
         """Admission cycles until no head can be admitted; then the scale demand."""
         out: list[Decision] = []
+        if not self._dirty:
+            # Every head was looked at since the last change and none can go: nothing to
+            # do (most instants of a busy day are activity reports that change nothing).
+            return out
         entries = self._entries
         while True:
             if self._dirty:
@@ -487,47 +499,54 @@ class AdmissionCore:
         Empty when even evicting all of them could not make room: most failing searches
         end on that bound, computed from GPUs held per priority, without a candidate list.
         """
-        spec = self._config.tenants[req.tenant]
+        bound = self._preemption_bound(req.tenant, flavor, req.gpus, req.priority)
+        if bound is None:
+            return []
+        own, others = bound
+        pool: list[Request] = []
+        if own:
+            held = self._holding[(req.tenant, flavor)].values()
+            pool += [v for v in held if v.priority <= req.priority]
+        for name in others:
+            pool += self._holding[(name, flavor)].values()
+        return pool
+
+    def _preemption_bound(
+        self, tenant: str, flavor: str, gpus: int, prio: int
+    ) -> tuple[bool, list[str]] | None:
+        """Could evicting every candidate make room for `gpus` at priority `prio`? If so:
+        whether the tenant's own requests are candidates, and which members' are."""
+        spec = self._config.tenants[tenant]
         p = spec.preemption
         ledger = self._ledger
-        prio = req.priority
         own_gpus = 0
         if p.within_tenant != "Never":
-            for q, gpus in self._held_by_priority[(req.tenant, flavor)].items():
-                if q < prio or (q == prio and p.within_tenant == "LowerOrNewerEqualPriority"):
-                    own_gpus += gpus
+            equal_too = p.within_tenant == "LowerOrNewerEqualPriority"
+            for q, held in self._held_by_priority[(tenant, flavor)].items():
+                if q < prio or (q == prio and equal_too):
+                    own_gpus += held
         others: list[str] = []
-        removed: dict[str, int] = {req.tenant: own_gpus}
+        removed: dict[str, int] = {tenant: own_gpus}
         if spec.cohort and (
             p.reclaim_within_cohort != "Never" or p.borrow_within_cohort != "Never"
         ):
             anyone = p.reclaim_within_cohort == "Any"
             for name in ledger.members[spec.cohort]:
-                if name == req.tenant:
+                if name == tenant or ledger.borrowed(name, flavor) <= 0:
                     continue
-                borrowed = ledger.borrowed(name, flavor)
-                if borrowed <= 0:
-                    continue
-                held = self._held_by_priority[(name, flavor)]
-                gpus = sum(g for q, g in held.items() if anyone or q < prio)
-                if gpus:
+                by_prio = self._held_by_priority[(name, flavor)]
+                held = sum(g for q, g in by_prio.items() if anyone or q < prio)
+                if held:
                     # All of it, not just what it borrowed: the last victim may overshoot.
                     others.append(name)
-                    removed[name] = gpus
+                    removed[name] = held
         if not own_gpus and not others:
-            return []
+            return None
         freeable = sum(removed.values()) + self._cluster.free_in(flavor)
         borrow_ok = p.borrow_within_cohort != "Never"
-        if freeable < req.gpus or not ledger.fits(
-            req.tenant, flavor, req.gpus, removed, allow_borrow=borrow_ok
-        ):
-            return []
-        pool: list[Request] = []
-        if own_gpus:
-            pool += [v for v in self._holding[(req.tenant, flavor)].values() if v.priority <= prio]
-        for name in others:
-            pool += self._holding[(name, flavor)].values()
-        return pool
+        if freeable < gpus or not ledger.fits(tenant, flavor, gpus, removed, borrow_ok):
+            return None
+        return own_gpus > 0, others
 
     def _apply(self, e: _Entry, now: float, out: list[Decision]) -> None:
         req = e.req
@@ -548,6 +567,10 @@ class AdmissionCore:
             self._capacity_blocked.pop((req.tenant, (req.flavor, req.gpus)), None)
         self._bind(req, node, e.flavor, now)
         self._epoch += 1
+        if e.mode == "resume":
+            # Parked, it held quota that no one could take; holding devices again, it is a
+            # candidate for preemption: heads that may evict it look again.
+            self._wake_preemptors(req.tenant, e.flavor)
         if e.mode == "resume" and req.resumed_from is None:
             out.append(
                 Decision(now, "resume", req.id, {"node": node.name, "devices": list(req.devices)})
@@ -732,13 +755,41 @@ class AdmissionCore:
         cohort = self._config.tenants[tenant].cohort
         for name in self._ledger.members[cohort] if cohort else (tenant,):
             q = self._queues[name]
-            can_use = flavor in self._config.tenants[name].quota
+            if flavor not in self._config.tenants[name].quota:
+                continue
+            room = self._ledger.room(name, flavor)
+            may_preempt = self._preempts[name]
+            woken = name in self._strict_blocked
             for bucket in q.buckets.values():
-                pin = bucket.key[0]
-                if pin == flavor or (pin is None and can_use):
+                pin, gpus = bucket.key
+                if not bucket.inadmissible or pin not in (None, flavor):
+                    continue
+                # It fits the freed quota, or it may evict someone (the search will tell).
+                if gpus <= room or may_preempt:
                     bucket.inadmissible = False
-            self._strict_blocked.discard(name)
-            self._dirty.add(name)
+                    woken = True
+            if woken or q.resuming:
+                self._strict_blocked.discard(name)
+                self._dirty.add(name)
+
+    def _wake_preemptors(self, tenant: str, flavor: str) -> None:
+        cohort = self._config.tenants[tenant].cohort
+        for name in self._ledger.members[cohort] if cohort else (tenant,):
+            q = self._queues[name]
+            for bucket in q.buckets.values():
+                if (
+                    bucket.inadmissible
+                    and bucket.key[0] in (None, flavor)
+                    and self._could_preempt(name, flavor, q, bucket)
+                ):
+                    bucket.inadmissible = False
+                    self._dirty.add(name)
+
+    def _could_preempt(self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket) -> bool:
+        head = q.head(bucket)
+        if head is None:
+            return False
+        return self._preemption_bound(tenant, flavor, head.gpus, head.priority) is not None
 
     # ------------------------------------------------------------------ idle policy
 

@@ -121,6 +121,24 @@ class Ledger:
         drawn += max(0, after - g) - max(0, used - g)
         return drawn <= self._pool[(cohort, flavor)]
 
+    def room(self, tenant: str, flavor: str) -> int:
+        """The most GPUs of `flavor` the tenant's quota would admit right now."""
+        key = (tenant, flavor)
+        nominal = self._nominal.get(key)
+        if nominal is None:
+            return 0
+        used = self.usage[key]
+        cohort = self._cohort[tenant]
+        if cohort is None:
+            return max(0, nominal - used)
+        # Up to its guaranteed quota it draws nothing from the pool; beyond, all of it.
+        room = max(0, self._guaranteed[key] - used) + self._pool[(cohort, flavor)]
+        room -= self._drawn[(cohort, flavor)]
+        limit = self._limit[key]
+        if limit is not None:
+            room = min(room, nominal + limit - used)
+        return max(0, room)
+
     def borrows(self, tenant: str, flavor: str, gpus: int, removed: int = 0) -> bool:
         """Would holding `gpus` more put the tenant above its nominal quota?"""
         key = (tenant, flavor)

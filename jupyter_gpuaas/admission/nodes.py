@@ -35,12 +35,19 @@ class Node:
         return tuple(out)
 
 
+def _creation_order(node: Node) -> int:
+    return node.order
+
+
 class Cluster:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
         self._by_flavor: dict[str, list[Node]] = {}
         self._free: dict[str, int] = {}  # free devices per flavor
-        self._widest_free: dict[str, int] = {}  # most free devices on one node, per flavor
+        # flavor -> free devices -> nodes with exactly that many free: best fit looks at
+        # a handful of these instead of every node.
+        self._by_free: dict[str, dict[int, dict[str, Node]]] = {}
+        self._widest: dict[str, int] = {}  # most devices of one node, per flavor
         self._order = 0
 
     def add(self, flavor: str, name: str, gpus: int, autoscaled: bool = False) -> Node:
@@ -51,14 +58,15 @@ class Cluster:
         self.nodes[name] = node
         self._by_flavor.setdefault(flavor, []).append(node)
         self._free[flavor] = self._free.get(flavor, 0) + node.free
-        self._widest_free.pop(flavor, None)
+        self._by_free.setdefault(flavor, {}).setdefault(node.free, {})[name] = node
+        self._widest[flavor] = max(self._widest.get(flavor, 0), gpus)
         return node
 
     def remove(self, name: str) -> Node:
         node = self.nodes.pop(name)
         self._by_flavor[node.flavor].remove(node)
         self._free[node.flavor] -= node.free
-        self._widest_free.pop(node.flavor, None)
+        del self._by_free[node.flavor][node.free][name]
         return node
 
     def of(self, flavor: str) -> list[Node]:
@@ -75,47 +83,52 @@ class Cluster:
     ) -> Node | None:
         """The node to place `gpus` on, counting `freed` devices (by node) as free too."""
         if not freed:
-            # Most calls ask "is there room at all?": answer from the cached widest gap.
-            widest = self._widest_free.get(flavor)
-            if widest is not None and widest < gpus:
-                return None
+            by_free = self._by_free.get(flavor, {})
+            for free in range(gpus, self._widest.get(flavor, 0) + 1):
+                nodes = by_free.get(free)
+                if nodes:
+                    return min(nodes.values(), key=_creation_order)
+            return None
         best: Node | None = None
         best_free = 0
-        widest = 0
         for node in self._by_flavor.get(flavor, ()):
-            free = node.free + (freed.get(node.name, 0) if freed else 0)
-            if free > widest:
-                widest = free
+            free = node.free + freed.get(node.name, 0)
             if free >= gpus and (best is None or free < best_free):
                 best, best_free = node, free
                 if free == gpus:
-                    return best  # an exact fit: no need to look further (nor to cache)
-        if not freed:
-            self._widest_free[flavor] = widest
+                    break
         return best
 
     def bind(self, node: Node, rid: str, devices: Iterable[int]) -> None:
+        before = node.free
         for d in devices:
             if d in node.holders:  # never two holders for one device
                 raise RuntimeError(f"device {node.name}:{d} already held by {node.holders[d]}")
             node.holders[d] = rid
             node.free -= 1
             self._free[node.flavor] -= 1
-        self._widest_free.pop(node.flavor, None)
+        self._refile(node, before)
         node.empty_since = None
 
     def unbind(self, node_name: str, devices: Iterable[int], now: float) -> Node | None:
         node = self.nodes.get(node_name)
         if node is None:
             return None
+        before = node.free
         for d in devices:
             if node.holders.pop(d, None) is not None:
                 node.free += 1
                 self._free[node.flavor] += 1
-        self._widest_free.pop(node.flavor, None)
+        self._refile(node, before)
         if not node.holders:
             node.empty_since = now
         return node
+
+    def _refile(self, node: Node, before: int) -> None:
+        if node.free != before:
+            by_free = self._by_free[node.flavor]
+            del by_free[before][node.name]
+            by_free.setdefault(node.free, {})[node.name] = node
 
     def capacity(self, flavor: str) -> int:
         return sum(n.gpus for n in self._by_flavor.get(flavor, ()))
