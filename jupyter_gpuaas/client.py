@@ -232,50 +232,54 @@ class GatewayClient(_Base):
 
     async def events(self, *, comments: bool = False) -> AsyncIterator[dict[str, Any]]:
         """Yield `{"event": name, "data": {...}}` per SSE event (and `{"comment": text}`
-        for keepalives when `comments`). Ends when the server closes the stream."""
+        for keepalives when `comments`). Ends when the server closes the stream.
+
+        A plain HTTP/1.0 request on an asyncio connection, so that a consumer who stops
+        iterating closes the connection at once (tornado's client cannot be hung up on
+        without raising into its own callbacks), and the body arrives unchunked.
+        """
         import asyncio
+        import ssl
 
-        from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        stopped = False
-
-        def on_chunk(chunk: bytes) -> None:
-            # Raising here makes tornado close the connection: how a consumer that stopped
-            # iterating hangs up (at the next keepalive at the latest).
-            if stopped:
-                raise GatewayError(0, "event stream closed by the client")
-            queue.put_nowait(chunk)
-
-        fut = AsyncHTTPClient().fetch(
-            self._url("api/events"),
-            headers={**self._headers(), "Accept": "text/event-stream"},
-            streaming_callback=on_chunk,
-            request_timeout=0,
-            connect_timeout=self.timeout,
-        )
-
-        def done(f: Any) -> None:
-            queue.put_nowait(None)
-
-        fut.add_done_callback(done)
-        buf = b""
+        url = urlparse(self._url("api/events"))
+        secure = url.scheme == "https"
+        port = url.port or (443 if secure else 80)
+        context = ssl.create_default_context() if secure else None
         try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(url.hostname, port, ssl=context), self.timeout
+            )
+        except (OSError, asyncio.TimeoutError) as e:
+            raise GatewayError(0, f"cannot reach the gateway at {self.url}: {e}") from None
+        try:
+            target = url.path + (f"?{url.query}" if url.query else "")
+            head = [f"GET {target} HTTP/1.0", f"Host: {url.netloc}", "Accept: text/event-stream"]
+            head += [f"{k}: {v}" for k, v in self._headers().items()]
+            writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
+            status_line = await reader.readline()
+            try:
+                status = int(status_line.split()[1])
+            except (IndexError, ValueError):
+                raise GatewayError(0, f"not an HTTP answer: {status_line[:80]!r}") from None
+            while (await reader.readline()).strip():
+                pass  # response headers
+            if status >= 400:
+                raise _error_from(status, await reader.read())
+            block: list[str] = []
             while True:
-                chunk = await queue.get()
-                if chunk is None:
-                    exc = fut.exception()
-                    if isinstance(exc, HTTPClientError) and exc.response is not None:
-                        raise _error_from(exc.code, exc.response.body or b"")
+                raw = await reader.readline()
+                if not raw:
                     return
-                buf += chunk
-                while b"\n\n" in buf:
-                    block, buf = buf.split(b"\n\n", 1)
-                    parsed = _parse_sse(block.decode())
-                    if parsed is not None and (comments or "comment" not in parsed):
-                        yield parsed
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if line:
+                    block.append(line)
+                    continue
+                parsed = _parse_sse("\n".join(block)) if block else None
+                block = []
+                if parsed is not None and (comments or "comment" not in parsed):
+                    yield parsed
         finally:
-            stopped = True
+            writer.close()
 
 
 def _parse_sse(block: str) -> dict[str, Any] | None:
