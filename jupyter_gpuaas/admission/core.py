@@ -74,6 +74,7 @@ class AdmissionCore:
         self._cap_waiters: dict[str, set[tuple[str, BucketKey | None]]] = defaultdict(set)
         self._epoch = 0  # bumps whenever quota or devices are taken
         self._preempts: dict[str, bool] = {}  # tenants with any preemption policy
+        self._bounds: dict[tuple[str, str, int], tuple[Any, ...]] = {}
         self._index_policies()
         self._width: dict[str, int] = {}  # widest node per flavor, for rejections
         self._resume_blocked: dict[str, str] = {}  # parked rid -> flavor
@@ -102,6 +103,7 @@ class AdmissionCore:
         self._config = config
         self._ledger.reconfigure(config)
         self._index_policies()
+        self._bounds.clear()
         self._width.clear()
         for t in config.tenants:
             self._queues.setdefault(t, TenantQueue())
@@ -515,7 +517,24 @@ class AdmissionCore:
         self, tenant: str, flavor: str, gpus: int, prio: int
     ) -> tuple[bool, list[str]] | None:
         """Could evicting every candidate make room for `gpus` at priority `prio`? If so:
-        whether the tenant's own requests are candidates, and which members' are."""
+        whether the tenant's own requests are candidates, and which members' are.
+
+        The most GPUs such an eviction could make room for is kept per (tenant, flavor,
+        priority) until usage or devices change: between two changes, wakes and tries of
+        many heads ask the same question.
+        """
+        key = (tenant, flavor, prio)
+        version = (self._ledger.version, self._cluster.version)
+        cached = self._bounds.get(key)
+        if cached is None or cached[0] != version:
+            cached = (version, *self._preemption_room(tenant, flavor, prio))
+            self._bounds[key] = cached
+        _, most, own, others = cached
+        if gpus > most:
+            return None
+        return own, others
+
+    def _preemption_room(self, tenant: str, flavor: str, prio: int) -> tuple[int, bool, list[str]]:
         spec = self._config.tenants[tenant]
         p = spec.preemption
         ledger = self._ledger
@@ -541,12 +560,11 @@ class AdmissionCore:
                     others.append(name)
                     removed[name] = held
         if not own_gpus and not others:
-            return None
+            return 0, False, others
         freeable = sum(removed.values()) + self._cluster.free_in(flavor)
         borrow_ok = p.borrow_within_cohort != "Never"
-        if freeable < gpus or not ledger.fits(tenant, flavor, gpus, removed, borrow_ok):
-            return None
-        return own_gpus > 0, others
+        most = min(freeable, ledger.room(tenant, flavor, removed, borrow_ok))
+        return most, own_gpus > 0, others
 
     def _apply(self, e: _Entry, now: float, out: list[Decision]) -> None:
         req = e.req
@@ -764,8 +782,8 @@ class AdmissionCore:
                 pin, gpus = bucket.key
                 if not bucket.inadmissible or pin not in (None, flavor):
                     continue
-                # It fits the freed quota, or it may evict someone (the search will tell).
-                if gpus <= room or may_preempt:
+                # It fits the freed quota, or evicting someone might now make room.
+                if gpus <= room or (may_preempt and self._could_preempt(name, flavor, q, bucket)):
                     bucket.inadmissible = False
                     woken = True
             if woken or q.resuming:

@@ -23,10 +23,12 @@ class Ledger:
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
         self.parked: dict[tuple[str, str], int] = defaultdict(int)
         self._drawn: dict[tuple[str, str], int] = defaultdict(int)  # (cohort, flavor)
+        self.version = 0  # bumps on every change of usage or quotas
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
         """Adopt new quotas, keeping usage: an admin's change never evicts anyone."""
+        self.version = getattr(self, "version", 0) + 1
         self.tenants: Mapping[str, Tenant] = config.tenants
         self.members: dict[str, list[str]] = defaultdict(list)
         self._pool: dict[tuple[str, str], int] = defaultdict(int)
@@ -61,6 +63,7 @@ class Ledger:
         self._move(tenant, flavor, -gpus)
 
     def _move(self, tenant: str, flavor: str, delta: int) -> None:
+        self.version += 1
         key = (tenant, flavor)
         before = self.usage[key]
         after = before + delta
@@ -121,23 +124,38 @@ class Ledger:
         drawn += max(0, after - g) - max(0, used - g)
         return drawn <= self._pool[(cohort, flavor)]
 
-    def room(self, tenant: str, flavor: str) -> int:
-        """The most GPUs of `flavor` the tenant's quota would admit right now."""
+    def room(
+        self,
+        tenant: str,
+        flavor: str,
+        removed: Mapping[str, int] | None = None,
+        allow_borrow: bool = True,
+    ) -> int:
+        """The most GPUs of `flavor` the tenant's quota would admit right now (with the
+        `removed` GPUs gone first): the largest `gpus` for which `fits` is true."""
         key = (tenant, flavor)
         nominal = self._nominal.get(key)
         if nominal is None:
             return 0
-        used = self.usage[key]
+        rm = removed or {}
+        used = self.usage[key] - rm.get(tenant, 0)
         cohort = self._cohort[tenant]
-        if cohort is None:
-            return max(0, nominal - used)
+        if cohort is None or not allow_borrow:
+            room = nominal - used
+            if cohort is None:
+                return max(0, room)
+        else:
+            limit = self._limit[key]
+            room = nominal + limit - used if limit is not None else 1 << 62
+        drawn = self._drawn[(cohort, flavor)]
+        for name, gone in rm.items():
+            if gone and self._cohort.get(name) == cohort:
+                u = self.usage[(name, flavor)]
+                g = self._guaranteed.get((name, flavor), 0)
+                drawn += max(0, u - gone - g) - max(0, u - g)
         # Up to its guaranteed quota it draws nothing from the pool; beyond, all of it.
-        room = max(0, self._guaranteed[key] - used) + self._pool[(cohort, flavor)]
-        room -= self._drawn[(cohort, flavor)]
-        limit = self._limit[key]
-        if limit is not None:
-            room = min(room, nominal + limit - used)
-        return max(0, room)
+        pool_room = max(0, self._guaranteed[key] - used) + self._pool[(cohort, flavor)] - drawn
+        return max(0, min(room, pool_room))
 
     def borrows(self, tenant: str, flavor: str, gpus: int, removed: int = 0) -> bool:
         """Would holding `gpus` more put the tenant above its nominal quota?"""

@@ -48,6 +48,7 @@ class Cluster:
         # a handful of these instead of every node.
         self._by_free: dict[str, dict[int, dict[str, Node]]] = {}
         self._widest: dict[str, int] = {}  # most devices of one node, per flavor
+        self.version = 0  # bumps whenever devices are bound or freed, or nodes come or go
         self._order = 0
 
     def add(self, flavor: str, name: str, gpus: int, autoscaled: bool = False) -> Node:
@@ -60,6 +61,7 @@ class Cluster:
         self._free[flavor] = self._free.get(flavor, 0) + node.free
         self._by_free.setdefault(flavor, {}).setdefault(node.free, {})[name] = node
         self._widest[flavor] = max(self._widest.get(flavor, 0), gpus)
+        self.version += 1
         return node
 
     def remove(self, name: str) -> Node:
@@ -67,6 +69,7 @@ class Cluster:
         self._by_flavor[node.flavor].remove(node)
         self._free[node.flavor] -= node.free
         del self._by_free[node.flavor][node.free][name]
+        self.version += 1
         return node
 
     def of(self, flavor: str) -> list[Node]:
@@ -125,6 +128,7 @@ class Cluster:
         return node
 
     def _refile(self, node: Node, before: int) -> None:
+        self.version += 1
         if node.free != before:
             by_free = self._by_free[node.flavor]
             del by_free[before][node.name]
