@@ -12,7 +12,8 @@ import sys
 from typing import Any
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (GPU counts)."""
     try:
         value = int(text)
     except ValueError:
@@ -22,7 +23,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _int(text: str) -> int:
+def whole_number(text: str) -> int:
+    """An argparse type: a whole number (priorities)."""
     try:
         return int(text)
     except ValueError:
@@ -37,10 +39,12 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("submit", help="run a notebook or script as a GPU job, or ask "
                               "the gateway for GPUs")  # fmt: skip
     p.add_argument("--tenant", help="the tenant (team) to charge (required for a raw request)")
-    p.add_argument("--gpus", required=True, type=_positive_int, help="how many GPUs")
+    p.add_argument("--gpus", required=True, type=positive_int, help="how many GPUs")
     p.add_argument("--kind", default="job", choices=("server", "kernel", "job"))
     p.add_argument("--flavor", help="a GPU flavor (default: the tenant's, in quota order)")
-    p.add_argument("--priority", type=_int, default=0, help="higher runs first (in a tenant)")
+    p.add_argument(
+        "--priority", type=whole_number, default=0, help="higher runs first (in a tenant)"
+    )
     p.add_argument("--name", help="a name to recognise the request by")
     p.add_argument("--json", action="store_true", help="print JSON")
     from jupyter_gpuaas.jobs.cli import add_submit_arguments

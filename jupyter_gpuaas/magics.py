@@ -26,6 +26,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
+from jupyter_gpuaas.client_cli import positive_int, whole_number
 from jupyter_gpuaas.jobs.model import resolve_value
 from jupyter_gpuaas.jobs.server_client import ServerClient, ServerError
 from jupyter_gpuaas.widgets import JobView, StatusView, format_jobs
@@ -49,28 +50,11 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message or "", "")  # --help: the help is already printed
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _whole(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-
-
 def _request_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", required=True, type=_positive, help="how many GPUs")
+    p.add_argument("--gpus", required=True, type=positive_int, help="how many GPUs")
     p.add_argument("--tenant", help="the tenant (team) to charge (default: yours)")
     p.add_argument("--flavor", help="a GPU flavor, e.g. a100 (default: any of the tenant's)")
-    p.add_argument("--priority", type=_whole, default=0, help="higher runs first in a tenant")
+    p.add_argument("--priority", type=whole_number, default=0, help="higher runs first in a tenant")
     p.add_argument("--name", help="a name to recognise the job by")
     p.add_argument("--wait", action="store_true", help="block until the job ends")
 
@@ -90,7 +74,7 @@ def line_parser() -> _Parser:
     s = sub.add_parser("logs", help="a job's log")
     s.add_argument("id")
     s.add_argument("--follow", "-f", action="store_true", help="until the job ends")
-    s.add_argument("--tail", type=_positive, help="only the last N bytes")
+    s.add_argument("--tail", type=positive_int, help="only the last N bytes")
     s = sub.add_parser("cancel", help="cancel a job (dequeue, or stop and free its GPUs)")
     s.add_argument("id")
     return p
