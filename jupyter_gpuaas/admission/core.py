@@ -756,15 +756,24 @@ class AdmissionCore:
             self._dirty.add(t)
 
     def _room_freed_in(self, flavor: str) -> None:
-        """Devices of `flavor` freed: wake only who waits for devices there. Those who wait
-        for quota are woken by quota released in their cohort (`_quota_freed_in`)."""
-        for tenant, bkey in self._cap_waiters.pop(flavor, ()):
+        """Devices of `flavor` freed: wake who waits for devices there and now fits on one
+        node. Those who wait for quota are woken by quota released in their cohort."""
+        waiters = self._cap_waiters.get(flavor)
+        if not waiters:
+            return
+        gap = self._cluster.widest_gap(flavor)
+        still: set[tuple[str, BucketKey | None]] = set()
+        for tenant, bkey in waiters:
             if bkey is not None:
+                if bkey[1] > gap:
+                    still.add((tenant, bkey))  # no node has room for it yet
+                    continue
                 bucket = self._queues[tenant].buckets.get(bkey)
                 if bucket is not None:
                     bucket.inadmissible = False
             self._strict_blocked.discard(tenant)
             self._dirty.add(tenant)
+        self._cap_waiters[flavor] = still
 
     def _quota_freed_in(self, tenant: str, flavor: str) -> None:
         """Quota of `flavor` freed in the tenant's cohort: wake the members' heads that could

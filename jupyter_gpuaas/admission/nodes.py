@@ -81,6 +81,14 @@ class Cluster:
     def free_in(self, flavor: str) -> int:
         return self._free.get(flavor, 0)
 
+    def widest_gap(self, flavor: str) -> int:
+        """The most free devices on one node of the flavor: the widest request it can take."""
+        by_free = self._by_free.get(flavor, {})
+        for free in range(self._widest.get(flavor, 0), 0, -1):
+            if by_free.get(free):
+                return free
+        return 0
+
     def best_fit(
         self, flavor: str, gpus: int, freed: Mapping[str, int] | None = None
     ) -> Node | None:
