@@ -785,16 +785,27 @@ class AdmissionCore:
             if flavor not in self._config.tenants[name].quota:
                 continue
             room = self._ledger.room(name, flavor)
+            # With autoscale, a head held back by devices alone is demand for nodes: let the
+            # cycle see it.
+            gap = 1 << 30 if flavor in self._config.policy.autoscale else None
+            gap = gap or self._cluster.widest_gap(flavor)
             may_preempt = self._preempts[name]
             woken = name in self._strict_blocked
             for bucket in q.buckets.values():
                 pin, gpus = bucket.key
                 if not bucket.inadmissible or pin not in (None, flavor):
                     continue
-                # It fits the freed quota, or evicting someone might now make room.
-                if gpus <= room or (may_preempt and self._could_preempt(name, flavor, q, bucket)):
-                    bucket.inadmissible = False
-                    woken = True
+                if gpus <= room and gpus > gap:
+                    # The quota is there now, the devices are not: wait for those.
+                    self._cap_waiters[flavor].add((name, bucket.key))
+                    if not (may_preempt and self._could_preempt(name, flavor, q, bucket)):
+                        continue
+                elif gpus > room and not (
+                    may_preempt and self._could_preempt(name, flavor, q, bucket)
+                ):
+                    continue
+                bucket.inadmissible = False
+                woken = True
             if woken or q.resuming:
                 self._strict_blocked.discard(name)
                 self._dirty.add(name)
