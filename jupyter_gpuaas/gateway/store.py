@@ -272,10 +272,11 @@ def make_engine(url: str) -> Engine:
 
 def upgrade(engine: Engine) -> None:
     """`alembic upgrade head` on this engine, with the migrations shipped in the package."""
+    # Before the import: alembic announces its plugins at INFO when first imported.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     from alembic import command
     from alembic.config import Config as AlembicConfig
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     with engine.begin() as conn:
