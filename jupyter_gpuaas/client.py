@@ -11,11 +11,13 @@ have the same methods and raise `GatewayError(status, error, field)` on a 4xx/5x
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import urlencode, urlparse
 
@@ -238,7 +240,6 @@ class GatewayClient(_Base):
         iterating closes the connection at once (tornado's client cannot be hung up on
         without raising into its own callbacks), and the body arrives unchunked.
         """
-        import asyncio
         import ssl
 
         url = urlparse(self._url("api/events"))
@@ -280,6 +281,30 @@ class GatewayClient(_Base):
                     yield parsed
         finally:
             writer.close()
+
+    async def follow_events(
+        self,
+        on_event: Callable[[str, dict[str, Any]], Awaitable[None]],
+        *,
+        reconnect_delay: float,
+        log: logging.Logger | logging.LoggerAdapter[Any],
+        what: str = "gateway event",
+    ) -> None:
+        """Hand every event to `on_event(name, data)` forever, reconnecting after
+        `reconnect_delay` when the stream drops. A failing handler is logged and the
+        stream goes on; cancel the task to stop."""
+        while True:
+            try:
+                async for event in self.events():
+                    try:
+                        await on_event(str(event["event"]), dict(event["data"]))
+                    except Exception:
+                        log.exception("gpuaas: handling %s %s failed", what, event.get("event"))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("gpuaas: %s stream dropped: %s", what, e)
+            await asyncio.sleep(reconnect_delay)
 
 
 def _parse_sse(block: str) -> dict[str, Any] | None:

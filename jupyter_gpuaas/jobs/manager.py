@@ -550,18 +550,9 @@ class JobManager(LoggingConfigurable):
 
     async def _events_loop(self) -> None:
         assert self.client is not None
-        while True:
-            try:
-                async for event in self.client.events():
-                    try:
-                        await self.on_event(str(event["event"]), dict(event["data"]))
-                    except Exception:
-                        self.log.exception("gpuaas: job event %s failed", event.get("event"))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                self.log.warning("gpuaas: job event stream dropped: %s", e)
-            await asyncio.sleep(self.reconnect_delay)
+        await self.client.follow_events(
+            self.on_event, reconnect_delay=self.reconnect_delay, log=self.log, what="job event"
+        )
 
     async def on_event(self, name: str, data: Mapping[str, Any]) -> None:
         request = data.get("request") or {}

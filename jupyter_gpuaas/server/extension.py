@@ -375,20 +375,9 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
     async def _events_loop(self) -> None:
         assert self.client is not None
-        while True:
-            try:
-                async for event in self.client.events():
-                    try:
-                        await self.on_event(str(event["event"]), dict(event["data"]))
-                    except Exception:
-                        self.log.exception("gpuaas: handling event %s failed", event.get("event"))
-            except GatewayError as e:
-                self.log.warning("gpuaas: gateway event stream: %s", e)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                self.log.warning("gpuaas: gateway event stream dropped: %s", e)
-            await asyncio.sleep(self.reconnect_delay)
+        await self.client.follow_events(
+            self.on_event, reconnect_delay=self.reconnect_delay, log=self.log
+        )
 
     async def on_event(self, name: str, data: dict[str, Any]) -> None:
         request = data.get("request") or {}
