@@ -74,7 +74,14 @@ class AdmissionCore:
         self._cap_waiters: dict[str, set[tuple[str, BucketKey | None]]] = defaultdict(set)
         self._epoch = 0  # bumps whenever quota or devices are taken
         self._preempts: dict[str, bool] = {}  # tenants with any preemption policy
-        self._bounds: dict[tuple[str, str, int], tuple[Any, ...]] = {}
+        # Preemption bounds per (tenant, flavor, priority), with the versions of the pool
+        # they were computed at: usage (the ledger's) and holders (`_held_version`) in the
+        # tenant's cohort and that flavor. Nothing else changes them but free devices,
+        # which are added at each lookup.
+        self._bounds: dict[tuple[str, str, int], tuple[int, int, int, int, bool, list[str]]] = {}
+        self._held_version: dict[tuple[str, str], int] = defaultdict(int)
+        self._pool: dict[str, str] = {}  # tenant -> its cohort, or itself without one
+        self._flavors: dict[str, tuple[str, ...]] = {}  # a tenant's flavors, in quota order
         self._index_policies()
         self._width: dict[str, int] = {}  # widest node per flavor, for rejections
         self._resume_blocked: dict[str, str] = {}  # parked rid -> flavor
@@ -94,6 +101,8 @@ class AdmissionCore:
         self._preempts = {
             t.name: t.preemption != Preemption() for t in self._config.tenants.values()
         }
+        self._flavors = {t.name: tuple(t.quota) for t in self._config.tenants.values()}
+        self._pool = {t.name: t.cohort or t.name for t in self._config.tenants.values()}
 
     def update_config(self, config: Config, now: float) -> list[Decision]:
         """Adopt new quotas and policy. Nobody is evicted; queues are looked at again."""
@@ -391,9 +400,9 @@ class AdmissionCore:
     def _nominate(self, tenant: str) -> _Entry | None:
         q = self._queues[tenant]
         spec = self._config.tenants[tenant]
-        for req in sorted(q.resuming.values(), key=order_key):
+        for req in sorted(q.resuming.values(), key=order_key) if q.resuming else ():
             flavor = req.assigned_flavor or ""
-            if self._cluster.best_fit(flavor, req.gpus) is not None:
+            if self._cluster.widest_gap(flavor) >= req.gpus:
                 self._resume_blocked.pop(req.id, None)
                 key = (0, order_key(req))
                 return _Entry(req, "resume", flavor, False, key=key, epoch=self._epoch)
@@ -430,26 +439,30 @@ class AdmissionCore:
     def _try(
         self, req: Request, bkey: BucketKey | None = None, strict: bool = False
     ) -> _Entry | None:
-        spec = self._config.tenants[req.tenant]
-        flavors = [req.flavor] if req.flavor else list(spec.quota)
+        tenant = req.tenant
+        flavors = (req.flavor,) if req.flavor else self._flavors[tenant]
         ledger = self._ledger
+        gap = self._cluster.widest_gap
         borrowing_choice: str | None = None
         capacity_flavors: list[str] = []
         for f in flavors:
-            if not ledger.fits(req.tenant, f, req.gpus):
+            if not ledger.fits(tenant, f, req.gpus):
                 continue
-            if self._cluster.best_fit(f, req.gpus) is None:
+            if gap(f) < req.gpus:
                 capacity_flavors.append(f)
                 continue
-            if not ledger.borrows(req.tenant, f, req.gpus):
+            if not ledger.borrows(tenant, f, req.gpus):
                 return self._entry(req, "fit", f, False)
             borrowing_choice = borrowing_choice or f
         if borrowing_choice is not None:
             return self._entry(req, "fit", borrowing_choice, True)
+        if not self._preempts[tenant]:
+            flavors = ()
         for f in flavors:
             holding = self._victim_pool(req, f)
             if not holding:
                 continue
+            spec = self._config.tenants[tenant]
             victims = find_victims(req, spec, f, ledger, self._cluster, holding)
             if victims is not None:
                 own = sum(v.gpus for v in victims if v.tenant == req.tenant)
@@ -480,12 +493,14 @@ class AdmissionCore:
         return _Entry(req, mode, flavor, borrowing, victims or [], key, self._epoch)
 
     def _hold(self, req: Request, flavor: str) -> None:
+        self._held_version[(self._pool[req.tenant], flavor)] += 1
         self._holding[(req.tenant, flavor)][req.id] = req
         by_prio = self._held_by_priority[(req.tenant, flavor)]
         by_prio[req.priority] = by_prio.get(req.priority, 0) + req.gpus
 
     def _unhold(self, req: Request, flavor: str) -> None:
         if self._holding[(req.tenant, flavor)].pop(req.id, None) is not None:
+            self._held_version[(self._pool[req.tenant], flavor)] += 1
             by_prio = self._held_by_priority[(req.tenant, flavor)]
             left = by_prio[req.priority] - req.gpus
             if left:
@@ -519,22 +534,33 @@ class AdmissionCore:
         """Could evicting every candidate make room for `gpus` at priority `prio`? If so:
         whether the tenant's own requests are candidates, and which members' are.
 
-        The most GPUs such an eviction could make room for is kept per (tenant, flavor,
-        priority) until usage or devices change: between two changes, wakes and tries of
-        many heads ask the same question.
+        What bounds such an eviction is kept per (tenant, flavor, priority) until usage
+        or holders change in that cohort and flavor: between two changes, wakes and tries
+        of many heads ask the same question.
         """
-        key = (tenant, flavor, prio)
-        version = (self._ledger.version, self._cluster.version)
-        cached = self._bounds.get(key)
-        if cached is None or cached[0] != version:
-            cached = (version, *self._preemption_room(tenant, flavor, prio))
-            self._bounds[key] = cached
-        _, most, own, others = cached
+        most, own, others = self._bound(tenant, flavor, prio)
         if gpus > most:
             return None
         return own, others
 
-    def _preemption_room(self, tenant: str, flavor: str, prio: int) -> tuple[int, bool, list[str]]:
+    def _bound(self, tenant: str, flavor: str, prio: int) -> tuple[int, bool, list[str]]:
+        """The most GPUs an eviction could make room for, and the candidates' owners."""
+        pool = (self._pool[tenant], flavor)
+        usage_v = self._ledger.pool_version[pool]
+        held_v = self._held_version[pool]
+        key = (tenant, flavor, prio)
+        cached = self._bounds.get(key)
+        if cached is None or cached[0] != usage_v or cached[1] != held_v:
+            cached = (usage_v, held_v, *self._preemption_room(tenant, flavor, prio))
+            self._bounds[key] = cached
+        # Victims' devices plus the free ones, and no more than quota allows.
+        return min(cached[2] + self._cluster.free_in(flavor), cached[3]), cached[4], cached[5]
+
+    def _preemption_room(
+        self, tenant: str, flavor: str, prio: int
+    ) -> tuple[int, int, bool, list[str]]:
+        """GPUs held by every candidate, room in quota once they are gone, whether any
+        candidate is the tenant's own, and which members' are candidates."""
         spec = self._config.tenants[tenant]
         p = spec.preemption
         ledger = self._ledger
@@ -550,9 +576,10 @@ class AdmissionCore:
             p.reclaim_within_cohort != "Never" or p.borrow_within_cohort != "Never"
         ):
             anyone = p.reclaim_within_cohort == "Any"
+            usage = ledger.usage
             for name in ledger.members[spec.cohort]:
-                if name == tenant or ledger.borrowed(name, flavor) <= 0:
-                    continue
+                if name == tenant or usage[(name, flavor)] <= ledger.nominal(name, flavor):
+                    continue  # not borrowing: none of its requests can be reclaimed
                 by_prio = self._held_by_priority[(name, flavor)]
                 held = sum(g for q, g in by_prio.items() if anyone or q < prio)
                 if held:
@@ -560,11 +587,10 @@ class AdmissionCore:
                     others.append(name)
                     removed[name] = held
         if not own_gpus and not others:
-            return 0, False, others
-        freeable = sum(removed.values()) + self._cluster.free_in(flavor)
+            return 0, 0, False, others
         borrow_ok = p.borrow_within_cohort != "Never"
-        most = min(freeable, ledger.room(tenant, flavor, removed, borrow_ok))
-        return most, own_gpus > 0, others
+        room = ledger.room(tenant, flavor, removed, borrow_ok)
+        return sum(removed.values()), room, own_gpus > 0, others
 
     def _apply(self, e: _Entry, now: float, out: list[Decision]) -> None:
         req = e.req
@@ -791,6 +817,7 @@ class AdmissionCore:
             gap = gap or self._cluster.widest_gap(flavor)
             may_preempt = self._preempts[name]
             woken = name in self._strict_blocked
+            most: dict[int, int] = {}
             for bucket in q.buckets.values():
                 pin, gpus = bucket.key
                 if not bucket.inadmissible or pin not in (None, flavor):
@@ -798,10 +825,10 @@ class AdmissionCore:
                 if gpus <= room and gpus > gap:
                     # The quota is there now, the devices are not: wait for those.
                     self._cap_waiters[flavor].add((name, bucket.key))
-                    if not (may_preempt and self._could_preempt(name, flavor, q, bucket)):
+                    if not (may_preempt and self._could_preempt(name, flavor, q, bucket, most)):
                         continue
                 elif gpus > room and not (
-                    may_preempt and self._could_preempt(name, flavor, q, bucket)
+                    may_preempt and self._could_preempt(name, flavor, q, bucket, most)
                 ):
                     continue
                 bucket.inadmissible = False
@@ -814,20 +841,28 @@ class AdmissionCore:
         cohort = self._config.tenants[tenant].cohort
         for name in self._ledger.members[cohort] if cohort else (tenant,):
             q = self._queues[name]
+            most: dict[int, int] = {}
             for bucket in q.buckets.values():
                 if (
                     bucket.inadmissible
                     and bucket.key[0] in (None, flavor)
-                    and self._could_preempt(name, flavor, q, bucket)
+                    and self._could_preempt(name, flavor, q, bucket, most)
                 ):
                     bucket.inadmissible = False
                     self._dirty.add(name)
 
-    def _could_preempt(self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket) -> bool:
+    def _could_preempt(
+        self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, int]
+    ) -> bool:
+        """Could the bucket's head make room by preemption? `most` remembers the bound per
+        priority for the caller's loop over one tenant's buckets (nothing changes in it)."""
         head = q.head(bucket)
         if head is None:
             return False
-        return self._preemption_bound(tenant, flavor, head.gpus, head.priority) is not None
+        bound = most.get(head.priority)
+        if bound is None:
+            bound = most[head.priority] = self._bound(tenant, flavor, head.priority)[0]
+        return head.gpus <= bound
 
     # ------------------------------------------------------------------ idle policy
 

@@ -24,6 +24,9 @@ class Ledger:
         self.parked: dict[tuple[str, str], int] = defaultdict(int)
         self._drawn: dict[tuple[str, str], int] = defaultdict(int)  # (cohort, flavor)
         self.version = 0  # bumps on every change of usage or quotas
+        # Bumps on every change of usage in one (cohort, flavor), or (tenant, flavor) for a
+        # tenant without a cohort: what a cached answer about that pool depends on.
+        self.pool_version: dict[tuple[str, str], int] = defaultdict(int)
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -72,6 +75,9 @@ class Ledger:
         if cohort is not None:
             g = self._guaranteed.get(key, 0)
             self._drawn[(cohort, flavor)] += max(0, after - g) - max(0, before - g)
+            self.pool_version[(cohort, flavor)] += 1
+        else:
+            self.pool_version[key] += 1
 
     # --- questions -----------------------------------------------------------------
 
@@ -102,8 +108,9 @@ class Ledger:
         nominal = self._nominal.get(key)
         if nominal is None:
             return False  # a flavor absent from the tenant's quota is not usable by it
-        rm = removed or {}
-        used = self.usage[key] - rm.get(tenant, 0)
+        used = self.usage[key]
+        if removed:
+            used -= removed.get(tenant, 0)
         after = used + gpus
         cohort = self._cohort[tenant]
         if cohort is None:
@@ -114,12 +121,13 @@ class Ledger:
         if limit is not None and after > nominal + limit:
             return False
         drawn = self._drawn[(cohort, flavor)]
-        for name, gone in rm.items():
-            if not gone or self._cohort.get(name) != cohort:
-                continue
-            u = self.usage[(name, flavor)]
-            g = self._guaranteed.get((name, flavor), 0)
-            drawn += max(0, u - gone - g) - max(0, u - g)
+        if removed:
+            for name, gone in removed.items():
+                if not gone or self._cohort.get(name) != cohort:
+                    continue
+                u = self.usage[(name, flavor)]
+                g = self._guaranteed.get((name, flavor), 0)
+                drawn += max(0, u - gone - g) - max(0, u - g)
         g = self._guaranteed[key]
         drawn += max(0, after - g) - max(0, used - g)
         return drawn <= self._pool[(cohort, flavor)]

@@ -48,6 +48,9 @@ class Cluster:
         # a handful of these instead of every node.
         self._by_free: dict[str, dict[int, dict[str, Node]]] = {}
         self._widest: dict[str, int] = {}  # most devices of one node, per flavor
+        # Most free devices on one node, per flavor: "does anything fit?" is the question
+        # the admission cycle asks most, so it is kept up to date rather than searched.
+        self._gap: dict[str, int] = {}
         self.version = 0  # bumps whenever devices are bound or freed, or nodes come or go
         self._order = 0
 
@@ -61,6 +64,7 @@ class Cluster:
         self._free[flavor] = self._free.get(flavor, 0) + node.free
         self._by_free.setdefault(flavor, {}).setdefault(node.free, {})[name] = node
         self._widest[flavor] = max(self._widest.get(flavor, 0), gpus)
+        self._gap[flavor] = max(self._gap.get(flavor, 0), node.free)
         self.version += 1
         return node
 
@@ -69,6 +73,7 @@ class Cluster:
         self._by_flavor[node.flavor].remove(node)
         self._free[node.flavor] -= node.free
         del self._by_free[node.flavor][node.free][name]
+        self._gap[node.flavor] = self._search_gap(node.flavor)
         self.version += 1
         return node
 
@@ -83,32 +88,35 @@ class Cluster:
 
     def widest_gap(self, flavor: str) -> int:
         """The most free devices on one node of the flavor: the widest request it can take."""
+        return self._gap.get(flavor, 0)
+
+    def _search_gap(self, flavor: str) -> int:
         by_free = self._by_free.get(flavor, {})
         for free in range(self._widest.get(flavor, 0), 0, -1):
             if by_free.get(free):
                 return free
         return 0
 
-    def best_fit(
-        self, flavor: str, gpus: int, freed: Mapping[str, int] | None = None
-    ) -> Node | None:
-        """The node to place `gpus` on, counting `freed` devices (by node) as free too."""
-        if not freed:
-            by_free = self._by_free.get(flavor, {})
-            for free in range(gpus, self._widest.get(flavor, 0) + 1):
-                nodes = by_free.get(free)
-                if nodes:
-                    return min(nodes.values(), key=_creation_order)
-            return None
-        best: Node | None = None
-        best_free = 0
-        for node in self._by_flavor.get(flavor, ()):
-            free = node.free + freed.get(node.name, 0)
-            if free >= gpus and (best is None or free < best_free):
-                best, best_free = node, free
-                if free == gpus:
-                    break
-        return best
+    def has_room(self, flavor: str, gpus: int, freed: Mapping[str, int]) -> bool:
+        """Would some node of the flavor fit `gpus`, counting `freed` devices (by node
+        name) as free too? The preemption search asks this for every victim it adds."""
+        if self._gap.get(flavor, 0) >= gpus:
+            return True
+        nodes = self.nodes
+        for name, n in freed.items():
+            node = nodes.get(name)
+            if n and node is not None and node.flavor == flavor and node.free + n >= gpus:
+                return True
+        return False
+
+    def best_fit(self, flavor: str, gpus: int) -> Node | None:
+        """The node to place `gpus` on: fewest free devices that suffice, oldest on a tie."""
+        by_free = self._by_free.get(flavor, {})
+        for free in range(gpus, self._gap.get(flavor, 0) + 1):
+            nodes = by_free.get(free)
+            if nodes:
+                return min(nodes.values(), key=_creation_order)
+        return None
 
     def bind(self, node: Node, rid: str, devices: Iterable[int]) -> None:
         before = node.free
@@ -137,10 +145,18 @@ class Cluster:
 
     def _refile(self, node: Node, before: int) -> None:
         self.version += 1
-        if node.free != before:
-            by_free = self._by_free[node.flavor]
-            del by_free[before][node.name]
-            by_free.setdefault(node.free, {})[node.name] = node
+        free = node.free
+        if free != before:
+            flavor = node.flavor
+            by_free = self._by_free[flavor]
+            left = by_free[before]
+            del left[node.name]
+            by_free.setdefault(free, {})[node.name] = node
+            gap = self._gap[flavor]
+            if free > gap:
+                self._gap[flavor] = free
+            elif before == gap and not left:
+                self._gap[flavor] = self._search_gap(flavor)
 
     def capacity(self, flavor: str) -> int:
         return sum(n.gpus for n in self._by_flavor.get(flavor, ()))

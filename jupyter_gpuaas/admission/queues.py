@@ -24,10 +24,13 @@ def order_key(req: Request) -> OrderKey:
     return (-req.priority, req.queue_time, req.seq)
 
 
+_Slot = tuple[OrderKey, str]  # a heap entry: (order key, request id)
+
+
 @dataclass
 class Bucket:
     key: BucketKey
-    heap: list[tuple[OrderKey, str]] = field(default_factory=list)
+    heap: list[_Slot] = field(default_factory=list)
     count: int = 0
     # Set when the head failed to fit or preempt; cleared when room frees up for it.
     inadmissible: bool = False
@@ -36,59 +39,68 @@ class Bucket:
 class TenantQueue:
     def __init__(self) -> None:
         self.buckets: dict[BucketKey, Bucket] = {}
-        self._where: dict[str, tuple[BucketKey, OrderKey]] = {}
+        # Each queued request's live heap entry. An entry on a heap that is not the one
+        # here (the request left, or was pushed again) is stale and dropped at the top.
+        self._slot: dict[str, _Slot] = {}
         self._requests: dict[str, Request] = {}
         # Parked requests that are busy again and wait for devices: served before anyone.
         self.resuming: dict[str, Request] = {}
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._slot)
 
     def __contains__(self, rid: str) -> bool:
-        return rid in self._where
+        return rid in self._slot
 
     def push(self, req: Request) -> Bucket:
         bkey: BucketKey = (req.flavor, req.gpus)
         bucket = self.buckets.get(bkey)
         if bucket is None:
             bucket = self.buckets[bkey] = Bucket(bkey)
-        okey = order_key(req)
-        heapq.heappush(bucket.heap, (okey, req.id))
+        slot = (order_key(req), req.id)
+        heapq.heappush(bucket.heap, slot)
         bucket.count += 1
-        self._where[req.id] = (bkey, okey)
+        self._slot[req.id] = slot
         self._requests[req.id] = req
         return bucket
 
     def remove(self, rid: str) -> Request | None:
         """Take a request out; its heap entry is dropped lazily when it reaches the top."""
-        where = self._where.pop(rid, None)
-        if where is None:
+        if self._slot.pop(rid, None) is None:
             return None
-        bucket = self.buckets[where[0]]
+        req = self._requests.pop(rid)
+        bkey = (req.flavor, req.gpus)
+        bucket = self.buckets[bkey]
         bucket.count -= 1
         if bucket.count == 0:
-            del self.buckets[where[0]]
-        return self._requests.pop(rid)
+            del self.buckets[bkey]
+        return req
 
-    def head(self, bucket: Bucket) -> Request | None:
+    def _top(self, bucket: Bucket) -> _Slot | None:
         heap = bucket.heap
+        slots = self._slot
         while heap:
-            okey, rid = heap[0]
-            if self._where.get(rid) == (bucket.key, okey):
-                return self._requests[rid]
+            top = heap[0]
+            if slots.get(top[1]) == top:
+                return top
             heapq.heappop(heap)
         return None
+
+    def head(self, bucket: Bucket) -> Request | None:
+        top = self._top(bucket)
+        return None if top is None else self._requests[top[1]]
 
     def heads(self, include_inadmissible: bool = False) -> list[tuple[OrderKey, Bucket, Request]]:
         """Bucket heads in queue order."""
         out = []
+        requests = self._requests
         for bucket in self.buckets.values():
             if bucket.inadmissible and not include_inadmissible:
                 continue
-            req = self.head(bucket)
-            if req is not None:
-                out.append((order_key(req), bucket, req))
-        out.sort(key=lambda e: e[0])
+            top = self._top(bucket)
+            if top is not None:
+                out.append((top[0], bucket, requests[top[1]]))
+        out.sort(key=_first)
         return out
 
     def first(self) -> Request | None:
@@ -105,4 +117,8 @@ class TenantQueue:
     def ahead_of(self, req: Request) -> int:
         """How many queued requests of this tenant go before `req` (a scan: for display)."""
         mine = order_key(req)
-        return sum(1 for _, okey in self._where.values() if okey < mine)
+        return sum(1 for okey, _ in self._slot.values() if okey < mine)
+
+
+def _first(entry: tuple[OrderKey, Bucket, Request]) -> OrderKey:
+    return entry[0]

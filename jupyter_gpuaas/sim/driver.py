@@ -17,9 +17,11 @@ from ..admission.core import AdmissionCore
 from ..admission.model import Decision, Request
 from .scenario import Scenario, ScenarioRequest
 
-# Phases within one instant: releases and activity first, then arrivals, then cancels
-# (so a request cancelled at its own submit instant is never admitted); then one pass.
-_RELEASE, _ARRIVE, _CANCEL = 0, 1, 2
+# What a holder does, in the driver's event heap.
+_FINISH, _IDLE, _BUSY = 0, 1, 2
+# Within one instant, users' arrivals go before their cancels (so a request cancelled at
+# its own submit instant is never admitted).
+_ARRIVE, _CANCEL = 0, 1
 
 
 @dataclass
@@ -49,68 +51,84 @@ def run_scenario(scenario: Scenario, until: float | None = None) -> SimRun:
     stop = until if until is not None else scenario.until
     limit = math.inf if stop is None else float(stop)
     lives = {r.id: _Life(r) for r in scenario.requests}
-    heap: list[tuple[float, int, int, str, str, int, bool]] = []
+    # Users' actions are known in advance: one sorted list, read in order. The holders'
+    # side (finish, busy, idle) is known only once a request is admitted: a heap, whose
+    # entries are (time, push order, what, request id, generation): unique by the first
+    # two, so comparisons stay cheap.
+    users = [(r.submit, _ARRIVE, i, r.id) for i, r in enumerate(scenario.requests)]
+    users += [
+        (r.cancel, _CANCEL, i, r.id)
+        for i, r in enumerate(scenario.requests)
+        if r.cancel is not None
+    ]
+    users.sort()
+    users.append((math.inf, _ARRIVE, 0, ""))
+    u = 0
+    heap: list[tuple[float, int, int, str, int]] = []
     seq = 0
-
-    def push(t: float, phase: int, what: str, rid: str, gen: int = 0, busy: bool = False) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, (t, phase, seq, what, rid, gen, busy))
-
-    for r in scenario.requests:
-        push(r.submit, _ARRIVE, "submit", r.id)
-        if r.cancel is not None:
-            push(r.cancel, _CANCEL, "cancel", r.id)
+    push = heapq.heappush
+    pop = heapq.heappop
+    get = core.get
 
     out: list[Decision] = []
     now = 0.0
 
     def follow(decisions: list[Decision], t: float) -> None:
         """Record decisions and play the holders' side of admissions."""
+        nonlocal seq
+        out.extend(decisions)
         for d in decisions:
-            out.append(d)
-            if d.event == "preempt" and d.id is not None:
+            event = d.event
+            if event == "preempt" and d.id is not None:
                 lives[d.id].generation += 1  # its finish belonged to the run that ended
-            if d.event not in ("admit", "resume") or d.id is None:
                 continue
-            life = lives[d.id]
+            if (event != "admit" and event != "resume") or d.id is None:
+                continue
+            rid = d.id
+            life = lives[rid]
             spec = life.spec
             if spec.kind == "job":
                 life.generation += 1
-                push(t + spec.duration, _RELEASE, "finish", d.id, life.generation)
+                seq += 1
+                push(heap, (t + spec.duration, seq, _FINISH, rid, life.generation))
                 continue
             if life.anchor is None:
                 life.anchor = t
-                push(t + spec.duration, _RELEASE, "finish", d.id, 0)
+                seq += 1
+                push(heap, (t + spec.duration, seq, _FINISH, rid, 0))
                 for s, e in spec.busy or ():
                     if s > 0:
-                        push(t + s, _RELEASE, "activity", d.id, busy=True)
-                    push(t + e, _RELEASE, "activity", d.id, busy=False)
-            if core.get(d.id) is not None:  # not preempted in the same pass
-                out.extend(core.activity(d.id, _busy_at(spec, t - life.anchor), t))
+                        seq += 1
+                        push(heap, (t + s, seq, _BUSY, rid, 0))
+                    seq += 1
+                    push(heap, (t + e, seq, _IDLE, rid, 0))
+            if get(rid) is not None:  # not preempted in the same pass
+                out.extend(core.activity(rid, _busy_at(spec, t - life.anchor), t))
 
     while True:
-        t_next = heap[0][0] if heap else math.inf
+        t_next = users[u][0]
+        if heap and heap[0][0] < t_next:
+            t_next = heap[0][0]
         deadline = core.next_deadline()
-        if deadline is not None:
-            t_next = min(t_next, deadline)
+        if deadline is not None and deadline < t_next:
+            t_next = deadline
         if t_next == math.inf or t_next > limit:
             break
         now = t_next
         decisions: list[Decision] = []
-        while heap and heap[0][0] == now and heap[0][1] == _RELEASE:
-            _, _, _, what, rid, gen, busy = heapq.heappop(heap)
-            if core.get(rid) is None:
+        while heap and heap[0][0] == now:
+            _, _, what, rid, gen = pop(heap)
+            if get(rid) is None:
                 continue
-            if what == "finish":
+            if what == _FINISH:
                 if gen == lives[rid].generation:
                     decisions += core.finish(rid, now)
             else:
-                decisions += core.activity(rid, busy, now)
+                decisions += core.activity(rid, what == _BUSY, now)
         decisions += core.advance(now)
-        while heap and heap[0][0] == now and heap[0][1] == _ARRIVE:
-            _, _, _, _, rid, _, _ = heapq.heappop(heap)
-            spec = lives[rid].spec
+        while users[u][0] == now and users[u][1] == _ARRIVE:
+            spec = lives[users[u][3]].spec
+            u += 1
             req = Request(
                 id=spec.id,
                 tenant=spec.tenant,
@@ -122,11 +140,13 @@ def run_scenario(scenario: Scenario, until: float | None = None) -> SimRun:
                 priority=spec.priority,
             )
             decisions += core.submit(req, now)
-        while heap and heap[0][0] == now and heap[0][1] == _CANCEL:
-            rid = heapq.heappop(heap)[4]
-            if core.get(rid) is not None:
+        while users[u][0] == now:
+            rid = users[u][3]
+            u += 1
+            if get(rid) is not None:
                 decisions += core.cancel(rid, now)
-        follow(decisions, now)
+        if decisions:
+            follow(decisions, now)
         follow(core.schedule(now), now)
     end = limit if stop is not None else now
     return SimRun(out, end, core)
