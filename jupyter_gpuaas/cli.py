@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from collections.abc import Sequence
 
 PROG = "jupyter-gpuaas"
@@ -51,6 +53,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     result: int = run(args)
+    if getattr(args, "exit_at_once", False) and argv is None:
+        # A batch command run from the shell (`simulate` over a month builds millions of
+        # objects): hand the memory back to the OS at once instead of freeing the objects
+        # one by one, which took 1.6 s of a 40 s run. Only when we own the process (no
+        # argv given: the console script), never for a caller that passed its own argv.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(result)
     return result
 
 

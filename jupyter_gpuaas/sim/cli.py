@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_seconds,
         help="stop the clock here (overrides the scenario's until)",
     )
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, exit_at_once=True)
     return parser
 
 
