@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 CHP := node_modules/.bin/configurable-http-proxy
 
-.PHONY: setup node-deps demo test lint typecheck contracts pytest scenarios bench clean
+.PHONY: setup node-deps core demo test lint typecheck contracts pytest scenarios bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,9 +32,17 @@ node-deps: $(NODE_STAMP)
 
 setup: $(STAMP) $(NODE_STAMP)
 
+# The admission core compiled with mypyc, in place (scripts/build_core.py). Phony: the
+# script itself compares every compiled module with jupyter_gpuaas/admission/*.py and does
+# nothing when they are current (a stamp here would lie after `build_core.py --clean`,
+# GPUAAS_PURE=1 or a rebuild by tests/conftest.py). Without a C compiler, with
+# GPUAAS_PURE=1 or when mypyc fails, the core runs as pure Python and this still succeeds.
+core: $(STAMP)
+	$(BIN)/python scripts/build_core.py
+
 # The local demo hub on http://127.0.0.1:8000 (override: make demo DEMO_ARGS="--port 9000").
 DEMO_ARGS ?=
-demo: setup
+demo: setup core
 	$(BIN)/jupyter-gpuaas demo $(DEMO_ARGS)
 
 lint: $(STAMP)
@@ -47,16 +55,17 @@ contracts: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy jupyter_gpuaas/admission
 
-pytest: setup
+pytest: setup core
 	$(BIN)/python -m pytest -q
 
 test: lint contracts typecheck pytest
 
-scenarios: $(STAMP)
+scenarios: $(STAMP) core
 	$(BIN)/python ../shared/tools/scenario_check.py "$(BIN)/jupyter-gpuaas" tests/scenarios/*.yaml
 
-bench: $(STAMP)
+bench: $(STAMP) core
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache build/mypyc
+	rm -f jupyter_gpuaas/admission/*.so jupyter_gpuaas/admission/*.pyd

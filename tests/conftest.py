@@ -7,6 +7,43 @@ from collections.abc import Iterator
 import pytest
 
 
+def _refresh_compiled_core() -> None:
+    """Never test a stale compiled core: rebuild it when a source changed since.
+
+    The admission core may be compiled in place with mypyc (scripts/build_core.py, run by
+    `make pytest`). Python imports a compiled module in preference to its .py file, so
+    after an edit to jupyter_gpuaas/admission/core.py a plain `pytest` would otherwise
+    test the old compiled code. This runs before any test module imports the core; when
+    nothing changed it costs a hash of the sources (about a millisecond). Without
+    compiled modules (pure mode, no compiler) there is nothing to refresh; with
+    GPUAAS_PURE=1 the script removes them.
+    """
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "build_core.py"
+    spec = importlib.util.spec_from_file_location("_gpuaas_build_core", script)
+    if not script.exists() or spec is None or spec.loader is None:
+        return
+    build_core = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_core)
+    pure_wanted = os.environ.get("GPUAAS_PURE", "") not in ("", "0")
+    if not build_core.is_stale() and not (pure_wanted and build_core.compiled_files()):
+        return
+    loaded = [
+        m for m in sys.modules if m.startswith(("jupyter_gpuaas.admission.", "jupyter_gpuaas.sim."))
+    ]
+    if loaded:  # too late for this process: it would keep the modules it has
+        pytest.exit(f"the compiled admission core is stale and {loaded[0]} is already imported")
+    subprocess.run([sys.executable, str(script)], check=False)
+
+
+_refresh_compiled_core()
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A real, empty PostgreSQL database for this test session (see tests/pg.py).

@@ -60,8 +60,10 @@ _KIND_SET = frozenset(KINDS)
 Interval = tuple[float, float]
 
 
-class ScenarioError(SpecError):
-    """A scenario file that cannot be read or breaks the format."""
+# A scenario file that cannot be read or breaks the format. The same class as the quota
+# format's errors, not a subclass: the admission package is compiled with mypyc, whose
+# classes plain Python cannot subclass.
+ScenarioError = SpecError
 
 
 @dataclass(frozen=True)
