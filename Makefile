@@ -46,8 +46,8 @@ demo: setup core
 	$(BIN)/jupyter-gpuaas demo $(DEMO_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check jupyter_gpuaas tests benchmarks
-	$(BIN)/ruff format --check jupyter_gpuaas tests benchmarks
+	$(BIN)/ruff check jupyter_gpuaas tests benchmarks scripts
+	$(BIN)/ruff format --check jupyter_gpuaas tests benchmarks scripts
 
 contracts: $(STAMP)
 	$(BIN)/lint-imports

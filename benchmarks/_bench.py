@@ -204,7 +204,16 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
+        "core": core_build(),
     }
+
+
+def core_build() -> str:
+    """Whether the admission core runs compiled (mypyc, scripts/build_core.py) or as pure
+    Python: the same decisions, about a third apart in speed."""
+    import jupyter_gpuaas.admission.core as core
+
+    return "pure Python" if core.__file__.endswith(".py") else "compiled with mypyc"
 
 
 def self_max_rss_mib() -> float:

@@ -12,6 +12,7 @@ as JSON when the cell is not empty.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -102,23 +103,30 @@ def _fail(key: str, problem: str) -> ScenarioError:
 # --- loading -------------------------------------------------------------------------
 
 
+_YAML_BASE: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _construct_mapping(self: Any, node: Any, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if isinstance(key_node, yaml.ScalarNode):
+            key = key_node.value
+            if key in seen:
+                mark = key_node.start_mark
+                raise ScenarioError("", f"duplicate key {key!r} at line {mark.line + 1}")
+            seen.add(key)
+    return _YAML_BASE.construct_mapping(self, node, deep=deep)
+
+
 def _yaml_loader() -> type[Any]:
-    """The fastest safe loader, refusing duplicate keys (YAML silently keeps the last)."""
-    base: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    """The fastest safe loader, refusing duplicate keys (YAML silently keeps the last).
 
-    class StrictLoader(base):  # type: ignore[misc]
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                if isinstance(key_node, yaml.ScalarNode):
-                    key = key_node.value
-                    if key in seen:
-                        mark = key_node.start_mark
-                        raise ScenarioError("", f"duplicate key {key!r} at line {mark.line + 1}")
-                    seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    return StrictLoader
+    Made with type(), not a class statement: this module is compiled with mypyc, whose
+    classes cannot derive from PyYAML's."""
+    # partialmethod binds `self` whether or not the function is compiled (a compiled
+    # function is not a descriptor, so it would not become a method by itself).
+    method = functools.partialmethod(_construct_mapping)
+    return type("StrictLoader", (_YAML_BASE,), {"construct_mapping": method})
 
 
 _LOADER = _yaml_loader()
@@ -134,15 +142,16 @@ def _parse_text(text: str, where: str) -> Any:
             pass  # maybe YAML flow style; let YAML say what is wrong
     try:
         return yaml.load(text, Loader=_LOADER)
-    except ScenarioError as exc:
-        raise ScenarioError(where, exc.problem) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
+    # One name per handler: compiled (mypyc), a name keeps the type of its first binding.
+    except ScenarioError as duplicate:
+        raise ScenarioError(where, duplicate.problem) from None
+    except yaml.MarkedYAMLError as marked:
+        mark = marked.problem_mark or marked.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = exc.problem or exc.context or "syntax error"
+        problem = marked.problem or marked.context or "syntax error"
         raise ScenarioError(where, f"invalid YAML{at}: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(where, f"invalid YAML: {exc}") from None
+    except yaml.YAMLError as other:
+        raise ScenarioError(where, f"invalid YAML: {other}") from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -157,9 +166,9 @@ def load_scenario(path: str | Path) -> Scenario:
     data = _parse_text(text, where)
     try:
         return parse_scenario(data, base_dir=path.parent, name=path.stem)
-    except SpecError as exc:
-        if not exc.key:
-            raise ScenarioError(where, exc.problem) from None
+    except SpecError as bad:
+        if not bad.key:
+            raise ScenarioError(where, bad.problem) from None
         raise
 
 
@@ -223,12 +232,13 @@ def _read_csv(rel: str, base_dir: Path | None) -> tuple[ScenarioRequest, ...]:
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             return _parse_csv(fh, rel)
-    except OSError as exc:
-        raise _fail("requests_file", f"cannot read {rel!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise _fail("requests_file", f"cannot read {rel!r}: {exc}") from None
-    except csv.Error as exc:
-        raise _fail(rel, f"invalid CSV: {exc}") from None
+    except OSError as unreadable:
+        reason = unreadable.strerror or unreadable
+        raise _fail("requests_file", f"cannot read {rel!r}: {reason}") from None
+    except UnicodeDecodeError as undecodable:
+        raise _fail("requests_file", f"cannot read {rel!r}: {undecodable}") from None
+    except csv.Error as malformed:
+        raise _fail(rel, f"invalid CSV: {malformed}") from None
 
 
 def _parse_csv(lines: Iterable[str], where: str) -> tuple[ScenarioRequest, ...]:
