@@ -67,7 +67,9 @@ class TenantQueue:
         return bucket
 
     def remove(self, rid: str) -> Request | None:
-        """Take a request out; its heap entry is dropped lazily when it reaches the top."""
+        """Take a request out. Its heap entry is dropped now if it is the bucket's head,
+        else when it reaches the top: the removal pays for its own heap work, not the
+        next cycle that looks at the head."""
         slot = self._slot.pop(rid, None)
         if slot is None:
             return None
@@ -77,6 +79,8 @@ class TenantQueue:
         bucket.count -= 1
         if bucket.count == 0:
             del self.buckets[bkey]
+        elif bucket.heap[0] == slot:
+            self._top(bucket)
         return req
 
     def _top(self, bucket: Bucket) -> _Slot | None:
