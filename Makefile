@@ -52,8 +52,10 @@ lint: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
+# The modules scripts/build_core.py compiles: mypyc builds only what mypy accepts, so a type
+# error there would otherwise show up only as a silent fall-back to pure Python.
 typecheck: $(STAMP)
-	$(BIN)/mypy jupyter_gpuaas/admission
+	$(BIN)/mypy jupyter_gpuaas/admission jupyter_gpuaas/sim
 
 pytest: setup core
 	$(BIN)/python -m pytest -q
