@@ -45,11 +45,11 @@ FLAVORS = {
     "l4": {"nodes": 58, "gpus_per_node": 4},
 }
 
-# Kernels and servers share a priority above jobs, and nobody reclaims with `Any`, so only
-# jobs are ever preempted. Work-around: the simulator's driver crashes (KeyError in
-# `follow`) when a kernel or server is admitted and preempted within one schedule() call;
-# see RESULTS.md. `--preempt-interactive` restores the intended policies (servers below
-# kernels, reclaim Any, LowerOrNewerEqualPriority for teaching) once that is fixed.
+# By default kernels and servers share a priority above jobs, and nobody reclaims with
+# `Any`, so only jobs are preempted: the trace the recorded results use. With
+# `--preempt-interactive`, servers rank below kernels, research reclaims with Any and
+# teaching uses LowerOrNewerEqualPriority, so kernels and servers are preempted too (once
+# a driver crash when one was admitted and preempted within one cycle; fixed).
 SERVER_PRIORITY = 100
 _RESEARCH = {"within_tenant": "LowerPriority", "reclaim_within_cohort": "LowerPriority"}
 _PRODUCT = {
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--preempt-interactive",
         action="store_true",
-        help="let kernels and servers be preempted (crashes the driver today: see RESULTS.md)",
+        help="let kernels and servers be preempted too (servers below kernels, reclaim Any)",
     )
     parser.add_argument(
         "--timeout", type=float, default=TIMEOUT_S, help="kill a run after this many seconds"
