@@ -23,7 +23,6 @@ class Ledger:
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
         self.parked: dict[tuple[str, str], int] = defaultdict(int)
         self._drawn: dict[tuple[str, str], int] = defaultdict(int)  # (cohort, flavor)
-        self.version = 0  # bumps on every change of usage or quotas
         # Bumps on every change of usage in one (cohort, flavor), or (tenant, flavor) for a
         # tenant without a cohort: what a cached answer about that pool depends on.
         self.pool_version: dict[tuple[str, str], int] = defaultdict(int)
@@ -31,7 +30,6 @@ class Ledger:
 
     def reconfigure(self, config: Config) -> None:
         """Adopt new quotas, keeping usage: an admin's change never evicts anyone."""
-        self.version = getattr(self, "version", 0) + 1
         self.tenants: Mapping[str, Tenant] = config.tenants
         self.members: dict[str, list[str]] = defaultdict(list)
         self._pool: dict[tuple[str, str], int] = defaultdict(int)
@@ -66,7 +64,6 @@ class Ledger:
         self._move(tenant, flavor, -gpus)
 
     def _move(self, tenant: str, flavor: str, delta: int) -> None:
-        self.version += 1
         key = (tenant, flavor)
         before = self.usage[key]
         after = before + delta

@@ -51,7 +51,6 @@ class Cluster:
         # Most free devices on one node, per flavor: "does anything fit?" is the question
         # the admission cycle asks most, so it is kept up to date rather than searched.
         self._gap: dict[str, int] = {}
-        self.version = 0  # bumps whenever devices are bound or freed, or nodes come or go
         self._order = 0
 
     def add(self, flavor: str, name: str, gpus: int, autoscaled: bool = False) -> Node:
@@ -65,7 +64,6 @@ class Cluster:
         self._by_free.setdefault(flavor, {}).setdefault(node.free, {})[name] = node
         self._widest[flavor] = max(self._widest.get(flavor, 0), gpus)
         self._gap[flavor] = max(self._gap.get(flavor, 0), node.free)
-        self.version += 1
         return node
 
     def remove(self, name: str) -> Node:
@@ -74,7 +72,6 @@ class Cluster:
         self._free[node.flavor] -= node.free
         del self._by_free[node.flavor][node.free][name]
         self._gap[node.flavor] = self._search_gap(node.flavor)
-        self.version += 1
         return node
 
     def of(self, flavor: str) -> list[Node]:
@@ -144,7 +141,6 @@ class Cluster:
         return node
 
     def _refile(self, node: Node, before: int) -> None:
-        self.version += 1
         free = node.free
         if free != before:
             flavor = node.flavor
