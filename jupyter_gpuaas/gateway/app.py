@@ -26,7 +26,7 @@ from tornado import httpserver, netutil, web
 from traitlets import Bool, Float, Integer, Unicode, default, validate
 from traitlets.config import Application
 
-from jupyter_gpuaas import __version__
+from jupyter_gpuaas._version import __version__
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
 

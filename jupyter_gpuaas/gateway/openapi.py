@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jupyter_gpuaas import __version__
+from jupyter_gpuaas._version import __version__
 from jupyter_gpuaas.admission.model import KINDS, State
 
 NUM = {"type": "number"}
