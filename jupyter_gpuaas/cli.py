@@ -28,6 +28,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "jupyter_gpuaas.client_cli",
     "jupyter_gpuaas.jobs.cli",
     "jupyter_gpuaas.hub.demo",
+    "jupyter_gpuaas.kubernetes.cli",
 )
 
 

@@ -1,0 +1,207 @@
+"""Scale-up objects that end in a new Node: PURE builders (tested by dict equality).
+
+Demand that quota admits but capacity cannot place (`gpuaas_desired_nodes{flavor}`) becomes
+one of:
+
+- **placeholders** (`--scale-up placeholders` or `keda`): per autoscaled flavor, a Deployment
+  of pause pods at a negative PriorityClass, each asking for one whole node's GPUs of the
+  flavor. The cluster autoscaler adds a node for each pending placeholder; a real GPU pod
+  preempts a placeholder at once (z2jh's user-placeholder technique).
+- **KEDA** (`--scale-up keda`): a ScaledObject per flavor sets the placeholders' replicas from
+  the gateway's own metrics through a prometheus trigger: the nodes wanted beyond those
+  the gateway already sees, `gpuaas_desired_nodes{flavor}` minus the flavor's nodes
+  (counted from `gpuaas_device_healthy{flavor}`, which has one series per device).
+- **ProvisioningRequest** (`--scale-up provisioning-request`): an
+  `autoscaling.x-k8s.io/v1` ProvisioningRequest with a PodTemplate shaped like the blocked
+  request (class `check-capacity.autoscaling.x-k8s.io`, or
+  `best-effort-atomic-scale-up.autoscaling.x-k8s.io`); the manifests ship one example per
+  flavor, the gateway's scaler creates and deletes them per capacity-blocked head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .meta import ClusterFlavor, ManifestError, Settings, labels, meta
+
+PLACEHOLDER_PRIORITY = "jupyter-gpuaas-placeholder"
+CLASSES = (
+    "check-capacity.autoscaling.x-k8s.io",
+    "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+)
+
+
+def placeholder_name(flavor: str) -> str:
+    return f"jupyter-gpuaas-placeholder-{flavor}"
+
+
+def priority_class(settings: Settings) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": meta(PLACEHOLDER_PRIORITY, "placeholder", settings, namespaced=False),
+        # Below every real pod (0 by default): any GPU pod preempts a placeholder.
+        "value": -10,
+        "globalDefault": False,
+        # A placeholder never evicts anything itself: it only waits for a new node.
+        "preemptionPolicy": "Never",
+        "description": "jupyter-gpuaas placeholders: hold room for queued GPU requests; "
+        "real pods preempt them.",
+    }
+
+
+def gpu_pod_spec(
+    flavor: ClusterFlavor, gpus: int, image: str, *, priority_class_name: str = ""
+) -> dict[str, Any]:
+    """A pod asking for `gpus` of the flavor on the flavor's nodes: what the scheduler and
+    the cluster autoscaler look at (selector, tolerations, the extended resource)."""
+    amount = {flavor.resource: str(gpus)}
+    spec: dict[str, Any] = {
+        "nodeSelector": dict(flavor.node_selector),
+        "tolerations": [dict(t) for t in flavor.tolerations],
+        "terminationGracePeriodSeconds": 0,
+        "automountServiceAccountToken": False,
+        "containers": [
+            {
+                "name": "pause",
+                "image": image,
+                "resources": {"requests": dict(amount), "limits": dict(amount)},
+            }
+        ],
+    }
+    if priority_class_name:
+        spec["priorityClassName"] = priority_class_name
+    return spec
+
+
+def placeholder_deployment(flavor: ClusterFlavor, settings: Settings) -> dict[str, Any]:
+    component = "placeholder"
+    select = {
+        "app.kubernetes.io/name": "jupyter-gpuaas",
+        "gpuaas.jupyter.org/placeholder": flavor.name,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta(placeholder_name(flavor.name), component, settings),
+        "spec": {
+            "replicas": 0,  # set by KEDA, or by the gateway's placeholder scaler
+            "selector": {"matchLabels": select},
+            "template": {
+                "metadata": {"labels": {**labels(component, settings), **select}},
+                "spec": gpu_pod_spec(
+                    flavor,
+                    flavor.gpus_per_node,  # one placeholder holds one whole node
+                    settings.placeholder_image,
+                    priority_class_name=PLACEHOLDER_PRIORITY,
+                ),
+            },
+        },
+    }
+
+
+def nodes_wanted_query(flavor: str) -> str:
+    """PromQL: the flavor's nodes wanted beyond those the gateway already has."""
+    have = f'count(count by (node) (gpuaas_device_healthy{{flavor="{flavor}"}}))'
+    return f'clamp_min(max(gpuaas_desired_nodes{{flavor="{flavor}"}}) - ({have} or vector(0)), 0)'
+
+
+def scaled_object(flavor: ClusterFlavor, settings: Settings) -> dict[str, Any]:
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": meta(placeholder_name(flavor.name), "placeholder", settings),
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": placeholder_name(flavor.name),
+            },
+            "minReplicaCount": 0,
+            "maxReplicaCount": flavor.growth,
+            "pollingInterval": 15,
+            "cooldownPeriod": 300,
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "name": f"gpuaas-desired-nodes-{flavor.name}",
+                    "metricType": "AverageValue",
+                    "metadata": {
+                        "serverAddress": settings.prometheus_url,
+                        "query": nodes_wanted_query(flavor.name),
+                        # AverageValue 1: one placeholder replica per node wanted.
+                        "threshold": "1",
+                        "activationThreshold": "0",
+                    },
+                }
+            ],
+        },
+    }
+
+
+def pod_template(
+    name: str,
+    flavor: ClusterFlavor,
+    gpus: int,
+    settings: Settings,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    m = meta(name, "scale-up", settings)
+    m["labels"].update(extra or {})
+    return {
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": m,
+        "template": {
+            "metadata": {"labels": dict(m["labels"])},
+            "spec": gpu_pod_spec(flavor, gpus, settings.placeholder_image),
+        },
+    }
+
+
+def provisioning_request(
+    name: str, template: str, count: int, settings: Settings, extra: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    m = meta(name, "scale-up", settings)
+    m["labels"].update(extra or {})
+    spec: dict[str, Any] = {
+        "provisioningClassName": settings.provisioning_class,
+        "podSets": [{"count": count, "podTemplateRef": {"name": template}}],
+    }
+    if settings.provisioning_class == CLASSES[1]:
+        spec["parameters"] = {"ValidUntilSeconds": "3600"}
+    return {
+        "apiVersion": "autoscaling.x-k8s.io/v1",
+        "kind": "ProvisioningRequest",
+        "metadata": m,
+        "spec": spec,
+    }
+
+
+def scale_up_objects(flavors: Sequence[ClusterFlavor], settings: Settings) -> list[dict[str, Any]]:
+    if settings.scale_up == "none":
+        return []
+    grown = [f for f in flavors if f.growth > 0]
+    if not grown:
+        raise ManifestError(
+            f"--scale-up {settings.scale_up}: no flavor may grow (policy.autoscale.<flavor>."
+            "max_nodes above its nodes in the quota file), so there is nothing to scale; "
+            "use --scale-up none"
+        )
+    if settings.scale_up == "provisioning-request":
+        if settings.provisioning_class not in CLASSES:
+            raise ManifestError(
+                f"--provisioning-class: {settings.provisioning_class!r} is not one of "
+                + ", ".join(CLASSES)
+            )
+        docs = []
+        for f in grown:
+            name = f"jupyter-gpuaas-example-{f.name}"
+            docs.append(pod_template(name, f, f.gpus_per_node, settings))
+            docs.append(provisioning_request(name, name, 1, settings))
+        return docs
+    docs = [priority_class(settings)] + [placeholder_deployment(f, settings) for f in grown]
+    if settings.scale_up == "keda":
+        docs += [scaled_object(f, settings) for f in grown]
+    return docs
