@@ -222,7 +222,12 @@ def deployment(settings: Settings) -> dict[str, Any]:
             "selector": {"matchLabels": selector_labels("gateway")},
             "template": {
                 "metadata": {
-                    "labels": labels("gateway", settings),
+                    # z2jh's hub network policy admits pods with this label: the
+                    # gateway calls the Hub's API (users, groups, stopping servers).
+                    "labels": {
+                        **labels("gateway", settings),
+                        "hub.jupyter.org/network-access-hub": "true",
+                    },
                     "annotations": {
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(PORT),

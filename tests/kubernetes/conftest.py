@@ -31,6 +31,10 @@ async def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
     config = tmp_path / "kubeconfig"
     config.write_text(yaml.safe_dump(double.kubeconfig()))
     monkeypatch.setenv("KUBECONFIG", str(config))
+    # kubernetes_asyncio reads $KUBECONFIG once, when first imported.
+    from kubernetes_asyncio.config import kube_config
+
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(config))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     try:
         yield double
