@@ -210,7 +210,12 @@ class GatewayApp(Application):
         if not isinstance(quotas, dict):
             raise StartupError(f"--quotas {self.quotas}: must be a mapping")
         try:
-            self.inventory = parse_devices_spec(self.devices)
+            if self.devices.strip() == "kubernetes":  # the cluster's Nodes, followed live
+                from .cluster import ClusterInventory
+
+                self.inventory = ClusterInventory(parent=self)
+            else:
+                self.inventory = parse_devices_spec(self.devices)
         except ValueError as e:
             raise StartupError(f"--devices: {e}") from None
         if self.inventory.simulated:
@@ -293,6 +298,12 @@ class GatewayApp(Application):
     async def start_server(self) -> int:
         """Build, restore the core from the store, listen. Returns the bound port."""
         self.build()
+        prepare = getattr(self.inventory, "prepare", None)
+        if prepare is not None:  # a watched inventory lists its nodes before the restore
+            try:
+                await prepare()
+            except Exception as e:
+                raise StartupError(f"--devices {self.devices}: cannot list the nodes: {e}") from e
         self.arbiter.restore(time.time())
         self.arbiter.start()
         self.http_server = httpserver.HTTPServer(self.make_app(), idle_connection_timeout=3600)
@@ -317,6 +328,9 @@ class GatewayApp(Application):
         await self.scaler_close()
         self.store.close()
         self.inventory.close()
+        aclose = getattr(self.inventory, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
     async def scaler_close(self) -> None:
         close = getattr(self.scaler_obj, "close", None)

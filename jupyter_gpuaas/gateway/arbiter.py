@@ -42,7 +42,7 @@ from jupyter_gpuaas.admission.model import (
     State,
 )
 
-from .devices import DeviceSample, Inventory
+from .devices import DeviceSample, Inventory, NodeInfo
 from .events import Event, EventBus
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
 from .positions import QueueIndex
@@ -218,6 +218,9 @@ class Arbiter:
             loop.create_task(self._admission_loop()),
             loop.create_task(self._sampling_loop()),
         ]
+        follow = getattr(self.inventory, "follow", None)
+        if follow is not None:  # an inventory that sees nodes join and leave (cluster.py)
+            self._tasks.append(loop.create_task(follow(self.node_joined, self.node_left)))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -233,6 +236,30 @@ class Arbiter:
 
     def wake(self) -> None:
         self._wake.set()
+
+    async def node_joined(self, node: NodeInfo) -> None:
+        """A node of the inventory started counting: the core may place on it now."""
+        if node.flavor not in self.config.flavors:
+            log.warning("node %s has flavor %s, which no quota names", node.name, node.flavor)
+            return
+
+        def join() -> None:
+            now = time.time()
+            self.commit(self.core.add_node(node.flavor, node.name, node.gpus, now), now)
+            self.commit(self.core.step(now), now)
+
+        await self._run(join)
+
+    async def node_left(self, name: str, why: str) -> None:
+        """A node stopped counting (gone, NotReady, cordoned): its holders lose their grants."""
+
+        def leave() -> None:
+            now = time.time()
+            self.commit(self.core.remove_node(name, now), now)
+            self.commit(self.core.step(now), now)
+
+        log.warning("node %s left (%s): releasing its grants", name, why)
+        await self._run(leave)
 
     async def _admission_loop(self) -> None:
         """Wake at the core's next deadline (or every `tick`) and step it."""

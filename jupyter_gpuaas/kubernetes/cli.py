@@ -83,7 +83,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="ProvisioningRequest class (or best-effort-atomic-scale-up.autoscaling.x-k8s.io)",
     )
     m.set_defaults(run=run)
-    parser.set_defaults(run=lambda args: (parser.print_help(), 2)[1])
+    def usage(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(run=usage)
     return parser
 
 

@@ -130,7 +130,7 @@ def access(settings: Settings) -> list[dict[str, Any]]:
 def gateway_config(flavors: Sequence[ClusterFlavor], settings: Settings) -> dict[str, Any]:
     """The gateway's traitlets config (JSON) for the cluster: inventory and scaler."""
     config: dict[str, Any] = {
-        "KubernetesInventory": {"flavors": {f.name: f.inventory_json() for f in flavors}}
+        "ClusterInventory": {"flavors": {f.name: f.inventory_json() for f in flavors}}
     }
     if settings.scale_up in ("provisioning-request", "placeholders"):
         config["KubernetesScaler"] = {

@@ -131,7 +131,7 @@ class KubernetesDouble:
         self.rv = 1
         self.history: list[tuple[int, str, Key, dict[str, Any]]] = []
         self.history_limit = history
-        self.compacted = 0  # watches from a version at or below this get 410 Gone
+        self.compacted = 0  # a watch from this version or older gets 410 Gone
         self.watchers: list[Watcher] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) of every call
         self.auto_schedule = auto_schedule
@@ -242,8 +242,10 @@ class KubernetesDouble:
         return self.items("/api/v1", "pods", namespace)
 
     def compact(self) -> None:
-        """Forget the history: a watch that resumes from an old version gets 410 Gone."""
+        """Forget the history: a watch that resumes from any version handed out so far
+        gets 410 Gone (a list now returns a newer one)."""
         self.compacted = self.rv
+        self.rv += 1
         self.history.clear()
 
     def drop_watches(self) -> None:
@@ -450,7 +452,7 @@ class KubernetesDouble:
         return prefix, plural, ns, name, sub
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append((request.method, request.path))
+        self.requests.append((request.method, request.path_qs))
         prefix, plural, ns, name, _sub = self._parse(request.path)
         q = request.query
         if request.method == "GET" and not name:
@@ -524,7 +526,7 @@ class KubernetesDouble:
                 for (p, pl, n, _), o in self.objects.items()
                 if self._watch_matches(w, (p, pl, n, ""), o)
             ]
-        elif int(since) < self.compacted:
+        elif int(since) <= self.compacted:
             gone = {
                 "type": "ERROR",
                 "object": _status(

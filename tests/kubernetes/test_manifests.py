@@ -123,7 +123,7 @@ def test_every_document_validates(run_cli: Any, scale_up: str) -> None:
     assert config_map["data"]["quotas.yaml"] == QUOTAS  # the admin's file, comments kept
     assert parse_config(yaml.safe_load(config_map["data"]["quotas.yaml"]))
     config = yaml.safe_load(config_map["data"]["gpuaas_config.json"])
-    assert config["KubernetesInventory"]["flavors"] == {
+    assert config["ClusterInventory"]["flavors"] == {
         "a100": {
             "node_selector": {
                 "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",

@@ -82,7 +82,7 @@ def test_the_flavors_match_the_readme_manifests(
         name: {k: v for k, v in spec.items() if k != "display_name"}
         for name, spec in c.QueuedSpawnerMixin.flavors.items()
     }
-    assert gateway["KubernetesInventory"]["flavors"] == spawner
+    assert gateway["ClusterInventory"]["flavors"] == spawner
     (svc,) = [d for d in docs if d["kind"] == "Service"]
     assert c.QueuedSpawnerMixin.gateway_url.startswith(
         f"http://{svc['metadata']['name']}:{svc['spec']['ports'][0]['port']}/"
