@@ -83,6 +83,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="ProvisioningRequest class (or best-effort-atomic-scale-up.autoscaling.x-k8s.io)",
     )
     m.set_defaults(run=run)
+
     def usage(args: argparse.Namespace) -> int:
         parser.print_help()
         return 2
