@@ -834,7 +834,15 @@ class Arbiter:
             idle,
             rows,
             simulated=self.inventory.simulated,
+            nodes=self._node_counts(),
         )
+
+    def _node_counts(self) -> dict[str, int]:
+        """Nodes per flavor in the core (every configured flavor, 0 included)."""
+        counts = dict.fromkeys(self.config.flavors, 0)
+        for node in self.core.nodes():
+            counts[node.flavor] = counts.get(node.flavor, 0) + 1
+        return counts
 
 
 def _meta_of(row: RequestRow) -> dict[str, Any]:

@@ -9,8 +9,8 @@ one of:
   preempts a placeholder at once (z2jh's user-placeholder technique).
 - **KEDA** (`--scale-up keda`): a ScaledObject per flavor sets the placeholders' replicas from
   the gateway's own metrics through a prometheus trigger: the nodes wanted beyond those
-  the gateway already sees, `gpuaas_desired_nodes{flavor}` minus the flavor's nodes
-  (counted from `gpuaas_device_healthy{flavor}`, which has one series per device).
+  the gateway already places on, `gpuaas_desired_nodes{flavor}` minus
+  `gpuaas_nodes{flavor}`.
 - **ProvisioningRequest** (`--scale-up provisioning-request`): an
   `autoscaling.x-k8s.io/v1` ProvisioningRequest with a PodTemplate shaped like the blocked
   request (class `check-capacity.autoscaling.x-k8s.io`, or
@@ -102,9 +102,10 @@ def placeholder_deployment(flavor: ClusterFlavor, settings: Settings) -> dict[st
 
 
 def nodes_wanted_query(flavor: str) -> str:
-    """PromQL: the flavor's nodes wanted beyond those the gateway already has."""
-    have = f'count(count by (node) (gpuaas_device_healthy{{flavor="{flavor}"}}))'
-    return f'clamp_min(max(gpuaas_desired_nodes{{flavor="{flavor}"}}) - ({have} or vector(0)), 0)'
+    """PromQL: the flavor's nodes wanted beyond those the gateway already places on."""
+    want = f'max(gpuaas_desired_nodes{{flavor="{flavor}"}})'
+    have = f'max(gpuaas_nodes{{flavor="{flavor}"}})'
+    return f"clamp_min({want} - ({have} or vector(0)), 0)"
 
 
 def scaled_object(flavor: ClusterFlavor, settings: Settings) -> dict[str, Any]:

@@ -166,7 +166,10 @@ async def test_nodes_join_and_leave_the_gateway(
     # Quota admits it, capacity does not: the gateway asks for one more a100 node.
     async def wants_two() -> bool:
         resp = await AsyncHTTPClient().fetch(gw.url + "metrics")
-        return 'gpuaas_desired_nodes{flavor="a100"} 2.0' in resp.body.decode()
+        text = resp.body.decode()
+        return 'gpuaas_desired_nodes{flavor="a100"} 2.0' in text and (
+            'gpuaas_nodes{flavor="a100"} 1.0' in text
+        )
 
     await until(wants_two)
 

@@ -251,7 +251,7 @@ def test_scaled_object_reads_the_nodes_wanted(run_cli: Any) -> None:
     }
     assert nodes_wanted_query("a100") == (
         'clamp_min(max(gpuaas_desired_nodes{flavor="a100"}) - '
-        '(count(count by (node) (gpuaas_device_healthy{flavor="a100"})) or vector(0)), 0)'
+        '(max(gpuaas_nodes{flavor="a100"}) or vector(0)), 0)'
     )
     (placeholder,) = [
         d
