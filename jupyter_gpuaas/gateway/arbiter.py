@@ -124,6 +124,7 @@ class Arbiter:
         self.samples: list[DeviceSample] = []
         self.hold_times: dict[str, list[float]] = {}
         self._last_desired: dict[str, int] = {}
+        self._last_ready: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # Group commit: operations waiting for the next cycle, and where the running one
@@ -595,12 +596,13 @@ class Arbiter:
 
     def _maybe_scale(self) -> None:
         desired = dict(self.core.desired_nodes())
-        if desired == self._last_desired:
-            return
-        self._last_desired = desired
         ready: dict[str, int] = {}
         for node in self.core.nodes():
             ready[node.flavor] = ready.get(node.flavor, 0) + 1
+        # Ready counts too: a joined node leaves `desired` as it was but ends a scale-up.
+        if (desired, ready) == (self._last_desired, self._last_ready):
+            return
+        self._last_desired, self._last_ready = desired, ready
         try:
             asyncio.get_running_loop().create_task(self.scaler.apply(desired, ready))
         except RuntimeError:  # no loop (restore before serving): the next change applies

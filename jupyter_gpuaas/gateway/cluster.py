@@ -15,17 +15,19 @@ scale-up ends when its Node really joins and a Node that dies releases its grant
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from traitlets import Dict, Unicode
+from traitlets import Dict, Unicode, default
 from traitlets.config import LoggingConfigurable
 from traitlets.utils.importstring import import_item
 
 from .devices import DeviceInfo, DeviceSample, Inventory, NodeInfo
+from .scalers import Scaler
 
 log = logging.getLogger("jupyter_gpuaas.devices")
 MiB = 1024**2
+_SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 Joined = Callable[[NodeInfo], Awaitable[None]]
 Left = Callable[[str, str], Awaitable[None]]
@@ -118,3 +120,71 @@ class ClusterInventory(LoggingConfigurable, Inventory):
 
     async def aclose(self) -> None:
         await self._source.close()
+
+
+class ClusterScaler(Scaler):
+    """Scale-up through cluster objects: the nodes wanted per flavor (desired minus
+    ready) handed to a target loaded by name from `jupyter_gpuaas.kubernetes.scaleup`.
+    The target creates what makes the cluster autoscaler add Nodes; the Nodes then join
+    through ClusterInventory, and the wanted count (and the object) goes back to 0."""
+
+    target = Unicode(help="Dotted name of the scale-up target class.").tag(config=True)
+
+    namespace = Unicode(
+        help="Namespace of the scale-up objects. Default: the gateway pod's own."
+    ).tag(config=True)
+
+    @default("namespace")
+    def _namespace_default(self) -> str:
+        try:
+            with open(_SA_NAMESPACE, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError:
+            return "default"
+
+    flavors = Dict(
+        help="""Flavors to scale: {"a100": {"node_selector": {...}, "resource":
+        "nvidia.com/gpu", "tolerations": [...], "gpus_per_node": 8}} (written by
+        `jupyter-gpuaas kubernetes manifests`).""",
+    ).tag(config=True)
+
+    provisioning_class = Unicode(
+        "check-capacity.autoscaling.x-k8s.io",
+        help="""ProvisioningRequest class: check-capacity.autoscaling.x-k8s.io, or
+        best-effort-atomic-scale-up.autoscaling.x-k8s.io.""",
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._target = import_item(self.target)(
+            self.flavors, namespace=self.namespace, provisioning_class=self.provisioning_class
+        )
+
+    async def apply(self, desired: Mapping[str, int], ready: Mapping[str, int]) -> None:
+        wanted = {f: max(0, n - ready.get(f, 0)) for f, n in desired.items()}
+        async with self._apply_lock:
+            try:
+                await self._target.apply(wanted)
+            except Exception as e:  # never into the gateway: retried on the next change
+                self.log.error("scale-up through %s failed: %s", self.target, e)
+                return
+            self.last_applied.update(desired)
+
+    async def close(self) -> None:
+        await self._target.close()
+
+
+class ProvisioningRequestScaler(ClusterScaler):
+    """A ProvisioningRequest per flavor that needs nodes (cluster autoscaler)."""
+
+    @default("target")
+    def _target_default(self) -> str:
+        return "jupyter_gpuaas.kubernetes.scaleup.ProvisioningRequests"
+
+
+class PlaceholderScaler(ClusterScaler):
+    """Placeholder Deployments' replicas set to the nodes wanted (cluster autoscaler)."""
+
+    @default("target")
+    def _target_default(self) -> str:
+        return "jupyter_gpuaas.kubernetes.scaleup.Placeholders"

@@ -51,9 +51,9 @@ def rules(scale_up: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(cluster rules, namespace rules): only the verbs the gateway uses.
 
     The Node inventory lists and watches Nodes (cluster-scoped). The ProvisioningRequest
-    scaler creates and deletes its requests and their PodTemplates and follows their
-    status; the placeholder scaler sets its Deployments' replicas through the scale
-    subresource. KEDA scales placeholders itself: the gateway then needs nothing there.
+    scaler creates and deletes its requests and their PodTemplates; the placeholder scaler
+    patches its Deployments' replicas through the scale subresource. KEDA scales the
+    placeholders itself: the gateway then needs nothing in the namespace.
     """
     cluster = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
     namespaced: list[dict[str, Any]] = []
@@ -62,12 +62,12 @@ def rules(scale_up: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             {
                 "apiGroups": ["autoscaling.x-k8s.io"],
                 "resources": ["provisioningrequests"],
-                "verbs": ["create", "delete", "get", "list", "watch"],
+                "verbs": ["create", "delete"],
             },
             {
                 "apiGroups": [""],
                 "resources": ["podtemplates"],
-                "verbs": ["create", "delete", "get"],
+                "verbs": ["create", "delete"],
             },
         ]
     elif scale_up == "placeholders":
@@ -75,7 +75,7 @@ def rules(scale_up: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             {
                 "apiGroups": ["apps"],
                 "resources": ["deployments/scale"],
-                "verbs": ["get", "patch"],
+                "verbs": ["patch"],
             }
         ]
     return cluster, namespaced
@@ -133,9 +133,14 @@ def gateway_config(flavors: Sequence[ClusterFlavor], settings: Settings) -> dict
         "ClusterInventory": {"flavors": {f.name: f.inventory_json() for f in flavors}}
     }
     if settings.scale_up in ("provisioning-request", "placeholders"):
-        config["KubernetesScaler"] = {
+        config["ClusterScaler"] = {
             "namespace": settings.namespace,
             "provisioning_class": settings.provisioning_class,
+            "flavors": {
+                f.name: {**f.inventory_json(), "gpus_per_node": f.gpus_per_node}
+                for f in flavors
+                if f.growth > 0
+            },
         }
     return config
 
@@ -155,8 +160,8 @@ def config_map(flavors: Sequence[ClusterFlavor], settings: Settings) -> dict[str
 SCALER_ARG = {
     "keda": "prometheus",
     "none": "none",
-    "provisioning-request": "jupyter_gpuaas.kubernetes.scaleup.ProvisioningRequestScaler",
-    "placeholders": "jupyter_gpuaas.kubernetes.scaleup.PlaceholderScaler",
+    "provisioning-request": "jupyter_gpuaas.gateway.cluster.ProvisioningRequestScaler",
+    "placeholders": "jupyter_gpuaas.gateway.cluster.PlaceholderScaler",
 }
 
 

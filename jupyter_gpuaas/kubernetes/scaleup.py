@@ -206,3 +206,141 @@ def scale_up_objects(flavors: Sequence[ClusterFlavor], settings: Settings) -> li
     if settings.scale_up == "keda":
         docs += [scaled_object(f, settings) for f in grown]
     return docs
+
+
+# --------------------------------------------------------------------- at run time
+
+
+def wanted_nodes(desired: Mapping[str, int], ready: Mapping[str, int]) -> dict[str, int]:
+    """Nodes per flavor a scale-up should add: what the queue needs beyond what joined."""
+    return {f: max(0, n - ready.get(f, 0)) for f, n in desired.items()}
+
+
+def flavor_from_config(name: str, spec: Mapping[str, Any]) -> ClusterFlavor:
+    """A ClusterFlavor from the gateway config's flavor entry (with gpus_per_node)."""
+    return ClusterFlavor(
+        name=name,
+        gpus_per_node=int(spec.get("gpus_per_node") or 1),
+        node_selector=dict(spec.get("node_selector") or {}),
+        resource=str(spec.get("resource") or "nvidia.com/gpu"),
+        tolerations=tuple(dict(t) for t in spec.get("tolerations") or ()),
+    )
+
+
+async def _api_client() -> Any:
+    from kubernetes_asyncio import client, config
+
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        await config.load_kube_config()
+    return client.ApiClient()
+
+
+class ProvisioningRequests:
+    """One ProvisioningRequest (and its PodTemplate) per flavor that needs nodes.
+
+    `apply(wanted)` makes the cluster's objects say what the queue wants: a flavor that
+    wants N more nodes has a request for N pods shaped like a whole node of it; when that
+    changes the request is replaced (its spec is immutable), and when the flavor wants
+    none (its Node joined, the head was admitted) the request and template are deleted.
+    """
+
+    group, version, plural = "autoscaling.x-k8s.io", "v1", "provisioningrequests"
+
+    def __init__(
+        self,
+        flavors: Mapping[str, Mapping[str, Any]],
+        *,
+        namespace: str,
+        provisioning_class: str = CLASSES[0],
+    ) -> None:
+        if provisioning_class not in CLASSES:
+            raise ValueError(f"provisioning_class must be one of {', '.join(CLASSES)}")
+        self.flavors = {n: flavor_from_config(n, s) for n, s in flavors.items()}
+        self.settings = Settings(namespace=namespace, provisioning_class=provisioning_class)
+        self.current: dict[str, tuple[str, int]] = {}  # flavor → (object name, count)
+        self._client: Any = None
+        self._serial = 0
+
+    async def _apis(self) -> tuple[Any, Any]:
+        from kubernetes_asyncio import client
+
+        if self._client is None:
+            self._client = await _api_client()
+        return client.CoreV1Api(self._client), client.CustomObjectsApi(self._client)
+
+    async def apply(self, wanted: Mapping[str, int]) -> None:
+        core, custom = await self._apis()
+        ns = self.settings.namespace
+        for flavor, count in wanted.items():
+            if flavor not in self.flavors:
+                continue
+            have = self.current.get(flavor)
+            if have is not None and have[1] == count:
+                continue
+            if have is not None:
+                await self._delete(core, custom, have[0])
+                del self.current[flavor]
+            if count > 0:
+                self._serial += 1
+                name = f"jupyter-gpuaas-{flavor}-{self._serial}"
+                extra = {"gpuaas.jupyter.org/flavor": flavor}
+                spec = self.flavors[flavor]
+                template = pod_template(name, spec, spec.gpus_per_node, self.settings, extra)
+                await core.create_namespaced_pod_template(ns, template)
+                request = provisioning_request(name, name, count, self.settings, extra)
+                await custom.create_namespaced_custom_object(
+                    self.group, self.version, ns, self.plural, request
+                )
+                self.current[flavor] = (name, count)
+
+    async def _delete(self, core: Any, custom: Any, name: str) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        ns = self.settings.namespace
+        for call in (
+            lambda: custom.delete_namespaced_custom_object(
+                self.group, self.version, ns, self.plural, name
+            ),
+            lambda: core.delete_namespaced_pod_template(name, ns),
+        ):
+            try:
+                await call()
+            except ApiException as e:
+                if e.status != 404:  # gone already: what we wanted
+                    raise
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+class Placeholders:
+    """Sets the placeholder Deployments' replicas (one per node wanted) through their
+    scale subresource; the Deployments themselves come from the manifests."""
+
+    def __init__(
+        self, flavors: Mapping[str, Mapping[str, Any]], *, namespace: str, **_: Any
+    ) -> None:
+        self.flavors = set(flavors)
+        self.settings = Settings(namespace=namespace)
+        self._client: Any = None
+
+    async def apply(self, wanted: Mapping[str, int]) -> None:
+        from kubernetes_asyncio import client
+
+        if self._client is None:
+            self._client = await _api_client()
+        apps = client.AppsV1Api(self._client)
+        for flavor, count in wanted.items():
+            if flavor in self.flavors:
+                await apps.patch_namespaced_deployment_scale(
+                    placeholder_name(flavor), self.settings.namespace, {"spec": {"replicas": count}}
+                )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

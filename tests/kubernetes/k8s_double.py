@@ -453,8 +453,10 @@ class KubernetesDouble:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.method, request.path_qs))
-        prefix, plural, ns, name, _sub = self._parse(request.path)
+        prefix, plural, ns, name, sub = self._parse(request.path)
         q = request.query
+        if sub == "scale":
+            return await self._scale(request, prefix, plural, ns, name)
         if request.method == "GET" and not name:
             if q.get("watch") in ("true", "1", "True"):
                 return await self._watch(request, prefix, plural, ns)
@@ -504,6 +506,29 @@ class KubernetesDouble:
                 asyncio.get_running_loop().call_soon(self.schedule)
             return web.json_response(obj)
         return web.json_response(_status(405, "MethodNotAllowed", request.method), status=405)
+
+    async def _scale(
+        self, request: web.Request, prefix: str, plural: str, ns: str, name: str
+    ) -> web.Response:
+        """The scale subresource of a Deployment: read or set spec.replicas."""
+        obj = self.get(prefix, plural, name, ns)
+        if obj is None:
+            return self._not_found(plural, name)
+        if request.method == "PATCH":
+            body = await request.json()
+            new = copy.deepcopy(obj)
+            new["spec"]["replicas"] = int(body["spec"]["replicas"])
+            obj = self.put(prefix, plural, new, ns)
+        replicas = obj["spec"].get("replicas", 1)
+        return web.json_response(
+            {
+                "apiVersion": "autoscaling/v1",
+                "kind": "Scale",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"replicas": replicas},
+                "status": {"replicas": replicas},
+            }
+        )
 
     @staticmethod
     def _not_found(plural: str, name: str) -> web.Response:

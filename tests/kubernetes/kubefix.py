@@ -30,3 +30,40 @@ FLAVORS = {
     },
     "t4": {"resource": "nvidia.com/gpu", "node_selector": {"pool": "t4"}},
 }
+
+
+class Group:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class HubUser:
+    """What a spawner uses of JupyterHub's User: name, groups, url, and a token minted
+    for the request (here: the user's token in the gateway's token file; the revoke step
+    finds it in no Hub database and so deletes nothing)."""
+
+    def __init__(self, name: str, groups: list[str]) -> None:
+        from jupyterhub import orm
+
+        self.name = name
+        self.id = 1
+        self.url = f"/user/{name}/"
+        self.groups = [Group(g) for g in groups]
+        self.db = orm.new_session_factory("sqlite://")()
+        self.orm_user = orm.User(name=name)
+        self.db.add(self.orm_user)
+        self.db.commit()
+        self.minted: list[str] = []
+
+    def orm_spawner(self) -> Any:
+        """A row of the Hub's spawners table (user_options, last_activity, server)."""
+        from jupyterhub import orm
+
+        row = orm.Spawner(name="", user=self.orm_user)
+        self.db.add(row)
+        self.db.commit()
+        return row
+
+    def new_api_token(self, **kw: Any) -> str:
+        self.minted.append(kw.get("note", ""))
+        return TOKENS[self.name]

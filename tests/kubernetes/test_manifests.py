@@ -202,7 +202,7 @@ def test_rbac_holds_only_the_verbs_used() -> None:
     assert rules("none") == ([nodes], [])
     assert rules("placeholders") == (
         [nodes],
-        [{"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get", "patch"]}],
+        [{"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch"]}],
     )
     assert rules("provisioning-request") == (
         [nodes],
@@ -210,12 +210,12 @@ def test_rbac_holds_only_the_verbs_used() -> None:
             {
                 "apiGroups": ["autoscaling.x-k8s.io"],
                 "resources": ["provisioningrequests"],
-                "verbs": ["create", "delete", "get", "list", "watch"],
+                "verbs": ["create", "delete"],
             },
             {
                 "apiGroups": [""],
                 "resources": ["podtemplates"],
-                "verbs": ["create", "delete", "get"],
+                "verbs": ["create", "delete"],
             },
         ],
     )
