@@ -306,7 +306,7 @@ class ProvisioningRequests:
             lambda: core.delete_namespaced_pod_template(name, ns),
         ):
             try:
-                await call()
+                await call()  # type: ignore[no-untyped-call]
             except ApiException as e:
                 if e.status != 404:  # gone already: what we wanted
                     raise

@@ -135,6 +135,8 @@ class KubernetesDouble:
         self.watchers: list[Watcher] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) of every call
         self.auto_schedule = auto_schedule
+        self.logs: dict[tuple[str, str], str] = {}  # (namespace, pod) → its container's log
+        self.deletes: list[tuple[str, Any]] = []  # (path, DeleteOptions body) of each DELETE
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -213,7 +215,62 @@ class KubernetesDouble:
         self._emit("MODIFIED" if old else "ADDED", key, obj)
         if self.auto_schedule and plural in ("pods", "nodes"):
             asyncio.get_running_loop().call_soon(self.schedule)
+        if (prefix, plural) == ("/apis/batch/v1", "jobs") and old is None:
+            asyncio.get_running_loop().call_soon(self._job_controller, key)
         return obj
+
+    # ----------------------------------------------------------------- Jobs
+
+    def _job_controller(self, key: Key) -> None:
+        """What the Job controller does for a new Job: one pod from its template."""
+        job = self.objects.get(key)
+        if job is None:
+            return
+        name, ns = job["metadata"]["name"], key[2]
+        template = copy.deepcopy(job["spec"]["template"])
+        meta = template.setdefault("metadata", {})
+        meta["name"] = f"{name}-{uuid.uuid4().hex[:5]}"
+        meta["labels"] = {
+            **(meta.get("labels") or {}),
+            "job-name": name,
+            "controller-uid": job["metadata"]["uid"],
+        }
+        meta["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"]}
+        ]
+        self.put("/api/v1", "pods", template, ns)
+
+    def job_pod(self, namespace: str, job: str) -> dict[str, Any] | None:
+        for pod in self.pods(namespace):
+            if (pod["metadata"].get("labels") or {}).get("job-name") == job:
+                return pod
+        return None
+
+    def write_log(self, namespace: str, pod: str, text: str) -> None:
+        self.logs[(namespace, pod)] = self.logs.get((namespace, pod), "") + text
+
+    def finish_job(self, namespace: str, job: str, exit_code: int) -> None:
+        """The job's container exited: its pod and the Job say so, as kubelet and the Job
+        controller would."""
+        pod = copy.deepcopy(self.job_pod(namespace, job))
+        assert pod is not None, f"job {job} has no pod"
+        pod["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+        for cs in pod["status"].get("containerStatuses") or []:
+            cs["ready"] = False
+            cs["state"] = {"terminated": {"exitCode": exit_code, "reason": "Completed"}}
+        self.put("/api/v1", "pods", pod, namespace)
+        obj = copy.deepcopy(self.objects[("/apis/batch/v1", "jobs", namespace, job)])
+        obj["status"] = (
+            {"succeeded": 1}
+            if exit_code == 0
+            else {
+                "failed": 1,
+                "conditions": [
+                    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}
+                ],
+            }
+        )
+        self.put("/apis/batch/v1", "jobs", obj, namespace)
 
     def delete(
         self, prefix: str, plural: str, name: str, namespace: str = ""
@@ -457,6 +514,8 @@ class KubernetesDouble:
         q = request.query
         if sub == "scale":
             return await self._scale(request, prefix, plural, ns, name)
+        if sub == "log":
+            return await self._log(request, ns, name)
         if request.method == "GET" and not name:
             if q.get("watch") in ("true", "1", "True"):
                 return await self._watch(request, prefix, plural, ns)
@@ -499,6 +558,16 @@ class KubernetesDouble:
             new = body if request.method == "PUT" else _merge(copy.deepcopy(old), body)
             return web.json_response(self.put(prefix, plural, new, ns))
         if request.method == "DELETE":
+            body = await request.json() if request.can_read_body else None
+            self.deletes.append((request.path, body))
+            if (prefix, plural) == ("/apis/batch/v1", "jobs"):
+                # Foreground (or Background) propagation: the Job's pods go too.
+                for pod in [
+                    p
+                    for p in self.pods(ns)
+                    if (p["metadata"].get("labels") or {}).get("job-name") == name
+                ]:
+                    self.delete("/api/v1", "pods", pod["metadata"]["name"], ns)
             obj = self.delete(prefix, plural, name, ns)
             if obj is None:
                 return self._not_found(plural, name)
@@ -529,6 +598,26 @@ class KubernetesDouble:
                 "status": {"replicas": replicas},
             }
         )
+
+    async def _log(self, request: web.Request, ns: str, name: str) -> web.StreamResponse:
+        """A pod's log; with follow=true, streamed until the pod ends or goes."""
+        if self.get("/api/v1", "pods", name, ns) is None:
+            return self._not_found("pods", name)
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await resp.prepare(request)
+        sent = 0
+        follow = request.query.get("follow") in ("true", "True", "1")
+        while True:
+            text = self.logs.get((ns, name), "")
+            if len(text) > sent:
+                await resp.write(text[sent:].encode())
+                sent = len(text)
+            pod = self.get("/api/v1", "pods", name, ns)
+            done = pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            if not follow or (done and len(self.logs.get((ns, name), "")) == sent):
+                break
+            await asyncio.sleep(0.05)
+        return resp
 
     @staticmethod
     def _not_found(plural: str, name: str) -> web.Response:
