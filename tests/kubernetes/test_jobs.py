@@ -207,7 +207,11 @@ async def test_a_job_runs_as_a_kubernetes_job(
         assert manager.get(job.id).exit_status == 0
         assert "epoch 1\nepoch 2\n" in job.log_path.read_text()
         root = GatewayClient(gateway.url, TOKENS["root"])
-        assert (await root.get(job.id))["state"] in ("finished", "cancelled")
+
+        async def released() -> bool:
+            return (await root.get(job.id))["state"] == "finished"
+
+        await until(released)
     finally:
         await manager.stop()
         manager.runner.close()

@@ -198,3 +198,63 @@ async def test_placeholders_follow_the_nodes_wanted(
 
     await until(admitted)
     await until(lambda: replicas() == 0)
+
+
+async def test_a_queued_job_ends_in_a_node_and_runs_there(
+    k8s: KubernetesDouble, make_cluster_gateway: Any, tmp_path: Path
+) -> None:
+    """A job queued for capacity: ProvisioningRequest, the Node joins, the job is
+    admitted on it, becomes a Kubernetes Job whose pod runs there with the GPUs, the
+    request is removed, and the job's end releases the grant."""
+    from jupyter_gpuaas.jobs.manager import JobManager
+    from jupyter_gpuaas.kubernetes.jobs import job_name
+
+    gw = await make_cluster_gateway("ProvisioningRequestScaler")
+    bob = GatewayClient(gw.url, TOKENS["bob"])
+    await bob.submit("vision", "job", 2, flavor="a100")  # holds a100-0
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "train.py").write_text("print('epoch 1')\n")
+    runner = {
+        "namespace": "jhub",
+        "image": "quay.io/jupyter/pytorch-notebook:2026-11",
+        "flavors": {"a100": FLAVOR},
+        "refresh_interval": 0.1,
+    }
+    manager = JobManager(
+        GatewayClient(gw.url, TOKENS["alice"]),
+        str(home),
+        config=Config({"KubernetesJobRunner": runner}),
+        runner_class="jupyter_gpuaas.kubernetes.jobs.KubernetesJobRunner",
+        state_dir=str(tmp_path / "state"),
+        poll_interval=0.1,
+        heartbeat_interval=0.5,
+    )
+    manager.load()
+    await manager.start()
+    try:
+        job = await manager.submit(
+            {"kind": "script", "path": "train.py", "gpus": 2, "tenant": "vision", "flavor": "a100"}
+        )
+        assert job.state == "queued"
+        await until(lambda: k8s.items(*PR, "jhub"))
+        assert k8s.get("/apis/batch/v1", "jobs", job_name(job.id), "jhub") is None
+        a100(k8s, "a100-1")
+        pod = await until(
+            lambda: (p := k8s.job_pod("jhub", job_name(job.id))) and p["spec"].get("nodeName") and p
+        )
+        assert pod["spec"]["nodeName"] == "a100-1"
+        assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+        await until(lambda: not k8s.items(*PR, "jhub"))
+        await until(lambda: manager.get(job.id).state == "running")
+        k8s.finish_job("jhub", job_name(job.id), 0)
+        await until(lambda: manager.get(job.id).state == "succeeded")
+        root = GatewayClient(gw.url, TOKENS["root"])
+
+        async def released() -> bool:
+            return (await root.get(job.id))["state"] == "finished"
+
+        await until(released)
+    finally:
+        await manager.stop()
+        manager.runner.close()
