@@ -48,6 +48,26 @@ async def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
         await double.stop()
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The store: SQLite, or a fresh database on the session's PostgreSQL (tests/pg.py),
+    the store of the cluster mode (the manifests take its URL from a Secret)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'gpuaas.sqlite'}"
+    import uuid
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(request.getfixturevalue("postgres_url"))
+    name = "k8s_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(
+        host=url.host, port=url.port, user=url.username, dbname="postgres", autocommit=True
+    ) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Any]:
     from jupyter_gpuaas.gateway.app import GatewayApp

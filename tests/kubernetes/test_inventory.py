@@ -105,7 +105,7 @@ def a100(k8s: KubernetesDouble, name: str) -> None:
 
 
 @pytest_asyncio.fixture
-async def cluster_gateway(k8s: KubernetesDouble, tmp_path: Path) -> Any:
+async def cluster_gateway(k8s: KubernetesDouble, tmp_path: Path, db_url: str) -> Any:
     from jupyter_gpuaas.gateway.app import GatewayApp
 
     a100(k8s, "a100-0")
@@ -121,7 +121,7 @@ async def cluster_gateway(k8s: KubernetesDouble, tmp_path: Path) -> Any:
         quotas=str(q),
         tokens=str(t),
         devices="kubernetes",
-        db_url=f"sqlite:///{tmp_path / 'gpuaas.sqlite'}",
+        db_url=db_url,
         keepalive_interval=0.3,
         tick_interval=0.1,
         hub_service=False,
