@@ -325,7 +325,7 @@ def test_hub_snippet_loads_into_jupyterhub_config() -> None:
 
 @pytest.mark.asyncio
 async def test_hub_mode_over_http_with_a_fake_hub_api(
-    make_gateway: Any, monkeypatch: pytest.MonkeyPatch
+    make_gateway: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     """Hub mode end to end, against a FAKE Hub API (a tornado handler answering
     GET /hub/api/user like JupyterHub 5 does for a service), not a running Hub."""
@@ -355,7 +355,11 @@ async def test_hub_mode_over_http_with_a_fake_hub_api(
         monkeypatch.setenv("JUPYTERHUB_SERVICE_NAME", "gpuaas")
         monkeypatch.setenv("JUPYTERHUB_CLIENT_ID", "service-gpuaas")
         monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/services/gpuaas/")
-        gw: Gateway = await make_gateway(hub_service=True, base_url="/services/gpuaas/")
+        gw: Gateway = await make_gateway(
+            hub_service=True,
+            base_url="/services/gpuaas/",
+            cookie_secret_file=str(tmp_path / "gpuaas_cookie_secret"),
+        )
         assert gw.url.endswith("/services/gpuaas/")
         status, me = await gw.raw("GET", "api/me", who="ann-token")
         assert status == 200 and me["tenants"] == ["vision"] and not me["admin"], me
