@@ -84,7 +84,9 @@ class BaseHandler(web.RequestHandler):
     def xsrf_token(self) -> bytes:
         hub_auth = self.settings.get("hub_auth")
         if hub_auth is None:
-            return super().xsrf_token
+            # Standalone: only header tokens identify anybody, so there is nothing for an
+            # XSRF token to protect (and HubOAuth may have patched tornado's own).
+            return b""
         from jupyterhub._xsrf_utils import get_xsrf_token  # type: ignore[import-untyped]
 
         token: bytes = get_xsrf_token(self, cookie_path=hub_auth.base_url)

@@ -193,8 +193,12 @@ class LandingHandler(PageHandler):
             owner = self.arbiter.owner_of(rid)
             obj = self.arbiter.view(rid) if owner is not None else None
             who = self.identity
-            if obj and who and who.may_see(obj["user"]) and obj["state"] in ("cancelled",):
-                return f"Request {rid} ({obj['user']}, {obj['tenant']}) is cancelled."
+            if obj and who and who.may_see(obj["user"]):
+                what = f"Request {rid} ({obj['user']}, {obj['tenant']})"
+                if obj["state"] == "cancelled":
+                    return f"{what} is cancelled."
+                if obj["state"] == "finished":
+                    return f"{what} has ended and released its GPUs."
         name = self.get_query_argument("saved", "")
         if name and name in self.arbiter.config.tenants:
             return f"Saved the quota and limits of {name}."
