@@ -34,6 +34,7 @@ from .handlers import ApiError, BaseHandler, RequestHandler, TenantHandler
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 LIVE = (State.QUEUED, State.ADMITTED, State.PARKED)
 LIMITS = ("borrowing_limit", "lending_limit")
+MAX_ROWS = 500  # requests listed on the page; the rest are counted
 _INT = re.compile(r"[+-]?\d{1,30}")
 _NUMBER = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 
@@ -216,6 +217,7 @@ class LandingHandler(PageHandler):
         running: list[dict[str, Any]] = []
         hidden: dict[str, int] = {}
         hidden_running: dict[str, int] = {}
+        visible = []
         for req in list(arb.requests.values()):
             if req.state not in LIVE:
                 continue
@@ -223,6 +225,19 @@ class LandingHandler(PageHandler):
                 bucket = hidden if req.state is State.QUEUED else hidden_running
                 bucket[req.tenant] = bucket.get(req.tenant, 0) + 1
                 continue
+            visible.append(req)
+
+        # A page, not a dump: the first MAX_ROWS in line (cheap positions from the index),
+        # then the holders; what is left over is counted and is in api/requests.
+        def order(req: Any) -> tuple[int, int, str]:
+            if req.state is not State.QUEUED:
+                return (1, 0, req.id)
+            pos = arb.index.position(req)
+            return (0, pos.overall_position if pos else 1 << 30, req.id)
+
+        visible.sort(key=order)
+        more = max(0, len(visible) - MAX_ROWS)
+        for req in visible[:MAX_ROWS]:
             obj = arb.request_json(req)
             row = {
                 **obj,
@@ -277,6 +292,7 @@ class LandingHandler(PageHandler):
             "running": running,
             "hidden": sorted(hidden.items()),
             "hidden_running": sorted(hidden_running.items()),
+            "more": more,
             "tenants": tenants,
             "devices": devices["devices"],
             "nodes": devices["nodes"],
@@ -319,7 +335,7 @@ class TenantFormHandler(LandingHandler, TenantHandler):
             f"{self.settings['base_url']}?{urlencode({'saved': name})}#tenants", status=303
         )
 
-    async def post(self) -> None:  # type: ignore[override]
+    async def post(self) -> None:
         who = self.require()
         name = self.get_body_argument("tenant", "")
         if name not in self.arbiter.config.tenants:
@@ -358,7 +374,7 @@ class TenantFormHandler(LandingHandler, TenantHandler):
         return dict(spec)
 
 
-class CancelFormHandler(LandingHandler, RequestHandler):
+class CancelFormHandler(LandingHandler, RequestHandler):  # type: ignore[misc]  # POST only
     """POST cancel: a Cancel button, run through `DELETE api/requests/{id}`."""
 
     SUPPORTED_METHODS = ("POST",)
@@ -367,7 +383,7 @@ class CancelFormHandler(LandingHandler, RequestHandler):
         rid = data.get("id", "") if isinstance(data, dict) else ""
         self.redirect(f"{self.settings['base_url']}?{urlencode({'cancelled': rid})}", status=303)
 
-    async def post(self) -> None:  # type: ignore[override]
+    async def post(self) -> None:
         who = self.require()
         rid = self.get_body_argument("request", "")
         if not rid:

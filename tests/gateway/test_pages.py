@@ -171,3 +171,17 @@ async def test_no_login_no_page(gw: Gateway) -> None:
     assert "<html" in page and "Error 401" in page
     status, page = await gw.raw("GET", "", who="eve")  # known, no tenant: still reads
     assert status == 200
+
+
+async def test_a_long_queue_is_listed_in_part_and_counted(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jupyter_gpuaas.gateway import pages
+
+    r = await fill(gw)
+    monkeypatch.setattr(pages, "MAX_ROWS", 2)
+    status, page = await gw.raw("GET", "", who="root")
+    assert status == 200
+    # The first two in line, in order; the holder and the last in line are counted.
+    assert rows(page) == [r["alice"]["id"], r["bob"]["id"]]
+    assert "2 more requests are not listed here" in text(page)
