@@ -51,6 +51,7 @@ class GatewayApp(Application):
         "lease-ttl": "GatewayApp.lease_ttl",
         "scaler": "GatewayApp.scaler",
         "config": "GatewayApp.config_file",
+        "cookie-secret-file": "GatewayApp.cookie_secret_file",
         "log-level": "Application.log_level",
     }
     flags = {
@@ -184,6 +185,22 @@ class GatewayApp(Application):
     def _hub_service_default(self) -> bool:
         return bool(os.environ.get("JUPYTERHUB_API_TOKEN") and os.environ.get("JUPYTERHUB_API_URL"))
 
+    cookie_secret_file = Unicode(
+        "gpuaas_cookie_secret",
+        help="As a Hub service: the file with the key that signs the browser's login cookie "
+        "(HubOAuth), relative to the working directory. Created with 32 random bytes, mode "
+        "0600, when missing; kept across restarts so they do not log browsers out, as "
+        "JupyterHub's own cookie_secret_file. A file others may read is refused.",
+    ).tag(config=True)
+
+    def _cookie_secret(self) -> bytes:
+        from .auth import CookieSecretError, load_cookie_secret
+
+        try:
+            return load_cookie_secret(self.cookie_secret_file)
+        except (CookieSecretError, OSError) as e:
+            raise StartupError(f"--cookie-secret-file: {e}") from None
+
     # ------------------------------------------------------------------ lifecycle
 
     def initialize(self, argv: Any = None) -> None:
@@ -265,6 +282,8 @@ class GatewayApp(Application):
 
     def make_app(self) -> web.Application:
         from .handlers import NotFoundHandler, routes
+        from .pages import oauth_callback_handler
+        from .pages import routes as page_routes
 
         settings: dict[str, Any] = {
             "arbiter": self.arbiter,
@@ -275,19 +294,18 @@ class GatewayApp(Application):
             "service_name": self.service_name,
             "default_handler_class": NotFoundHandler,
         }
-        handlers: list[Any] = list(routes(self.base_url))
+        handlers: list[Any] = list(routes(self.base_url)) + page_routes(self.base_url)
         if self.hub_service:
-            from jupyterhub.services.auth import (  # type: ignore[import-untyped]
-                HubOAuth,
-                HubOAuthCallbackHandler,
-            )
+            # Browsers sign in with the Hub's OAuth (the landing page); programs send a
+            # token. XSRF is checked on every cookie-authenticated change (handlers.py).
+            from jupyterhub.services.auth import HubOAuth  # type: ignore[import-untyped]
 
             hub_auth = HubOAuth(
                 api_token=os.environ["JUPYTERHUB_API_TOKEN"], cache_max_age=60, parent=self
             )
             settings["hub_auth"] = hub_auth
-            settings["cookie_secret"] = os.urandom(32)
-            handlers.append((f"{self.base_url}oauth_callback", HubOAuthCallbackHandler))
+            settings["cookie_secret"] = self._cookie_secret()
+            handlers.append((f"{self.base_url}oauth_callback", oauth_callback_handler()))
         return web.Application(handlers, **settings)
 
     async def start_server(self) -> int:

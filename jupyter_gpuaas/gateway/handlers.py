@@ -53,9 +53,44 @@ class BaseHandler(web.RequestHandler):
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
 
+    # --- XSRF, as JupyterHub does it for services ------------------------------------
+    # A request that brings its token (`Authorization: token T`) is exempt. A browser's
+    # login cookie (HubOAuth) is accepted for a POST, PUT or DELETE only with the `_xsrf`
+    # form field or an X-XSRFToken header matching the signed `_xsrf` cookie, which is
+    # tied to the login: HubOAuth runs this check while it reads the cookie, and a cookie
+    # that fails it does not identify anybody (answered 403 by `require`). Standalone
+    # gateways accept tokens only, so there is no cookie to check.
+    _xsrf_failure: str | None = None
+
     def check_xsrf_cookie(self) -> None:
-        # Token-authenticated API: no xsrf. Cookie (Hub OAuth) callers get HubOAuth's checks.
-        return
+        hub_auth = self.settings.get("hub_auth")
+        if hub_auth is None:
+            return
+        try:
+            hub_auth.check_xsrf_cookie(self)
+        except web.HTTPError as e:
+            self._xsrf_failure = e.log_message or "XSRF check failed"
+            raise
+
+    @property
+    def _xsrf_token_id(self) -> bytes:
+        hub_auth = self.settings.get("hub_auth")
+        if hub_auth is None:
+            return b""
+        token_id: bytes = hub_auth._get_xsrf_token_id(self)
+        return token_id
+
+    @property
+    def xsrf_token(self) -> bytes:
+        hub_auth = self.settings.get("hub_auth")
+        if hub_auth is None:
+            # Standalone: only header tokens identify anybody, so there is nothing for an
+            # XSRF token to protect (and HubOAuth may have patched tornado's own).
+            return b""
+        from jupyterhub._xsrf_utils import get_xsrf_token  # type: ignore[import-untyped]
+
+        token: bytes = get_xsrf_token(self, cookie_path=hub_auth.base_url)
+        return token
 
     async def prepare(self) -> None:
         self.identity = await self._identify()
@@ -80,6 +115,12 @@ class BaseHandler(web.RequestHandler):
     def require(self) -> Identity:
         """The caller, who must be known and hold at least one gpuaas permission."""
         if self.identity is None:
+            if self._xsrf_failure is not None:
+                raise ApiError(
+                    403,
+                    "the login cookie came without a matching XSRF token: send the "
+                    "_xsrf form field or an X-XSRFToken header, or reload the page",
+                )
             if self.request.headers.get("Authorization"):
                 raise ApiError(401, "invalid or expired token")
             raise ApiError(401, "authentication required: send 'Authorization: token <T>'")
