@@ -1,0 +1,210 @@
+"""The gateway's reading of the core's state for people: who lends to whom, and waits.
+
+The core decides and counts; this turns its counts into what a request object and the
+tenant list say: the cohort members a borrower's GPUs come from, the estimated wait of a
+queued request and why it waits (`waiting_for`), all in the sentences of
+jupyter_gpuaas/words.py. Functions of plain inputs (the arbiter passes its state and the
+time in), so each case is tested without a gateway.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_gpuaas.admission.model import Config, Request, State
+from jupyter_gpuaas.admission.views import NodeState, TenantUsage
+from jupyter_gpuaas.words import Release, plural, usage_sentence, wait_sentence
+
+
+def lenders(config: Config, usage: Sequence[TenantUsage]) -> dict[tuple[str, str], list[str]]:
+    """Per borrowing (tenant, flavor): the cohort members whose unused quota covers it.
+
+    The ledger pools what members lend, so no GPU is tied to one lender; a borrower is said
+    to borrow from the members with the most unused lendable quota, as many as it takes to
+    cover what it borrowed (all of them when even that is not enough).
+    """
+    held = {(u.tenant, u.flavor): u.admitted + u.parked for u in usage}
+    out: dict[tuple[str, str], list[str]] = {}
+    for u in usage:
+        if u.borrowed <= 0:
+            continue
+        spec = config.tenants.get(u.tenant)
+        if spec is None or spec.cohort is None:
+            continue
+        spare: list[tuple[int, str]] = []
+        for name, other in config.tenants.items():
+            if name == u.tenant or other.cohort != spec.cohort or u.flavor not in other.quota:
+                continue
+            unused = other.quota[u.flavor] - held.get((name, u.flavor), 0)
+            free = min(other.lendable(u.flavor), unused)
+            if free > 0:
+                spare.append((-free, name))
+        names: list[str] = []
+        covered = 0
+        for neg, name in sorted(spare):
+            names.append(name)
+            covered -= neg
+            if covered >= u.borrowed:
+                break
+        out[(u.tenant, u.flavor)] = sorted(names)
+    return out
+
+
+def usage_json(config: Config, usage: Sequence[TenantUsage]) -> dict[str, list[dict[str, Any]]]:
+    """api/tenants' usage lists, by tenant: the counts, the lenders and the sentence."""
+    lent = lenders(config, usage)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for u in usage:
+        names = lent.get((u.tenant, u.flavor), [])
+        out.setdefault(u.tenant, []).append(
+            {
+                "flavor": u.flavor,
+                "quota": u.nominal,
+                "admitted": u.admitted,
+                "parked": u.parked,
+                "borrowed": u.borrowed,
+                "borrowed_from": names,
+                "pending_gpus": u.pending_gpus,
+                "pending_requests": u.pending_requests,
+                "message": usage_sentence(
+                    u.tenant,
+                    u.flavor,
+                    used=u.admitted + u.parked,
+                    quota=u.nominal,
+                    lenders=names,
+                    parked=u.parked,
+                ),
+            }
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class _End:
+    at: float
+    gpus: int
+    release: Release
+
+
+def _end_of(
+    holder: Request, now: float, idle_timeout: float, hold_times: Sequence[float]
+) -> _End | None:
+    """When a holder's grant is expected to end, or None when nothing says."""
+    if holder.kind != "job" and holder.idle_since is not None and idle_timeout > 0:
+        at = max(now, holder.idle_since + idle_timeout)
+        return _End(at, holder.gpus, Release(holder.user, holder.kind, at - now, idle=True))
+    if holder.admit_time is None:
+        return None
+    # Past grants that were held longer than this one has been: on average, how much
+    # longer. None held this long: its end is unknown (never "0 s", never overdue).
+    age = now - holder.admit_time
+    longer = [t - age for t in hold_times if t > age]
+    if not longer:
+        return None
+    left = sum(longer) / len(longer)
+    return _End(now + left, holder.gpus, Release(holder.user, holder.kind, left))
+
+
+def estimate(
+    req: Request,
+    position: int,
+    *,
+    now: float,
+    flavors: Sequence[str],
+    holders: Iterable[Request],
+    nodes: Iterable[NodeState],
+    hold_times: Mapping[str, Sequence[float]],
+    idle_timeout: Callable[[str], float],
+    quota: Callable[[], str] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(`estimated_wait`, `waiting_for`) of a queued request at `position` overall.
+
+    Counts one GPU per request ahead (their sizes are not looked up for a display). The
+    estimate is when enough of the grants in use will have ended: idle ones when culled,
+    others after as long as past grants of the flavor were held. `seconds` is None with
+    its reason when no grant in use has a known end. `quota()` says the tenant's usage,
+    asked only when devices are free and nothing is ahead (then the quota holds it back).
+    """
+    total = free = widest = 0
+    for node in nodes:
+        if node.flavor in flavors:
+            total += node.gpus
+            free += node.gpus - len(node.holders)
+            widest = max(widest, node.gpus - len(node.holders))
+    in_use = 0
+    ends: list[_End] = []
+    for h in holders:
+        if h.state is not State.ADMITTED or h.assigned_flavor not in flavors:
+            continue
+        in_use += h.gpus
+        times = hold_times.get(h.assigned_flavor or "", ())
+        end = _end_of(h, now, idle_timeout(h.tenant), times)
+        if end is not None:
+            ends.append(end)
+    ends.sort(key=lambda e: e.at)
+    ahead = max(0, position - 1)
+    label = flavors[0] if len(flavors) == 1 else "GPUs"
+    need = max(1, req.gpus + ahead - free)
+    seconds: float | None = None
+    got = 0
+    for e in ends:
+        got += e.gpus
+        if got >= need:
+            seconds = e.at - now
+            break
+    if seconds is None and ends:
+        samples = [t for f in flavors for t in hold_times.get(f, ())]
+        if samples:  # then grants come and go about as long as they did
+            rounds = math.ceil((need - got) / max(1, in_use))
+            seconds = ends[-1].at - now + rounds * sum(samples) / len(samples)
+    release = ends[0].release if ends else None
+    if seconds is None:
+        why = f"no estimate yet: none of the {label} in use has a known end"
+        wait: dict[str, Any] = {"seconds": None, "basis": why}
+    else:
+        idle = sum(1 for e in ends if e.release.idle)
+        basis = f"when enough of the {plural(in_use, label, label)} in use are free: "
+        parts = []
+        if idle:
+            parts.append(f"{plural(idle, 'grant')} idle until culled")
+        if len(ends) > idle:
+            parts.append(f"{plural(len(ends) - idle, 'grant')} held about as long as past ones")
+        wait = {"seconds": round(max(1.0, seconds)), "basis": basis + " and ".join(parts)}
+    if widest >= req.gpus:  # one node has room: the queue or the quota holds it back
+        kind = "fifo" if ahead else "quota"
+    else:
+        kind = "capacity"
+    quota_text = quota() if kind == "quota" and quota is not None else ""
+    message = wait_sentence(
+        flavor=label,
+        total=total,
+        free=free if kind == "capacity" else max(free, req.gpus),
+        gpus=req.gpus,
+        ahead=ahead,
+        release=release,
+        turn=wait["seconds"],
+        quota=quota_text,
+    )
+    return wait, {"kind": kind, "message": message}
+
+
+def usable_flavors(config: Config, tenant: str, flavors: Sequence[str]) -> list[str]:
+    """The flavors a tenant could ever get GPUs of: quota of its own, or a cohort member's
+    to borrow. A `t4: 0` of a tenant alone says nothing about its wait for an a100."""
+    spec = config.tenants.get(tenant)
+    if spec is None:
+        return list(flavors)
+    out = []
+    for f in flavors:
+        if spec.quota.get(f, 0) > 0 or (
+            spec.cohort is not None
+            and any(
+                t.cohort == spec.cohort and t.name != tenant and t.lendable(f) > 0
+                for t in config.tenants.values()
+            )
+        ):
+            out.append(f)
+    return out or list(flavors)
