@@ -667,11 +667,6 @@ class Arbiter:
     def _wait(self, req: Request, position: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """(`estimated_wait`, `waiting_for`) of a queued request, in words (waits.py)."""
         flavors = waits.usable_flavors(self.config, req.tenant, self._flavors_for(req))
-
-        def quota() -> str:
-            usage = waits.usage_json(self.config, self.core.tenant_usage()).get(req.tenant, [])
-            return "; ".join(u["message"] for u in usage if u["flavor"] in flavors)
-
         return waits.estimate(
             req,
             position,
@@ -681,7 +676,7 @@ class Arbiter:
             nodes=self.core.nodes(),
             hold_times=self.hold_times,
             idle_timeout=self._idle_timeout,
-            quota=quota,
+            config=self.config,
         )
 
     def _idle_timeout(self, tenant: str) -> float:

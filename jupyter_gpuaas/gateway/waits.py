@@ -118,15 +118,16 @@ def estimate(
     nodes: Iterable[NodeState],
     hold_times: Mapping[str, Sequence[float]],
     idle_timeout: Callable[[str], float],
-    quota: Callable[[], str] | None = None,
+    config: Config | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(`estimated_wait`, `waiting_for`) of a queued request at `position` overall.
 
     Counts one GPU per request ahead (their sizes are not looked up for a display). The
     estimate is when enough of the grants in use will have ended: idle ones when culled,
     others after as long as past grants of the flavor were held. `seconds` is None with
-    its reason when no grant in use has a known end. `quota()` says the tenant's usage,
-    asked only when devices are free and nothing is ahead (then the quota holds it back).
+    its reason when no grant in use has a known end. With `config`, a request that devices
+    are free for but nothing is ahead of (its quota holds it back) says its tenant's usage,
+    counted from the same holders (not a scan of every queue, for every queued request).
     """
     total = free = widest = 0
     for node in nodes:
@@ -136,10 +137,13 @@ def estimate(
             widest = max(widest, node.gpus - len(node.holders))
     in_use = 0
     ends: list[_End] = []
+    held: dict[tuple[str, str], int] = {}
     for h in holders:
         if h.state is not State.ADMITTED or h.assigned_flavor not in flavors:
             continue
         in_use += h.gpus
+        key = (h.tenant, h.assigned_flavor or "")
+        held[key] = held.get(key, 0) + h.gpus
         times = hold_times.get(h.assigned_flavor or "", ())
         end = _end_of(h, now, idle_timeout(h.tenant), times)
         if end is not None:
@@ -177,7 +181,9 @@ def estimate(
         kind = "fifo" if ahead else "quota"
     else:
         kind = "capacity"
-    quota_text = quota() if kind == "quota" and quota is not None else ""
+    quota_text = ""
+    if kind == "quota" and config is not None:
+        quota_text = _quota_text(config, req.tenant, flavors, held)
     message = wait_sentence(
         flavor=label,
         total=total,
@@ -189,6 +195,21 @@ def estimate(
         quota=quota_text,
     )
     return wait, {"kind": kind, "message": message}
+
+
+def _quota_text(
+    config: Config, tenant: str, flavors: Sequence[str], held: Mapping[tuple[str, str], int]
+) -> str:
+    """The tenant's usage sentences of `flavors`, from what its cohort holds."""
+    rows = []
+    for name, t in config.tenants.items():
+        for f in flavors:
+            if f in t.quota:
+                used = held.get((name, f), 0)
+                rows.append(TenantUsage(name, f, t.quota[f], used, 0, max(0, used - t.quota[f]),
+                                        0, 0))  # fmt: skip
+    usage = usage_json(config, rows).get(tenant, [])
+    return "; ".join(u["message"] for u in usage)
 
 
 def usable_flavors(config: Config, tenant: str, flavors: Sequence[str]) -> list[str]:

@@ -148,3 +148,30 @@ def test_later_turns_and_fifo_and_quota_waits() -> None:
                    "no estimate yet"}  # fmt: skip
     wait, why = wait_of(holders[:2], [], free=2)
     assert why["kind"] == "quota" and why["message"] == "waiting for its turn; no estimate yet"
+
+
+def test_a_quota_wait_says_the_tenants_usage() -> None:
+    # Two a100 free, nothing ahead: nlp (quota 2, borrowing from the cohort allowed) holds 2
+    # of its own and 1 more that only ops could have lent (vision's are all in use).
+    holders = [
+        holder("v", "alice", "job", 2, admit_time=NOW - 10),
+        Request("n", "nlp", "bob", "server", 3, 0.0, state=State.ADMITTED, assigned_flavor="a100",
+                admit_time=NOW - 10),
+    ]  # fmt: skip
+    node = NodeState("a100-0", "a100", 8, {i: "x" for i in range(5)}, False)
+    _, why = estimate(
+        Request("q", "nlp", "bob", "kernel", 2, NOW),
+        1,
+        now=NOW,
+        flavors=["a100"],
+        holders=holders,
+        nodes=[node],
+        hold_times={},
+        idle_timeout=lambda tenant: 0.0,
+        config=CONFIG,
+    )
+    assert why == {
+        "kind": "quota",
+        "message": "waiting for quota: nlp uses 3 a100: 2 of its own and 1 borrowed from ops; "
+        "no estimate yet",
+    }
