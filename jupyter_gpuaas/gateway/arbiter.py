@@ -23,7 +23,6 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,6 +41,7 @@ from jupyter_gpuaas.admission.model import (
     State,
 )
 
+from . import waits
 from .devices import DeviceSample, Inventory
 from .events import Event, EventBus
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
@@ -640,7 +640,8 @@ class Arbiter:
                     "overall": pos.overall_position,
                     "of": pos.overall_queued,
                 }
-                out["estimated_wait"] = self.estimate_wait(live, pos.overall_position)
+                wait, why = self._wait(live, pos.overall_position)
+                out["estimated_wait"], out["waiting_for"] = wait, why
             out["scaling"] = self._scaling_for(live)
         return out
 
@@ -660,48 +661,23 @@ class Arbiter:
         return None
 
     def estimate_wait(self, req: Request, position: int) -> dict[str, Any]:
-        """A rough wait: when enough running grants of its flavor would have released.
+        """A rough wait (`estimated_wait`): see waits.estimate."""
+        return self._wait(req, position)[0]
 
-        Grants release on their own when idle (culled at idle_since + idle timeout) or, on
-        average, after the hold time observed for that flavor. Without either, say so.
-        """
-        now = time.time()
-        flavors = self._flavors_for(req)
-        releases: list[float] = []
-        holders = 0
-        mean_hold = None
-        for flavor in flavors:
-            times = self.hold_times.get(flavor) or []
-            if times:
-                mean_hold = sum(times) / len(times)
-                break
-        timeout = self._idle_timeout(req.tenant)
-        for other in self.index.admitted.values():
-            if other.state is not State.ADMITTED or other.assigned_flavor not in flavors:
-                continue
-            holders += 1
-            if other.idle_since is not None and timeout > 0:
-                releases.append(max(now, other.idle_since + timeout))
-            elif mean_hold is not None and other.admit_time is not None:
-                releases.append(max(now, other.admit_time + mean_hold))
-        ahead = position - 1
-        if not releases:
-            return {"seconds": None, "basis": "no running grant releases on its own"}
-        releases.sort()
-        if position <= len(releases):
-            seconds = releases[position - 1] - now
-        elif mean_hold is not None:
-            rounds = math.ceil((position - len(releases)) / max(1, holders))
-            seconds = releases[-1] - now + rounds * mean_hold
-        else:
-            return {"seconds": None, "basis": "no running grant releases on its own"}
-        basis = f"{ahead} request{'s' if ahead != 1 else ''} ahead; {holders} running grant"
-        basis += f"{'s' if holders != 1 else ''} of {'/'.join(flavors) or 'its flavor'}"
-        if mean_hold is not None:
-            basis += f" release in ~{_human(mean_hold)} on average"
-        else:
-            basis += " release when their idle timeout culls them"
-        return {"seconds": round(max(0.0, seconds), 1), "basis": basis}
+    def _wait(self, req: Request, position: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(`estimated_wait`, `waiting_for`) of a queued request, in words (waits.py)."""
+        flavors = waits.usable_flavors(self.config, req.tenant, self._flavors_for(req))
+        return waits.estimate(
+            req,
+            position,
+            now=time.time(),
+            flavors=flavors,
+            holders=self.index.admitted.values(),
+            nodes=self.core.nodes(),
+            hold_times=self.hold_times,
+            idle_timeout=self._idle_timeout,
+            config=self.config,
+        )
 
     def _idle_timeout(self, tenant: str) -> float:
         t = self.config.tenants.get(tenant)
@@ -737,19 +713,7 @@ class Arbiter:
         return out
 
     def tenants_json(self) -> dict[str, Any]:
-        usage: dict[str, list[dict[str, Any]]] = {}
-        for u in self.core.tenant_usage():
-            usage.setdefault(u.tenant, []).append(
-                {
-                    "flavor": u.flavor,
-                    "quota": u.nominal,
-                    "admitted": u.admitted,
-                    "parked": u.parked,
-                    "borrowed": u.borrowed,
-                    "pending_gpus": u.pending_gpus,
-                    "pending_requests": u.pending_requests,
-                }
-            )
+        usage = waits.usage_json(self.config, self.core.tenant_usage())
         tenants = []
         for name, t in self.config.tenants.items():
             tenants.append(
@@ -817,14 +781,6 @@ def _meta_of(row: RequestRow) -> dict[str, Any]:
         "updated": row.updated,
         "utilization": row.utilization,
     }
-
-
-def _human(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 __all__ = ["Arbiter", "Conflict", "SpecError", "new_request_id"]

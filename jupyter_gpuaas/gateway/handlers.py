@@ -19,6 +19,7 @@ from tornado import web
 
 from jupyter_gpuaas.admission.config import SpecError
 from jupyter_gpuaas.admission.model import KINDS, State
+from jupyter_gpuaas.words import about_field
 
 from .arbiter import Arbiter, Conflict
 from .auth import Identity, TokenTable, identity_from_hub_model, token_from_header
@@ -36,7 +37,7 @@ class ApiError(web.HTTPError):
 
     def __init__(self, status: int, error: str, field: str | None = None, **extra: Any) -> None:
         super().__init__(status, reason=None)
-        self.error = error
+        self.error = about_field(field, error)  # "gpus must be at least 1": one sentence
         self.field = field
         self.extra = extra
 
@@ -157,7 +158,9 @@ class BaseHandler(web.RequestHandler):
         out: dict[str, str] = {}
         for key, values in self.request.query_arguments.items():
             if key not in allowed:
-                raise ApiError(400, f"unknown query parameter (allowed: {', '.join(allowed)})", key)
+                raise ApiError(
+                    400, f"unknown query parameter {key!r} (allowed: {', '.join(allowed)})", key
+                )
             out[key] = values[-1].decode("utf-8", "replace")
         return out
 
@@ -165,7 +168,7 @@ class BaseHandler(web.RequestHandler):
 def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
     for key in data:
         if key not in allowed:
-            raise ApiError(400, f"unknown key (allowed: {', '.join(allowed)})", key)
+            raise ApiError(400, f"unknown key {key!r} (allowed: {', '.join(allowed)})", key)
 
 
 def want_int(data: Mapping[str, Any], key: str, *, minimum: int | None = None) -> int:

@@ -49,7 +49,19 @@ SCHEMAS: dict[str, Any] = {
     "EstimatedWait": {
         "type": "object",
         "required": ["seconds", "basis"],
-        "properties": {"seconds": NULLNUM, "basis": {"type": "string"}},
+        "properties": {
+            "seconds": {**NULLNUM, "description": "null: no estimate; `basis` says why"},
+            "basis": {"type": "string", "description": "how it was estimated, or why not"},
+        },
+        "additionalProperties": False,
+    },
+    "WaitingFor": {
+        "type": "object",
+        "required": ["kind", "message"],
+        "properties": {
+            "kind": {"enum": ["capacity", "quota", "fifo"]},
+            "message": {"type": "string", "description": "why it waits, one sentence"},
+        },
         "additionalProperties": False,
     },
     "Grant": {
@@ -96,6 +108,7 @@ SCHEMAS: dict[str, Any] = {
             "reason": NULLSTR,
             "position": _nullable("Position"),
             "estimated_wait": _nullable("EstimatedWait"),
+            "waiting_for": _ref("WaitingFor"),
             "grant": _nullable("Grant"),
             "scaling": _nullable("Scaling"),
             "parked": {
@@ -192,6 +205,8 @@ SCHEMAS: dict[str, Any] = {
             "admitted": {"type": "integer"},
             "parked": {"type": "integer"},
             "borrowed": {"type": "integer"},
+            "borrowed_from": {"type": "array", "items": {"type": "string"}},
+            "message": {"type": "string", "description": "the usage in one sentence"},
             "pending_gpus": {"type": "integer"},
             "pending_requests": {"type": "integer"},
         },

@@ -76,6 +76,9 @@ def test_sync_client_against_subprocess(spawn_gateway: Any, sqlite_url: str) -> 
     out = cli(["status"], gp.url)
     assert out.returncode == 0, out.stderr
     assert "SIMULATED" in out.stdout and rid in out.stdout
+    assert (
+        "  vision uses 1 of its 4 a100\n" in out.stdout and "  vision has no t4 quota" in out.stdout
+    )
     status = json.loads(cli(["status", "--json"], gp.url).stdout)
     assert status["me"]["name"] == "alice" and status["requests"][0]["id"] == rid
     out = cli(["cancel", rid], gp.url)
