@@ -215,9 +215,9 @@ class GatewayApp(Application):
 
     def build(self) -> None:
         """Read files, open the store and build the arbiter (no network yet)."""
+        from ..devices import SimulatedInventory, parse_devices_spec
         from .arbiter import Arbiter
         from .auth import TokenError, TokenTable
-        from .devices import SimulatedInventory, parse_devices_spec
         from .events import EventBus
         from .metrics import GatewayMetrics
         from .scalers import scaler_from_name

@@ -41,8 +41,8 @@ from jupyter_gpuaas.admission.model import (
     State,
 )
 
+from ..devices import DeviceSample, Inventory
 from . import waits
-from .devices import DeviceSample, Inventory
 from .events import Event, EventBus
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
 from .positions import QueueIndex
@@ -623,6 +623,7 @@ class Arbiter:
                 "flavor": req.assigned_flavor,
                 "node": req.node,
                 "devices": devices,
+                "uuids": self.inventory.uuids(req.node or "", devices),
                 "lease_expires": req.lease_expires,
                 "admitted_at": req.admit_time,
                 "busy": req.busy,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from jupyter_gpuaas.gateway.devices import NvmlInventory, attribute, parse_devices_spec
+from jupyter_gpuaas.devices import NvmlInventory, attribute, parse_devices_spec
 
 
 def _gpu_count() -> int:
