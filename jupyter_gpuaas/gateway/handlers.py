@@ -4,17 +4,24 @@ Every handler answers JSON; every error is `{"error": ..., "field": ...}` with a
 never an HTML page or a 500 for bad input (`write_error`). Input is validated strictly:
 unknown keys, booleans where integers belong, and non-positive GPU counts are errors that
 name the field, because a silently ignored `gpu: 4` typo would queue the wrong request.
+The bounds themselves (names, integers, text, JSON) are in validate.py. When the store
+cannot be reached the answer is 503 with `Retry-After` and the same JSON body.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlencode
 
+from sqlalchemy.exc import SQLAlchemyError
 from tornado import web
 
 from jupyter_gpuaas.admission.config import SpecError
@@ -24,11 +31,25 @@ from .arbiter import Arbiter, Conflict
 from .auth import Identity, TokenTable, identity_from_hub_model, token_from_header
 from .events import Listener
 from .openapi import build_openapi
+from .store import StoreUnavailable, describe
+from .validate import (
+    INT32_MAX,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    InputError,
+    check_int,
+    check_name,
+    check_text,
+    parse_json_object,
+    parse_limit,
+)
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
 STATES = tuple(s.value for s in State)
 MAX_NAME = 255
+LIMIT_DEFAULT, LIMIT_MAX = 1000, 10000
+REQUEST_ID = re.compile(r"r-[0-9a-f]{16}")
 
 
 class ApiError(web.HTTPError):
@@ -87,38 +108,71 @@ class BaseHandler(web.RequestHandler):
             raise ApiError(403, "no gpuaas permission (custom:gpuaas:use)")
         return self.identity
 
+    def _owner(self, rid: str) -> str:
+        """Who submitted `rid` (404 if nobody: ids that no submission makes, at once)."""
+        self.arbiter.check_available()
+        owner = self.arbiter.owner_of(rid) if REQUEST_ID.fullmatch(rid) else None
+        if owner is None:
+            raise ApiError(404, f"no request {rid[:40]}")
+        return owner
+
     def send(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(data))
+
+    def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
+        # Exceptions that are answers, not bugs: bad input (400) and a store that cannot
+        # be reached or written now (503; nothing was decided, try again).
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, InputError):
+            status_code = 400
+        elif isinstance(exc, (StoreUnavailable, SQLAlchemyError)):
+            status_code = 503
+        super().send_error(status_code, **kwargs)
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, (StoreUnavailable, SQLAlchemyError)):
+            log.warning("%s %s: 503: %s", self.request.method, self.request.path, _why(value))
+        elif isinstance(value, InputError):
+            log.info("%s %s: 400: %s", self.request.method, self.request.path, value.message)
+        else:
+            super().log_exception(typ, value, tb)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         body: dict[str, Any] = {"error": self._reason, "field": None}
         if isinstance(exc, ApiError):
             body = {"error": exc.error, "field": exc.field, **exc.extra}
+        elif isinstance(exc, InputError):
+            body = {"error": exc.message, "field": exc.field}
+        elif isinstance(exc, (StoreUnavailable, SQLAlchemyError)):
+            retry = exc.retry_after if isinstance(exc, StoreUnavailable) else 2
+            self.set_header("Retry-After", str(retry))
+            body = {"error": f"{_why(exc)}; try again in a few seconds", "field": None}
         elif isinstance(exc, web.HTTPError) and exc.log_message:
             body["error"] = exc.log_message % exc.args if exc.args else exc.log_message
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.finish(json.dumps(body))
 
     def json_body(self) -> dict[str, Any]:
-        if not self.request.body:
-            raise ApiError(400, "a JSON object body is required")
-        try:
-            data = json.loads(self.request.body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"body is not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "body must be a JSON object")
-        return data
+        return parse_json_object(self.request.body)
 
     def query(self, allowed: tuple[str, ...]) -> dict[str, str]:
         out: dict[str, str] = {}
         for key, values in self.request.query_arguments.items():
             if key not in allowed:
                 raise ApiError(400, f"unknown query parameter (allowed: {', '.join(allowed)})", key)
-            out[key] = values[-1].decode("utf-8", "replace")
+            value = values[-1].decode("utf-8", "replace")
+            if len(value) > MAX_NAME or "\x00" in value:
+                raise ApiError(400, f"must be at most {MAX_NAME} characters, without NUL", key)
+            out[key] = value
         return out
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, StoreUnavailable):
+        return exc.message
+    return f"the store is unavailable: {describe(exc)}"
 
 
 def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
@@ -127,24 +181,11 @@ def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
             raise ApiError(400, f"unknown key (allowed: {', '.join(allowed)})", key)
 
 
-def want_int(data: Mapping[str, Any], key: str, *, minimum: int | None = None) -> int:
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, "must be an integer", key)
-    if minimum is not None and value < minimum:
-        raise ApiError(400, f"must be at least {minimum}", key)
-    return value
-
-
 def want_str(data: Mapping[str, Any], key: str, *, nullable: bool = False) -> str | None:
     value = data.get(key)
     if value is None and nullable:
         return None
-    if not isinstance(value, str) or not value.strip():
-        raise ApiError(400, "must be a non-empty string", key)
-    if len(value) > MAX_NAME:
-        raise ApiError(400, f"must be at most {MAX_NAME} characters", key)
-    return value
+    return check_text(value, key)
 
 
 def _reject_field(reason: str) -> str | None:
@@ -158,12 +199,14 @@ def _reject_field(reason: str) -> str | None:
 class DevicesHandler(BaseHandler):
     def get(self) -> None:
         self.require()
+        self.arbiter.check_available()
         self.send(self.arbiter.devices_json())
 
 
 class TenantsHandler(BaseHandler):
     def get(self) -> None:
         self.require()
+        self.arbiter.check_available()
         self.send(self.arbiter.tenants_json())
 
 
@@ -172,12 +215,15 @@ class TenantHandler(BaseHandler):
         who = self.require()
         if not who.admin:
             raise ApiError(403, "changing quotas needs custom:gpuaas:admin")
+        check_name(name, "name")
         spec = self.json_body()
+        if spec.get("cohort") is not None:
+            check_name(spec["cohort"], "cohort")
         try:
             await self.arbiter.put_tenant(name, spec)
         except SpecError as e:
             raise ApiError(400, str(e), e.key) from None
-        except ValueError as e:
+        except Conflict as e:
             raise ApiError(409, str(e)) from None
         tenants = self.arbiter.tenants_json()
         one = next(t for t in tenants["tenants"] if t["name"] == name)
@@ -190,16 +236,14 @@ SUBMIT_KEYS = ("tenant", "kind", "gpus", "flavor", "priority", "name")
 class RequestsHandler(BaseHandler):
     def get(self) -> None:
         who = self.require()
-        q = self.query(("state", "tenant", "user", "kind", "limit"))
+        self.arbiter.check_available()
+        q = self.query(("state", "tenant", "user", "kind", "limit", "cursor"))
         if "state" in q and q["state"] not in STATES:
             raise ApiError(400, f"must be one of {', '.join(STATES)}", "state")
         if "kind" in q and q["kind"] not in KINDS:
             raise ApiError(400, f"must be one of {', '.join(KINDS)}", "kind")
-        limit = 1000
-        if "limit" in q:
-            if not q["limit"].isdigit() or not 1 <= int(q["limit"]) <= 10000:
-                raise ApiError(400, "must be an integer from 1 to 10000", "limit")
-            limit = int(q["limit"])
+        limit = parse_limit(q["limit"], maximum=LIMIT_MAX) if "limit" in q else LIMIT_DEFAULT
+        after = _parse_cursor(q["cursor"]) if "cursor" in q else None
         if not who.can_view:
             if q.get("user", who.name) != who.name:
                 raise ApiError(403, "seeing other users' requests needs custom:gpuaas:view", "user")
@@ -209,8 +253,15 @@ class RequestsHandler(BaseHandler):
             tenant=q.get("tenant"),
             user=q.get("user"),
             kind=q.get("kind"),
-            limit=limit,
+            limit=limit + 1,
+            after=after,
         )
+        if len(rows) > limit:  # more exist: RFC 8288 says where (the list is never cut)
+            rows = rows[:limit]
+            nxt = {k: v for k, v in q.items() if k != "cursor"}
+            nxt["cursor"] = _cursor_of(rows[-1].created, rows[-1].id)
+            url = f"{self.settings['base_url']}api/requests?{urlencode(sorted(nxt.items()))}"
+            self.set_header("Link", f'<{url}>; rel="next"')
         out = []
         for row in rows:
             live = self.arbiter.requests.get(row.id)
@@ -224,15 +275,22 @@ class RequestsHandler(BaseHandler):
         for key in ("tenant", "kind", "gpus"):
             if key not in data:
                 raise ApiError(400, "is required", key)
-        tenant = want_str(data, "tenant")
-        kind = want_str(data, "kind")
-        if kind not in KINDS:
+        tenant = check_name(data["tenant"], "tenant")
+        kind = data["kind"]
+        if not isinstance(kind, str) or kind not in KINDS:
             raise ApiError(400, f"must be one of {', '.join(KINDS)}", "kind")
-        gpus = want_int(data, "gpus", minimum=1)
-        flavor = want_str(data, "flavor", nullable=True)
-        priority = want_int(data, "priority") if data.get("priority") is not None else 0
+        # More GPUs than any node has is valid input that can never be admitted: the
+        # core rejects it (422, with the reason); beyond a 32-bit integer it is bad input.
+        gpus = check_int(data["gpus"], "gpus", minimum=1, maximum=INT32_MAX)
+        flavor = data.get("flavor")
+        if flavor is not None:
+            flavor = check_name(flavor, "flavor")
+        priority = 0
+        if data.get("priority") is not None:
+            priority = check_int(
+                data["priority"], "priority", minimum=PRIORITY_MIN, maximum=PRIORITY_MAX
+            )
         name = want_str(data, "name", nullable=True)
-        assert tenant is not None and kind is not None
         if not who.use and not who.admin:
             raise ApiError(403, "submitting needs custom:gpuaas:use")
         if tenant in self.arbiter.config.tenants and not who.may_charge(tenant):
@@ -254,8 +312,26 @@ class RequestsHandler(BaseHandler):
         self.send(obj, 201)
 
 
+def _cursor_of(created: float, rid: str) -> str:
+    raw = json.dumps([created, rid]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _parse_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        created, rid = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if isinstance(created, (int, float)) and isinstance(rid, str) and REQUEST_ID.fullmatch(rid):
+            return float(created), rid
+    except (ValueError, TypeError, binascii.Error):
+        pass
+    raise ApiError(400, "is not a cursor this gateway gave (follow the Link header)", "cursor")
+
+
 class RequestHandler(BaseHandler):
     def _find(self, rid: str) -> dict[str, Any]:
+        self.arbiter.check_available()
+        if not REQUEST_ID.fullmatch(rid):
+            raise ApiError(404, "no such request (ids look like r-0123456789abcdef)")
         obj = self.arbiter.view(rid)
         if obj is None:
             raise ApiError(404, f"no request {rid}")
@@ -270,9 +346,7 @@ class RequestHandler(BaseHandler):
 
     async def delete(self, rid: str) -> None:
         who = self.require()
-        owner = self.arbiter.owner_of(rid)
-        if owner is None:
-            raise ApiError(404, f"no request {rid}")
+        owner = self._owner(rid)
         if owner != who.name and not who.admin:
             raise ApiError(403, "not your request (cancelling it needs custom:gpuaas:admin)")
         try:
@@ -297,9 +371,7 @@ class HeartbeatHandler(BaseHandler):
             if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 <= util <= 1:
                 raise ApiError(400, "must be a number from 0 to 1", "utilization")
             util = float(util)
-        owner = self.arbiter.owner_of(rid)
-        if owner is None:
-            raise ApiError(404, f"no request {rid}")
+        owner = self._owner(rid)
         if owner != who.name:
             raise ApiError(403, "only the holder may heartbeat its request")
         try:
@@ -373,6 +445,25 @@ class EventsHandler(BaseHandler):
             self._listener.end()
 
 
+class HealthHandler(BaseHandler):
+    """For a load balancer or a Kubernetes probe: anyone, no token (nothing private)."""
+
+    async def prepare(self) -> None:
+        return
+
+    def get(self) -> None:
+        arbiter = self.arbiter
+        store, status, code = "ok", "ok", 200
+        try:
+            arbiter.check_available()
+            arbiter.store.ping()
+        except StoreUnavailable as e:
+            store, status, code = e.message, "unavailable", 503
+            self.set_header("Retry-After", str(e.retry_after))
+        # One gateway per store today: it leads (replicas with an election: issue 11.9).
+        self.send({"status": status, "store": store, "leader": True}, code)
+
+
 class OpenAPIHandler(BaseHandler):
     async def prepare(self) -> None:  # anyone: no identity needed
         return
@@ -419,5 +510,6 @@ def routes(base_url: str) -> list[tuple[str, type[web.RequestHandler]]]:
         (rf"{b}api/events", EventsHandler),
         (rf"{b}api/openapi\.json", OpenAPIHandler),
         (rf"{b}api/me", MeHandler),
+        (rf"{b}api/health", HealthHandler),
         (rf"{b}metrics", MetricsHandler),
     ]
