@@ -205,8 +205,9 @@ class GatewayApp(Application):
     max_body_size = Integer(
         64 * 1024,
         min=1024,
-        help="Largest request body in bytes. A larger Content-Length is refused by the HTTP "
-        "layer before the body is read (so before it is buffered or authenticated).",
+        help="Largest request body in bytes. The API's routes authenticate the caller "
+        "first, then refuse a larger Content-Length with 413 before reading the body, and a "
+        "chunked body as soon as it passes the limit; the HTTP server buffers no more.",
     ).tag(config=True)
 
     header_timeout = Float(
@@ -315,6 +316,7 @@ class GatewayApp(Application):
             "keepalive_interval": self.keepalive_interval,
             "metrics_require_auth": self.metrics_require_auth,
             "service_name": self.service_name,
+            "max_body_size": self.max_body_size,
             "default_handler_class": NotFoundHandler,
         }
         handlers: list[Any] = list(routes(self.base_url))
@@ -341,7 +343,9 @@ class GatewayApp(Application):
             self.make_app(),
             idle_connection_timeout=self.header_timeout,
             body_timeout=self.body_timeout,
-            max_body_size=self.max_body_size,
+            # The outer bound; the API's routes refuse past max_body_size themselves, with
+            # a JSON 413, before reading (handlers.BodyHandler).
+            max_body_size=2 * self.max_body_size,
         )
         sockets = netutil.bind_sockets(self.port, self.ip, family=socket.AF_INET)
         self.http_server.add_sockets(sockets)

@@ -161,10 +161,14 @@ class BaseHandler(web.RequestHandler):
         out: dict[str, str] = {}
         for key, values in self.request.query_arguments.items():
             if key not in allowed:
-                raise ApiError(400, f"unknown query parameter (allowed: {', '.join(allowed)})", key)
+                raise ApiError(
+                    400, f"{key[:40]} is not a query parameter (allowed: {', '.join(allowed)})", key
+                )
             value = values[-1].decode("utf-8", "replace")
             if len(value) > MAX_NAME or "\x00" in value:
-                raise ApiError(400, f"must be at most {MAX_NAME} characters, without NUL", key)
+                raise ApiError(
+                    400, f"{key} must be at most {MAX_NAME} characters, without NUL", key
+                )
             out[key] = value
         return out
 
@@ -175,10 +179,53 @@ def _why(exc: BaseException) -> str:
     return f"the store is unavailable: {describe(exc)}"
 
 
+@web.stream_request_body
+class BodyHandler(BaseHandler):
+    """A route that takes a JSON body: read only after the caller is authenticated, and
+    never more than `max_body_size` bytes (413 at once from Content-Length, or as soon
+    as a chunked body passes it). The HTTP server's own cap stays as the outer bound."""
+
+    _chunks: list[bytes]
+    _size = 0
+    _too_big = False
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        self._chunks = []
+        if self.request.method not in ("POST", "PUT"):
+            return
+        self.require()  # 401/403 before a byte of the body is read
+        limit = int(self.settings.get("max_body_size", 64 * 1024))
+        length = self.request.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > limit:
+            # Answer now; the connection closes after the answer instead of reading on
+            # (without this, tornado's own cap would append a bare 400 to our 413).
+            self.request.connection.set_max_body_size(int(length))  # type: ignore[union-attr]
+            self._too_big = True
+            raise ApiError(413, f"the body is larger than {limit // 1024} KiB")
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._too_big:
+            return
+        self._size += len(chunk)
+        if self._size > int(self.settings.get("max_body_size", 64 * 1024)):
+            self._too_big, self._chunks = True, []
+        else:
+            self._chunks.append(chunk)
+
+    def json_body(self) -> dict[str, Any]:
+        if self._too_big:
+            limit = int(self.settings.get("max_body_size", 64 * 1024))
+            raise ApiError(413, f"the body is larger than {limit // 1024} KiB")
+        return parse_json_object(b"".join(self._chunks))
+
+
 def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
     for key in data:
         if key not in allowed:
-            raise ApiError(400, f"unknown key (allowed: {', '.join(allowed)})", key)
+            raise ApiError(
+                400, f"{key[:40]} is not a key here (allowed: {', '.join(allowed)})", key
+            )
 
 
 def want_str(data: Mapping[str, Any], key: str, *, nullable: bool = False) -> str | None:
@@ -210,7 +257,7 @@ class TenantsHandler(BaseHandler):
         self.send(self.arbiter.tenants_json())
 
 
-class TenantHandler(BaseHandler):
+class TenantHandler(BodyHandler):
     async def put(self, name: str) -> None:
         who = self.require()
         if not who.admin:
@@ -233,15 +280,15 @@ class TenantHandler(BaseHandler):
 SUBMIT_KEYS = ("tenant", "kind", "gpus", "flavor", "priority", "name")
 
 
-class RequestsHandler(BaseHandler):
+class RequestsHandler(BodyHandler):
     def get(self) -> None:
         who = self.require()
         self.arbiter.check_available()
         q = self.query(("state", "tenant", "user", "kind", "limit", "cursor"))
         if "state" in q and q["state"] not in STATES:
-            raise ApiError(400, f"must be one of {', '.join(STATES)}", "state")
+            raise ApiError(400, f"state must be one of {', '.join(STATES)}", "state")
         if "kind" in q and q["kind"] not in KINDS:
-            raise ApiError(400, f"must be one of {', '.join(KINDS)}", "kind")
+            raise ApiError(400, f"kind must be one of {', '.join(KINDS)}", "kind")
         limit = parse_limit(q["limit"], maximum=LIMIT_MAX) if "limit" in q else LIMIT_DEFAULT
         after = _parse_cursor(q["cursor"]) if "cursor" in q else None
         if not who.can_view:
@@ -274,11 +321,11 @@ class RequestsHandler(BaseHandler):
         _check_keys(data, SUBMIT_KEYS)
         for key in ("tenant", "kind", "gpus"):
             if key not in data:
-                raise ApiError(400, "is required", key)
+                raise ApiError(400, f"{key} is required", key)
         tenant = check_name(data["tenant"], "tenant")
         kind = data["kind"]
         if not isinstance(kind, str) or kind not in KINDS:
-            raise ApiError(400, f"must be one of {', '.join(KINDS)}", "kind")
+            raise ApiError(400, f"kind must be one of {', '.join(KINDS)}", "kind")
         # More GPUs than any node has is valid input that can never be admitted: the
         # core rejects it (422, with the reason); beyond a 32-bit integer it is bad input.
         gpus = check_int(data["gpus"], "gpus", minimum=1, maximum=INT32_MAX)
@@ -324,7 +371,7 @@ def _parse_cursor(cursor: str) -> tuple[float, str]:
             return float(created), rid
     except (ValueError, TypeError, binascii.Error):
         pass
-    raise ApiError(400, "is not a cursor this gateway gave (follow the Link header)", "cursor")
+    raise ApiError(400, "cursor is not one this gateway gave (follow the Link header)", "cursor")
 
 
 class RequestHandler(BaseHandler):
@@ -359,17 +406,17 @@ class RequestHandler(BaseHandler):
 HEARTBEAT_KEYS = ("busy", "utilization")
 
 
-class HeartbeatHandler(BaseHandler):
+class HeartbeatHandler(BodyHandler):
     async def post(self, rid: str) -> None:
         who = self.require()
         data = self.json_body()
         _check_keys(data, HEARTBEAT_KEYS)
         if not isinstance(data.get("busy"), bool):
-            raise ApiError(400, "is required and must be true or false", "busy")
+            raise ApiError(400, "busy is required and must be true or false", "busy")
         util = data.get("utilization")
         if util is not None:
             if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 <= util <= 1:
-                raise ApiError(400, "must be a number from 0 to 1", "utilization")
+                raise ApiError(400, "utilization must be a number from 0 to 1", "utilization")
             util = float(util)
         owner = self._owner(rid)
         if owner != who.name:
