@@ -319,8 +319,10 @@ class Arbiter:
             gone = 0
         if gone:
             log.info("pruned %d ended requests older than the retention", gone)
-        # A full batch: more are due, soon; otherwise look again in a minute.
-        self._next_prune = time.monotonic() + (1.0 if gone >= 1000 else 60.0)
+        # A full batch: more are due, soon; otherwise look again in a while (a minute, or
+        # a tenth of the retention when that is shorter).
+        pause = 1.0 if gone >= 1000 else min(60.0, max(1.0, self.retention / 10))
+        self._next_prune = time.monotonic() + pause
 
     async def _sampling_loop(self) -> None:
         while True:

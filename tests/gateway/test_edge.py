@@ -13,8 +13,6 @@ import re
 import pytest
 from gwutil import TOKENS, Gateway
 
-pytestmark = pytest.mark.asyncio
-
 JOB = {"tenant": "vision", "kind": "job", "gpus": 1}
 
 BAD_BODIES = [
@@ -38,6 +36,7 @@ BAD_BODIES = [
 ]
 
 
+@pytest.mark.asyncio
 async def test_bad_bodies_are_400_naming_the_field(gw: Gateway) -> None:
     for body, field in BAD_BODIES:
         status, data = await gw.raw("POST", "api/requests", body)
@@ -56,6 +55,7 @@ async def test_bad_bodies_are_400_naming_the_field(gw: Gateway) -> None:
     assert (await gw.raw("POST", "api/requests", {**JOB, "gpus": 9}))[0] == 422  # too wide
 
 
+@pytest.mark.asyncio
 async def test_bad_queries_and_paths(gw: Gateway) -> None:
     for query, field in (
         ("limit=%C2%B2", "limit"),  # '²': str.isdigit() says yes, int() says no
@@ -92,6 +92,7 @@ async def raw_exchange(gw: Gateway, head: bytes, body: bytes = b"") -> bytes:
     return answer
 
 
+@pytest.mark.asyncio
 async def test_a_large_body_is_refused_unread_after_authentication(gw: Gateway) -> None:
     # 57 MB announced, none sent: the answer comes anyway, so nothing was buffered
     head = (
@@ -114,6 +115,7 @@ async def test_a_large_body_is_refused_unread_after_authentication(gw: Gateway) 
     assert (await gw.raw("GET", "api/me"))[0] == 200
 
 
+@pytest.mark.asyncio
 async def test_pagination_follows_link_headers(gw: Gateway) -> None:
     from tornado.httpclient import AsyncHTTPClient
 
@@ -140,6 +142,7 @@ async def test_pagination_follows_link_headers(gw: Gateway) -> None:
     assert pages == 3 and len(seen) == len(set(seen)) == 7 and set(seen) == ids
 
 
+@pytest.mark.asyncio
 async def test_health_needs_no_token(gw: Gateway) -> None:
     status, data = await gw.raw("GET", "api/health", who=None)
     assert status == 200 and data == {"status": "ok", "store": "ok", "leader": True}, data
@@ -152,3 +155,40 @@ async def test_health_needs_no_token(gw: Gateway) -> None:
         assert status == 503 and "try again" in data["error"], data
     finally:
         gw.arbiter.broken = None
+
+
+def test_openapi_document_matches_the_code() -> None:
+    import jsonschema
+
+    from jupyter_gpuaas.gateway.handlers import routes
+    from jupyter_gpuaas.gateway.openapi import build_openapi
+
+    doc = build_openapi("/")
+    documented = {re.sub(r"\{[^}]+\}", "([^/]+)", p).replace(".", r"\.") for p in doc["paths"]}
+    for pattern, _ in routes("/"):
+        assert pattern in documented, f"route {pattern} is not in the OpenAPI document"
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            if op.get("security") == []:
+                continue  # anyone: openapi.json, metrics, health
+            assert {"401", "403", "503"} <= set(op["responses"]), (method, path)
+            assert "Retry-After" in op["responses"]["503"]["headers"]
+            if method in ("post", "put"):
+                assert op["requestBody"]["required"] is True, (method, path)
+    params = {p["name"]: p["schema"] for p in doc["paths"]["/api/requests"]["get"]["parameters"]}
+    assert params["limit"]["type"] == "integer" and "enum" in params["state"]
+    assert set(params["kind"]["enum"]) == {"server", "kernel", "job"}
+    # The schema refuses what the code refuses (where JSON Schema can say it).
+    submit = {"$ref": "#/components/schemas/SubmitRequest", "components": doc["components"]}
+    jsonschema.validate({**JOB, "flavor": "a100-mig-1g.10gb", "priority": -5}, submit)
+    for body, field in BAD_BODIES:
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError):
+            continue
+        if field is None or (field == "gpus" and data["gpus"] == 1.0):
+            continue  # 1.0 is an integer to JSON Schema (not to the gateway)
+        if any(isinstance(v, str) and "\ud800" in v for v in data.values()):
+            continue  # a lone surrogate cannot be described in JSON Schema
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(data, submit)

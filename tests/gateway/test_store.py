@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from sqlalchemy import inspect, text
@@ -131,3 +132,48 @@ def test_a_failed_batch_writes_nothing(sqlite_url: str) -> None:
         assert store.get("r-1") is None and store.decisions() == []
     finally:
         store.close()
+
+
+def test_prune_deletes_old_ended_rows_and_their_decisions(db_url: str) -> None:
+    store = Store.open(db_url)
+    try:
+        rows = []
+        for i, (state, t) in enumerate(
+            [
+                (State.FINISHED, 10.0),
+                (State.REJECTED, 20.0),
+                (State.QUEUED, 10.0),
+                (State.CANCELLED, 500.0),
+            ]
+        ):
+            req = Request(f"r-{i:016x}", "vision", "alice", "job", 1, t)
+            req.state = state
+            rows.append(req)
+            store.write(Batch([(req, {})], [Decision(t, "submit", req.id)]), t)
+        store.write(Batch([], [Decision(5.0, "scale_up", None, {"flavor": "a100"})]), 5.0)
+        assert store.prune(before=100.0) == 2
+        assert {r.id for r in store.query()} == {rows[2].id, rows[3].id}  # live, recent
+        assert {d.request_id for d in store.decisions()} == {rows[2].id, rows[3].id}
+        assert store.prune(before=100.0) == 0
+    finally:
+        store.close()
+
+
+@pytest.mark.asyncio
+async def test_gateway_prunes_history_after_the_retention(make_gateway: Any) -> None:
+    import asyncio
+    import time
+
+    gw = await make_gateway(history_retention=1.0)
+    alice = gw.client("alice")
+    ended = await alice.submit("vision", "job", 1)
+    await alice.cancel(ended["id"])
+    rejected, _ = await gw.raw(
+        "POST", "api/requests", {"tenant": "vision", "kind": "job", "gpus": 9}
+    )
+    assert rejected == 422
+    live = await alice.submit("vision", "job", 1)
+    deadline = time.monotonic() + 10
+    while {r.id for r in gw.arbiter.store.query()} != {live["id"]}:
+        assert time.monotonic() < deadline, "ended rows not pruned"
+        await asyncio.sleep(0.2)
