@@ -152,6 +152,7 @@ class Arbiter:
         self.broken: str | None = None
         self._last_rebuild = 0.0
         self._busy_since: float | None = None
+        self._retry: asyncio.TimerHandle | None = None
         self._next_prune = 0.0
         # Requests handed to the core, by id, while live (the core mutates them).
         self.requests: dict[str, Request] = {}
@@ -273,8 +274,14 @@ class Arbiter:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if self._ops:
             self._cycle()
+        if self._retry is not None:  # still locked: these will not be decided
+            self._retry.cancel()
+            self._fail_queued(StoreUnavailable("the gateway is stopping"))
         self.bus.close()
 
     def wake(self) -> None:
@@ -345,9 +352,14 @@ class Arbiter:
         return result
 
     def _schedule_cycle(self) -> None:
-        if not self._cycle_scheduled:
+        # While waiting for a lock held elsewhere, one timer retries (operations queue).
+        if not self._cycle_scheduled and self._retry is None:
             self._cycle_scheduled = True
             asyncio.get_running_loop().call_soon(self._cycle)
+
+    def _retry_cycle(self) -> None:
+        self._retry = None
+        self._schedule_cycle()
 
     def _cycle(self) -> None:
         """Run every queued operation, commit what they staged as one group, announce.
@@ -368,7 +380,7 @@ class Arbiter:
                 self._busy_since = now
             if now - self._busy_since < self.lock_timeout:
                 # Nothing touched: the operations wait, the loop serves others meanwhile.
-                asyncio.get_running_loop().call_later(0.05, self._schedule_cycle)
+                self._retry = asyncio.get_running_loop().call_later(0.05, self._retry_cycle)
                 return
             self._busy_since = None
             self._fail_queued(e)
