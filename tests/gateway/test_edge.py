@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from typing import Any
 
 import pytest
 from gwutil import TOKENS, Gateway
@@ -192,3 +193,24 @@ def test_openapi_document_matches_the_code() -> None:
             continue  # a lone surrogate cannot be described in JSON Schema
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(data, submit)
+
+
+@pytest.mark.asyncio
+async def test_slow_headers_and_bodies_are_cut_off(make_gateway: Any) -> None:
+    gw = await make_gateway(header_timeout=1.0, body_timeout=1.0)
+    host, port = gw.url.split("//")[1].split("/")[0].split(":")
+    for partial in (
+        b"GET /api/me HTTP/1.1\r\nHost: x\r\n",  # headers never finished
+        (
+            f"POST /api/requests HTTP/1.1\r\nHost: x\r\nAuthorization: token {TOKENS['alice']}"
+            "\r\nContent-Length: 100\r\n\r\n{"
+        ).encode(),  # a body that stops after one byte
+    ):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(partial)
+        await writer.drain()
+        # the server closes the connection (EOF) instead of waiting forever
+        rest = await asyncio.wait_for(reader.read(), timeout=15)
+        assert b"201" not in rest
+        writer.close()
+    assert (await gw.raw("GET", "api/me"))[0] == 200

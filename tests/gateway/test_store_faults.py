@@ -509,3 +509,52 @@ async def test_rows_refused_after_the_core_fail_that_operation_alone(
     _, devices = await gw.raw("GET", "api/devices", who="root")
     held = {d["holder"]["id"] for d in devices["devices"] if d["holder"]}
     assert held == set(rows)
+
+
+@pytest.mark.asyncio
+async def test_unreadable_store_after_a_failed_write_drops_memory_until_it_is_back(
+    make_gateway: Any, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection (the real failures are above): a group write fails and the store
+    cannot be read back either. Memory is dropped, every route answers 503 (JSON,
+    Retry-After) and health says why; once the store answers, the core is rebuilt and
+    nothing of the failed group exists anywhere."""
+    import asyncio
+
+    from sqlalchemy.exc import OperationalError
+
+    from jupyter_gpuaas.gateway import store as store_mod
+
+    gw = await make_gateway(sqlite_url)
+    job = {"tenant": "vision", "kind": "job", "gpus": 4}
+    status, held = await gw.raw("POST", "api/requests", job)
+    assert status == 201 and held["state"] == "admitted"
+    status, queued = await gw.raw(
+        "POST", "api/requests", {"tenant": "nlp", "kind": "job", "gpus": 1}, "bob"
+    )
+    assert status == 201 and queued["state"] == "queued"
+
+    def boom(*_: Any, **__: Any) -> Any:
+        raise OperationalError("SELECT", {}, Exception("disk I/O error"))
+
+    monkeypatch.setattr(store_mod.WriteTx, "write", boom)
+    monkeypatch.setattr(store_mod.Store, "live_requests", boom)
+    status, body = await gw.raw("DELETE", f"api/requests/{held['id']}")
+    assert status == 503 and "disk I/O error" in body["error"], body
+    assert gw.arbiter.broken is not None and gw.arbiter.requests == {}
+    for method, path in (("GET", "api/requests"), ("GET", "api/devices"), ("POST", "api/requests")):
+        status, body = await gw.raw(method, path, job if method == "POST" else None)
+        assert status == 503 and body["error"], (method, path, body)
+    status, health = await gw.raw("GET", "api/health", who=None)
+    assert status == 503 and "disk I/O error" in health["store"], health
+    monkeypatch.undo()
+    for _ in range(50):  # rebuilt by the admission loop within about a second
+        if (await gw.raw("GET", "api/health", who=None))[0] == 200:
+            break
+        await asyncio.sleep(0.1)
+    status, again = await gw.raw("GET", f"api/requests/{held['id']}")
+    assert status == 200 and again["state"] == "admitted", again  # the release never was
+    status, still = await gw.raw("GET", f"api/requests/{queued['id']}", who="bob")
+    assert status == 200 and still["state"] == "queued", still
+    rows = store_rows(sqlite_url)
+    assert set(rows) == set(gw.arbiter.requests) == {held["id"], queued["id"]}
