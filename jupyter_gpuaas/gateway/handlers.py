@@ -132,7 +132,8 @@ class BaseHandler(web.RequestHandler):
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, (StoreUnavailable, SQLAlchemyError)):
-            log.warning("%s %s: 503: %s", self.request.method, self.request.path, _why(value))
+            why = value.message if isinstance(value, StoreUnavailable) else describe(value)
+            log.warning("%s %s: 503: %s", self.request.method, self.request.path, why)
         elif isinstance(value, InputError):
             log.info("%s %s: 400: %s", self.request.method, self.request.path, value.message)
         else:
@@ -174,9 +175,10 @@ class BaseHandler(web.RequestHandler):
 
 
 def _why(exc: BaseException) -> str:
+    """What a caller is told (the details are in the gateway's log)."""
     if isinstance(exc, StoreUnavailable):
-        return exc.message
-    return f"the store is unavailable: {describe(exc)}"
+        return exc.public
+    return StoreUnavailable.public
 
 
 @web.stream_request_body
@@ -505,7 +507,7 @@ class HealthHandler(BaseHandler):
             arbiter.check_available()
             arbiter.store.ping()
         except StoreUnavailable as e:
-            store, status, code = e.message, "unavailable", 503
+            store, status, code = e.state, "unavailable", 503
             self.set_header("Retry-After", str(e.retry_after))
         # One gateway per store today: it leads (replicas with an election: issue 11.9).
         self.send({"status": status, "store": store, "leader": True}, code)

@@ -257,7 +257,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["status", "store", "leader"],
         "properties": {
             "status": {"enum": ["ok", "unavailable"]},
-            "store": {"type": "string", "description": "ok, or why it is unavailable"},
+            "store": {"enum": ["ok", "unavailable", "locked"]},
             "leader": {"type": "boolean"},
         },
         "additionalProperties": False,

@@ -64,7 +64,14 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 class StoreUnavailable(Exception):
-    """The store cannot be read or written now (HTTP 503 with Retry-After)."""
+    """The store cannot be read or written now (HTTP 503 with Retry-After).
+
+    `message` (with the database's own words) is for the log; `public` is what callers
+    are told: the store's address and errors are none of an API client's business.
+    """
+
+    public = "the store is unavailable, so nothing was changed"
+    state = "unavailable"
 
     def __init__(self, message: str, retry_after: int = 2) -> None:
         super().__init__(message)
@@ -74,6 +81,9 @@ class StoreUnavailable(Exception):
 
 class StoreBusy(StoreUnavailable):
     """Another process holds the store's write lock: try again shortly."""
+
+    public = "the store is locked by another process, so nothing was changed"
+    state = "locked"
 
 
 class RowError(InputError):
