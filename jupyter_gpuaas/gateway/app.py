@@ -337,7 +337,12 @@ class GatewayApp(Application):
     async def start_server(self) -> int:
         """Build, restore the core from the store, listen. Returns the bound port."""
         self.build()
-        self.arbiter.restore(time.time())
+        from .store import StoreUnavailable
+
+        try:
+            self.arbiter.restore(time.time())
+        except StoreUnavailable as e:
+            raise StartupError(f"--db-url: cannot restore from the store: {e.message}") from None
         self.arbiter.start()
         self.http_server = httpserver.HTTPServer(
             self.make_app(),

@@ -217,8 +217,11 @@ class Arbiter:
 
     # --- start and stop -----------------------------------------------------------------
 
-    def restore(self, now: float) -> None:
-        """Rebuild the core from the inventory and the store, then run one step."""
+    def restore(self, now: float, *, lock_wait: float | None = None) -> None:
+        """Rebuild the core from the inventory and the store, then run one step.
+
+        Its decisions are committed waiting up to `lock_wait` seconds for a lock held
+        elsewhere (`lock_timeout` at start; a rebuild on the event loop does not wait)."""
         decisions: list[Decision] = []
         known = set(self.config.flavors)
         # Nodes the simulated scaler added are in the store (and, when this is a rebuild
@@ -254,7 +257,8 @@ class Arbiter:
             self.index.sync(req)
         for flavor, seconds in self.store.ended_hold_times():
             self.hold_times.setdefault(flavor, []).append(seconds)
-        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now))
+        wait = self.lock_timeout if lock_wait is None else lock_wait
+        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now), wait)
         log.info(
             "restored %d live requests on %d nodes", len(self.requests), len(self.core.nodes())
         )
@@ -496,7 +500,7 @@ class Arbiter:
             self.overrides = self.store.tenant_overrides()
             self.config = self.make_config(self.quotas, self.overrides)
             self.core = AdmissionCore(self.config)
-            self.restore(time.time())
+            self.restore(time.time(), lock_wait=0.0)
         except Exception as e:
             self._reset_memory()
             self.broken = f"{why}; rebuilding from the store failed: {describe(e)}"
@@ -527,7 +531,7 @@ class Arbiter:
             else:
                 op.future.set_exception(value)
 
-    def _commit_now(self, fn: Callable[[], None]) -> None:
+    def _commit_now(self, fn: Callable[[], None], wait: float = 0.0) -> None:
         """Stage, write and announce synchronously (restore, before the loop serves)."""
         staged: list[_Staged] = []
         self._staging = staged
@@ -539,7 +543,7 @@ class Arbiter:
         if staged:
             for st in staged:
                 check_snapshot(st.snap)
-            self.store.write_many([st.snap for st in staged], wait=self.lock_timeout)
+            self.store.write_many([st.snap for st in staged], wait=wait)
             for st in staged:
                 self._announce(st)
             self._maybe_scale()
