@@ -201,6 +201,45 @@ class GatewayApp(Application):
         except (CookieSecretError, OSError) as e:
             raise StartupError(f"--cookie-secret-file: {e}") from None
 
+    # --- the store and the HTTP edge (bounds of what one client may cost the others) ---
+
+    store_lock_timeout = Float(
+        2.0,
+        min=0.0,
+        help="Seconds operations wait, queued, while another process holds the store's "
+        "write lock (retried every 50 ms without blocking the event loop); then they are "
+        "answered 503 with Retry-After. Nothing is decided before the lock is held.",
+    ).tag(config=True)
+
+    history_retention = Float(
+        30 * 86400.0,
+        min=0.0,
+        help="Seconds ended and rejected requests (and their decisions) are kept in the "
+        "store, counted from their last change; older ones are pruned a batch at a time "
+        "by the admission loop. 0 keeps them forever.",
+    ).tag(config=True)
+
+    max_body_size = Integer(
+        64 * 1024,
+        min=1024,
+        help="Largest request body in bytes. The API's routes authenticate the caller "
+        "first, then refuse a larger Content-Length with 413 before reading the body, and a "
+        "chunked body as soon as it passes the limit; the HTTP server buffers no more.",
+    ).tag(config=True)
+
+    header_timeout = Float(
+        60.0,
+        min=1.0,
+        help="Seconds a connection may take to send a request's headers, counted from when "
+        "the connection is ready for it (also how long an idle keep-alive connection stays).",
+    ).tag(config=True)
+
+    body_timeout = Float(
+        30.0,
+        min=1.0,
+        help="Seconds a client may take to send a request's body.",
+    ).tag(config=True)
+
     # ------------------------------------------------------------------ lifecycle
 
     def initialize(self, argv: Any = None) -> None:
@@ -248,10 +287,12 @@ class GatewayApp(Application):
                 self.token_table = TokenTable.parse(self._read_yaml(self.tokens, "--tokens"))
             except TokenError as e:
                 raise StartupError(f"--tokens {self.tokens}: {e}") from None
+        from .store import describe
+
         try:
             self.store = Store.open(self.db_url)
         except Exception as e:
-            raise StartupError(f"--db-url: cannot open the store: {e}") from None
+            raise StartupError(f"--db-url: cannot open the store: {describe(e)}") from None
         from jupyter_gpuaas.admission.config import SpecError
 
         try:
@@ -265,6 +306,8 @@ class GatewayApp(Application):
                 lease_ttl=self.lease_ttl,
                 tick=self.tick_interval,
                 sample_interval=self.sample_interval,
+                lock_timeout=self.store_lock_timeout,
+                retention=self.history_retention,
             )
         except SpecError as e:
             raise StartupError(f"--quotas {self.quotas}: {e}") from None
@@ -292,6 +335,7 @@ class GatewayApp(Application):
             "keepalive_interval": self.keepalive_interval,
             "metrics_require_auth": self.metrics_require_auth,
             "service_name": self.service_name,
+            "max_body_size": self.max_body_size,
             "default_handler_class": NotFoundHandler,
         }
         handlers: list[Any] = list(routes(self.base_url)) + page_routes(self.base_url)
@@ -311,9 +355,21 @@ class GatewayApp(Application):
     async def start_server(self) -> int:
         """Build, restore the core from the store, listen. Returns the bound port."""
         self.build()
-        self.arbiter.restore(time.time())
+        from .store import StoreUnavailable
+
+        try:
+            self.arbiter.restore(time.time())
+        except StoreUnavailable as e:
+            raise StartupError(f"--db-url: cannot restore from the store: {e.message}") from None
         self.arbiter.start()
-        self.http_server = httpserver.HTTPServer(self.make_app(), idle_connection_timeout=3600)
+        self.http_server = httpserver.HTTPServer(
+            self.make_app(),
+            idle_connection_timeout=self.header_timeout,
+            body_timeout=self.body_timeout,
+            # The outer bound; the API's routes refuse past max_body_size themselves, with
+            # a JSON 413, before reading (handlers.BodyHandler).
+            max_body_size=2 * self.max_body_size,
+        )
         sockets = netutil.bind_sockets(self.port, self.ip, family=socket.AF_INET)
         self.http_server.add_sockets(sockets)
         self.bound_port = sockets[0].getsockname()[1]
