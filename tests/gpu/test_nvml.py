@@ -242,9 +242,7 @@ def test_the_launched_process_shows_on_its_device_only(inventory: NvmlInventory)
 
 
 def test_sample_reads_every_device(inventory: NvmlInventory) -> None:
-    t0 = time.perf_counter()
     samples = inventory.sample()
-    elapsed = time.perf_counter() - t0
     assert len(samples) == len(inventory.devices())
     for s in samples:
         assert s.healthy, s.error
@@ -252,7 +250,6 @@ def test_sample_reads_every_device(inventory: NvmlInventory) -> None:
         assert s.memory_used >= 0
         assert s.temperature is None or 0 < s.temperature < 120
         assert s.power is None or 0 < s.power < 2000  # watts, not milliwatts
-    assert elapsed < 2.0, f"sampling took {elapsed:.2f}s"
 
 
 def test_flavor_override(inventory: NvmlInventory) -> None:
