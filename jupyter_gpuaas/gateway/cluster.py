@@ -22,7 +22,7 @@ from traitlets import Dict, Unicode, default
 from traitlets.config import LoggingConfigurable
 from traitlets.utils.importstring import import_item
 
-from .devices import DeviceInfo, DeviceSample, Inventory, NodeInfo
+from ..devices import DeviceInfo, DeviceSample, Inventory, NodeInfo
 from .scalers import Scaler
 
 log = logging.getLogger("jupyter_gpuaas.devices")

@@ -60,7 +60,7 @@ def detect_devices(spec: str) -> tuple[str, str | None, int]:
     if not spec.startswith("nvml"):
         return spec, None, 0
     try:
-        from jupyter_gpuaas.gateway.devices import parse_devices_spec
+        from jupyter_gpuaas.devices import parse_devices_spec
 
         inventory = parse_devices_spec(spec)
         try:
@@ -129,7 +129,7 @@ def _banner(args: argparse.Namespace, admin_password: str, devices: str) -> str:
     ]
     if devices.startswith("simulated"):
         lines.append("  No GPU found: devices are SIMULATED (queueing and quotas are real).")
-    lines += [f"  gateway API: {url}services/gpuaas/api/devices", "  Ctrl-C stops it all."]
+    lines += [f"  GPU page:    {url}services/gpuaas/", "  Ctrl-C stops it all."]
     lines.append("=" * 72)
     return "\n".join(lines)
 
