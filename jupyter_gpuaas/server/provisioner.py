@@ -203,7 +203,7 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
                 raise GpuAdmissionError(record.abort_reason)
             if record.state in ENDED:
                 raise GpuAdmissionError(record.reason or f"GPU request {record.state}")
-            self._set_reason(_waiting_text(record))
+            self._set_reason(record.sentence())
             timeout = float(self.poll_interval)
             if self.admission_timeout > 0:
                 left = self.admission_timeout - (time.monotonic() - started)
@@ -319,14 +319,3 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
         if self.record is not None:
             info["gpuaas"] = self.record.to_json()
         return info
-
-
-def _waiting_text(record: GpuKernel) -> str:
-    what = f"{record.gpus}× {record.flavor or 'GPU'}"
-    team = f" (team {record.tenant})" if record.tenant else ""
-    if record.state == "parked":
-        return f"resuming {what}{team} from its reservation"
-    pos = record.position or {}
-    if pos.get("overall"):
-        return f"waiting for {what}{team}: position {pos['overall']} of {pos.get('of', '?')}"
-    return f"waiting for {what}{team}"
