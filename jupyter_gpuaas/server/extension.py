@@ -34,7 +34,7 @@ from jupyter_gpuaas.client import GatewayClient, GatewayError, gateway_from_env
 from jupyter_gpuaas.jobs import server_hook as jobs_hook
 
 from .activity import GpuUsage, Holder, decide_busy, process_tree
-from .kernels import GpuKernel, KernelTable, Notification, set_table
+from .kernels import GpuKernel, KernelTable, Notification, is_gpu_spec, set_table
 from .provisioner import GpuaasProvisioner
 
 EVENT_SCHEMA = Path(__file__).parent / "event_schemas" / "gpu_kernel.yaml"
@@ -86,8 +86,17 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
     use_pending_kernels = Bool(
         True,
-        help="Make the server's kernel manager use pending kernels, so starting a GPU "
-        "kernel that must queue does not block the REST call (and the notebook) meanwhile.",
+        help="Start GPU kernels as pending kernels, so starting one that must queue does "
+        "not block the REST call (and the notebook) meanwhile. Other kernels start as "
+        "the server is configured (jupyter_server's `use_pending_kernels`).",
+    ).tag(config=True)
+
+    tell_waiting = Bool(
+        True,
+        help="Open the websocket of a GPU kernel that waits for its GPUs at once, and show "
+        'a cell run meanwhile where the kernel stands ("waiting for 1 a100 (position 2 '
+        'in vision) …"), updated as the queue moves; the cell runs once the GPUs are '
+        "granted. Off: jupyter_server holds the websocket until the kernel starts.",
     ).tag(config=True)
 
     submit_wait = Float(
@@ -150,9 +159,8 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         self._last_beat = {}
         self.settings["gpuaas"] = self
         mkm = self.serverapp.kernel_manager
-        if self.use_pending_kernels and hasattr(mkm, "use_pending_kernels"):
-            mkm.use_pending_kernels = True
         self._wrap_kernel_manager(mkm)
+        self._tell_waiting_kernels()
         try:
             self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
         except Exception as e:  # an older jupyter_events: notices stay in /gpuaas/ only
@@ -207,30 +215,70 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ kernel manager hooks
 
+    def _tell_waiting_kernels(self) -> None:
+        """Kernel websockets of waiting GPU kernels open at once and say why they wait."""
+        if not self.tell_waiting:
+            return
+        from .waiting import waiting_connection_class
+
+        # self.settings starts as a copy of the web app's and is merged back into it.
+        ours = waiting_connection_class(self.settings.get("kernel_websocket_connection_class"))
+        if ours is not None:
+            self.settings["kernel_websocket_connection_class"] = ours
+
     def _is_gpu_kernel(self, mkm: Any, kernel_id: str) -> bool:
         try:
             spec = mkm.get_kernel(kernel_id).kernel_spec
         except Exception:
             return False
-        meta = (getattr(spec, "metadata", None) or {}).get("kernel_provisioner") or {}
-        return bool(meta.get("provisioner_name") == "gpuaas")
+        return is_gpu_spec(spec)
+
+    def _is_gpu_kernelspec(self, mkm: Any, kernel_name: str | None) -> bool:
+        try:
+            name = kernel_name or mkm.default_kernel_name
+            spec = mkm.kernel_spec_manager.get_kernel_spec(name)
+        except Exception:  # an unknown name: the start itself reports it
+            return False
+        return is_gpu_spec(spec)
 
     def _wrap_kernel_manager(self, mkm: Any) -> None:
         orig_start = mkm.start_kernel
         orig_shutdown = mkm.shutdown_kernel
         orig_interrupt = mkm.interrupt_kernel
+        orig_restart = mkm.restart_kernel
+        # The server's own choice, for every kernel that is not a GPU kernel.
+        resting = bool(getattr(mkm, "use_pending_kernels", False))
         table = self.table
 
         async def start_kernel(*args: Any, **kwargs: Any) -> str:
             from .provisioner import GpuAdmissionError
 
+            gpu = self._is_gpu_kernelspec(mkm, kwargs.get("kernel_name"))
+            # Pending kernels for GPU kernels only: jupyter_client and jupyter_server read
+            # the flag while starting, and a pending start runs to its return without
+            # yielding to the loop, so no other kernel's start can see it switched.
+            if hasattr(mkm, "use_pending_kernels"):
+                mkm.use_pending_kernels = (gpu and self.use_pending_kernels) or resting
             try:
                 kernel_id: str = await orig_start(*args, **kwargs)
             except GpuAdmissionError as e:  # not pending: the start itself failed
                 raise _http_error(e) from None
-            if self._is_gpu_kernel(mkm, kernel_id):
+            finally:
+                if hasattr(mkm, "use_pending_kernels"):
+                    mkm.use_pending_kernels = resting
+            if gpu or self._is_gpu_kernel(mkm, kernel_id):
                 await self._await_first_answer(mkm, kernel_id, orig_shutdown)
             return kernel_id
+
+        async def restart_kernel(kernel_id: str, *args: Any, **kwargs: Any) -> Any:
+            record = table.get(kernel_id)
+            if record is not None and record.waiting:
+                # jupyter_client refuses to restart a pending kernel only while the flag
+                # is on; with the flag at rest, refuse it here in a sentence.
+                raise RuntimeError(
+                    "the kernel is still waiting for a GPU: it cannot restart before it starts"
+                )
+            return await orig_restart(kernel_id, *args, **kwargs)
 
         async def shutdown_kernel(kernel_id: str, *args: Any, **kwargs: Any) -> Any:
             record = table.get(kernel_id)
@@ -252,6 +300,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         mkm.start_kernel = start_kernel
         mkm.shutdown_kernel = shutdown_kernel
         mkm.interrupt_kernel = interrupt_kernel
+        mkm.restart_kernel = restart_kernel
 
     async def _await_first_answer(self, mkm: Any, kernel_id: str, shutdown: Any) -> None:
         """Wait (briefly) for the gateway's first answer; raise its refusal as HTTP 422."""

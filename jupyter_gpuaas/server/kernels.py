@@ -174,6 +174,12 @@ class GpuKernel:
         }
 
 
+def is_gpu_spec(spec: Any) -> bool:
+    """Whether a kernelspec starts through the `gpuaas` provisioner."""
+    meta = (getattr(spec, "metadata", None) or {}).get("kernel_provisioner") or {}
+    return bool(meta.get("provisioner_name") == "gpuaas")
+
+
 def gpu_words(gpus: int, flavor: str | None) -> str:
     """`1 a100`, `2 a100`, `1 GPU`, `2 GPUs`."""
     if flavor:
