@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -161,6 +163,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         mkm = self.serverapp.kernel_manager
         self._wrap_kernel_manager(mkm)
         self._tell_waiting_kernels()
+        self._stop_cleanly_on_sigint()
         try:
             self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
         except Exception as e:  # an older jupyter_events: notices stay in /gpuaas/ only
@@ -215,11 +218,28 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ kernel manager hooks
 
+    def _stop_cleanly_on_sigint(self) -> None:
+        """Inside JupyterHub, SIGINT (the spawner's stop) stops the server cleanly.
+
+        jupyterhub-singleuser maps SIGINT to a clean stop, but jupyter_server installs its
+        SIGINT handler only when stdin is a terminal; a spawned server has none, so
+        SIGINT raised KeyboardInterrupt and the process exited without stopping its
+        extensions: GPU kernels kept their grants until the leases expired.
+        """
+        if "JUPYTERHUB_API_TOKEN" not in os.environ:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self.serverapp._signal_stop)
+
     def _tell_waiting_kernels(self) -> None:
         """Kernel websockets of waiting GPU kernels open at once and say why they wait."""
         if not self.tell_waiting:
             return
-        from .waiting import waiting_connection_class
+        from .waiting import one_session_per_path, waiting_connection_class
+
+        one_session_per_path(self.serverapp.session_manager)
 
         # self.settings starts as a copy of the web app's and is merged back into it.
         ours = waiting_connection_class(self.settings.get("kernel_websocket_connection_class"))
@@ -446,7 +466,10 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             await self._end_kernel(record, "preempted", reason)
         elif name in ("finish", "cancel", "expire", "reject"):
             reason = data.get("reason") or request.get("reason") or f"GPU request {name}ed"
-            if record.waiting:
+            if record.waiting and record.abort_reason:  # our own cancel, heard first here
+                record.end("cancelled", record.abort_reason)
+                record.poke()
+            elif record.waiting:
                 record.end("failed", str(reason))
                 record.poke()
             else:

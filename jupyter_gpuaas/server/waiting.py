@@ -37,7 +37,7 @@ from jupyter_server.services.kernels.connection.base import (
 )
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 
-from .kernels import GpuKernel, current_table, gpu_words, is_gpu_spec
+from .kernels import GpuKernel, current_table, gpu_words
 
 V1 = "v1.kernel.websocket.jupyter.org"
 #: Seconds between looks at a waiting kernel's record when no change wakes us sooner.
@@ -58,14 +58,11 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
     # ------------------------------------------------------------------ lifecycle
 
     def _waiting_gpu_kernel(self) -> bool:
-        km = self.kernel_manager
-        ready = getattr(km, "ready", None)
-        if ready is None or ready.done():
-            return False
-        try:
-            return is_gpu_spec(km.kernel_spec)
-        except Exception:
-            return False
+        # A live record that waits: a kernel being shut down or restarted also has a
+        # pending `ready`, but its record has ended (or it holds its grant).
+        record = current_table().get(self.kernel_id)
+        ready = getattr(self.kernel_manager, "ready", None)
+        return record is not None and record.waiting and ready is not None and not ready.done()
 
     async def prepare(self) -> None:
         if not self._waiting_gpu_kernel():
@@ -252,3 +249,38 @@ def waiting_connection_class(base: Any) -> type[Any] | None:
     if isinstance(base, type) and issubclass(base, ZMQChannelsWebsocketConnection):
         return type(f"WaitingGpu{base.__name__}", (WaitingGpuKernelConnection, base), {})
     return None  # e.g. a gateway's websocket: its kernels are not ours
+
+
+def one_session_per_path(sm: Any) -> None:
+    """Concurrent session starts for one notebook make one session, not two kernels.
+
+    JupyterLab may ask for a notebook's session twice at once; jupyter_server answers the
+    second with the first only if the first already exists. Starting a GPU kernel waits
+    for the gateway's first answer, long enough for both to start kernels, one of which
+    JupyterLab then shuts down: a GPU request queued and cancelled for nothing. So a
+    `session_exists(path)` waits for a creation of that path in flight.
+    """
+    creating: dict[str, asyncio.Future[None]] = {}
+    orig_exists = sm.session_exists
+    orig_create = sm.create_session
+
+    async def session_exists(path: str) -> bool:
+        pending = creating.get(path)
+        if pending is not None:
+            await asyncio.wait([pending])
+        return bool(await orig_exists(path=path))
+
+    async def create_session(*args: Any, path: str | None = None, **kwargs: Any) -> Any:
+        if path is None:
+            return await orig_create(*args, path=path, **kwargs)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        creating[path] = done
+        try:
+            return await orig_create(*args, path=path, **kwargs)
+        finally:
+            done.set_result(None)
+            if creating.get(path) is done:
+                del creating[path]
+
+    sm.session_exists = session_exists
+    sm.create_session = create_session
