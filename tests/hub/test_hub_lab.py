@@ -116,6 +116,10 @@ def test_jupyterlab_with_the_gpu_kernel_its_wait_the_kernels_page_and_a_terminal
 
     # A notebook on the GPU kernel: the cell run while it waits says why.
     gpu_tile.click()
+    # The kernel's websocket opens while it waits and says "starting", where JupyterLab
+    # alone would say "Connecting" until the GPU came. (A cell run before the notebook
+    # has its kernel session is not run at all: JupyterLab's own rule.)
+    page.locator("#jp-main-statusbar").filter(has_text="Python 3 (1 GPU) | Starting").wait_for()
     editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
     editor.wait_for()
     editor.click()
@@ -150,6 +154,23 @@ def test_jupyterlab_with_the_gpu_kernel_its_wait_the_kernels_page_and_a_terminal
     assert "Forbidden" not in body
     assert f"running on 1 a100: device {device.group(1)} of a100-0" in body
     page.screenshot(path=str(ARTIFACTS / "hub-gpuaas-kernels-page.png"), full_page=True)
+
+    # A browser logged in to the Hub only, straight to the page: the server's login
+    # (the Hub's OAuth) takes it there, where this page used to answer Forbidden.
+    fresh = page.context.browser.new_context()
+    try:
+        other = fresh.new_page()
+        other.goto(f"{hub.url}/hub/login?next=%2Fhub%2Fhome")
+        other.fill("input[name=username]", "alice")
+        other.fill("input[name=password]", hub.password)
+        other.click("input[type=submit], button[type=submit]")
+        other.wait_for_url("**/hub/home**")
+        resp = other.goto(f"{hub.url}/user/alice/gpuaas/kernels")
+        assert resp is not None and resp.status == 200
+        assert other.url == f"{hub.url}/user/alice/gpuaas/kernels"
+        assert "running on 1 a100" in other.inner_text("body")
+    finally:
+        fresh.close()
 
     # Stopping the server (the Hub's SIGINT) gives the kernel's GPU back at once.
     (kernel,) = [
