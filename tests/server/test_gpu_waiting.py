@@ -21,7 +21,7 @@ from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 from srvutil import GatewayProc
 from test_gpu_kernels import ENV_CODE, _queued, gpu_kernel, kernel_ready, start_kernel, wait_for
-from tornado.httpclient import AsyncHTTPClient
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 pytestmark = pytest.mark.slow
 
@@ -186,6 +186,13 @@ async def test_only_gpu_kernels_start_as_pending_kernels(
     waiting = await start_kernel(jp_fetch, "gpu1")
     assert not mkm.get_kernel(waiting).ready.done()  # pending: answered while queued
     assert mkm.use_pending_kernels is False  # back at rest for the next CPU kernel
+    # A waiting kernel still cannot restart (jupyter_client's rule for pending kernels,
+    # which it checks only while the flag is on), and keeps its place.
+    rec = await wait_for(lambda: _queued(jp_fetch, waiting), what="the GPU kernel queued")
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("api", "kernels", waiting, "restart", method="POST", body="")
+    assert info.value.code == 500
+    assert (await gpu_kernel(jp_fetch, waiting))["request_id"] == rec["request_id"]
     await jp_fetch("api", "kernels", waiting, method="DELETE")
 
 
