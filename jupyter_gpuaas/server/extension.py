@@ -38,6 +38,7 @@ from jupyter_gpuaas.jobs import server_hook as jobs_hook
 from .activity import GpuUsage, Holder, decide_busy, process_tree
 from .kernels import GpuKernel, KernelTable, Notification, is_gpu_spec, set_table
 from .provisioner import GpuaasProvisioner
+from .waiting import one_session_per_path
 
 EVENT_SCHEMA = Path(__file__).parent / "event_schemas" / "gpu_kernel.yaml"
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpuaas/gpu_kernel/v1"
@@ -163,6 +164,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         mkm = self.serverapp.kernel_manager
         self._wrap_kernel_manager(mkm)
         self._tell_waiting_kernels()
+        one_session_per_path(self.serverapp.session_manager)
         self._stop_cleanly_on_sigint()
         try:
             self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
@@ -237,9 +239,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         """Kernel websockets of waiting GPU kernels open at once and say why they wait."""
         if not self.tell_waiting:
             return
-        from .waiting import one_session_per_path, waiting_connection_class
-
-        one_session_per_path(self.serverapp.session_manager)
+        from .waiting import waiting_connection_class
 
         # self.settings starts as a copy of the web app's and is merged back into it.
         ours = waiting_connection_class(self.settings.get("kernel_websocket_connection_class"))
