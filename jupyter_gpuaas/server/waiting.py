@@ -47,7 +47,7 @@ RECHECK = 5.0
 class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
     """jupyter_server's kernel websocket connection, plus the waiting of GPU kernels."""
 
-    _phase = "normal"  # normal | waiting | connected | closed
+    _phase = "normal"  # normal | waiting | joining | connected | closed
     _task: asyncio.Task[None] | None = None
     _held: list[Any]
     _parents: list[dict[str, Any]]
@@ -98,8 +98,10 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
             self.multi_kernel_manager.stop_buffering(self.kernel_id)
 
     def handle_incoming_message(self, incoming_msg: Any) -> None:
-        if self._phase == "waiting":
+        if self._phase in ("waiting", "joining"):  # joining: held ones go first, in order
             self._held.append(incoming_msg)
+            if self._phase != "waiting":
+                return
             header = self._header_of(incoming_msg)
             if header is not None and header.get("msg_type") == "execute_request":
                 self._parents.append(header)
@@ -108,6 +110,15 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
         super().handle_incoming_message(incoming_msg)
 
     async def _wait_then_connect(self) -> None:
+        try:
+            await self._wait_then_connect_inner()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # never an unobserved task error: say it and close
+            self.log.exception("gpuaas: connecting the waiting kernel %s", self.kernel_id)
+            self._fail(f"the kernel connection failed: {e}")
+
+    async def _wait_then_connect_inner(self) -> None:
         km = self.kernel_manager
         ready = km.ready
         if not isinstance(ready, asyncio.Future):
@@ -136,13 +147,15 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
         if self._phase != "waiting":
             return
         self.multi_kernel_manager.notify_disconnect(self.kernel_id)  # connect() counts it
-        self._phase = "connected"
+        self._phase = "joining"
         connected = super().connect()
         if connected is None:
             return
         await connected
-        while self._held and self._phase == "connected":
+        while self._held and self._phase == "joining":
             super().handle_incoming_message(self._held.pop(0))
+        if self._phase == "joining":
+            self._phase = "connected"
 
     def _fail(self, reason: str) -> None:
         text = f"The GPU kernel did not start: {reason}\n"
