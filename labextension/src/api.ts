@@ -40,7 +40,12 @@ export class GpuApi {
   async call<T>(path: string, init: RequestInit = {}): Promise<T> {
     let response: Response;
     try {
-      response = await ServerConnection.makeRequest(this.url(path), init, this.settings);
+      // `cache` set: 'no-store' would add a cache-busting query parameter the gateway refuses.
+      response = await ServerConnection.makeRequest(
+        this.url(path),
+        { cache: 'no-cache', ...init },
+        this.settings
+      );
     } catch (e) {
       throw new ApiError('GPU service unreachable — retrying.', 0);
     }
@@ -114,7 +119,7 @@ export class GpuApi {
 
   async logTail(id: string, bytes = 4000): Promise<string> {
     const url = this.url(`gpuaas/jobs/${encodeURIComponent(id)}/logs?tail=${bytes}`);
-    const response = await ServerConnection.makeRequest(url, {}, this.settings);
+    const response = await ServerConnection.makeRequest(url, { cache: 'no-cache' }, this.settings);
     return response.ok ? response.text() : '';
   }
 

@@ -74,7 +74,12 @@ export class EventConnection {
     document.addEventListener('visibilitychange', this.onVisibility);
   }
 
+  /** Read the state now (the stream may open only at its first event), then listen. */
   start(): void {
+    this.options.reload().catch(e => {
+      this.options.onState('unreachable', (e as Error).message);
+      void this.poll.start();
+    });
     this.open();
   }
 

@@ -128,12 +128,37 @@ export class GpuController {
       const result = model.setJobs(jobs);
       changes.push(...result.changes);
       result.notices.forEach(n => this.options.notify(n));
+      changes.push(...(await this.readLogs()));
     }
     if (devices) {
       changes.push(...model.setDevices(devices.devices, devices.simulated));
     }
     this.emit(changes);
   }
+
+  /** Log tails: of running jobs at every round, of an ended one once more (its last lines). */
+  private async readLogs(): Promise<Change[]> {
+    const due = [...this.model.jobs.values()].filter(
+      j =>
+        ['starting', 'running'].includes(j.state) ||
+        (j.ended !== null && !this.finalLogs.has(j.id) && j.started !== null)
+    );
+    const changes: Change[] = [];
+    await Promise.all(
+      due.map(async j => {
+        const text = await this.api.logTail(j.id).catch(() => null);
+        if (text !== null) {
+          if (j.ended !== null) {
+            this.finalLogs.add(j.id);
+          }
+          changes.push(...this.model.setLog(j.id, text));
+        }
+      })
+    );
+    return changes;
+  }
+
+  private finalLogs = new Set<string>();
 
   private onEvent(event: GatewayEvent): void {
     const result = this.model.applyEvent(event);

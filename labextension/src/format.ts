@@ -252,18 +252,18 @@ function lowerFirst(text: string): string {
 
 /** An error body of the gateway or the server as one sentence, never raw JSON. */
 export function errorSentence(status: number, body: unknown): string {
+  if (status === 502 || status === 0) {
+    return 'GPU service unreachable — retrying.';
+  }
   if (body && typeof body === 'object' && 'error' in body) {
     const err = (body as { error: unknown; field?: unknown }).error;
-    const field = (body as { field?: unknown }).field;
     if (typeof err === 'string' && err) {
+      // The field is told by where the sentence is shown (beside it), not appended.
       const text = err[0].toUpperCase() + err.slice(1);
-      const sentence = /[.!?]$/.test(text) ? text : `${text}.`;
-      return typeof field === 'string' && field && !err.includes(field)
-        ? `${sentence} (${field})`
-        : sentence;
+      return /[.!?]$/.test(text) ? text : `${text}.`;
     }
   }
-  if (status === 502 || status === 503 || status === 0) {
+  if (status === 503) {
     return 'GPU service unreachable — retrying.';
   }
   return `The server answered ${status}.`;

@@ -57,6 +57,8 @@ export class GpuModel {
   simulated = false;
   jobs = new Map<string, Job>();
   warnings = new Map<string, Warning>();
+  /** The log tail of each job (read while it runs, once more after it ended). */
+  logs = new Map<string, string>();
   connection: Connection = 'connecting';
   error = '';
 
@@ -312,6 +314,14 @@ export class GpuModel {
       changes.push({ section: 'jobs', keys: [id] });
     }
     return { changes, notices, reload: false };
+  }
+
+  setLog(id: string, text: string): Change[] {
+    if (this.logs.get(id) === text) {
+      return [];
+    }
+    this.logs.set(id, text);
+    return [{ section: 'jobs', keys: [id] }];
   }
 
   /** A Keep answered: the warning stays shown as kept until the next one. */

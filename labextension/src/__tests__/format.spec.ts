@@ -175,7 +175,7 @@ describe('errors', () => {
       "You are not a member of tenant 'vision'."
     );
     expect(errorSentence(400, { error: 'must be a whole number', field: 'gpus' })).toBe(
-      'Must be a whole number. (gpus)'
+      'Must be a whole number.'
     );
     expect(errorSentence(502, '<html>')).toBe('GPU service unreachable — retrying.');
   });

@@ -21,8 +21,6 @@ export class JobsSection {
   private list: HTMLElement;
   private empty: HTMLElement;
   private rows: Rows<Job>;
-  /** The log tail of each job, read while it runs and once after it ends. */
-  readonly logs = new Map<string, string>();
 
   constructor(
     private readonly model: GpuModel,
@@ -43,18 +41,6 @@ export class JobsSection {
     const jobs = [...this.model.jobs.values()].sort((a, b) => b.created - a.created);
     this.rows.sync(jobs.map(j => [j.id, j]), keys && keys.length ? new Set(keys) : undefined);
     this.empty.hidden = jobs.length > 0;
-  }
-
-  setLog(id: string, text: string): void {
-    if (this.logs.get(id) === text) {
-      return;
-    }
-    this.logs.set(id, text);
-    const pre = this.list.querySelector<HTMLElement>(`[data-key="${CSS.escape(id)}"] .jp-gpuaas-log`);
-    if (pre) {
-      pre.textContent = text;
-      pre.scrollTop = pre.scrollHeight;
-    }
   }
 
   private renderRow(j: Job, row: HTMLElement): void {
@@ -96,7 +82,7 @@ export class JobsSection {
       class: 'jp-gpuaas-log',
       tabindex: 0,
       'aria-label': `Log of job ${name}`,
-      text: this.logs.get(j.id) ?? ''
+      text: this.model.logs.get(j.id) ?? ''
     });
     if (j.state !== 'queued') {
       row.append(log);

@@ -72,7 +72,7 @@ export class GpuPanel extends Widget {
     const state = this.model.connection;
     const text =
       state === 'unreachable'
-        ? 'GPU service unreachable — retrying.'
+        ? this.model.error || 'GPU service unreachable — retrying.'
         : state === 'polling'
           ? 'Live updates interrupted: refreshing every few seconds while reconnecting.'
           : state === 'connecting'
