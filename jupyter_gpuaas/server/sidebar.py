@@ -71,7 +71,7 @@ class KeepHandler(SidebarHandler):
                 409, "there is no cull warning to answer: the kernel is not idle", "request_id"
             )
             return
-        kept: dict[str, float] = self.settings.setdefault(KEPT, {})
+        kept: dict[str, Any] = self.settings.setdefault(KEPT, {})
         if kept.get(request_id) == warning.get("t"):
             self.send_error_json(
                 409,
@@ -80,16 +80,17 @@ class KeepHandler(SidebarHandler):
                 "request_id",
             )
             return
+        # Taken before the call: two clicks at once still keep only once.
+        kept[request_id] = warning.get("t")
         try:
             await ext.client.heartbeat(request_id, True, record.utilization)
-        except GatewayError as e:
-            status = e.status if 400 <= e.status < 500 else 502
-            self.send_error_json(status, e.error, e.field)
+        except (GatewayError, OSError) as e:
+            kept.pop(request_id, None)
+            if isinstance(e, GatewayError) and 400 <= e.status < 500:
+                self.send_error_json(e.status, e.error, e.field)
+            else:
+                self.send_error_json(502, f"cannot reach the gpuaas gateway: {e}")
             return
-        except OSError as e:
-            self.send_error_json(502, f"cannot reach the gpuaas gateway: {e}")
-            return
-        kept[request_id] = float(warning.get("t") or 0.0)
         # The server's own view follows: not idle since now, no warning pending.
         record.idle_since = None
         record.warning = None

@@ -99,11 +99,15 @@ export class EventConnection {
     const source = new EventSource(this.options.url(), { withCredentials: true });
     this.source = source;
     source.onopen = () => {
-      this.retry = 1000;
-      void this.poll.stop();
+      // Open is not enough (the server's proxy answers before it reaches the gateway):
+      // live once a fresh read succeeds; only then is the backoff reset.
       this.options
         .reload()
-        .then(() => this.options.onState('live'))
+        .then(() => {
+          this.retry = 1000;
+          void this.poll.stop();
+          this.options.onState('live');
+        })
         .catch(e => this.options.onState('unreachable', (e as Error).message));
     };
     const handle = (name: string) => (msg: MessageEvent) => {

@@ -61,7 +61,7 @@ export function formatWait(wait: EstimatedWait | null | undefined): string {
     return 'no estimate yet';
   }
   if (wait.seconds === null || wait.seconds === undefined) {
-    return wait.basis ? `no estimate: ${lowerFirst(wait.basis)}` : 'no estimate yet';
+    return wait.basis ? `unknown (${lowerFirst(wait.basis)})` : 'no estimate yet';
   }
   if (wait.seconds < 5) {
     return 'any moment now';

@@ -188,6 +188,8 @@ def main() -> int:
             TARGET_URL=lab_url.rstrip("/"),
             GPUAAS_GATEWAY_URL=gateway_url,
             GPUAAS_ADMIN_TOKEN=ADMIN_TOKEN,
+            # The last test stops the gateway (by this PID) to see the panel say so.
+            GPUAAS_GATEWAY_PID=str(gateway.pid),
             GPUAAS_ROOT_DIR=str(root),
             GPUAAS_ARTIFACTS=str(ARTIFACTS),
             GPUAAS_SCRATCH_IDLE=str(SCRATCH_IDLE),

@@ -86,7 +86,7 @@ describe('duration', () => {
 describe('formatWait', () => {
   it('says why there is no estimate', () => {
     expect(formatWait({ seconds: null, basis: 'No running grant releases on its own' })).toBe(
-      'no estimate: no running grant releases on its own'
+      'unknown (no running grant releases on its own)'
     );
     expect(formatWait(null)).toBe('no estimate yet');
   });

@@ -68,7 +68,8 @@ export class MyWorkSection {
         href: '#',
         class: 'jp-gpuaas-link',
         'aria-label': `Open notebook ${notebook}`,
-        text: notebook
+        title: notebook,
+        text: notebook.split('/').pop() ?? notebook
       });
       link.addEventListener('click', ev => {
         ev.preventDefault();

@@ -119,7 +119,8 @@ test('a second GPU kernel queues, then is admitted when the first is shut down',
   const r1 = (await kernelRecord(page.request, first)).request_id;
   await expect(row(panel, r1)).toHaveAttribute('data-state', 'admitted');
   await expect(row(panel, r1)).toContainText('On a100-0');
-  await expect(row(panel, r1)).toContainText(`${tmpPath}/first.ipynb`);
+  await expect(row(panel, r1).getByRole('link')).toHaveAttribute('title', `${tmpPath}/first.ipynb`);
+  await expect(row(panel, r1).getByRole('link')).toHaveText('first.ipynb');
 
   const second = await startSession(page, `${tmpPath}/second.ipynb`, 'gpu1');
   const r2 = (await kernelRecord(page.request, second)).request_id;
@@ -225,4 +226,17 @@ test('the dark theme', async ({ page }) => {
   expect(r + g + b).toBeLessThan(3 * 80); // dark, from JupyterLab's own variables
   await panel.screenshot({ path: `${ARTIFACTS}/panel-dark.png` });
   await page.theme.setLightTheme();
+});
+
+test('a gateway that is down: the panel says so and keeps retrying', async ({ page }) => {
+  const panel = await openPanel(page);
+  await expect(panel.locator('.jp-gpuaas-device')).toHaveCount(2);
+  const pid = Number(process.env.GPUAAS_GATEWAY_PID);
+  expect(pid).toBeGreaterThan(0);
+  process.kill(pid, 'SIGTERM'); // the real gateway process this run started: the last test
+  const banner = panel.locator('.jp-gpuaas-banner');
+  await expect(banner).toHaveText('GPU service unreachable — retrying.', { timeout: 45000 });
+  await expect(panel.getByRole('region', { name: 'Devices' })).toBeVisible(); // not blank
+  expect(await panel.innerText()).not.toMatch(/[{[]"|Traceback|Error:/);
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-unreachable.png` });
 });
