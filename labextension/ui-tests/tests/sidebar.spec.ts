@@ -142,6 +142,7 @@ test('a second GPU kernel queues, then is admitted when the first is shut down',
   const handle = await queued.elementHandle();
   await row(panel, r1).getByRole('button', { name: /Release the GPU/ }).click();
   await expect(row(panel, r2)).toHaveAttribute('data-state', 'admitted', { timeout: 30000 });
+  await expect(page.locator('.Toastify__toast', { hasText: 'Your GPU kernel got 1 a100 GPU on a100-0.' })).toBeVisible();
   expect(await handle!.evaluate(el => el.isConnected)).toBe(true); // the same row element
   await expect(row(panel, r1)).toHaveAttribute('data-state', 'finished');
   expect((await gateway(page.request, r2)).state).toBe('admitted');
@@ -212,6 +213,12 @@ test('Run on GPU as a job from the file browser, through to the executed noteboo
   await expect(job).toHaveAttribute('data-state', 'succeeded', { timeout: 90000 });
   await expect(job.locator('.jp-gpuaas-log')).not.toBeEmpty();
   await panel.screenshot({ path: `${ARTIFACTS}/panel-job.png` });
+  await expect(page.locator('.Toastify__toast', { hasText: 'Job train.ipynb finished.' })).toBeVisible();
+  // Run again: the same file and parameters in the dialog.
+  await job.getByRole('button', { name: /Run job .* again/ }).click();
+  await expect(page.locator('.jp-Dialog').getByLabel('Parameters (papermill)')).toHaveValue('lr = 0.5');
+  await page.locator('.jp-Dialog').getByRole('button', { name: 'Cancel' }).click();
+  await expect(page.locator('.jp-Dialog')).toHaveCount(0);
   await job.getByRole('button', { name: /Open the executed notebook/ }).click();
   const output = page.locator('.jp-NotebookPanel .jp-OutputArea-output', { hasText: 'trained with lr=0.5' });
   await expect(output).toBeVisible({ timeout: 30000 });
