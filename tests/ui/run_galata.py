@@ -164,7 +164,12 @@ def main() -> int:
                         "reconnect_delay": 0.5,
                     },
                     "GpuaasProvisioner": {"poll_interval": 0.5},
-                    "JobManager": {"poll_interval": 0.5, "state_dir": str(base / "jobs")},
+                    # Heartbeats well inside the gateway's 10 s lease (--lease-ttl above).
+                    "JobManager": {
+                        "poll_interval": 0.5,
+                        "heartbeat_interval": 2.0,
+                        "state_dir": str(base / "jobs"),
+                    },
                 }
             )
         )
