@@ -142,7 +142,9 @@ c.QueuedSpawnerMixin.gateway_token = hub_token
 c.QueuedSpawnerMixin.default_gpus = 1
 c.QueuedSpawnerMixin.max_gpus = 4
 c.QueuedSpawnerMixin.flavors = {"a100": {"display_name": "NVIDIA A100"}}
-c.Spawner.default_url = "/lab" if shutil.which("jupyter-lab") else "/tree"
+# JupyterLab (and its GPUs sidebar) when installed beside this Python, even off PATH.
+_lab = Path(sys.executable).with_name("jupyter-lab").exists() or shutil.which("jupyter-lab")
+c.Spawner.default_url = "/lab" if _lab else "/tree"
 c.Spawner.cmd = [str(Path(sys.executable).with_name("jupyterhub-singleuser"))]
 if os.geteuid() == 0:  # a container or a throwaway VM: jupyter_server refuses root otherwise
     c.Spawner.args = ["--allow-root"]

@@ -123,10 +123,15 @@ export class GpuApi {
     return response.ok ? response.text() : '';
   }
 
-  /** The URL of the events stream (EventSource sends the session cookie; a token if any). */
+  /**
+   * The URL of the events stream. EventSource sends the session cookie (same origin) but
+   * no headers, so JupyterLab's XSRF token goes as the `_xsrf` parameter (what
+   * ServerConnection sends as a header): behind JupyterHub a cookie-authenticated API
+   * request without it is refused (403). Never a token in the URL.
+   */
   eventsUrl(): string {
     const url = this.url('gpuaas/api/events');
-    const token = this.settings.token;
-    return token ? `${url}?token=${encodeURIComponent(token)}` : url;
+    const match = document.cookie.match('\\b_xsrf=([^;]*)\\b');
+    return match ? `${url}?_xsrf=${encodeURIComponent(match[1])}` : url;
   }
 }
