@@ -122,6 +122,7 @@ test('a second GPU kernel queues, then is admitted when the first is shut down',
   await expect(row(panel, r1).getByRole('link')).toHaveAttribute('title', `${tmpPath}/first.ipynb`);
   await expect(row(panel, r1).getByRole('link')).toHaveText('first.ipynb');
 
+  await page.contents.uploadFile(path.resolve(__dirname, 'train.ipynb'), `${tmpPath}/second.ipynb`);
   const second = await startSession(page, `${tmpPath}/second.ipynb`, 'gpu1');
   const r2 = (await kernelRecord(page.request, second)).request_id;
   const queued = row(panel, r2);
@@ -137,6 +138,8 @@ test('a second GPU kernel queues, then is admitted when the first is shut down',
   // The status bar of the open notebook follows its kernel.
   await row(panel, r1).getByRole('link').click();
   await expect(page.locator('.jp-gpuaas-status')).toHaveText(/GPU: a100 ×1/);
+  await page.evaluate(p => (window as any).jupyterapp.commands.execute('docmanager:open', { path: p }), `${tmpPath}/second.ipynb`);
+  await expect(page.locator('.jp-gpuaas-status')).toHaveText('GPU: queued 1st (quota)');
 
   // Release the first: the second's row changes in place, without a reload.
   const handle = await queued.elementHandle();
@@ -146,6 +149,8 @@ test('a second GPU kernel queues, then is admitted when the first is shut down',
   expect(await handle!.evaluate(el => el.isConnected)).toBe(true); // the same row element
   await expect(row(panel, r1)).toHaveAttribute('data-state', 'finished');
   expect((await gateway(page.request, r2)).state).toBe('admitted');
+  // The status bar of the (second) notebook follows too.
+  await expect(page.locator('.jp-gpuaas-status')).toHaveText(/GPU: a100 ×1/);
 });
 
 test('cancel a queued GPU kernel', async ({ page, tmpPath }) => {
@@ -156,7 +161,11 @@ test('cancel a queued GPU kernel', async ({ page, tmpPath }) => {
   const waiting = await startSession(page, `${tmpPath}/waiting.ipynb`, 'gpu1');
   const rw = (await kernelRecord(page.request, waiting)).request_id;
   await expect(row(panel, rw)).toHaveAttribute('data-state', 'queued');
-  await row(panel, rw).getByRole('button', { name: /Cancel the queued/ }).click();
+  // By keyboard: the button takes the focus and Enter presses it.
+  const cancel = row(panel, rw).getByRole('button', { name: /Cancel the queued/ });
+  await cancel.focus();
+  await expect(cancel).toBeFocused();
+  await page.keyboard.press('Enter');
   await expect(row(panel, rw)).toHaveAttribute('data-state', 'cancelled');
   expect((await gateway(page.request, rw)).state).toBe('cancelled');
   expect((await gateway(page.request, rh)).state).toBe('admitted'); // the other one stays
@@ -222,6 +231,8 @@ test('Run on GPU as a job from the file browser, through to the executed noteboo
   await job.getByRole('button', { name: /Open the executed notebook/ }).click();
   const output = page.locator('.jp-NotebookPanel .jp-OutputArea-output', { hasText: 'trained with lr=0.5' });
   await expect(output).toBeVisible({ timeout: 30000 });
+  // The notebook toolbar offers the same.
+  await expect(page.locator('.jp-NotebookPanel-toolbar').getByText('Run on GPU')).toBeVisible();
 });
 
 test('the dark theme', async ({ page }) => {
