@@ -90,8 +90,10 @@ export class Rows<T> {
         row.dataset.key = key;
         this.rows.set(key, row);
       }
-      if (fresh || !only || only.has(key)) {
+      if (fresh) {
         this.render(item, row);
+      } else if (!only || only.has(key)) {
+        this.redraw(item, row);
       }
       const expected: ChildNode | null = previous ? previous.nextSibling : this.container.firstChild;
       if (expected !== row) {
@@ -104,6 +106,33 @@ export class Rows<T> {
         row.remove();
         this.rows.delete(key);
       }
+    }
+  }
+
+  /**
+   * Draw a row again, but touch the DOM only if it looks different: a poll or a clock tick
+   * that changes nothing leaves the row (and the keyboard focus in it) alone.
+   */
+  private redraw(item: T, row: HTMLElement): void {
+    const next = document.createElement(row.tagName);
+    next.dataset.key = row.dataset.key;
+    this.render(item, next);
+    if (next.outerHTML === row.outerHTML) {
+      return;
+    }
+    row.className = next.className;
+    for (const name of Object.keys(row.dataset)) {
+      if (!(name in next.dataset)) {
+        delete row.dataset[name];
+      }
+    }
+    Object.assign(row.dataset, next.dataset);
+    // A control that had the focus keeps it across the redraw (found by its ARIA label).
+    const active = document.activeElement as HTMLElement | null;
+    const label = active && row.contains(active) ? active.getAttribute('aria-label') : null;
+    row.replaceChildren(...Array.from(next.childNodes));
+    if (label) {
+      row.querySelector<HTMLElement>(`[aria-label="${CSS.escape(label)}"]`)?.focus();
     }
   }
 
