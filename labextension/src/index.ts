@@ -224,11 +224,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
         status.setKernel(ctx?.session?.kernel?.id ?? null);
       };
       if (notebooks) {
+        const followed = new WeakSet<NotebookPanel>();
         notebooks.currentChanged.connect((_, nb) => {
           follow();
-          nb?.sessionContext.kernelChanged.connect(follow);
-          nb?.sessionContext.statusChanged.connect(follow);
+          if (nb && !followed.has(nb)) {
+            followed.add(nb);
+            nb.sessionContext.kernelChanged.connect(follow);
+            nb.sessionContext.statusChanged.connect(follow);
+          }
         });
+        void app.restored.then(follow);
       }
       statusBar.registerStatusItem('jupyter-gpuaas:status', {
         item: status,
