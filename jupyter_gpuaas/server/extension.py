@@ -36,6 +36,7 @@ from jupyter_gpuaas.client import GatewayClient, GatewayError, gateway_from_env
 from jupyter_gpuaas.jobs import server_hook as jobs_hook
 from jupyter_gpuaas.words import format_duration as human_duration
 
+from . import sidebar
 from .activity import GpuUsage, Holder, decide_busy, process_tree
 from .kernels import GpuKernel, KernelTable, Notification, is_gpu_spec, set_table
 from .provisioner import GpuaasProvisioner
@@ -179,6 +180,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
         self.handlers.extend(routes())
         self.handlers.extend(jobs_hook.handlers())  # /gpuaas/jobs
+        self.handlers.extend(sidebar.routes())  # /gpuaas/sidebar: the JupyterLab panel
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Start the heartbeat and event loops once the server's loop runs."""
