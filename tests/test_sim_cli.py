@@ -687,7 +687,11 @@ def assert_result_shape(result: dict[str, Any], ids: set[str], tenants: set[str]
     assert set(result) == {"requests", "summary", "decisions", "wall_seconds"}
     assert set(result["requests"]) == ids
     for rec in result["requests"].values():
-        assert set(rec) == REQUEST_RESULT_KEYS
+        if rec["state"] == "rejected":  # SCENARIO.md: a rejected request carries `reason`
+            assert set(rec) == REQUEST_RESULT_KEYS | {"reason", "tenant"}
+            assert rec["reason"].strip()
+        else:
+            assert set(rec) == REQUEST_RESULT_KEYS
         assert rec["state"] in {
             "queued",
             "admitted",
