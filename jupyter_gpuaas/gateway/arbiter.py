@@ -44,6 +44,7 @@ from jupyter_gpuaas.admission.model import (
 
 from .devices import DeviceSample, Inventory
 from .events import Event, EventBus
+from .grace import preempt_reason, preemption_fields, reclaim_wait
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
 from .positions import QueueIndex
 from .scalers import Scaler
@@ -630,6 +631,7 @@ class Arbiter:
             }
         elif state == State.PARKED.value:
             out["parked"] = {"flavor": req.assigned_flavor, "expires": req.park_expires}
+        out.update(self._preemption_of(req))
         if state == State.QUEUED.value and live is not None:
             # The index answers by bisection; the core's scan if it ever disagrees.
             pos = self.index.position(live) or self.core.position(live.id)
@@ -642,7 +644,16 @@ class Arbiter:
                 }
                 out["estimated_wait"] = self.estimate_wait(live, pos.overall_position)
             out["scaling"] = self._scaling_for(live)
+            reclaim = reclaim_wait(live, self.core.reclaiming(live.id), time.time())
+            if reclaim is not None:  # a preemptor waiting out its victims' grace
+                out["estimated_wait"] = reclaim
         return out
+
+    def _preemption_of(self, req: Request | RequestRow) -> dict[str, Any]:
+        """A warned victim's pending eviction: when, for whom, and why in words."""
+        by = self.requests.get(req.preempted_by or "") if req.preempt_at is not None else None
+        reason = preempt_reason(req.tenant, req.gpus, by.tenant if by is not None else None)
+        return preemption_fields(req.preempt_at, req.preempted_by, reason)
 
     def _flavors_for(self, req: Request) -> list[str]:
         if req.flavor:

@@ -102,6 +102,10 @@ SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "properties": {"flavor": NULLSTR, "expires": NULLNUM},
             },
+            # A warned preemption victim (preemption_grace): evicted at preempt_at.
+            "preempt_at": NULLNUM,
+            "preempted_by": NULLSTR,
+            "preempt_reason": NULLSTR,
         },
         "additionalProperties": False,
     },

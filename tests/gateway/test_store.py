@@ -25,7 +25,10 @@ def test_upgrade_is_idempotent_and_creates_tables(db_url: str) -> None:
         tables = set(inspect(store.engine).get_table_names())
         assert {"requests", "decisions", "nodes", "tenant_overrides", "alembic_version"} <= tables
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+            assert (
+                conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+                == "0002_grace"
+            )
     finally:
         store.close()
 
