@@ -339,7 +339,8 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         record.utilization = utilization
         if busy:
             record.idle_since = None
-            record.warning = None
+            if record.warning is None or "preempt_at" not in record.warning:
+                record.warning = None  # a busy kernel is not culled (a preemption stays)
         elif record.idle_since is None:
             record.idle_since = time.time()
         assert self.client is not None and record.request_id is not None
@@ -389,6 +390,8 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             record.apply(request)
         elif name == "cull_warning":
             self._warn(record, data.get("cull_at"))
+        elif name in ("preempt_warning", "preempt_withdrawn"):
+            self._preempt_notice(record, name, data, request)
         elif name == "cull":
             await self._end_kernel(record, "culled", await self._cull_reason(record))
         elif name == "preempt":
@@ -418,6 +421,24 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             Notification(
                 "cull_warning", record.kernel_id, record.request_id, msg, data={"cull_at": cull_at}
             )
+        )
+
+    def _preempt_notice(
+        self, record: GpuKernel, name: str, data: dict[str, Any], request: dict[str, Any]
+    ) -> None:
+        """Preemption with grace: the kernel keeps its GPUs until `at`, then is stopped."""
+        if name == "preempt_withdrawn":
+            record.warning = None
+            self.log.info("gpuaas: GPU kernel %s is no longer preempted", record.kernel_id)
+            return
+        at = data.get("at")
+        left = human_duration(max(0.0, float(at) - time.time())) if at else "soon"
+        why = request.get("preempt_reason") or "its GPUs are reclaimed"
+        msg = f"your kernel {record.kernel_name} will be stopped in {left}: {why}"
+        record.warning = {"message": msg, "preempt_at": at, "t": time.time()}
+        self.log.warning("gpuaas: %s (%s)", msg, record.kernel_id)
+        self.table.notify(
+            Notification("preempt_warning", record.kernel_id, record.request_id, msg, data={})
         )
 
     async def _cull_reason(self, record: GpuKernel) -> str:
