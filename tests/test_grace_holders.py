@@ -81,6 +81,37 @@ async def test_server_extension_shows_it_in_gpuaas_kernels() -> None:
     assert record.to_json()["warning"] is None
 
 
+@pytest.mark.asyncio
+async def test_server_extension_tells_of_its_own_servers_eviction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU server's own request (GPUAAS_REQUEST_ID, set by the spawner) is warned too:
+    the notice reaches /gpuaas/notifications, which the sidebar shows in the notebook."""
+    from jupyter_gpuaas.server.extension import GpuaasExtension
+    from jupyter_gpuaas.server.kernels import KernelTable
+
+    monkeypatch.setenv("GPUAAS_REQUEST_ID", "r-server")
+    ext = GpuaasExtension()
+    ext.table = KernelTable()
+    await ext.on_event("preempt_warning", warning_event("r-other", 60, "nlp is reclaiming its GPU"))
+    assert not ext.table.notifications
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    ext.log.addHandler(handler)
+    try:
+        await ext.on_event(
+            "preempt_warning", warning_event("r-server", 299.6, "nlp is reclaiming its GPU")
+        )
+    finally:
+        ext.log.removeHandler(handler)
+    (note,) = ext.table.notifications
+    assert note.to_json()["message"] == (
+        "your server will be stopped in 5 min: nlp is reclaiming its GPU"
+    )
+    assert note.request_id == "r-server" and any(note.message in line for line in logged)
+
+
 def _req(rid: str, tenant: str, gpus: int, at: float | None = None) -> Request:
     r = Request(rid, tenant, "u", "kernel", gpus, 0.0)
     r.preempt_at = at

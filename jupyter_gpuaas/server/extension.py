@@ -385,6 +385,8 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         rid = data.get("id") or request.get("id")
         record = self.table.by_request(str(rid)) if rid else None
         if record is None:
+            if rid and rid == os.environ.get("GPUAAS_REQUEST_ID") and name.startswith("preempt_"):
+                self._preempt_notice(None, name, data, request)  # this server's own GPUs
             return
         if name == "admit":
             record.apply(request)
@@ -424,22 +426,28 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         )
 
     def _preempt_notice(
-        self, record: GpuKernel, name: str, data: dict[str, Any], request: dict[str, Any]
+        self, record: GpuKernel | None, name: str, data: dict[str, Any], request: dict[str, Any]
     ) -> None:
-        """Preemption with grace: the kernel keeps its GPUs until `at`, then is stopped."""
+        """Preemption with grace: the kernel (record) or this server (None) keeps its GPUs
+        until `at`, then is stopped. Shown at /gpuaas/kernels and /gpuaas/notifications."""
+        what = "server" if record is None else f"kernel {record.kernel_name}"
+        kid = "" if record is None else record.kernel_id
         if name == "preempt_withdrawn":
-            record.warning = None
-            self.log.info("gpuaas: GPU kernel %s is no longer preempted", record.kernel_id)
+            if record is not None:
+                record.warning = None
+            self.log.info("gpuaas: your %s is no longer preempted", what)
+            return
+        if name != "preempt_warning":
             return
         at = data.get("at")
         left = human_duration(max(0.0, float(at) - time.time())) if at else "soon"
         why = request.get("preempt_reason") or "its GPUs are reclaimed"
-        msg = f"your kernel {record.kernel_name} will be stopped in {left}: {why}"
-        record.warning = {"message": msg, "preempt_at": at, "t": time.time()}
-        self.log.warning("gpuaas: %s (%s)", msg, record.kernel_id)
-        self.table.notify(
-            Notification("preempt_warning", record.kernel_id, record.request_id, msg, data={})
-        )
+        msg = f"your {what} will be stopped in {left}: {why}"
+        if record is not None:
+            record.warning = {"message": msg, "preempt_at": at, "t": time.time()}
+        self.log.warning("gpuaas: %s", msg)
+        note = Notification("preempt_warning", kid, str(data.get("id")), msg, data={})
+        self.table.notify(note)
 
     async def _cull_reason(self, record: GpuKernel) -> str:
         """`culled: idle on GPU for 30 min`: the tenant's idle timeout, else what we saw."""
