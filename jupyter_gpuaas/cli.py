@@ -32,7 +32,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jupyter_gpuaas import __version__
+    from jupyter_gpuaas._version import __version__
 
     parser = argparse.ArgumentParser(
         prog=PROG,

@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import urlencode, urlparse
 
+from jupyter_gpuaas.words import about_field
+
 __all__ = ["GatewayClient", "GatewayError", "SyncGatewayClient", "gateway_from_env"]
 
 SERVICE_PREFIX = "/services/gpuaas/"
@@ -37,8 +39,12 @@ class GatewayError(Exception):
         self.body = body
 
     def __str__(self) -> str:
-        where = f" ({self.field})" if self.field else ""
-        return f"{self.error}{where} [HTTP {self.status}]" if self.status else self.error
+        """One sentence a person reads: the gateway's own words, naming the field. A
+        refusal (4xx) is just that sentence; a failure of the gateway says so."""
+        text = about_field(self.field, self.error)
+        if self.status >= 500:
+            return f"the GPU gateway failed ({self.status}): {text}"
+        return text
 
 
 def gateway_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:

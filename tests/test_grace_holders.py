@@ -129,7 +129,7 @@ def test_the_preemptors_wait_in_words() -> None:
         "reclaiming 2 GPUs borrowed by vision and taking 1 GPU from lower-priority work"
         " of nlp, in 30 s"
     )
-    assert in_words(0.2) == "in a moment" and in_words(7200) == "in 2.0 h"
+    assert in_words(0.2) == "in a moment" and in_words(7200) == "in 2 h"
 
 
 def test_the_victims_reason_in_words() -> None:

@@ -92,7 +92,13 @@ c.JupyterHub.services = [
             devices,
             "--db-url",
             f"sqlite:///{state / 'gpuaas.sqlite'}",
+            # Signs the landing page's login cookie; kept, so a restart logs nobody out.
+            "--cookie-secret-file",
+            str(state / "gpuaas_cookie_secret"),
         ],
+        # The Hub's admin runs it: browsers go to its landing page without the Hub's
+        # "Authorize access" prompt.
+        "oauth_no_confirm": True,
         # The custom scopes a user's browser session carries to the service (OAuth).
         "oauth_client_allowed_scopes": [
             "custom:gpuaas:use",

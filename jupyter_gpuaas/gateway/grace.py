@@ -12,21 +12,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from jupyter_gpuaas.admission.model import Request
+from jupyter_gpuaas.words import format_duration, plural
 
 
 def _gpus(n: int) -> str:
-    return f"{n} GPU{'s' if n != 1 else ''}"
+    return plural(n, "GPU")
 
 
 def in_words(seconds: float) -> str:
-    """`in 4 min`, `in 30 s`, `in 1.5 h`; `in a moment` once the deadline is here."""
-    if seconds < 1:
-        return "in a moment"
-    if seconds < 90:
-        return f"in {seconds:.0f} s"
-    if seconds < 5400:
-        return f"in {seconds / 60:.0f} min"
-    return f"in {seconds / 3600:.1f} h"
+    """`in 4 min`, `in 30 s`, `in 2 h`; `in a moment` once the deadline is here."""
+    return "in a moment" if seconds < 1 else f"in {format_duration(seconds)}"
 
 
 def preempt_reason(victim_tenant: str, victim_gpus: int, by_tenant: str | None) -> str:

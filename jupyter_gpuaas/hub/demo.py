@@ -130,7 +130,7 @@ def _banner(args: argparse.Namespace, admin_password: str, devices: str) -> str:
     ]
     if devices.startswith("simulated"):
         lines.append("  No GPU found: devices are SIMULATED (queueing and quotas are real).")
-    lines += [f"  gateway API: {url}services/gpuaas/api/devices", "  Ctrl-C stops it all."]
+    lines += [f"  GPU page:    {url}services/gpuaas/", "  Ctrl-C stops it all."]
     lines.append("=" * 72)
     return "\n".join(lines)
 

@@ -32,6 +32,7 @@ from traitlets import Float, Integer, Type, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError
+from jupyter_gpuaas.words import about_field
 
 from . import model
 from .model import Job
@@ -45,6 +46,7 @@ class JobError(Exception):
     """A submit or cancel refused: HTTP status, message, and the offending field."""
 
     def __init__(self, status: int, error: str, field: str | None = None) -> None:
+        error = about_field(field, error)  # "gpus must be ...": one sentence with its field
         super().__init__(error)
         self.status = status
         self.error = error

@@ -131,6 +131,7 @@ async def test_warning_then_eviction_then_preemptor_admitted(
     basis = waiting["estimated_wait"]["basis"]
     assert basis.startswith("reclaiming 4 GPUs borrowed by nlp, in "), basis
     assert 0 <= waiting["estimated_wait"]["seconds"] <= 2
+    assert waiting["waiting_for"] == {"kind": "quota", "message": f"waiting: {basis}"}
     holders = {d["holder"]["id"] for d in (await bob.devices())["devices"] if d["holder"]}
     assert holders == {k["id"]}
 

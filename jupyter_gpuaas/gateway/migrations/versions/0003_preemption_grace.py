@@ -3,8 +3,8 @@
 Both are kept on the victim's row, so a gateway restarted (even after `kill -9`) within a
 grace period evicts at the deadline it announced, and the preemptor keeps waiting for it.
 
-Revision ID: 0002_grace
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_grace"
-down_revision = "0001"
+revision = "0003"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 
