@@ -56,7 +56,7 @@ from jupyter_gpuaas.admission.model import (
 from . import waits
 from .devices import DeviceSample, Inventory
 from .events import Event, EventBus
-from .grace import preempt_reason, preemption_fields, reclaim_wait
+from .grace import grace_of, preempt_reason, preemption_fields, reclaim_wait
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
 from .positions import QueueIndex
 from .scalers import Scaler
@@ -956,6 +956,7 @@ class Arbiter:
                     "weight": t.weight,
                     "queueing": t.queueing,
                     "idle_timeout": self._idle_timeout(name),
+                    "preemption_grace": grace_of(self.config, name),
                     "usage": usage.get(name, []),
                 }
             )

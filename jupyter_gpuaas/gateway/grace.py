@@ -11,8 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jupyter_gpuaas.admission.model import Request
+from jupyter_gpuaas.admission.model import Config, Request
 from jupyter_gpuaas.words import format_duration, plural
+
+
+def grace_of(config: Config, tenant: str) -> float:
+    """The grace a victim of `tenant` gets: its own `preemption_grace`, else the policy's."""
+    spec = config.tenants.get(tenant)
+    own = spec.preemption_grace if spec is not None else None
+    return float(config.policy.preemption_grace if own is None else own)
 
 
 def _gpus(n: int) -> str:

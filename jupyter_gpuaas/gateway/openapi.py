@@ -250,6 +250,10 @@ SCHEMAS: dict[str, Any] = {
             "weight": NUM,
             "queueing": {"type": "string"},
             "idle_timeout": NUM,
+            "preemption_grace": {
+                **NUM,
+                "description": "seconds its servers and kernels keep running once warned",
+            },
             "usage": {"type": "array", "items": _ref("Usage")},
             "simulated": {"type": "boolean"},
         },

@@ -96,6 +96,8 @@ async def test_warning_then_eviction_then_preemptor_admitted(
     bob, alice, carol = client(gp, "bob"), client(gp, "alice"), client(gp, "carol")
     k = await bob.submit("nlp", "kernel", 4, name="bob's notebook")
     assert k["state"] == "admitted"
+    graces = {t["name"]: t["preemption_grace"] for t in (await bob.tenants())["tenants"]}
+    assert graces == {"vision": 2, "nlp": 2}
     bob_events, view_events = Listener(bob), Listener(carol)  # carol has the view scope
     await bob_events.connected()
     await view_events.connected()
