@@ -53,8 +53,8 @@ from jupyter_gpuaas.admission.model import (
     State,
 )
 
+from ..devices import DeviceSample, Inventory, NodeInfo
 from . import waits
-from .devices import DeviceSample, Inventory
 from .events import Event, EventBus
 from .grace import grace_of, preempt_reason, preemption_fields, reclaim_wait
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
@@ -162,6 +162,7 @@ class Arbiter:
         self.samples: list[DeviceSample] = []
         self.hold_times: dict[str, list[float]] = {}
         self._last_desired: dict[str, int] = {}
+        self._last_ready: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # Group commit: operations waiting for the next cycle, and where the running one
@@ -270,6 +271,9 @@ class Arbiter:
             loop.create_task(self._admission_loop()),
             loop.create_task(self._sampling_loop()),
         ]
+        follow = getattr(self.inventory, "follow", None)
+        if follow is not None:  # an inventory that sees nodes join and leave (cluster.py)
+            self._tasks.append(loop.create_task(follow(self.node_joined, self.node_left)))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -291,6 +295,30 @@ class Arbiter:
 
     def wake(self) -> None:
         self._wake.set()
+
+    async def node_joined(self, node: NodeInfo) -> None:
+        """A node of the inventory started counting: the core may place on it now."""
+        if node.flavor not in self.config.flavors:
+            log.warning("node %s has flavor %s, which no quota names", node.name, node.flavor)
+            return
+
+        def join() -> None:
+            now = time.time()
+            self.commit(self.core.add_node(node.flavor, node.name, node.gpus, now), now)
+            self.commit(self.core.step(now), now)
+
+        await self._run(join)
+
+    async def node_left(self, name: str, why: str) -> None:
+        """A node stopped counting (gone, NotReady, cordoned): its holders lose their grants."""
+
+        def leave() -> None:
+            now = time.time()
+            self.commit(self.core.remove_node(name, now), now)
+            self.commit(self.core.step(now), now)
+
+        log.warning("node %s left (%s): releasing its grants", name, why)
+        await self._run(leave)
 
     async def _admission_loop(self) -> None:
         """Wake at the core's next deadline (or every `tick`) and step it."""
@@ -787,12 +815,13 @@ class Arbiter:
 
     def _maybe_scale(self) -> None:
         desired = dict(self.core.desired_nodes())
-        if desired == self._last_desired:
-            return
-        self._last_desired = desired
         ready: dict[str, int] = {}
         for node in self.core.nodes():
             ready[node.flavor] = ready.get(node.flavor, 0) + 1
+        # Ready counts too: a joined node leaves `desired` as it was but ends a scale-up.
+        if (desired, ready) == (self._last_desired, self._last_ready):
+            return
+        self._last_desired, self._last_ready = desired, ready
         try:
             asyncio.get_running_loop().create_task(self.scaler.apply(desired, ready))
         except RuntimeError:  # no loop (restore before serving): the next change applies
@@ -842,6 +871,7 @@ class Arbiter:
                 "flavor": req.assigned_flavor,
                 "node": req.node,
                 "devices": devices,
+                "uuids": self.inventory.uuids(req.node or "", devices),
                 "lease_expires": req.lease_expires,
                 "admitted_at": req.admit_time,
                 "busy": req.busy,
@@ -1002,7 +1032,15 @@ class Arbiter:
             idle,
             rows,
             simulated=self.inventory.simulated,
+            nodes=self._node_counts(),
         )
+
+    def _node_counts(self) -> dict[str, int]:
+        """Nodes per flavor in the core (every configured flavor, 0 included)."""
+        counts = dict.fromkeys(self.config.flavors, 0)
+        for node in self.core.nodes():
+            counts[node.flavor] = counts.get(node.flavor, 0) + 1
+        return counts
 
 
 def check_names(config: Config) -> None:

@@ -45,6 +45,7 @@ class GpuKernel:
     waiting_for: dict[str, Any] | None = None  # the gateway's why, in words, while queued
     node: str | None = None
     devices: list[int] = field(default_factory=list)
+    grant: dict[str, Any] | None = None  # the gateway's grant: launch_environment reads it
     lease_expires: float | None = None
     reason: str = ""  # why it ended, or why it cannot start
     warning: dict[str, Any] | None = None  # the last cull warning, until busy again
@@ -93,6 +94,7 @@ class GpuKernel:
         if gw_state == "admitted" and grant:
             self.node = grant.get("node")
             self.devices = [int(d) for d in grant.get("devices") or []]
+            self.grant = dict(grant)
             self.lease_expires = grant.get("lease_expires")
             self.position = None
             self.estimated_wait = self.waiting_for = None
