@@ -411,7 +411,8 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         record.utilization = utilization
         if busy:
             record.idle_since = None
-            record.warning = None
+            if record.warning is None or "preempt_at" not in record.warning:
+                record.warning = None  # a busy kernel is not culled (a preemption stays)
         elif record.idle_since is None:
             record.idle_since = time.time()
         assert self.client is not None and record.request_id is not None
@@ -456,11 +457,15 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         rid = data.get("id") or request.get("id")
         record = self.table.by_request(str(rid)) if rid else None
         if record is None:
+            if rid and rid == os.environ.get("GPUAAS_REQUEST_ID") and name.startswith("preempt_"):
+                self._preempt_notice(None, name, data, request)  # this server's own GPUs
             return
         if name == "admit":
             record.apply(request)
         elif name == "cull_warning":
             self._warn(record, data.get("cull_at"))
+        elif name in ("preempt_warning", "preempt_withdrawn"):
+            self._preempt_notice(record, name, data, request)
         elif name == "cull":
             await self._end_kernel(record, "culled", await self._cull_reason(record))
         elif name == "preempt":
@@ -494,6 +499,30 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
                 "cull_warning", record.kernel_id, record.request_id, msg, data={"cull_at": cull_at}
             )
         )
+
+    def _preempt_notice(
+        self, record: GpuKernel | None, name: str, data: dict[str, Any], request: dict[str, Any]
+    ) -> None:
+        """Preemption with grace: the kernel (record) or this server (None) keeps its GPUs
+        until `at`, then is stopped. Shown at /gpuaas/kernels and /gpuaas/notifications."""
+        what = "server" if record is None else f"kernel {record.kernel_name}"
+        kid = "" if record is None else record.kernel_id
+        if name == "preempt_withdrawn":
+            if record is not None:
+                record.warning = None
+            self.log.info("gpuaas: your %s is no longer preempted", what)
+            return
+        if name != "preempt_warning":
+            return
+        at = data.get("at")
+        left = human_duration(max(0.0, float(at) - time.time())) if at else "soon"
+        why = request.get("preempt_reason") or "its GPUs are reclaimed"
+        msg = f"your {what} will be stopped in {left}: {why}"
+        if record is not None:
+            record.warning = {"message": msg, "preempt_at": at, "t": time.time()}
+        self.log.warning("gpuaas: %s", msg)
+        note = Notification("preempt_warning", kid, str(data.get("id")), msg, data={})
+        self.table.notify(note)
 
     async def _cull_reason(self, record: GpuKernel) -> str:
         """`culled: idle on GPU for 30 min`: the tenant's idle timeout, else what we saw."""
