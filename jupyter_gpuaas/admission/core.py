@@ -15,7 +15,7 @@ inadmissible until room frees up for its tenant, so an idle queue costs nothing.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from .holders import Holders
 from .ledger import Ledger
 from .model import TERMINAL, Config, Decision, Preemption, Request, State
 from .nodes import Cluster, Node
-from .preemption import find_victims
+from .preemption import choose_flavor
 from .queues import Bucket, BucketKey, TenantQueue, order_key
 from .timers import Timers
 from .views import NodeState, Position, TenantUsage
@@ -481,15 +481,17 @@ class AdmissionCore:
             return self._entry(req, "fit", borrowing_choice, True)
         if not self._preempts[tenant] or self._graces.waiting(req.id):
             flavors = ()  # a waiting preemptor picks no second victim set
-        for f in flavors:
-            holding = self._holders.victim_pool(req, f)
-            if self._graces:  # a warned victim is promised to its own preemptor
-                holding = [v for v in holding if not self._graces.warned(v.id)]
-            if not holding:
-                continue
-            spec = self._config.tenants[tenant]
-            victims = find_victims(req, spec, f, ledger, self._cluster, holding)
-            if victims is not None:
+        if flavors:
+            chosen = choose_flavor(
+                req,
+                self._config.tenants[tenant],
+                flavors,
+                ledger,
+                self._cluster,
+                self._pool_for(req),
+            )
+            if chosen is not None:
+                f, victims = chosen
                 own = sum(v.gpus for v in victims if v.tenant == req.tenant)
                 borrowing = ledger.borrows(req.tenant, f, req.gpus, own)
                 return self._entry(req, "preempt", f, borrowing, victims)
@@ -503,6 +505,15 @@ class AdmissionCore:
             self._capacity_blocked.pop(key, None)
         return None
 
+    def _pool_for(self, req: Request) -> Callable[[str], list[Request]]:
+        def pool(flavor: str) -> list[Request]:
+            holding = self._holders.victim_pool(req, flavor)
+            if self._graces:  # a warned victim is promised to its own preemptor
+                holding = [v for v in holding if not self._graces.warned(v.id)]
+            return holding
+
+        return pool
+
     def _entry(
         self,
         req: Request,
@@ -513,7 +524,9 @@ class AdmissionCore:
     ) -> _Entry:
         share = 0.0
         if borrowing and self._config.policy.fair_sharing:
-            share = self._ledger.share(req.tenant)
+            # Ranked by its share as it would be with the head admitted (Kueue simulates
+            # the addition), so a big head does not jump a small one on a lower share.
+            share = self._ledger.share(req.tenant, flavor, req.gpus)
         key = (1, borrowing, share, *order_key(req))
         return _Entry(req, mode, flavor, borrowing, victims or [], key, self._epoch)
 

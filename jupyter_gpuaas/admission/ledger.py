@@ -179,8 +179,9 @@ class Ledger:
         limit = t.borrowing_limit.get(flavor)
         return nominal + (others if limit is None else min(limit, others))
 
-    def share(self, tenant: str) -> float:
-        """Weighted share for fair sharing: the largest of borrowed / pool / weight."""
+    def share(self, tenant: str, flavor: str = "", gpus: int = 0) -> float:
+        """Weighted share for fair sharing: the largest of borrowed / pool / weight, with
+        `gpus` more of `flavor` held (the head being ranked, as if admitted)."""
         t = self.tenants[tenant]
         if t.cohort is None:
             return 0.0
@@ -188,6 +189,9 @@ class Ledger:
         for f in t.quota:
             pool = self._pool[(t.cohort, f)]
             b = self.borrowed(tenant, f)
+            if f == flavor and gpus:
+                key = (tenant, f)
+                b = max(0, self.usage[key] + gpus - self._nominal.get(key, 0))
             if b and pool:
                 best = max(best, b / pool / t.weight)
         return best

@@ -1,18 +1,23 @@
 """Kueue's classic preemption: whom to evict so that a request fits, and as few as possible.
 
-A request may preempt when, with its victims gone, it fits within its tenant's nominal
-quota; or, where `borrow_within_cohort` allows, while borrowing. Candidates are its own
-tenant's requests allowed by `within_tenant`, and requests of other cohort members that
-are above their nominal quota, allowed by `reclaim_within_cohort` (or, when the preemptor
-borrows, by `borrow_within_cohort`). Victims are taken greedily — other tenants first,
-then lower priority, then most recently admitted — until the request fits, and the set is
-then minimised by putting back every victim the request can do without.
+A request may preempt when its own size fits its tenant's nominal quota, or where
+`borrow_within_cohort` allows it while borrowing. Candidates are its own tenant's requests
+allowed by `within_tenant`, and requests of other cohort members that are above their
+nominal quota, allowed by `reclaim_within_cohort` (or, lower priority, by
+`borrow_within_cohort`). Victims are searched in up to two attempts, with and without
+borrowing afterwards (`find_victims` gives the order); each takes candidates greedily —
+other tenants first, then lower priority, then most recently admitted — until the request
+fits, and then puts back, in reverse order, every victim the request can do without.
+
+Across flavors (`choose_flavor`), one where preemption only reclaims what other tenants
+borrowed is preferred over one that evicts the tenant's own by priority; quota order
+breaks ties (Kueue's flavor assigner ranks reclaim above preempt).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from .ledger import Ledger
 from .model import Request, Tenant
@@ -47,6 +52,12 @@ def find_victims(
     """The requests to preempt so that `req` fits `flavor`, or None if no set will do.
 
     `admitted` are the requests holding devices of `flavor` in the tenant or its cohort.
+    Kueue's `classicalPreemptions`: candidates are the tenant's own (allowed by
+    `within_tenant`) and other members' (by `reclaim_within_cohort`, or lower priority by
+    `borrow_within_cohort`); each of the latter is reclaimable while the preemptor
+    borrows (lower priority under `borrow_within_cohort`) or only if it ends within
+    nominal. Up to two attempts, with and without borrowing, in the order SCENARIO.md
+    gives; the first that makes room wins.
     """
     p = tenant.preemption
     if (
@@ -55,26 +66,54 @@ def find_victims(
         and p.borrow_within_cohort == "Never"
     ):
         return None
+    bwc = p.borrow_within_cohort != "Never"
+    nominal = ledger.nominal(req.tenant, flavor)
+    # Kueue's flavor assigner tries preemption only when the request's own size fits the
+    # tenant's nominal quota, or when it may preempt while borrowing.
+    if req.gpus > nominal and not bwc:
+        return None
     own: list[Request] = []
-    reclaim: list[Request] = []  # other members' requests, by reclaim_within_cohort
-    lower: list[Request] = []  # other members' lower-priority requests
+    others: list[Request] = []
+    while_borrowing: set[str] = set()  # others' candidates that stay valid when borrowing
     for v in admitted:
         if v.tenant == req.tenant:
             if _own_allowed(p.within_tenant, v, req):
                 own.append(v)
-        elif tenant.cohort is not None:
-            if p.reclaim_within_cohort == "Any" or (
-                p.reclaim_within_cohort == "LowerPriority" and v.priority < req.priority
-            ):
-                reclaim.append(v)
-            if v.priority < req.priority:
-                lower.append(v)
-    # Within nominal quota once the victims are gone: reclaim what the cohort borrowed.
-    victims = _minimal(req, flavor, ledger, cluster, own + reclaim, allow_borrow=False)
-    if victims is None and p.borrow_within_cohort == "LowerPriority":
-        # Borrowing: only lower-priority requests of other members may make room.
-        victims = _minimal(req, flavor, ledger, cluster, own + lower, allow_borrow=True)
-    return victims
+            continue
+        if tenant.cohort is None:
+            continue
+        if ledger.usage[(v.tenant, flavor)] <= ledger.nominal(v.tenant, flavor):
+            continue  # a member within nominal lends nothing back
+        lower = v.priority < req.priority
+        by_reclaim = p.reclaim_within_cohort == "Any" or (
+            p.reclaim_within_cohort == "LowerPriority" and lower
+        )
+        if bwc and lower:
+            while_borrowing.add(v.id)
+        elif not by_reclaim:
+            continue
+        others.append(v)
+    if not own and not others:
+        return None
+    under_nominal = ledger.usage[(req.tenant, flavor)] < nominal
+    attempts: tuple[bool, ...]
+    if not others or (not bwc and not under_nominal):
+        attempts = (True,)
+    elif not bwc:
+        attempts = (False, True)
+    else:
+        attempts = (True, False)
+    candidates = others + own
+    candidates.sort(key=_victim_order(req.tenant))  # type: ignore[arg-type]
+    for allow_borrow in attempts:
+        if allow_borrow:
+            pool = [v for v in candidates if v.tenant == req.tenant or v.id in while_borrowing]
+        else:
+            pool = candidates
+        victims = _minimal(req, flavor, ledger, cluster, pool, allow_borrow)
+        if victims is not None:
+            return victims
+    return None
 
 
 def _minimal(
@@ -85,13 +124,15 @@ def _minimal(
     candidates: list[Request],
     allow_borrow: bool,
 ) -> list[Request] | None:
+    """Evict `candidates` (already in victim order) until `req` fits, then put back, in
+    reverse order, every earlier victim it can do without (Kueue's fillBackWorkloads)."""
     if not candidates:
         return None
     removed: dict[str, int] = defaultdict(int)
     freed: dict[str, int] = defaultdict(int)
     # Most searches fail. Evicting every candidate frees at least as much as any set the
     # greedy pass could pick, so if even that does not fit, no set will: one check instead
-    # of one per candidate, and no sort.
+    # of one per candidate.
     for v in candidates:
         removed[v.tenant] += v.gpus
         freed[v.node or ""] += v.gpus
@@ -102,7 +143,6 @@ def _minimal(
         return None
     removed.clear()
     freed.clear()
-    candidates.sort(key=_victim_order(req.tenant))  # type: ignore[arg-type]
 
     def fits() -> bool:
         return ledger.fits(
@@ -133,6 +173,32 @@ def _minimal(
             removed[v.tenant] += v.gpus
             freed[v.node or ""] += v.gpus
     return targets
+
+
+def choose_flavor(
+    req: Request,
+    tenant: Tenant,
+    flavors: Iterable[str],
+    ledger: Ledger,
+    cluster: Cluster,
+    pools: Callable[[str], list[Request]],
+) -> tuple[str, list[Request]] | None:
+    """The flavor to preempt in and its victims, or None. `pools(flavor)` gives the
+    candidates holding that flavor. The first flavor whose victims are all other tenants'
+    (a reclaim) wins; else the first where the tenant evicts its own by priority."""
+    by_priority: tuple[str, list[Request]] | None = None
+    for f in flavors:
+        holding = pools(f)
+        if not holding:
+            continue
+        victims = find_victims(req, tenant, f, ledger, cluster, holding)
+        if victims is None:
+            continue
+        if all(v.tenant != req.tenant for v in victims):
+            return f, victims
+        if by_priority is None:
+            by_priority = (f, victims)
+    return by_priority
 
 
 def preemption_room(
@@ -169,6 +235,7 @@ def preemption_room(
                 removed[name] = held
     if not own_gpus and not others:
         return 0, 0, False, others
-    borrow_ok = p.borrow_within_cohort != "Never"
+    # Evicting its own, a tenant may stay borrowing (Kueue's attempt with borrowing).
+    borrow_ok = p.borrow_within_cohort != "Never" or own_gpus > 0
     room = ledger.room(tenant, flavor, removed, borrow_ok)
     return sum(removed.values()), room, own_gpus > 0, others
