@@ -87,12 +87,109 @@ def quota_problem(
     limit = spec.borrowing_limit.get(flavor)
     if limit is not None and used > nominal + limit:
         return f"{tenant}/{flavor} uses {used} > nominal {nominal} + borrowing_limit {limit}"
+    if spec.cohort in config.cohorts:
+        return tree_problem(config, usage, spec.cohort, flavor)
     group = members(config, spec.cohort)
     drawn = sum(max(0, usage.get((m.name, flavor), 0) - guaranteed(m, flavor)) for m in group)
     pool = sum(lendable(m, flavor) for m in group)
     if drawn > pool:
         return f"cohort {spec.cohort}/{flavor} draws {drawn} > lendable {pool}"
     return None
+
+
+def subtree(config: Config, cohort: str) -> tuple[list[Tenant], list[str]]:
+    """The tenants and cohorts under `cohort` (itself included), from the config alone."""
+    cohorts = [cohort]
+    i = 0
+    while i < len(cohorts):
+        cohorts += [n for n, c in config.cohorts.items() if c.parent == cohorts[i]]
+        i += 1
+    return [t for t in config.tenants.values() if t.cohort in cohorts], cohorts
+
+
+def subtree_quota(config: Config, cohort: str, flavor: str) -> int:
+    """Everything nominal under `cohort`: its tenants' and its cohorts' own quota."""
+    tenants, cohorts = subtree(config, cohort)
+    own = sum(config.cohorts[c].quota.get(flavor, 0) for c in cohorts)
+    return own + sum(t.quota.get(flavor, 0) for t in tenants)
+
+
+def tree_problem(
+    config: Config, usage: Mapping[tuple[str, str], int], cohort: str | None, flavor: str
+) -> str | None:
+    """SCENARIO.md's cohort trees: every cohort on the path to the root stays within its
+    subtree quota plus what it may borrow from its parent; the root within its quota; and
+    every subtree lends its parent no more than its lending limit."""
+    while cohort is not None:
+        spec = config.cohorts[cohort]
+        tenants, _ = subtree(config, cohort)
+        used = sum(usage.get((t.name, flavor), 0) for t in tenants)
+        quota = subtree_quota(config, cohort, flavor)
+        limit = spec.borrowing_limit.get(flavor)
+        if spec.parent is None and used > quota:
+            return f"cohort {cohort}/{flavor} subtree uses {used} > its quota {quota}"
+        if limit is not None and used > quota + limit:
+            return (
+                f"cohort {cohort}/{flavor} subtree uses {used} > quota {quota} + borrowing {limit}"
+            )
+        lend = spec.lending_limit.get(flavor)
+        if lend is not None and spec.parent is not None:
+            # Others under the parent use at most the parent's quota outside this subtree,
+            # what this subtree lends, and what the parent itself may borrow.
+            ptenants, _ = subtree(config, spec.parent)
+            outside = sum(usage.get((t.name, flavor), 0) for t in ptenants) - used
+            pquota = subtree_quota(config, spec.parent, flavor) - quota
+            pspec = config.cohorts[spec.parent]
+            above = pspec.borrowing_limit.get(flavor) if pspec.parent is not None else 0
+            if above is not None and outside > pquota + min(lend, max(0, quota - used)) + above:
+                return f"cohort {cohort}/{flavor} lends more than its lending limit {lend}"
+        cohort = spec.parent
+    return None
+
+
+def tree_max_hold(config: Config, tenant: Tenant, flavor: str) -> float:
+    """What a tenant in a tree could hold with everyone else idle (Kueue's potential
+    available): walk up, keeping what each level keeps and what its parent lends, capped
+    by each level's borrowing limit."""
+    nominal = tenant.quota[flavor]
+    lim = tenant.lending_limit.get(flavor)
+    keep: float = 0 if lim is None else nominal - min(lim, nominal)
+    path: list[str] = []
+    c: str | None = tenant.cohort
+    while c is not None:
+        path.append(c)
+        c = config.cohorts[c].parent
+
+    def sq(c: str) -> int:
+        # Subtree quota as Kueue counts it: what children pass up (their lendable part).
+        tenants = [t for t in config.tenants.values() if t.cohort == c]
+        kids = [n for n, s in config.cohorts.items() if s.parent == c]
+        own = config.cohorts[c].quota.get(flavor, 0)
+        return (
+            own
+            + sum(lendable(t, flavor) for t in tenants)
+            + sum(
+                sq(k)
+                - (
+                    max(0, sq(k) - config.cohorts[k].lending_limit[flavor])
+                    if flavor in config.cohorts[k].lending_limit
+                    else 0
+                )
+                for k in kids
+            )
+        )
+
+    avail: float = sq(path[-1])
+    for c in reversed(path[:-1]):
+        spec = config.cohorts[c]
+        s = sq(c)
+        local = max(0, s - spec.lending_limit[flavor]) if flavor in spec.lending_limit else 0
+        avail = local + avail
+        if flavor in spec.borrowing_limit:
+            avail = min(avail, s + spec.borrowing_limit[flavor])
+    avail = keep + avail
+    limit = tenant.borrowing_limit.get(flavor)
+    return avail if limit is None else min(avail, nominal + limit)
 
 
 def max_hold(config: Config, tenant: Tenant, flavor: str) -> float:
@@ -102,6 +199,8 @@ def max_hold(config: Config, tenant: Tenant, flavor: str) -> float:
     nominal = tenant.quota[flavor]
     if tenant.cohort is None:
         return nominal
+    if tenant.cohort in config.cohorts:
+        return tree_max_hold(config, tenant, flavor)
     others = sum(lendable(m, flavor) for m in members(config, tenant.cohort) if m is not tenant)
     limit = tenant.borrowing_limit.get(flavor)
     return nominal + min(others, math.inf if limit is None else limit)

@@ -74,6 +74,70 @@ NON_NEG_NUM = "must be a non-negative number"
 
 # (test id, dotted path to change, new value, key named in the error, words in the problem)
 CONFIG_CASES: list[tuple[str, str, Any, str, str]] = [
+    # The cohort tree (a top-level `cohorts:`): vision and nlp name "research".
+    (
+        "cohort-cycle",
+        "cohorts",
+        {"research": {"parent": "org"}, "org": {"parent": "research"}},
+        "cohorts.research.parent",
+        "makes a cycle: research -> org -> research",
+    ),
+    (
+        "cohort-unknown-parent",
+        "cohorts",
+        {"research": {"parent": "org"}},
+        "cohorts.research.parent",
+        "unknown cohort 'org'",
+    ),
+    (
+        "tenant-names-unknown-cohort",
+        "cohorts",
+        {"org": {}},
+        "tenants.vision.cohort",
+        "unknown cohort 'research'",
+    ),
+    (
+        "cohort-named-like-tenant",
+        "cohorts",
+        {"research": {}, "solo": {}},
+        "cohorts.solo",
+        "named like a tenant",
+    ),
+    (
+        "negative-cohort-quota",
+        "cohorts",
+        {"research": {"quota": {"a100": -1}}},
+        "cohorts.research.quota.a100",
+        NON_NEG_INT,
+    ),
+    (
+        "negative-cohort-borrowing-limit",
+        "cohorts",
+        {"org": {}, "research": {"parent": "org", "borrowing_limit": {"a100": -2}}},
+        "cohorts.research.borrowing_limit.a100",
+        NON_NEG_INT,
+    ),
+    (
+        "root-cohort-has-no-limits",
+        "cohorts",
+        {"research": {"lending_limit": {"a100": 1}}},
+        "cohorts.research.lending_limit",
+        "root cohort",
+    ),
+    (
+        "unknown-cohort-key",
+        "cohorts",
+        {"research": {"parnt": "org"}},
+        "cohorts.research.parnt",
+        "unknown key",
+    ),
+    (
+        "cohort-quota-unknown-flavor",
+        "cohorts",
+        {"research": {"quota": {"h100": 1}}},
+        "cohorts.research.quota.h100",
+        "unknown flavor",
+    ),
     ("unknown-top-key", "quotas", {}, "quotas", "unknown key"),
     ("unknown-flavor-key", "flavors.a100.colour", "green", "flavors.a100.colour", "unknown key"),
     (
@@ -394,3 +458,29 @@ def test_invalid_config_names_the_key(path: str, value: Any, key: str, words: st
     assert info.value.key == key
     assert words in info.value.problem
     assert str(info.value) == f"{key}: {info.value.problem}"
+
+
+def test_cohort_tree_is_parsed() -> None:
+    doc = base_config()
+    doc["cohorts"] = {
+        "org": {"quota": {"a100": 2}},
+        "research": {
+            "parent": "org",
+            "borrowing_limit": {"a100": 4},
+            "lending_limit": {"a100": 1},
+            "weight": 2,
+        },
+    }
+    config = parse_config(doc)
+    research = config.cohorts["research"]
+    assert (research.parent, research.weight) == ("org", 2.0)
+    assert dict(research.borrowing_limit) == {"a100": 4}
+    assert dict(research.lending_limit) == {"a100": 1}
+    assert dict(config.cohorts["org"].quota) == {"a100": 2}
+    assert config.cohorts["org"].parent is None
+
+
+def test_without_cohorts_a_tenants_cohort_is_flat() -> None:
+    config = parse_config(base_config())
+    assert config.cohorts == {}
+    assert config.tenants["vision"].cohort == "research"

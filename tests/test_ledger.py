@@ -60,3 +60,59 @@ def test_room_of_a_flavor_outside_quota_is_zero() -> None:
     )
     assert Ledger(config).room("a", "g") == 0
     assert Ledger(config).room("a", "f") == 2
+
+
+def tree_ledger(**research: object) -> Ledger:
+    """Shared scenario 13's tree: org > research (vision 2, nlp 2) and ops (infra 4)."""
+    doc = {
+        "flavors": {"a100": {"nodes": 2, "gpus_per_node": 4}},
+        "cohorts": {"org": {}, "research": {"parent": "org", **research}, "ops": {"parent": "org"}},
+        "tenants": {
+            "vision": {"cohort": "research", "quota": {"a100": 2}},
+            "nlp": {"cohort": "research", "quota": {"a100": 2}},
+            "infra": {"cohort": "ops", "quota": {"a100": 4}},
+        },
+    }
+    return Ledger(parse_config(doc))
+
+
+def test_tree_borrowing_climbs_within_the_subtree_limit() -> None:
+    ledger = tree_ledger(borrowing_limit={"a100": 2})
+    # nominal 2, nlp's 2 inside research, then at most 2 more from org (infra's).
+    assert ledger.max_hold("vision", "a100") == 6
+    ledger.add("vision", "a100", 4)  # its own 2 and nlp's 2
+    assert ledger.height("vision", "a100", 2) == 2  # research is full: borrows from org
+    assert ledger.fits("vision", "a100", 2)
+    ledger.add("vision", "a100", 2)
+    assert not ledger.fits("vision", "a100", 1)  # research's borrowing limit
+    assert ledger.room("infra", "a100") == 2  # infra lends 2 of its 4 to research
+    assert not ledger.fits("nlp", "a100", 1)
+    assert ledger.over_quota("research", "a100")
+    assert not ledger.over_quota("ops", "a100")
+    ledger.remove("vision", "a100", 2)
+    assert not ledger.over_quota("research", "a100", None)
+    assert ledger.over_quota("research", "a100", {"nlp": 0}) is False
+
+
+def test_tree_lending_limit_caps_what_a_subtree_lends() -> None:
+    doc = {
+        "flavors": {"a100": {"nodes": 2, "gpus_per_node": 4}},
+        "cohorts": {
+            "org": {"quota": {"a100": 1}},
+            "research": {"parent": "org"},
+            "ops": {"parent": "org", "lending_limit": {"a100": 1}},
+        },
+        "tenants": {
+            "vision": {"cohort": "research", "quota": {"a100": 2}},
+            "infra": {"cohort": "ops", "quota": {"a100": 4}},
+        },
+    }
+    ledger = Ledger(parse_config(doc))
+    # 2 of its own, 1 that ops lends to org, 1 of org's own quota.
+    assert ledger.max_hold("vision", "a100") == 4
+    assert ledger.room("vision", "a100") == 4
+    ledger.add("infra", "a100", 4)  # infra within nominal: what ops keeps (3) and lends (1)
+    assert ledger.room("vision", "a100") == 3
+    assert ledger.room("infra", "a100") == 3  # org's own GPU and vision's idle 2
+    # Removing infra's GPUs in a what-if gives vision the lent one back.
+    assert ledger.room("vision", "a100", {"infra": 4}) == 4

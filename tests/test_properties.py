@@ -45,15 +45,35 @@ def scenarios(draw: Draw) -> dict[str, Any]:
         for name in FLAVOR_NAMES[:nflavors]
     }
     ntenants = draw(st.integers(1, 4))
-    cohorts = draw(st.sampled_from(["none", "one", "mixed"]))
+    cohorts = draw(st.sampled_from(["none", "one", "mixed", "tree", "tree"]))
+    # A tree: org > (mid > team), org > ops; tenants sit at any level. Only cohorts with a
+    # parent have limits; any cohort may own quota.
+    tree: dict[str, Any] = {}
+    if cohorts == "tree":
+        for cname, parent in (("org", None), ("mid", "org"), ("team", "mid"), ("ops", "org")):
+            cspec: dict[str, Any] = {} if parent is None else {"parent": parent}
+            if draw(st.integers(0, 2)) == 0:
+                cspec["quota"] = {f: draw(st.integers(0, 4)) for f in flavors}
+            if parent is not None:
+                for key in ("borrowing_limit", "lending_limit"):
+                    if draw(st.integers(0, 2)) == 0:
+                        cspec[key] = {f: draw(st.integers(0, 6)) for f in flavors}
+            if draw(st.integers(0, 3)) == 0:
+                cspec["weight"] = draw(st.sampled_from([1, 2, 0.5]))
+            tree[cname] = cspec
     tenants: dict[str, Any] = {}
     for name in TENANT_NAMES[:ntenants]:
         spec: dict[str, Any] = {}
         owned = draw(st.lists(st.sampled_from(list(flavors)), min_size=1, unique=True))
         spec["quota"] = {f: draw(st.integers(0, 10)) for f in owned}
-        cohort = {"none": None, "one": "c", "mixed": draw(st.sampled_from([None, "c", "d"]))}[
-            cohorts
-        ]
+        if cohorts == "tree":
+            cohort = draw(st.sampled_from([None, "team", "team", "mid", "ops", "org"]))
+        else:
+            cohort = {
+                "none": None,
+                "one": "c",
+                "mixed": draw(st.sampled_from([None, "c", "d"])),
+            }[cohorts]
         if cohort is not None:
             spec["cohort"] = cohort
             for key in ("borrowing_limit", "lending_limit"):
@@ -133,6 +153,8 @@ def scenarios(draw: Draw) -> dict[str, Any]:
         "policy": policy,
         "requests": requests,
     }
+    if tree:
+        data["cohorts"] = tree
     if draw(st.integers(0, 3)) == 0:
         data["until"] = draw(st.integers(50, 400))
     return data

@@ -20,6 +20,7 @@ from jupyter_gpuaas.admission.model import (
     RECLAIM_WITHIN_COHORT,
     WITHIN_TENANT,
     Autoscale,
+    Cohort,
     Config,
     Flavor,
     Policy,
@@ -38,7 +39,8 @@ __all__ = [
     "want_number",
 ]
 
-CONFIG_KEYS = ("flavors", "tenants", "policy")
+CONFIG_KEYS = ("flavors", "cohorts", "tenants", "policy")
+COHORT_KEYS = ("parent", "quota", "borrowing_limit", "lending_limit", "weight")
 FLAVOR_KEYS = ("nodes", "gpus_per_node")
 TENANT_KEYS = (
     "cohort",
@@ -174,8 +176,77 @@ def parse_config(data: Mapping[str, Any], *, prefix: str = "") -> Config:
             _fail(join_key(prefix, required), "is required")
     flavors = _parse_flavors(top["flavors"], join_key(prefix, "flavors"))
     tenants = _parse_tenants(top["tenants"], flavors, join_key(prefix, "tenants"))
+    cohorts = parse_cohorts(_optional(top, "cohorts"), flavors, tenants, prefix)
     policy = _parse_policy(_optional(top, "policy"), flavors, join_key(prefix, "policy"))
-    return Config(flavors=flavors, tenants=tenants, policy=policy)
+    return Config(flavors=flavors, tenants=tenants, policy=policy, cohorts=cohorts)
+
+
+def parse_cohorts(
+    value: Any, flavors: Mapping[str, Flavor], tenants: Mapping[str, Tenant], prefix: str
+) -> dict[str, Cohort]:
+    """The `cohorts:` tree. Once it is given, every tenant's cohort must be one of it."""
+    if value is None:
+        return {}
+    key = join_key(prefix, "cohorts")
+    block = want_mapping(value, key)
+    cohorts: dict[str, Cohort] = {}
+    for name, raw in block.items():
+        ckey = join_key(key, str(name))
+        want_name(name, ckey)
+        if name in tenants:
+            _fail(ckey, "is named like a tenant: cohort and tenant names must differ")
+        spec = want_mapping({} if raw is None else raw, ckey)
+        _check_keys(spec, COHORT_KEYS, ckey)
+        parent_raw = _optional(spec, "parent")
+        parent = None if parent_raw is None else want_name(parent_raw, join_key(ckey, "parent"))
+        amounts: dict[str, dict[str, int]] = {}
+        for which in ("quota", "borrowing_limit", "lending_limit"):
+            wkey = join_key(ckey, which)
+            amounts[which] = {}
+            raw_block = _optional(spec, which)
+            if raw_block is None:
+                continue
+            if which != "quota" and parent is None:
+                _fail(wkey, "a root cohort (no parent) has nothing to lend to or borrow from")
+            for flavor, n in want_mapping(raw_block, wkey).items():
+                fkey = join_key(wkey, flavor)
+                if flavor not in flavors:
+                    known = ", ".join(flavors) or "none"
+                    _fail(fkey, f"unknown flavor {flavor!r} (flavors: {known})")
+                amounts[which][flavor] = want_int(n, fkey)
+        weight_raw = _optional(spec, "weight")
+        weight = (
+            1.0
+            if weight_raw is None
+            else want_number(weight_raw, join_key(ckey, "weight"), positive=True)
+        )
+        cohorts[name] = Cohort(
+            name=name,
+            parent=parent,
+            quota=amounts["quota"],
+            borrowing_limit=amounts["borrowing_limit"],
+            lending_limit=amounts["lending_limit"],
+            weight=weight,
+        )
+    for name, c in cohorts.items():
+        pkey = join_key(join_key(key, name), "parent")
+        if c.parent is not None and c.parent not in cohorts:
+            _fail(pkey, f"unknown cohort {c.parent!r}")
+        path = [name]
+        up = c.parent
+        while up is not None:
+            if up in path:
+                _fail(pkey, f"makes a cycle: {' -> '.join([*path, up])}")
+            path.append(up)
+            up = cohorts[up].parent
+    if cohorts:
+        for t in tenants.values():
+            if t.cohort is not None and t.cohort not in cohorts:
+                _fail(
+                    join_key(prefix, f"tenants.{t.name}.cohort"),
+                    f"unknown cohort {t.cohort!r} (cohorts: {', '.join(cohorts)})",
+                )
+    return cohorts
 
 
 def _parse_flavors(value: Any, key: str) -> dict[str, Flavor]:

@@ -527,7 +527,10 @@ class AdmissionCore:
             # Ranked by its share as it would be with the head admitted (Kueue simulates
             # the addition), so a big head does not jump a small one on a lower share.
             share = self._ledger.share(req.tenant, flavor, req.gpus)
-        key = (1, borrowing, share, *order_key(req))
+        # Kueue's borrowing height: who borrows from fewer levels of its tree goes first
+        # (a flat cohort: 0 within nominal, 1 borrowing).
+        height = self._ledger.height(req.tenant, flavor, req.gpus) if borrowing else 0
+        key = (1, height, share, *order_key(req))
         return _Entry(req, mode, flavor, borrowing, victims or [], key, self._epoch)
 
     def _apply(self, e: _Entry, now: float, out: list[Decision]) -> None:
@@ -776,8 +779,7 @@ class AdmissionCore:
             self._dirty.add(by.tenant)
         if rc.preemptor not in self._graces.reclaims and by is not None:
             # Its room is no longer kept: who was held back for it looks again.
-            cohort = self._config.tenants[by.tenant].cohort
-            self._wake(self._ledger.members[cohort] if cohort else (by.tenant,))
+            self._wake(self._ledger.tree(by.tenant))
 
     def _order(self, req: Request, flavor: str) -> tuple[Any, ...]:
         """The admission-order key `req` would have if it fit `flavor` now."""
@@ -823,8 +825,7 @@ class AdmissionCore:
         """Quota of `flavor` freed in the tenant's cohort: wake the members' heads that could
         use it. Heads pinned to another flavor, or of members without quota for this one,
         stay asleep: nothing they wait for changed."""
-        cohort = self._config.tenants[tenant].cohort
-        for name in self._ledger.members[cohort] if cohort else (tenant,):
+        for name in self._ledger.tree(tenant):
             q = self._queues[name]
             if flavor not in self._config.tenants[name].quota:
                 continue
@@ -856,8 +857,7 @@ class AdmissionCore:
                 self._dirty.add(name)
 
     def _wake_preemptors(self, tenant: str, flavor: str) -> None:
-        cohort = self._config.tenants[tenant].cohort
-        for name in self._ledger.members[cohort] if cohort else (tenant,):
+        for name in self._ledger.tree(tenant):
             q = self._queues[name]
             most: dict[int, int] = {}
             for bucket in q.buckets.values():

@@ -33,7 +33,7 @@ class Holders:
 
     def reconfigure(self, config: Config) -> None:
         self._tenants = config.tenants
-        self.pool = {t.name: t.cohort or t.name for t in config.tenants.values()}
+        self.pool = {t: self._ledger.root(t) for t in config.tenants}
         self._bounds.clear()
 
     def hold(self, req: Request, flavor: str) -> None:

@@ -1,19 +1,25 @@
 """The quota ledger: who holds how much of which flavor, and what may still be borrowed.
 
-Usage counts admitted and parked GPUs. A tenant's usage up to its guaranteed quota
-(nominal minus lendable) is its own; everything above draws on its cohort's pool, the sum
-of what the members lend. So, for every cohort and flavor:
+Usage counts admitted and parked GPUs. Quota is a tree, as in Kueue's hierarchical
+cohorts: tenants are leaves, cohorts inner nodes (a flat cohort is a root whose children
+are its members). Per node and flavor (Kueue's resource node):
 
-    sum over members of max(0, usage - guaranteed) <= sum over members of lendable
+- subtree quota: a tenant's nominal; a cohort's own quota plus, per child, what the child
+  lends it (the child's subtree quota minus its local quota);
+- local quota: what the node keeps for itself and never lends (a tenant: nominal minus
+  lendable; a cohort: subtree quota minus its lending limit, or 0 without one);
+- usage: a tenant's GPUs; a cohort's, the sum over children of what each uses beyond its
+  local quota.
 
-The ledger keeps that left-hand sum per cohort and flavor up to date, so a fit check is a
-handful of dictionary reads however many requests are admitted.
+A node may take `available` more: at the root, subtree quota minus usage; below, its unused
+local quota plus what its parent has available, capped by its borrowing limit. So for flat
+cohorts, sum over members of max(0, usage - guaranteed) <= sum of lendable, as before.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .model import Config, Tenant
 
@@ -22,38 +28,76 @@ class Ledger:
     def __init__(self, config: Config) -> None:
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
         self.parked: dict[tuple[str, str], int] = defaultdict(int)
-        self._drawn: dict[tuple[str, str], int] = defaultdict(int)  # (cohort, flavor)
-        # Bumps on every change of usage in one (cohort, flavor), or (tenant, flavor) for a
-        # tenant without a cohort: what a cached answer about that pool depends on.
+        self._cusage: dict[tuple[str, str], int] = defaultdict(int)  # (cohort, flavor)
+        # Bumps on every change of usage in one (root cohort, flavor), or (tenant, flavor)
+        # for a tenant without a cohort: what a cached answer about that pool depends on.
         self.pool_version: dict[tuple[str, str], int] = defaultdict(int)
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
         """Adopt new quotas, keeping usage: an admin's change never evicts anyone."""
         self.tenants: Mapping[str, Tenant] = config.tenants
-        self.members: dict[str, list[str]] = defaultdict(list)
-        self._pool: dict[tuple[str, str], int] = defaultdict(int)
-        # Per (tenant, flavor): nominal, guaranteed, borrowing limit (None: unlimited).
+        flavors = list(config.flavors)
+        # Per (tenant, flavor): nominal, local (guaranteed) quota, borrowing limit.
         # Flat dicts, because the admission cycle asks these questions millions of times.
         self._nominal: dict[tuple[str, str], int] = {}
         self._guaranteed: dict[tuple[str, str], int] = {}
         self._limit: dict[tuple[str, str], int | None] = {}
+        # Per (cohort, flavor): subtree quota, local quota, borrowing limit.
+        self._sq: dict[tuple[str, str], int] = defaultdict(int)
+        self._lq: dict[tuple[str, str], int] = defaultdict(int)
+        self._climit: dict[tuple[str, str], int | None] = {}
         self._cohort: dict[str, str | None] = {}
+        parent: dict[str, str | None] = {c.name: c.parent for c in config.cohorts.values()}
         for t in config.tenants.values():
             self._cohort[t.name] = t.cohort
+            if t.cohort is not None:
+                parent.setdefault(t.cohort, None)  # a flat cohort: a root of its own
             for f, nominal in t.quota.items():
                 self._nominal[(t.name, f)] = nominal
                 self._guaranteed[(t.name, f)] = t.guaranteed(f)
                 self._limit[(t.name, f)] = t.borrowing_limit.get(f)
+        self._parent = parent
+        # Path from each cohort to its root, and the root of each tenant's tree.
+        self._up: dict[str, tuple[str, ...]] = {}
+        for c in parent:
+            path = [c]
+            while parent[path[-1]] is not None:
+                path.append(parent[path[-1]] or "")
+            self._up[c] = tuple(path)
+        self._path: dict[str, tuple[str, ...]] = {
+            t: self._up[c] if c is not None else () for t, c in self._cohort.items()
+        }
+        # Height of each cohort: 1 above tenants only, 1 + its highest child cohort's.
+        self._height: dict[str, int] = defaultdict(lambda: 1)
+        for c in sorted(parent, key=lambda c: -len(self._up[c])):
+            above = parent[c]
+            if above is not None:
+                self._height[above] = max(self._height[above], self._height[c] + 1)
+        self.members: dict[str, list[str]] = defaultdict(list)  # root cohort -> tenants
+        for name, up in self._path.items():
+            if up:
+                self.members[up[-1]].append(name)
+        # Subtree quotas bottom-up: what tenants lend, then the deepest cohorts first.
+        for t in config.tenants.values():
             if t.cohort is not None:
-                self.members[t.cohort].append(t.name)
                 for f in t.quota:
-                    self._pool[(t.cohort, f)] += t.lendable(f)
-        self._drawn.clear()
-        for (tenant, flavor), used in self.usage.items():
-            spec = self.tenants.get(tenant)
-            if spec is not None and spec.cohort is not None:
-                self._drawn[(spec.cohort, flavor)] += max(0, used - spec.guaranteed(flavor))
+                    self._sq[(t.cohort, f)] += t.lendable(f)
+        for c in sorted(parent, key=lambda c: -len(self._up[c])):
+            spec = config.cohorts.get(c)
+            for f in flavors:
+                key = (c, f)
+                self._sq[key] += spec.quota.get(f, 0) if spec else 0
+                if spec is not None and f in spec.lending_limit:
+                    self._lq[key] = max(0, self._sq[key] - spec.lending_limit[f])
+                self._climit[key] = spec.borrowing_limit.get(f) if spec else None
+                above = parent[c]
+                if above is not None:
+                    self._sq[(above, f)] += self._sq[key] - self._lq[key]
+        self._cusage.clear()
+        for (tenant, flavor), used in list(self.usage.items()):
+            if used and tenant in self._cohort:
+                self._propagate(tenant, flavor, 0, used)
 
     # --- changes -------------------------------------------------------------------
 
@@ -66,15 +110,28 @@ class Ledger:
     def _move(self, tenant: str, flavor: str, delta: int) -> None:
         key = (tenant, flavor)
         before = self.usage[key]
-        after = before + delta
-        self.usage[key] = after
-        cohort = self._cohort[tenant]
-        if cohort is not None:
-            g = self._guaranteed.get(key, 0)
-            self._drawn[(cohort, flavor)] += max(0, after - g) - max(0, before - g)
-            self.pool_version[(cohort, flavor)] += 1
+        self.usage[key] = before + delta
+        path = self._path[tenant]
+        if path:
+            self._propagate(tenant, flavor, before, before + delta)
+            self.pool_version[(path[-1], flavor)] += 1
         else:
             self.pool_version[key] += 1
+
+    def _propagate(self, tenant: str, flavor: str, before: int, after: int) -> None:
+        """Carry a tenant's change of usage up its cohorts: each level passes on what
+        changes beyond its local quota."""
+        g = self._guaranteed.get((tenant, flavor), 0)
+        delta = max(0, after - g) - max(0, before - g)
+        cu = self._cusage
+        for c in self._path[tenant]:
+            if not delta:
+                return
+            key = (c, flavor)
+            b = cu[key]
+            cu[key] = b + delta
+            lq = self._lq[key]
+            delta = max(0, b + delta - lq) - max(0, b - lq)
 
     # --- questions -----------------------------------------------------------------
 
@@ -86,7 +143,83 @@ class Ledger:
         return max(0, self.usage[key] - self._nominal.get(key, 0))
 
     def pool(self, cohort: str, flavor: str) -> int:
-        return self._pool[(cohort, flavor)]
+        """A cohort's subtree quota of `flavor` (for a flat cohort: what its members lend)."""
+        return self._sq[(cohort, flavor)]
+
+    def root(self, tenant: str) -> str:
+        """The root cohort of the tenant's tree, or the tenant itself without a cohort."""
+        path = self._path[tenant]
+        return path[-1] if path else tenant
+
+    def tree(self, tenant: str) -> Sequence[str]:
+        """The tenants sharing quota with `tenant` (itself included): its whole tree."""
+        path = self._path[tenant]
+        return self.members[path[-1]] if path else (tenant,)
+
+    def path(self, tenant: str) -> tuple[str, ...]:
+        """The tenant's cohorts, from its own up to the root (empty without a cohort)."""
+        return self._path[tenant]
+
+    def cohort_usage(self, cohort: str, flavor: str) -> int:
+        return self._cusage[(cohort, flavor)]
+
+    def over_quota(
+        self, cohort: str, flavor: str, removed: Mapping[str, int] | None = None
+    ) -> bool:
+        """Does the cohort's subtree use more than its subtree quota (Kueue: not within
+        nominal)? `removed` takes GPUs away from tenants first."""
+        used = self._with_removed(flavor, removed or {}).get(cohort)
+        if used is None:
+            used = self._cusage[(cohort, flavor)]
+        return used > self._sq[(cohort, flavor)]
+
+    def _with_removed(self, flavor: str, removed: Mapping[str, int]) -> dict[str, int]:
+        """Cohort usages with `removed` GPUs taken from those tenants (changed ones only)."""
+        out: dict[str, int] = {}
+        for name, gone in removed.items():
+            if not gone:
+                continue
+            path = self._path.get(name)
+            if not path:
+                continue
+            key = (name, flavor)
+            u = self.usage[key]
+            g = self._guaranteed.get(key, 0)
+            delta = max(0, u - gone - g) - max(0, u - g)
+            for c in path:
+                if not delta:
+                    break
+                b = out.get(c)
+                if b is None:
+                    b = self._cusage[(c, flavor)]
+                out[c] = b + delta
+                lq = self._lq[(c, flavor)]
+                delta = max(0, b + delta - lq) - max(0, b - lq)
+        return out
+
+    def _available(self, tenant: str, flavor: str, used: int, cu: Mapping[str, int]) -> int:
+        """Kueue's `available`: how much more the tenant may take, walking from its root
+        down (`cu` overrides cohort usages; `used` is the tenant's own)."""
+        path = self._path[tenant]
+        key = (tenant, flavor)
+        nominal = self._nominal[key]
+        if not path:
+            return nominal - used
+        root = path[-1]
+        a = self._sq[(root, flavor)] - cu.get(root, self._cusage[(root, flavor)])
+        for i in range(len(path) - 2, -1, -1):
+            c = path[i]
+            ck = (c, flavor)
+            a = self._step(
+                a, self._sq[ck], self._lq[ck], cu.get(c, self._cusage[ck]), self._climit.get(ck)
+            )
+        return self._step(a, nominal, self._guaranteed[key], used, self._limit[key])
+
+    @staticmethod
+    def _step(parent_avail: int, sq: int, lq: int, used: int, limit: int | None) -> int:
+        if limit is not None:
+            parent_avail = min(parent_avail, sq - lq - max(0, used - lq) + limit)
+        return max(0, lq - used) + parent_avail
 
     def fits(
         self,
@@ -108,26 +241,10 @@ class Ledger:
         used = self.usage[key]
         if removed:
             used -= removed.get(tenant, 0)
-        after = used + gpus
-        cohort = self._cohort[tenant]
-        if cohort is None:
-            return after <= nominal
-        if not allow_borrow and after > nominal:
+        if not allow_borrow and used + gpus > nominal:
             return False
-        limit = self._limit[key]
-        if limit is not None and after > nominal + limit:
-            return False
-        drawn = self._drawn[(cohort, flavor)]
-        if removed:
-            for name, gone in removed.items():
-                if not gone or self._cohort.get(name) != cohort:
-                    continue
-                u = self.usage[(name, flavor)]
-                g = self._guaranteed.get((name, flavor), 0)
-                drawn += max(0, u - gone - g) - max(0, u - g)
-        g = self._guaranteed[key]
-        drawn += max(0, after - g) - max(0, used - g)
-        return drawn <= self._pool[(cohort, flavor)]
+        cu = self._with_removed(flavor, removed) if removed else {}
+        return gpus <= self._available(tenant, flavor, used, cu)
 
     def room(
         self,
@@ -142,52 +259,103 @@ class Ledger:
         nominal = self._nominal.get(key)
         if nominal is None:
             return 0
-        rm = removed or {}
-        used = self.usage[key] - rm.get(tenant, 0)
-        cohort = self._cohort[tenant]
-        if cohort is None or not allow_borrow:
-            room = nominal - used
-            if cohort is None:
-                return max(0, room)
-        else:
-            limit = self._limit[key]
-            room = nominal + limit - used if limit is not None else 1 << 62
-        drawn = self._drawn[(cohort, flavor)]
-        for name, gone in rm.items():
-            if gone and self._cohort.get(name) == cohort:
-                u = self.usage[(name, flavor)]
-                g = self._guaranteed.get((name, flavor), 0)
-                drawn += max(0, u - gone - g) - max(0, u - g)
-        # Up to its guaranteed quota it draws nothing from the pool; beyond, all of it.
-        pool_room = max(0, self._guaranteed[key] - used) + self._pool[(cohort, flavor)] - drawn
-        return max(0, min(room, pool_room))
+        used = self.usage[key] - (removed.get(tenant, 0) if removed else 0)
+        cu = self._with_removed(flavor, removed) if removed else {}
+        room = self._available(tenant, flavor, used, cu)
+        if not allow_borrow:
+            room = min(room, nominal - used)
+        return max(0, room)
 
     def borrows(self, tenant: str, flavor: str, gpus: int, removed: int = 0) -> bool:
         """Would holding `gpus` more put the tenant above its nominal quota?"""
         key = (tenant, flavor)
         return self.usage[key] - removed + gpus > self._nominal.get(key, 0)
 
+    def height(self, tenant: str, flavor: str, gpus: int) -> int:
+        """Kueue's borrowing height: 0 when `gpus` more fit within nominal; else the height
+        (distance to its furthest leaf) of the lowest cohort whose subtree quota holds
+        them, or of the root when none does. A flat cohort has height 1."""
+        key = (tenant, flavor)
+        used = self.usage[key]
+        if used + gpus <= self._nominal.get(key, 0):
+            return 0
+        path = self._path[tenant]
+        if not path:
+            return 0
+        remaining = gpus - max(0, self._guaranteed.get(key, 0) - used)
+        for c in path:
+            ck = (c, flavor)
+            cu = self._cusage[ck]
+            if cu + remaining <= self._sq[ck]:
+                return self._height[c]
+            remaining -= max(0, self._lq[ck] - cu)
+        return self._height[path[-1]]
+
+    def may_reclaim_in_tree(self, tenant: str, flavor: str, gpus: int) -> bool:
+        """Would `gpus` more fit within the quota of a cohort below the root (Kueue's
+        mayReclaimInHierarchy): then it may preempt there by hierarchical advantage."""
+        path = self._path[tenant]
+        if len(path) < 2:
+            return False
+        key = (tenant, flavor)
+        used = self.usage[key]
+        remaining = gpus - max(0, self._guaranteed.get(key, 0) - used)
+        for c in path[:-1]:
+            ck = (c, flavor)
+            cu = self._cusage[ck]
+            if cu + remaining <= self._sq[ck]:
+                return True
+            remaining -= max(0, self._lq[ck] - cu)
+        return False
+
+    def advantage_levels(self, tenant: str, flavor: str, gpus: int) -> dict[str, bool]:
+        """Per cohort on the tenant's path: does it have a hierarchical advantage over the
+        holders whose lowest common ancestor with it is that cohort (Kueue's
+        collectCandidatesForHierarchicalReclaim)?"""
+        key = (tenant, flavor)
+        used = self.usage[key]
+        adv = used + gpus <= self._nominal.get(key, 0)
+        remaining = max(0, gpus - max(0, self._guaranteed.get(key, 0) - used))
+        out: dict[str, bool] = {}
+        for c in self._path[tenant]:
+            out[c] = adv
+            ck = (c, flavor)
+            cu = self._cusage[ck]
+            adv = adv or cu + remaining <= self._sq[ck]
+            remaining = max(0, remaining - max(0, self._lq[ck] - cu))
+        return out
+
     def max_hold(self, tenant: str, flavor: str) -> int:
-        """The most the tenant could ever hold of the flavor, with everyone else idle."""
-        t = self.tenants[tenant]
-        nominal = t.quota.get(flavor, 0)
-        if t.cohort is None:
+        """The most the tenant could ever hold of the flavor, with everyone else idle
+        (Kueue's potential available)."""
+        key = (tenant, flavor)
+        nominal = self._nominal.get(key, 0)
+        path = self._path[tenant]
+        if not path:
             return nominal
-        others = sum(
-            self.tenants[m].lendable(flavor) for m in self.members[t.cohort] if m != tenant
-        )
-        limit = t.borrowing_limit.get(flavor)
-        return nominal + (others if limit is None else min(limit, others))
+        a = self._sq[(path[-1], flavor)]
+        for i in range(len(path) - 2, -1, -1):
+            ck = (path[i], flavor)
+            a = self._lq[ck] + a
+            limit = self._climit.get(ck)
+            if limit is not None:
+                a = min(a, self._sq[ck] + limit)
+        a = self._guaranteed.get(key, 0) + a
+        limit = self._limit.get(key)
+        if limit is not None:
+            a = min(a, nominal + limit)
+        return a
 
     def share(self, tenant: str, flavor: str = "", gpus: int = 0) -> float:
         """Weighted share for fair sharing: the largest of borrowed / pool / weight, with
-        `gpus` more of `flavor` held (the head being ranked, as if admitted)."""
+        `gpus` more of `flavor` held (the head being ranked, as if admitted). The pool is
+        the subtree quota of the tenant's cohort."""
         t = self.tenants[tenant]
         if t.cohort is None:
             return 0.0
         best = 0.0
         for f in t.quota:
-            pool = self._pool[(t.cohort, f)]
+            pool = self._sq[(t.cohort, f)]
             b = self.borrowed(tenant, f)
             if f == flavor and gpus:
                 key = (tenant, f)

@@ -84,6 +84,20 @@ class Tenant:
 
 
 @dataclass(frozen=True)
+class Cohort:
+    """A node of a cohort tree (Kueue's hierarchical Cohort): it pools its own `quota` and
+    its children's into its subtree. Limits cap what the subtree lends to and borrows from
+    its parent, so only a cohort with a parent has them."""
+
+    name: str
+    parent: str | None = None
+    quota: Mapping[str, int] = field(default_factory=dict)
+    borrowing_limit: Mapping[str, int] = field(default_factory=dict)
+    lending_limit: Mapping[str, int] = field(default_factory=dict)
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
 class Autoscale:
     """Scale-up and scale-down of one flavor's node pool."""
 
@@ -119,6 +133,8 @@ class Config:
     flavors: Mapping[str, Flavor]
     tenants: Mapping[str, Tenant]
     policy: Policy = field(default_factory=Policy)
+    # The declared cohort tree; a tenant's cohort not named here is a flat root cohort.
+    cohorts: Mapping[str, Cohort] = field(default_factory=dict)
 
 
 @dataclass

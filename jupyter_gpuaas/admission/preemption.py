@@ -34,9 +34,11 @@ def _own_allowed(policy: str, victim: Request, req: Request) -> bool:
     return False
 
 
-def _victim_order(tenant: str) -> object:
-    def key(v: Request) -> tuple[bool, int, float, int]:
-        return (v.tenant == tenant, v.priority, -(v.admit_time or 0.0), -v.seq)
+def _victim_order(tenant: str, hierarchical: set[str]) -> object:
+    # Groups: holders it has a hierarchical advantage over, other tenants', its own.
+    def key(v: Request) -> tuple[int, int, float, int]:
+        group = 2 if v.tenant == tenant else 0 if v.tenant in hierarchical else 1
+        return (group, v.priority, -(v.admit_time or 0.0), -v.seq)
 
     return key
 
@@ -69,26 +71,51 @@ def find_victims(
     bwc = p.borrow_within_cohort != "Never"
     nominal = ledger.nominal(req.tenant, flavor)
     # Kueue's flavor assigner tries preemption only when the request's own size fits the
-    # tenant's nominal quota, or when it may preempt while borrowing.
-    if req.gpus > nominal and not bwc:
+    # tenant's nominal quota, when it may preempt while borrowing, or when it fits a
+    # subtree below the root (a hierarchical advantage is possible).
+    if (
+        req.gpus > nominal
+        and not bwc
+        and not ledger.may_reclaim_in_tree(req.tenant, flavor, req.gpus)
+    ):
         return None
+    advantage = ledger.advantage_levels(req.tenant, flavor, req.gpus)
+    mine = set(ledger.path(req.tenant))
     own: list[Request] = []
     others: list[Request] = []
     while_borrowing: set[str] = set()  # others' candidates that stay valid when borrowing
+    hierarchical: set[str] = set()
+    below: dict[str, tuple[str, ...]] = {}  # a holder's cohorts below the common ancestor
     for v in admitted:
         if v.tenant == req.tenant:
             if _own_allowed(p.within_tenant, v, req):
                 own.append(v)
             continue
-        if tenant.cohort is None:
+        if tenant.cohort is None or (p.reclaim_within_cohort == "Never" and not bwc):
             continue
         if ledger.usage[(v.tenant, flavor)] <= ledger.nominal(v.tenant, flavor):
             continue  # a member within nominal lends nothing back
+        path = below.get(v.tenant)
+        if path is None:
+            lca = ""
+            up: list[str] = []
+            for c in ledger.path(v.tenant):
+                if c in mine:
+                    lca = c
+                    break
+                up.append(c)
+            path = below[v.tenant] = tuple(up)
+            if any(not ledger.over_quota(c, flavor) for c in path):
+                below[v.tenant] = path = ("",)  # its subtree is within its quota
+            elif advantage.get(lca, False) and p.reclaim_within_cohort != "Never":
+                hierarchical.add(v.tenant)
+        if path == ("",):
+            continue
         lower = v.priority < req.priority
         by_reclaim = p.reclaim_within_cohort == "Any" or (
             p.reclaim_within_cohort == "LowerPriority" and lower
         )
-        if bwc and lower:
+        if (v.tenant in hierarchical and by_reclaim) or (bwc and lower):
             while_borrowing.add(v.id)
         elif not by_reclaim:
             continue
@@ -99,18 +126,18 @@ def find_victims(
     attempts: tuple[bool, ...]
     if not others or (not bwc and not under_nominal):
         attempts = (True,)
-    elif not bwc:
+    elif not bwc and not hierarchical:
         attempts = (False, True)
     else:
         attempts = (True, False)
     candidates = others + own
-    candidates.sort(key=_victim_order(req.tenant))  # type: ignore[arg-type]
+    candidates.sort(key=_victim_order(req.tenant, hierarchical))  # type: ignore[arg-type]
     for allow_borrow in attempts:
         if allow_borrow:
             pool = [v for v in candidates if v.tenant == req.tenant or v.id in while_borrowing]
         else:
             pool = candidates
-        victims = _minimal(req, flavor, ledger, cluster, pool, allow_borrow)
+        victims = _minimal(req, flavor, ledger, cluster, pool, allow_borrow, below)
         if victims is not None:
             return victims
     return None
@@ -123,6 +150,7 @@ def _minimal(
     cluster: Cluster,
     candidates: list[Request],
     allow_borrow: bool,
+    below: Mapping[str, tuple[str, ...]],
 ) -> list[Request] | None:
     """Evict `candidates` (already in victim order) until `req` fits, then put back, in
     reverse order, every earlier victim it can do without (Kueue's fillBackWorkloads)."""
@@ -155,6 +183,9 @@ def _minimal(
             # Only a member still above its nominal quota may be reclaimed from.
             left = ledger.usage[(v.tenant, flavor)] - removed[v.tenant]
             if left <= ledger.nominal(v.tenant, flavor):
+                continue
+            # ... and whose cohorts below the common ancestor are still over their quota.
+            if any(not ledger.over_quota(c, flavor, removed) for c in below.get(v.tenant, ())):
                 continue
         targets.append(v)
         removed[v.tenant] += v.gpus
@@ -224,7 +255,7 @@ def preemption_room(
     if spec.cohort and (p.reclaim_within_cohort != "Never" or p.borrow_within_cohort != "Never"):
         anyone = p.reclaim_within_cohort == "Any"
         usage = ledger.usage
-        for name in ledger.members[spec.cohort]:
+        for name in ledger.tree(tenant):
             if name == tenant or usage[(name, flavor)] <= ledger.nominal(name, flavor):
                 continue  # not borrowing: none of its requests can be reclaimed
             by_prio = held_by_priority.get((name, flavor), {})
@@ -236,6 +267,6 @@ def preemption_room(
     if not own_gpus and not others:
         return 0, 0, False, others
     # Evicting its own, a tenant may stay borrowing (Kueue's attempt with borrowing).
-    borrow_ok = p.borrow_within_cohort != "Never" or own_gpus > 0
+    borrow_ok = p.borrow_within_cohort != "Never" or own_gpus > 0 or len(ledger.path(tenant)) > 1
     room = ledger.room(tenant, flavor, removed, borrow_ok)
     return sum(removed.values()), room, own_gpus > 0, others

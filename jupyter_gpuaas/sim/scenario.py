@@ -40,7 +40,16 @@ __all__ = [
     "parse_scenario",
 ]
 
-SCENARIO_KEYS = ("flavors", "tenants", "policy", "until", "requests", "requests_file", "expect")
+SCENARIO_KEYS = (
+    "flavors",
+    "cohorts",
+    "tenants",
+    "policy",
+    "until",
+    "requests",
+    "requests_file",
+    "expect",
+)
 REQUEST_KEYS = (
     "id",
     "tenant",
@@ -189,7 +198,9 @@ def parse_scenario(data: Any, *, base_dir: Path | None = None, name: str = "") -
     for key in top:
         if key not in SCENARIO_KEYS:
             raise _fail(key, f"unknown key (allowed: {', '.join(SCENARIO_KEYS)})")
-    config = parse_config({k: top[k] for k in ("flavors", "tenants", "policy") if k in top})
+    config = parse_config(
+        {k: top[k] for k in ("flavors", "cohorts", "tenants", "policy") if k in top}
+    )
 
     until_raw = top.get("until")
     until = None if until_raw is None else want_number(until_raw, "until")
