@@ -120,7 +120,13 @@ def tree_problem(
     """SCENARIO.md's cohort trees: every cohort on the path to the root stays within its
     subtree quota plus what it may borrow from its parent; the root within its quota; and
     every subtree lends its parent no more than its lending limit."""
-    while cohort is not None:
+    if cohort is None:
+        return None
+    root = cohort
+    while config.cohorts[root].parent is not None:
+        root = config.cohorts[root].parent or root
+    # Every cohort of the tree: a lending limit binds the others, not only the lender.
+    for cohort in subtree(config, root)[1]:
         spec = config.cohorts[cohort]
         tenants, _ = subtree(config, cohort)
         used = sum(usage.get((t.name, flavor), 0) for t in tenants)
@@ -143,7 +149,6 @@ def tree_problem(
             above = pspec.borrowing_limit.get(flavor) if pspec.parent is not None else 0
             if above is not None and outside > pquota + min(lend, max(0, quota - used)) + above:
                 return f"cohort {cohort}/{flavor} lends more than its lending limit {lend}"
-        cohort = spec.parent
     return None
 
 

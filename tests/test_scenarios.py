@@ -183,3 +183,21 @@ def test_quota_blocked_asks_no_nodes() -> None:
     """47: the only scale_up is the one o1 (capacity-blocked) caused, at its submit."""
     _, events, _ = run(HERE / "scenarios" / "47-autoscale-quota-blocked-asks-nothing.yaml")
     assert [e["t"] for e in events if e["event"] == "scale_up"] == [10]
+
+
+def test_report_sums_each_cohort_over_its_subtree() -> None:
+    """`simulate`'s result: every tenant names its cohort, and per_cohort adds up each
+    cohort's whole subtree (org = research + ops in the shared cohort-tree scenario)."""
+    _, _, result = run(HERE / "scenarios" / "13-cohort-tree.yaml")
+    summary = result["summary"]
+    tenants, cohorts = summary["per_tenant"], summary["per_cohort"]
+    assert tenants["vision"]["cohort"] == "research"
+    assert tenants["infra"]["cohort"] == "ops"
+    assert cohorts["research"]["parent"] == "org"
+    assert "parent" not in cohorts["org"]
+    research = tenants["vision"]["gpu_hours_allocated"] + tenants["nlp"]["gpu_hours_allocated"]
+    assert cohorts["research"]["gpu_hours_allocated"] == pytest.approx(research)
+    both = cohorts["research"]["gpu_hours_allocated"] + cohorts["ops"]["gpu_hours_allocated"]
+    assert cohorts["org"]["gpu_hours_allocated"] == pytest.approx(both)
+    assert cohorts["org"]["requests"] == 4
+    assert cohorts["org"]["admitted"] == 4

@@ -241,6 +241,10 @@ def build_result(
             "wait_p50": percentile(waits, 50),
             "wait_p95": percentile(waits, 95),
         }
+        spec = scenario.config.tenants.get(tenant)
+        if spec is not None and spec.cohort is not None:
+            per_tenant[tenant]["cohort"] = spec.cohort
+    per_cohort = _per_cohort(scenario, per_tenant, tenant_waits)
     summary: dict[str, Any] = {
         "requests": len(scenario.requests),
         "admitted": admitted,
@@ -260,12 +264,52 @@ def build_result(
         "end": float(end),
         "per_tenant": per_tenant,
     }
+    if per_cohort:
+        summary["per_cohort"] = per_cohort
     return {
         "requests": requests,
         "summary": summary,
         "decisions": len(decisions),
         "wall_seconds": round(wall_seconds, 6),
     }
+
+
+def _per_cohort(
+    scenario: Scenario,
+    per_tenant: Mapping[str, Mapping[str, Any]],
+    tenant_waits: Mapping[str, list[float]],
+) -> dict[str, dict[str, Any]]:
+    """Totals per cohort over its whole subtree (a flat cohort: its members), so a
+    department sees what its teams got together."""
+    config = scenario.config
+    parent: dict[str, str | None] = {c.name: c.parent for c in config.cohorts.values()}
+    for t in config.tenants.values():
+        if t.cohort is not None:
+            parent.setdefault(t.cohort, None)
+    out: dict[str, dict[str, Any]] = {}
+    waits: dict[str, list[float]] = {}
+    for name in parent:
+        out[name] = {"requests": 0, "admitted": 0, "rejected": 0}
+        out[name]["gpu_hours_allocated"] = out[name]["gpu_hours_busy"] = 0.0
+        if parent[name] is not None:
+            out[name]["parent"] = parent[name]
+        waits[name] = []
+    for tenant, row in per_tenant.items():
+        spec = config.tenants.get(tenant)
+        c = spec.cohort if spec is not None else None
+        while c is not None:
+            agg = out[c]
+            for k in ("requests", "admitted", "rejected"):
+                agg[k] += row[k]
+            for k in ("gpu_hours_allocated", "gpu_hours_busy"):
+                agg[k] = _r(agg[k] + row[k])
+            waits[c] += tenant_waits.get(tenant, [])
+            c = parent.get(c)
+    for name, agg in out.items():
+        w = sorted(waits[name])
+        agg["wait_p50"] = percentile(w, 50)
+        agg["wait_p95"] = percentile(w, 95)
+    return out
 
 
 def _r(x: float) -> float:
@@ -336,6 +380,17 @@ def format_table(result: Mapping[str, Any]) -> str:
 
     out = [line(headers), line(["-" * w for w in widths])]
     out.extend(line(r) for r in rows)
+    cohorts: Mapping[str, Mapping[str, Any]] = summary.get("per_cohort", {})
+    if cohorts:
+        out += ["", "cohorts (each over its whole subtree)"]
+        wc = max(len(n) for n in cohorts)
+        for name, c in cohorts.items():
+            under = f" (in {c['parent']})" if c.get("parent") else ""
+            out.append(
+                f"  {name.ljust(wc)}  {c['admitted']} of {c['requests']} admitted, "
+                f"{c['gpu_hours_allocated']:.1f} GPU-hours allocated, "
+                f"wait p95 {format_duration(c['wait_p95'])}{under}"
+            )
     out += format_rejections(result.get("requests", {}))
     capacity = summary.get("gpu_hours_capacity", 0.0)
     end = summary.get("end")
