@@ -21,6 +21,7 @@ from typing import Any
 
 from . import views
 from .autoscale import READY, SCALE_DOWN, Autoscaler, scale_sizes
+from .fairshare import tournament
 from .grace import EVICT, Graces, Reclaim, kept_for_reclaim
 from .holders import Holders
 from .ledger import Ledger
@@ -75,6 +76,7 @@ class AdmissionCore:
         self._epoch = 0  # bumps whenever quota or devices are taken
         self._preempts: dict[str, bool] = {}  # tenants with any preemption policy
         self._flavors: dict[str, tuple[str, ...]] = {}  # a tenant's flavors, in quota order
+        self._tournament = False  # fair sharing in a cohort tree: heads meet level by level
         self._index_policies()
         self._width: dict[str, int] = {}  # widest node per flavor, for rejections
         self._resume_blocked: dict[str, str] = {}  # parked rid -> flavor
@@ -95,6 +97,7 @@ class AdmissionCore:
             t.name: t.preemption != Preemption() for t in self._config.tenants.values()
         }
         self._flavors = {t.name: tuple(t.quota) for t in self._config.tenants.values()}
+        self._tournament = bool(self._config.policy.fair_sharing and self._config.cohorts)
         self._holders.reconfigure(self._config)
 
     def update_config(self, config: Config, now: float) -> list[Decision]:
@@ -384,8 +387,11 @@ class AdmissionCore:
                     entries[t] = self._nominate(t)
                 self._dirty.clear()
             best: _Entry | None = None
+            tour = self._tournament
             for e in entries.values():
-                if e is not None and (best is None or e.key < best.key):
+                if e is not None and (
+                    best is None or (self._wins(e, best) if tour else e.key < best.key)
+                ):
                     best = e
             if best is None:
                 break
@@ -408,6 +414,21 @@ class AdmissionCore:
             )
             out += self._scaler.plan(self._config, sizes, now)
         return out
+
+    def _wins(self, e: _Entry, other: _Entry) -> bool:
+        """With fair sharing in a cohort tree: Kueue's tournament (fairshare.py) decides
+        between two heads of one tree; otherwise, and on a tie, the admission key."""
+        if e.key[0] == other.key[0] == 1:
+            won = tournament(
+                self._ledger,
+                self._config.tenants,
+                self._config.cohorts,
+                (e.req.tenant, e.flavor, e.req.gpus),
+                (other.req.tenant, other.flavor, other.req.gpus),
+            )
+            if won is not None:
+                return won
+        return e.key < other.key
 
     def _nominate(self, tenant: str) -> _Entry | None:
         q = self._queues[tenant]

@@ -173,6 +173,10 @@ class Ledger:
             used = self._cusage[(cohort, flavor)]
         return used > self._sq[(cohort, flavor)]
 
+    def usage_after(self, tenant: str, flavor: str, gpus: int) -> dict[str, int]:
+        """Cohort usages on the tenant's path with `gpus` more held (changed ones only)."""
+        return self._with_removed(flavor, {tenant: -gpus})
+
     def _with_removed(self, flavor: str, removed: Mapping[str, int]) -> dict[str, int]:
         """Cohort usages with `removed` GPUs taken from those tenants (changed ones only)."""
         out: dict[str, int] = {}
