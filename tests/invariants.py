@@ -146,8 +146,11 @@ def tree_problem(
             outside = sum(usage.get((t.name, flavor), 0) for t in ptenants) - used
             pquota = subtree_quota(config, spec.parent, flavor) - quota
             pspec = config.cohorts[spec.parent]
-            above = pspec.borrowing_limit.get(flavor) if pspec.parent is not None else 0
-            if above is not None and outside > pquota + min(lend, max(0, quota - used)) + above:
+            # The parent borrows no more than its limit, nor more than the rest of the tree.
+            rest = subtree_quota(config, root, flavor) - subtree_quota(config, spec.parent, flavor)
+            limit_up = pspec.borrowing_limit.get(flavor)
+            above = rest if limit_up is None else min(limit_up, rest)
+            if outside > pquota + min(lend, max(0, quota - used)) + above:
                 return f"cohort {cohort}/{flavor} lends more than its lending limit {lend}"
     return None
 
