@@ -212,7 +212,7 @@ class Arbiter:
             for name, a in config.policy.autoscale.items()
         }
         policy = dataclasses.replace(config.policy, lease_ttl=self.lease_ttl, autoscale=autoscale)
-        return Config(flavors=flavors, tenants=config.tenants, policy=policy)
+        return dataclasses.replace(config, flavors=flavors, policy=policy)  # keeps cohorts
 
     def autoscale(self, flavor: str) -> Autoscale | None:
         return self.config.policy.autoscale.get(flavor)
