@@ -188,3 +188,21 @@ def test_random_scenarios_keep_invariants(data: dict[str, Any]) -> None:
         + "--- events:\n"
         + "\n".join(map(str, events[:120]))
     )
+
+
+@PROFILE
+@given(scenarios())
+def test_flat_cohorts_declared_as_roots_decide_the_same(data: dict[str, Any]) -> None:
+    """A flat cohort is a tree of one level: declaring every flat cohort as a root of
+    `cohorts:` (no quota, no parent) must not change a single decision. This pins the tree
+    ledger, the hierarchical preemption rules and the tournament to the flat rules."""
+    if "cohorts" in data:
+        return
+    names = {t["cohort"] for t in data["tenants"].values() if "cohort" in t}
+    if not names:
+        return
+    flat = parse_scenario(data, name="flat")
+    tree = parse_scenario({**data, "cohorts": {n: {} for n in sorted(names)}}, name="tree")
+    flat_events = events_of(run_scenario(flat).decisions)
+    tree_events = events_of(run_scenario(tree).decisions)
+    assert flat_events == tree_events, "--- scenario:\n" + show(data)
