@@ -97,62 +97,47 @@ def quota_problem(
     return None
 
 
-def subtree(config: Config, cohort: str) -> tuple[list[Tenant], list[str]]:
-    """The tenants and cohorts under `cohort` (itself included), from the config alone."""
-    cohorts = [cohort]
-    i = 0
-    while i < len(cohorts):
-        cohorts += [n for n, c in config.cohorts.items() if c.parent == cohorts[i]]
-        i += 1
-    return [t for t in config.tenants.values() if t.cohort in cohorts], cohorts
-
-
-def subtree_quota(config: Config, cohort: str, flavor: str) -> int:
-    """Everything nominal under `cohort`: its tenants' and its cohorts' own quota."""
-    tenants, cohorts = subtree(config, cohort)
-    own = sum(config.cohorts[c].quota.get(flavor, 0) for c in cohorts)
-    return own + sum(t.quota.get(flavor, 0) for t in tenants)
-
-
 def tree_problem(
     config: Config, usage: Mapping[tuple[str, str], int], cohort: str | None, flavor: str
 ) -> str | None:
-    """SCENARIO.md's cohort trees: every cohort on the path to the root stays within its
-    subtree quota plus what it may borrow from its parent; the root within its quota; and
-    every subtree lends its parent no more than its lending limit."""
+    """SCENARIO.md's cohort trees, recomputed from scratch (Kueue's resource nodes): per
+    node, subtree quota SQ (own quota plus what each child passes up, SQ - LQ), local quota
+    LQ (SQ - lending limit, or 0 without one; a tenant's: nominal - lendable) and usage U
+    (a cohort's: what each child uses beyond its LQ). The root stays within SQ; a node with
+    a borrowing limit uses its parent for no more than SQ - LQ + limit."""
     if cohort is None:
         return None
     root = cohort
     while config.cohorts[root].parent is not None:
         root = config.cohorts[root].parent or root
-    # Every cohort of the tree: a lending limit binds the others, not only the lender.
-    for cohort in subtree(config, root)[1]:
-        spec = config.cohorts[cohort]
-        tenants, _ = subtree(config, cohort)
-        used = sum(usage.get((t.name, flavor), 0) for t in tenants)
-        quota = subtree_quota(config, cohort, flavor)
+
+    def node(c: str) -> tuple[int, int, int]:
+        spec = config.cohorts[c]
+        sq = spec.quota.get(flavor, 0)
+        used = 0
+        for t in config.tenants.values():
+            if t.cohort == c:
+                g = guaranteed(t, flavor)
+                sq += lendable(t, flavor)
+                used += max(0, usage.get((t.name, flavor), 0) - g)
+        for k, kspec in config.cohorts.items():
+            if kspec.parent == c:
+                ksq, klq, ku = node(k)
+                sq += ksq - klq
+                used += max(0, ku - klq)
+        lq = max(0, sq - spec.lending_limit[flavor]) if flavor in spec.lending_limit else 0
         limit = spec.borrowing_limit.get(flavor)
-        if spec.parent is None and used > quota:
-            return f"cohort {cohort}/{flavor} subtree uses {used} > its quota {quota}"
-        if limit is not None and used > quota + limit:
-            return (
-                f"cohort {cohort}/{flavor} subtree uses {used} > quota {quota} + borrowing {limit}"
+        if limit is not None and max(0, used - lq) > sq - lq + limit:
+            problems.append(
+                f"cohort {c}/{flavor} subtree uses {used} > quota {sq} + borrowing {limit}"
             )
-        lend = spec.lending_limit.get(flavor)
-        if lend is not None and spec.parent is not None:
-            # Others under the parent use at most the parent's quota outside this subtree,
-            # what this subtree lends, and what the parent itself may borrow.
-            ptenants, _ = subtree(config, spec.parent)
-            outside = sum(usage.get((t.name, flavor), 0) for t in ptenants) - used
-            pquota = subtree_quota(config, spec.parent, flavor) - quota
-            pspec = config.cohorts[spec.parent]
-            # The parent borrows no more than its limit, nor more than the rest of the tree.
-            rest = subtree_quota(config, root, flavor) - subtree_quota(config, spec.parent, flavor)
-            limit_up = pspec.borrowing_limit.get(flavor)
-            above = rest if limit_up is None else min(limit_up, rest)
-            if outside > pquota + min(lend, max(0, quota - used)) + above:
-                return f"cohort {cohort}/{flavor} lends more than its lending limit {lend}"
-    return None
+        return sq, lq, used
+
+    problems: list[str] = []
+    sq, _, used = node(root)
+    if used > sq:
+        problems.append(f"cohort {root}/{flavor} subtree uses {used} > its quota {sq}")
+    return problems[0] if problems else None
 
 
 def tree_max_hold(config: Config, tenant: Tenant, flavor: str) -> float:
