@@ -15,7 +15,7 @@ inadmissible until room frees up for its tenant, so an idle queue costs nothing.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +28,10 @@ from .ledger import Ledger
 from .model import TERMINAL, Config, Decision, Preemption, Request, State
 from .nodes import Cluster, Node
 from .preemption import choose_flavor
-from .queues import Bucket, BucketKey, TenantQueue, order_key
+from .queues import BucketKey, TenantQueue, order_key
 from .timers import Timers
 from .views import NodeState, Position, TenantUsage
+from .waking import Waking
 
 __all__ = ["AdmissionCore", "NodeState", "Position", "TenantUsage"]
 
@@ -51,7 +52,7 @@ class _Entry:
     epoch: int = 0  # the core's epoch when nominated: unchanged means still true
 
 
-class AdmissionCore:
+class AdmissionCore(Waking):
     """The decision core. It starts with `Flavor.nodes` nodes of each flavor, named
     `<flavor>-<n>` as in the simulator; a driver whose nodes come from an inventory passes
     flavors with `nodes=0` and calls :meth:`add_node` for each node it really has."""
@@ -810,98 +811,6 @@ class AdmissionCore:
     def reclaiming(self, rid: str) -> list[Request]:
         """The warned victims a queued preemptor waits for (empty if none)."""
         return self._graces.victims(rid)
-
-    # ------------------------------------------------------------------ who to wake
-
-    def _touch(self, tenant: str) -> None:
-        self._dirty.add(tenant)
-
-    def _wake(self, tenants: Iterable[str]) -> None:
-        for t in tenants:
-            self._queues[t].clear_marks()
-            self._strict_blocked.discard(t)
-            self._dirty.add(t)
-
-    def _room_freed_in(self, flavor: str) -> None:
-        """Devices of `flavor` freed: wake who waits for devices there and now fits on one
-        node. Those who wait for quota are woken by quota released in their cohort."""
-        waiters = self._cap_waiters.get(flavor)
-        if not waiters:
-            return
-        gap = self._cluster.widest_gap(flavor)
-        still: set[tuple[str, BucketKey | None]] = set()
-        for tenant, bkey in waiters:
-            if bkey is not None:
-                if bkey[1] > gap:
-                    still.add((tenant, bkey))  # no node has room for it yet
-                    continue
-                bucket = self._queues[tenant].buckets.get(bkey)
-                if bucket is not None:
-                    bucket.inadmissible = False
-            self._strict_blocked.discard(tenant)
-            self._dirty.add(tenant)
-        self._cap_waiters[flavor] = still
-
-    def _quota_freed_in(self, tenant: str, flavor: str) -> None:
-        """Quota of `flavor` freed in the tenant's cohort: wake the members' heads that could
-        use it. Heads pinned to another flavor, or of members without quota for this one,
-        stay asleep: nothing they wait for changed."""
-        for name in self._ledger.tree(tenant):
-            q = self._queues[name]
-            if flavor not in self._config.tenants[name].quota:
-                continue
-            room = self._ledger.room(name, flavor)
-            # With autoscale, a head held back by devices alone is demand for nodes: let the
-            # cycle see it.
-            gap = 1 << 30 if flavor in self._config.policy.autoscale else None
-            gap = gap or self._cluster.widest_gap(flavor)
-            may_preempt = self._preempts[name]
-            woken = name in self._strict_blocked
-            most: dict[int, int] = {}
-            for bucket in q.buckets.values():
-                pin, gpus = bucket.key
-                if not bucket.inadmissible or pin not in (None, flavor):
-                    continue
-                if gpus <= room and gpus > gap:
-                    # The quota is there now, the devices are not: wait for those.
-                    self._cap_waiters[flavor].add((name, bucket.key))
-                    if not (may_preempt and self._could_preempt(name, flavor, q, bucket, most)):
-                        continue
-                elif gpus > room and not (
-                    may_preempt and self._could_preempt(name, flavor, q, bucket, most)
-                ):
-                    continue
-                bucket.inadmissible = False
-                woken = True
-            if woken or q.resuming:
-                self._strict_blocked.discard(name)
-                self._dirty.add(name)
-
-    def _wake_preemptors(self, tenant: str, flavor: str) -> None:
-        for name in self._ledger.tree(tenant):
-            q = self._queues[name]
-            most: dict[int, int] = {}
-            for bucket in q.buckets.values():
-                if (
-                    bucket.inadmissible
-                    and bucket.key[0] in (None, flavor)
-                    and self._could_preempt(name, flavor, q, bucket, most)
-                ):
-                    bucket.inadmissible = False
-                    self._dirty.add(name)
-
-    def _could_preempt(
-        self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, int]
-    ) -> bool:
-        """Could the bucket's head make room by preemption? `most` remembers the bound per
-        priority for the caller's loop over one tenant's buckets (nothing changes in it)."""
-        head = q.head(bucket)
-        if head is None:
-            return False
-        bound = most.get(head.priority)
-        if bound is None:
-            bound = most[head.priority] = self._holders.bound(tenant, flavor, head.priority)[0]
-        return head.gpus <= bound
 
     # ------------------------------------------------------------------ idle policy
 

@@ -1,0 +1,120 @@
+"""Who to wake: the heads that look again when quota or devices free up.
+
+A head that can neither fit nor preempt marks its bucket inadmissible, so an idle queue
+costs nothing; these methods clear the marks of exactly the heads that something they
+wait for has changed for: devices of a flavor (capacity waiters), quota of a flavor in
+their tree, or a holder that became a preemption candidate again. A base of
+:class:`~jupyter_gpuaas.admission.core.AdmissionCore`, which owns the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .holders import Holders
+from .ledger import Ledger
+from .model import Config
+from .nodes import Cluster
+from .queues import Bucket, BucketKey, TenantQueue
+
+
+class Waking:
+    _config: Config
+    _ledger: Ledger
+    _cluster: Cluster
+    _holders: Holders
+    _queues: dict[str, TenantQueue]
+    _dirty: set[str]
+    _strict_blocked: set[str]
+    _cap_waiters: dict[str, set[tuple[str, BucketKey | None]]]
+    _preempts: dict[str, bool]
+
+    def _touch(self, tenant: str) -> None:
+        self._dirty.add(tenant)
+
+    def _wake(self, tenants: Iterable[str]) -> None:
+        for t in tenants:
+            self._queues[t].clear_marks()
+            self._strict_blocked.discard(t)
+            self._dirty.add(t)
+
+    def _room_freed_in(self, flavor: str) -> None:
+        """Devices of `flavor` freed: wake who waits for devices there and now fits on one
+        node. Those who wait for quota are woken by quota released in their cohort."""
+        waiters = self._cap_waiters.get(flavor)
+        if not waiters:
+            return
+        gap = self._cluster.widest_gap(flavor)
+        still: set[tuple[str, BucketKey | None]] = set()
+        for tenant, bkey in waiters:
+            if bkey is not None:
+                if bkey[1] > gap:
+                    still.add((tenant, bkey))  # no node has room for it yet
+                    continue
+                bucket = self._queues[tenant].buckets.get(bkey)
+                if bucket is not None:
+                    bucket.inadmissible = False
+            self._strict_blocked.discard(tenant)
+            self._dirty.add(tenant)
+        self._cap_waiters[flavor] = still
+
+    def _quota_freed_in(self, tenant: str, flavor: str) -> None:
+        """Quota of `flavor` freed in the tenant's cohort: wake the members' heads that could
+        use it. Heads pinned to another flavor, or of members without quota for this one,
+        stay asleep: nothing they wait for changed."""
+        for name in self._ledger.tree(tenant):
+            q = self._queues[name]
+            if flavor not in self._config.tenants[name].quota:
+                continue
+            room = self._ledger.room(name, flavor)
+            # With autoscale, a head held back by devices alone is demand for nodes: let the
+            # cycle see it.
+            gap = 1 << 30 if flavor in self._config.policy.autoscale else None
+            gap = gap or self._cluster.widest_gap(flavor)
+            may_preempt = self._preempts[name]
+            woken = name in self._strict_blocked
+            most: dict[int, int] = {}
+            for bucket in q.buckets.values():
+                pin, gpus = bucket.key
+                if not bucket.inadmissible or pin not in (None, flavor):
+                    continue
+                if gpus <= room and gpus > gap:
+                    # The quota is there now, the devices are not: wait for those.
+                    self._cap_waiters[flavor].add((name, bucket.key))
+                    if not (may_preempt and self._could_preempt(name, flavor, q, bucket, most)):
+                        continue
+                elif gpus > room and not (
+                    may_preempt and self._could_preempt(name, flavor, q, bucket, most)
+                ):
+                    continue
+                bucket.inadmissible = False
+                woken = True
+            if woken or q.resuming:
+                self._strict_blocked.discard(name)
+                self._dirty.add(name)
+
+    def _wake_preemptors(self, tenant: str, flavor: str) -> None:
+        for name in self._ledger.tree(tenant):
+            q = self._queues[name]
+            most: dict[int, int] = {}
+            for bucket in q.buckets.values():
+                if (
+                    bucket.inadmissible
+                    and bucket.key[0] in (None, flavor)
+                    and self._could_preempt(name, flavor, q, bucket, most)
+                ):
+                    bucket.inadmissible = False
+                    self._dirty.add(name)
+
+    def _could_preempt(
+        self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, int]
+    ) -> bool:
+        """Could the bucket's head make room by preemption? `most` remembers the bound per
+        priority for the caller's loop over one tenant's buckets (nothing changes in it)."""
+        head = q.head(bucket)
+        if head is None:
+            return False
+        bound = most.get(head.priority)
+        if bound is None:
+            bound = most[head.priority] = self._holders.bound(tenant, flavor, head.priority)[0]
+        return head.gpus <= bound
