@@ -15,23 +15,20 @@ inadmissible until room frees up for its tenant, so an idle queue costs nothing.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 from . import views
 from .autoscale import READY, SCALE_DOWN, Autoscaler, scale_sizes
-from .fairshare import tournament
-from .grace import EVICT, Graces, Reclaim, kept_for_reclaim
+from .grace import EVICT, Graces, Reclaim
 from .holders import Holders
 from .ledger import Ledger
 from .model import TERMINAL, Config, Decision, Preemption, Request, State
 from .nodes import Cluster, Node
-from .preemption import choose_flavor
-from .queues import BucketKey, TenantQueue, order_key
+from .nominate import Entry, Nominating
+from .queues import BucketKey, TenantQueue
 from .timers import Timers
 from .views import NodeState, Position, TenantUsage
-from .waking import Waking
 
 __all__ = ["AdmissionCore", "NodeState", "Position", "TenantUsage"]
 
@@ -39,20 +36,7 @@ __all__ = ["AdmissionCore", "NodeState", "Position", "TenantUsage"]
 _CULL, _WARN, _EXPIRE, _LEASE = "cull", "cull_warning", "expire", "lease"
 
 
-@dataclass
-class _Entry:
-    """A nominated head: how its tenant's best candidate would be admitted right now."""
-
-    req: Request
-    mode: str  # "fit" | "preempt" | "resume"
-    flavor: str
-    borrowing: bool
-    victims: list[Request] = field(default_factory=list)
-    key: tuple[Any, ...] = ()
-    epoch: int = 0  # the core's epoch when nominated: unchanged means still true
-
-
-class AdmissionCore(Waking):
+class AdmissionCore(Nominating):
     """The decision core. It starts with `Flavor.nodes` nodes of each flavor, named
     `<flavor>-<n>` as in the simulator; a driver whose nodes come from an inventory passes
     flavors with `nodes=0` and calls :meth:`add_node` for each node it really has."""
@@ -66,7 +50,7 @@ class AdmissionCore(Waking):
         self._requests: dict[str, Request] = {}
         self._queues: dict[str, TenantQueue] = {t: TenantQueue() for t in config.tenants}
         self._holders = Holders(self._ledger, self._cluster)  # preemption candidates
-        self._entries: dict[str, _Entry | None] = {}
+        self._entries: dict[str, Entry | None] = {}
         self._dirty: set[str] = set()
         self._strict_blocked: set[str] = set()
         # Bucket heads held back by capacity alone (quota would admit them): scale demand.
@@ -387,7 +371,7 @@ class AdmissionCore(Waking):
                 for t in self._dirty:
                     entries[t] = self._nominate(t)
                 self._dirty.clear()
-            best: _Entry | None = None
+            best: Entry | None = None
             tour = self._tournament
             for e in entries.values():
                 if e is not None and (
@@ -416,146 +400,7 @@ class AdmissionCore(Waking):
             out += self._scaler.plan(self._config, sizes, now)
         return out
 
-    def _wins(self, e: _Entry, other: _Entry) -> bool:
-        """With fair sharing in a cohort tree: Kueue's tournament (fairshare.py) decides
-        between two heads of one tree; otherwise, and on a tie, the admission key."""
-        if e.key[0] == other.key[0] == 1:
-            won = tournament(
-                self._ledger,
-                self._config.tenants,
-                self._config.cohorts,
-                (e.req.tenant, e.flavor, e.req.gpus),
-                (other.req.tenant, other.flavor, other.req.gpus),
-            )
-            if won is not None:
-                return won
-        return e.key < other.key
-
-    def _nominate(self, tenant: str) -> _Entry | None:
-        q = self._queues[tenant]
-        spec = self._config.tenants[tenant]
-        for req in sorted(q.resuming.values(), key=order_key) if q.resuming else ():
-            flavor = req.assigned_flavor or ""
-            if self._cluster.widest_gap(flavor) >= req.gpus:
-                self._resume_blocked.pop(req.id, None)
-                key = (0, order_key(req))
-                return _Entry(req, "resume", flavor, False, key=key, epoch=self._epoch)
-            self._resume_blocked[req.id] = flavor
-            self._cap_waiters[flavor].add((tenant, None))
-            if spec.queueing == "StrictFIFO":
-                return None
-        if spec.queueing == "StrictFIFO":
-            if tenant in self._strict_blocked:
-                return None
-            head = q.first()
-            if head is None:
-                return None
-            entry = self._try(head, strict=True)
-            if entry is None:
-                self._strict_blocked.add(tenant)
-            return entry
-        # A head that fails by quota (not capacity) and cannot preempt condemns every later
-        # head with the same flavor choice, as many GPUs or more and no higher priority:
-        # they would fail the same checks, so they are marked without being tried.
-        failed: list[tuple[str | None, int, int]] = []
-        for _, bucket, req in q.heads():
-            if any(f == req.flavor and req.gpus >= g and req.priority <= p for f, g, p in failed):
-                bucket.inadmissible = True
-                continue
-            entry = self._try(req, bucket.key)
-            if entry is not None:
-                return entry
-            bucket.inadmissible = True
-            if (tenant, bucket.key) not in self._capacity_blocked:
-                failed.append((req.flavor, req.gpus, req.priority))
-        return None
-
-    def _try(
-        self, req: Request, bkey: BucketKey | None = None, strict: bool = False
-    ) -> _Entry | None:
-        tenant = req.tenant
-        flavors = (req.flavor,) if req.flavor else self._flavors[tenant]
-        ledger = self._ledger
-        gap = self._cluster.widest_gap
-        borrowing_choice: str | None = None
-        capacity_flavors: list[str] = []
-        for f in flavors:
-            if not ledger.fits(tenant, f, req.gpus):
-                continue
-            if gap(f) < req.gpus:
-                capacity_flavors.append(f)
-                continue
-            if self._graces and kept_for_reclaim(
-                self._graces,
-                req,
-                f,
-                self._requests,
-                self._holders.pool,
-                self._order,
-                ledger,
-                self._cluster,
-            ):
-                continue
-            if not ledger.borrows(tenant, f, req.gpus):
-                return self._entry(req, "fit", f, False)
-            borrowing_choice = borrowing_choice or f
-        if borrowing_choice is not None:
-            return self._entry(req, "fit", borrowing_choice, True)
-        if not self._preempts[tenant] or self._graces.waiting(req.id):
-            flavors = ()  # a waiting preemptor picks no second victim set
-        if flavors:
-            chosen = choose_flavor(
-                req,
-                self._config.tenants[tenant],
-                flavors,
-                ledger,
-                self._cluster,
-                self._pool_for(req),
-            )
-            if chosen is not None:
-                f, victims = chosen
-                own = sum(v.gpus for v in victims if v.tenant == req.tenant)
-                borrowing = ledger.borrows(req.tenant, f, req.gpus, own)
-                return self._entry(req, "preempt", f, borrowing, victims)
-        key = (req.tenant, bkey if bkey is not None else (req.flavor, req.gpus))
-        if capacity_flavors:
-            self._capacity_blocked[key] = capacity_flavors[0]
-            waiter = (req.tenant, None if strict else key[1])
-            for f in capacity_flavors:
-                self._cap_waiters[f].add(waiter)
-        else:
-            self._capacity_blocked.pop(key, None)
-        return None
-
-    def _pool_for(self, req: Request) -> Callable[[str], list[Request]]:
-        def pool(flavor: str) -> list[Request]:
-            holding = self._holders.victim_pool(req, flavor)
-            if self._graces:  # a warned victim is promised to its own preemptor
-                holding = [v for v in holding if not self._graces.warned(v.id)]
-            return holding
-
-        return pool
-
-    def _entry(
-        self,
-        req: Request,
-        mode: str,
-        flavor: str,
-        borrowing: bool,
-        victims: list[Request] | None = None,
-    ) -> _Entry:
-        share = 0.0
-        if borrowing and self._config.policy.fair_sharing:
-            # Ranked by its share as it would be with the head admitted (Kueue simulates
-            # the addition), so a big head does not jump a small one on a lower share.
-            share = self._ledger.share(req.tenant, flavor, req.gpus)
-        # Kueue's borrowing height: who borrows from fewer levels of its tree goes first
-        # (a flat cohort: 0 within nominal, 1 borrowing).
-        height = self._ledger.height(req.tenant, flavor, req.gpus) if borrowing else 0
-        key = (1, height, share, *order_key(req))
-        return _Entry(req, mode, flavor, borrowing, victims or [], key, self._epoch)
-
-    def _apply(self, e: _Entry, now: float, out: list[Decision]) -> None:
+    def _apply(self, e: Entry, now: float, out: list[Decision]) -> None:
         req = e.req
         if e.victims and not self._preempt_or_warn(e, now, out):
             return  # it waits for its warned victims
@@ -753,7 +598,7 @@ class AdmissionCore(Waking):
 
     # ------------------------------------------------------------------ grace (grace.py)
 
-    def _preempt_or_warn(self, e: _Entry, now: float, out: list[Decision]) -> bool:
+    def _preempt_or_warn(self, e: Entry, now: float, out: list[Decision]) -> bool:
         """Preempt jobs (and victims without grace) at once, warn the others: True when
         none was warned, so the preemptor can be admitted now."""
         by = e.req
@@ -802,11 +647,6 @@ class AdmissionCore(Waking):
         if rc.preemptor not in self._graces.reclaims and by is not None:
             # Its room is no longer kept: who was held back for it looks again.
             self._wake(self._ledger.tree(by.tenant))
-
-    def _order(self, req: Request, flavor: str) -> tuple[Any, ...]:
-        """The admission-order key `req` would have if it fit `flavor` now."""
-        borrowing = self._ledger.borrows(req.tenant, flavor, req.gpus)
-        return self._entry(req, "fit", flavor, borrowing).key
 
     def reclaiming(self, rid: str) -> list[Request]:
         """The warned victims a queued preemptor waits for (empty if none)."""

@@ -1,0 +1,187 @@
+"""Nomination: for each tenant whose situation changed, how its best head would be
+admitted right now (Kueue's nominate step: which flavor, does it fit, whom would it
+preempt), and the order in which the nominated heads go.
+
+A base of :class:`~jupyter_gpuaas.admission.core.AdmissionCore`, which owns the state;
+the flavor and victim choice is preemption.py's, the tree tournament fairshare.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .fairshare import tournament
+from .grace import Graces, kept_for_reclaim
+from .model import Request
+from .preemption import choose_flavor
+from .queues import BucketKey, order_key
+from .waking import Waking
+
+
+@dataclass
+class Entry:
+    """A nominated head: how its tenant's best candidate would be admitted right now."""
+
+    req: Request
+    mode: str  # "fit" | "preempt" | "resume"
+    flavor: str
+    borrowing: bool
+    victims: list[Request] = field(default_factory=list)
+    key: tuple[Any, ...] = ()
+    epoch: int = 0  # the core's epoch when nominated: unchanged means still true
+
+
+class Nominating(Waking):
+    _requests: dict[str, Request]
+    _graces: Graces
+    _capacity_blocked: dict[tuple[str, BucketKey], str]
+    _resume_blocked: dict[str, str]
+    _flavors: dict[str, tuple[str, ...]]
+    _epoch: int
+    _tournament: bool
+
+    def _wins(self, e: Entry, other: Entry) -> bool:
+        """With fair sharing in a cohort tree: Kueue's tournament (fairshare.py) decides
+        between two heads of one tree; otherwise, and on a tie, the admission key."""
+        if e.key[0] == other.key[0] == 1:
+            won = tournament(
+                self._ledger,
+                self._config.tenants,
+                self._config.cohorts,
+                (e.req.tenant, e.flavor, e.req.gpus),
+                (other.req.tenant, other.flavor, other.req.gpus),
+            )
+            if won is not None:
+                return won
+        return e.key < other.key
+
+    def _nominate(self, tenant: str) -> Entry | None:
+        q = self._queues[tenant]
+        spec = self._config.tenants[tenant]
+        for req in sorted(q.resuming.values(), key=order_key) if q.resuming else ():
+            flavor = req.assigned_flavor or ""
+            if self._cluster.widest_gap(flavor) >= req.gpus:
+                self._resume_blocked.pop(req.id, None)
+                key = (0, order_key(req))
+                return Entry(req, "resume", flavor, False, key=key, epoch=self._epoch)
+            self._resume_blocked[req.id] = flavor
+            self._cap_waiters[flavor].add((tenant, None))
+            if spec.queueing == "StrictFIFO":
+                return None
+        if spec.queueing == "StrictFIFO":
+            if tenant in self._strict_blocked:
+                return None
+            head = q.first()
+            if head is None:
+                return None
+            entry = self._try(head, strict=True)
+            if entry is None:
+                self._strict_blocked.add(tenant)
+            return entry
+        # A head that fails by quota (not capacity) and cannot preempt condemns every later
+        # head with the same flavor choice, as many GPUs or more and no higher priority:
+        # they would fail the same checks, so they are marked without being tried.
+        failed: list[tuple[str | None, int, int]] = []
+        for _, bucket, req in q.heads():
+            if any(f == req.flavor and req.gpus >= g and req.priority <= p for f, g, p in failed):
+                bucket.inadmissible = True
+                continue
+            entry = self._try(req, bucket.key)
+            if entry is not None:
+                return entry
+            bucket.inadmissible = True
+            if (tenant, bucket.key) not in self._capacity_blocked:
+                failed.append((req.flavor, req.gpus, req.priority))
+        return None
+
+    def _try(
+        self, req: Request, bkey: BucketKey | None = None, strict: bool = False
+    ) -> Entry | None:
+        tenant = req.tenant
+        flavors = (req.flavor,) if req.flavor else self._flavors[tenant]
+        ledger = self._ledger
+        gap = self._cluster.widest_gap
+        borrowing_choice: str | None = None
+        capacity_flavors: list[str] = []
+        for f in flavors:
+            if not ledger.fits(tenant, f, req.gpus):
+                continue
+            if gap(f) < req.gpus:
+                capacity_flavors.append(f)
+                continue
+            if self._graces and kept_for_reclaim(
+                self._graces,
+                req,
+                f,
+                self._requests,
+                self._holders.pool,
+                self._order,
+                ledger,
+                self._cluster,
+            ):
+                continue
+            if not ledger.borrows(tenant, f, req.gpus):
+                return self._entry(req, "fit", f, False)
+            borrowing_choice = borrowing_choice or f
+        if borrowing_choice is not None:
+            return self._entry(req, "fit", borrowing_choice, True)
+        if not self._preempts[tenant] or self._graces.waiting(req.id):
+            flavors = ()  # a waiting preemptor picks no second victim set
+        if flavors:
+            chosen = choose_flavor(
+                req,
+                self._config.tenants[tenant],
+                flavors,
+                ledger,
+                self._cluster,
+                self._pool_for(req),
+            )
+            if chosen is not None:
+                f, victims = chosen
+                own = sum(v.gpus for v in victims if v.tenant == req.tenant)
+                borrowing = ledger.borrows(req.tenant, f, req.gpus, own)
+                return self._entry(req, "preempt", f, borrowing, victims)
+        key = (req.tenant, bkey if bkey is not None else (req.flavor, req.gpus))
+        if capacity_flavors:
+            self._capacity_blocked[key] = capacity_flavors[0]
+            waiter = (req.tenant, None if strict else key[1])
+            for f in capacity_flavors:
+                self._cap_waiters[f].add(waiter)
+        else:
+            self._capacity_blocked.pop(key, None)
+        return None
+
+    def _pool_for(self, req: Request) -> Callable[[str], list[Request]]:
+        def pool(flavor: str) -> list[Request]:
+            holding = self._holders.victim_pool(req, flavor)
+            if self._graces:  # a warned victim is promised to its own preemptor
+                holding = [v for v in holding if not self._graces.warned(v.id)]
+            return holding
+
+        return pool
+
+    def _entry(
+        self,
+        req: Request,
+        mode: str,
+        flavor: str,
+        borrowing: bool,
+        victims: list[Request] | None = None,
+    ) -> Entry:
+        share = 0.0
+        if borrowing and self._config.policy.fair_sharing:
+            # Ranked by its share as it would be with the head admitted (Kueue simulates
+            # the addition), so a big head does not jump a small one on a lower share.
+            share = self._ledger.share(req.tenant, flavor, req.gpus)
+        # Kueue's borrowing height: who borrows from fewer levels of its tree goes first
+        # (a flat cohort: 0 within nominal, 1 borrowing).
+        height = self._ledger.height(req.tenant, flavor, req.gpus) if borrowing else 0
+        key = (1, height, share, *order_key(req))
+        return Entry(req, mode, flavor, borrowing, victims or [], key, self._epoch)
+
+    def _order(self, req: Request, flavor: str) -> tuple[Any, ...]:
+        """The admission-order key `req` would have if it fit `flavor` now."""
+        borrowing = self._ledger.borrows(req.tenant, flavor, req.gpus)
+        return self._entry(req, "fit", flavor, borrowing).key
