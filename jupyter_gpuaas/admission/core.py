@@ -15,10 +15,8 @@ inadmissible until room frees up for its tenant, so an idle queue costs nothing.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
-from . import views
 from .autoscale import READY, SCALE_DOWN, Autoscaler, scale_sizes
 from .grace import EVICT, Graces, Reclaim
 from .holders import Holders
@@ -133,51 +131,6 @@ class AdmissionCore(Nominating):
             self._strict_blocked.discard(req.tenant)
         self._touch(req.tenant)
         return out
-
-    def never_fits(self, req: Request) -> str:
-        """Why `req` can never be admitted ('' if it can), in words for its user."""
-        tenant = self._config.tenants.get(req.tenant)
-        if tenant is None:
-            return f"unknown tenant {req.tenant!r}"
-        if req.gpus < 1:
-            return "a request needs at least one GPU"
-        if req.flavor is not None:
-            if req.flavor not in self._config.flavors:
-                return f"unknown flavor {req.flavor!r}"
-            if req.flavor not in tenant.quota:
-                return f"tenant {tenant.name!r} has no quota for flavor {req.flavor!r}"
-            flavors = [req.flavor]
-        else:
-            flavors = [f for f in tenant.quota if f in self._config.flavors]
-            if not flavors:
-                return f"tenant {tenant.name!r} has no quota for any flavor"
-        widest = 0
-        most = 0
-        for f in flavors:
-            width = self._node_width(f)
-            hold = self._ledger.max_hold(tenant.name, f)
-            if req.gpus <= width and req.gpus <= hold:
-                return ""
-            widest = max(widest, width)
-            most = max(most, hold)
-        names = "/".join(flavors)
-        if req.gpus > widest:
-            return f"{req.gpus} GPUs do not fit on one node ({names} nodes have at most {widest})"
-        return (
-            f"{req.gpus} GPUs are more than tenant {tenant.name!r} can ever hold"
-            f" of {names} ({most})"
-        )
-
-    def _node_width(self, flavor: str) -> int:
-        """The most GPUs one node of the flavor has, or could have once scaled up."""
-        widest = self._width.get(flavor)
-        if widest is None:
-            widest = max((n.gpus for n in self._cluster.of(flavor)), default=0)
-            spec = self._config.flavors.get(flavor)
-            if spec is not None and (spec.nodes > 0 or flavor in self._config.policy.autoscale):
-                widest = max(widest, spec.gpus_per_node)
-            self._width[flavor] = widest
-        return widest
 
     def cancel(self, rid: str, now: float, reason: str = "") -> list[Decision]:
         """The user cancels: whatever the request holds is released."""
@@ -561,19 +514,6 @@ class AdmissionCore(Nominating):
         if wanted:
             self._requeue(req, now, now, out)
 
-    def _find_parked(self, req: Request) -> Request | None:
-        for other in self._requests.values():
-            if (
-                other.state is State.PARKED
-                and other.user == req.user
-                and other.tenant == req.tenant
-                and other.kind == req.kind
-                and other.gpus == req.gpus
-                and req.flavor in (None, other.assigned_flavor)
-            ):
-                return other
-        return None
-
     def _take_over(self, old: Request, req: Request, now: float, out: list[Decision]) -> None:
         """A new request of the same user and tenant takes over a parked reservation."""
         q = self._queues[req.tenant]
@@ -651,61 +591,3 @@ class AdmissionCore(Nominating):
     def reclaiming(self, rid: str) -> list[Request]:
         """The warned victims a queued preemptor waits for (empty if none)."""
         return self._graces.victims(rid)
-
-    # ------------------------------------------------------------------ idle policy
-
-    def _tenant_setting(self, tenant: str, name: str) -> float:
-        own = getattr(self._config.tenants[tenant], name)
-        return float(own if own is not None else getattr(self._config.policy, name))
-
-    def _arm_cull(self, req: Request) -> None:
-        if req.kind == "job" or req.idle_since is None:
-            return
-        timeout = self._tenant_setting(req.tenant, "idle_timeout")
-        if timeout <= 0:
-            return
-        cull_at = req.idle_since + timeout
-        self._timers.set(_CULL, req.id, cull_at)
-        lead = self._config.policy.cull_warning
-        if 0 < lead < timeout:
-            self._timers.set(_WARN, req.id, cull_at - lead)
-
-    # ------------------------------------------------------------------ autoscale
-
-    # ------------------------------------------------------------------ queries
-
-    def _get(self, rid: str) -> Request:
-        req = self._requests.get(rid)
-        if req is None:
-            raise KeyError(rid)
-        return req
-
-    def get(self, rid: str) -> Request | None:
-        return self._requests.get(rid)
-
-    def live_requests(self) -> Iterator[Request]:
-        return iter(self._requests.values())
-
-    def position(self, rid: str) -> Position | None:
-        """1-based place of a queued request in its tenant's queue and among all queued."""
-        req = self._requests.get(rid)
-        if req is None or req.state is not State.QUEUED:
-            return None
-        return views.position(self._queues, req)
-
-    def tenant_usage(self) -> list[TenantUsage]:
-        return views.tenant_usage(self._config, self._queues, self._ledger)
-
-    def nodes(self) -> list[NodeState]:
-        return views.node_states(self._cluster)
-
-    def desired_nodes(self) -> dict[str, int]:
-        """Nodes per flavor the queue asks for: ready, coming, and still to ask for."""
-        out = {f: len(self._cluster.of(f)) for f in self._config.flavors}
-        for f, n in self._scaler.desired.items():
-            out[f] = max(out.get(f, 0), n)
-        return out
-
-    def provisioning(self) -> dict[str, dict[str, float]]:
-        """Nodes on their way, by flavor: name -> time they will be ready."""
-        return {f: dict(p) for f, p in self._scaler.provisioning.items() if p}

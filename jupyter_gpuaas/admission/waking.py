@@ -15,10 +15,11 @@ from .holders import Holders
 from .ledger import Ledger
 from .model import Config
 from .nodes import Cluster
+from .queries import Queries
 from .queues import Bucket, BucketKey, TenantQueue
 
 
-class Waking:
+class Waking(Queries):
     _config: Config
     _ledger: Ledger
     _cluster: Cluster
