@@ -56,6 +56,14 @@ class GatewayApp(Application):
     }
     flags = {
         "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log at debug level."),
+        "metrics-public": (
+            {"GatewayApp": {"metrics_public": True}},
+            "Let anyone scrape GET metrics, without a token.",
+        ),
+        "metrics-user-label": (
+            {"GatewayApp": {"metrics_user_label": True}},
+            "Name the holder of each device in the metrics' `user` label.",
+        ),
     }
 
     config_file = Unicode(
@@ -164,8 +172,19 @@ class GatewayApp(Application):
         config=True
     )
 
-    metrics_require_auth = Bool(
-        False, help="Require a gpuaas token for GET metrics (default: anyone may scrape)."
+    metrics_public = Bool(
+        False,
+        help="Let anyone scrape GET metrics. By default a scrape needs a token with the "
+        "view scope (custom:gpuaas:view, or `view: true` in the token file), as "
+        "JupyterHub's own /metrics does unless authenticate_prometheus is off: the series "
+        "name tenants and the queue's shape, and the gateway may be behind the public proxy.",
+    ).tag(config=True)
+
+    metrics_user_label = Bool(
+        False,
+        help="Fill the `user` label of the gpuaas_device_* series with the holder's user "
+        "name. Off by default: the label stays, empty, so that user names never reach a "
+        "scraper (or a long-term metrics store) unless asked for.",
     ).tag(config=True)
 
     service_name = Unicode(
@@ -259,7 +278,7 @@ class GatewayApp(Application):
                 quotas=quotas,
                 store=self.store,
                 inventory=self.inventory,
-                metrics=GatewayMetrics(),
+                metrics=GatewayMetrics(user_label=self.metrics_user_label),
                 scaler=self.scaler_obj,
                 bus=EventBus(),
                 lease_ttl=self.lease_ttl,
@@ -290,7 +309,7 @@ class GatewayApp(Application):
             "tokens": self.token_table,
             "base_url": self.base_url,
             "keepalive_interval": self.keepalive_interval,
-            "metrics_require_auth": self.metrics_require_auth,
+            "metrics_public": self.metrics_public,
             "service_name": self.service_name,
             "default_handler_class": NotFoundHandler,
         }

@@ -21,7 +21,14 @@ from jupyter_gpuaas.admission.config import SpecError
 from jupyter_gpuaas.admission.model import KINDS, State
 
 from .arbiter import Arbiter, Conflict
-from .auth import Identity, TokenTable, identity_from_hub_model, token_from_header
+from .auth import (
+    METRICS_FORBIDDEN,
+    Identity,
+    TokenTable,
+    identity_from_hub_model,
+    may_scrape,
+    token_from_header,
+)
 from .events import Listener
 from .openapi import build_openapi
 
@@ -423,13 +430,15 @@ class OpenAPIHandler(BaseHandler):
 
 
 class MetricsHandler(BaseHandler):
+    """Prometheus text; a token with the view scope unless --metrics-public (auth.py)."""
+
     async def prepare(self) -> None:
-        if self.settings.get("metrics_require_auth"):
+        if not self.settings.get("metrics_public"):
             await super().prepare()
 
     def get(self) -> None:
-        if self.settings.get("metrics_require_auth"):
-            self.require()
+        if not self.settings.get("metrics_public") and not may_scrape(self.require()):
+            raise ApiError(403, METRICS_FORBIDDEN)
         self.arbiter.snapshot_metrics()
         body, content_type = self.arbiter.metrics.render()
         self.set_header("Content-Type", content_type)

@@ -362,7 +362,16 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
                 "get": {"security": [], "responses": {"200": _resp("this document")}}
             },
             "/metrics": {
-                "get": {"security": [], "responses": {"200": {"description": "Prometheus text"}}}
+                "get": {
+                    "description": "Prometheus text. Needs the view scope unless the "
+                    "gateway runs with --metrics-public (then no token is needed).",
+                    "security": [{"token": []}, {}],
+                    "responses": {
+                        "200": {"description": "Prometheus text"},
+                        "401": ERRORS["401"],
+                        "403": ERRORS["403"],
+                    },
+                }
             },
         },
     }
