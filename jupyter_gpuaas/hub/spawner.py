@@ -40,6 +40,8 @@ What the mixin adds
 The spawner talks to the gateway as the user, with a token it mints for the request
 (scopes: `custom:gpuaas:use`, access to the gateway service, and stopping this one server)
 and revokes on release, so ownership and tenant membership are the gateway's own checks.
+The token expires and is replaced at half its life; the spawner state keeps its id (not
+the token) so that a restarted Hub revokes it (tokens.py).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from .options import (
     tenant_choices,
 )
 from .status import QueueStatus, StatusBoard, progress_event
+from .tokens import MintedToken, mint, revoke
 
 #: Request states after which the gateway holds nothing for us any more.
 ENDED = ("finished", "cancelled", "rejected", "preempted", "culled")
@@ -135,6 +138,15 @@ class QueuedSpawnerMixin(Configurable):
         if value < 0:
             raise TraitError(f"{proposal['trait'].name} must be >= 0, not {value}")
         return value
+
+    request_token_lifetime = Integer(
+        3600,
+        min=30,
+        help="""Seconds the user token minted for a request lives (JupyterHub's
+        `expires_in`). While the request lives the spawner mints the next token when half
+        of this is gone and revokes the old one; the request's end revokes it at once, and
+        a Hub that dies holding one leaves a token that expires by itself.""",
+    ).tag(config=True)
 
     request_priority = Integer(
         0, help="Priority of server requests (higher runs first within a tenant)."
@@ -255,7 +267,9 @@ class QueuedSpawnerMixin(Configurable):
             state = self.__dict__["_gpuaas"] = {
                 "rid": None,  # the gateway request while we hold or wait for one
                 "grant": None,  # the request object once admitted
-                "token": None,  # the user token minted for the request
+                "token": None,  # the MintedToken of the request (tokens.py)
+                "stale_tokens": [],  # ids of tokens a previous Hub minted: to revoke
+                "callback": None,  # of the event stream, resubscribed when tokens rotate
                 "keep": False,  # the gateway parked it: do not cancel on stop
                 "running": False,  # the real start finished
                 "hb": None,  # heartbeat task
@@ -267,8 +281,12 @@ class QueuedSpawnerMixin(Configurable):
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = super().get_state()  # type: ignore[misc]
         gp = self._gp
-        if gp["rid"]:
-            state["gpuaas"] = {"request": gp["rid"], "grant": gp["grant"]}
+        token: MintedToken | None = gp["token"]
+        ids = [token.id] if token else []
+        ids += gp["stale_tokens"]
+        if gp["rid"] or ids:
+            # The token's id, never the token: the next Hub revokes it (tokens.py).
+            state["gpuaas"] = {"request": gp["rid"], "grant": gp["grant"], "tokens": ids}
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -276,6 +294,13 @@ class QueuedSpawnerMixin(Configurable):
         saved = state.get("gpuaas") or {}
         if saved.get("request"):
             self._gp.update(rid=saved["request"], grant=saved.get("grant"), running=True)
+        # Minted by a Hub before this one: unusable (we do not have them), so revoked
+        # as soon as this Hub mints a token or ends the request.
+        stale = [int(i) for i in saved.get("tokens") or [] if isinstance(i, int)]
+        known = self._gp["stale_tokens"]
+        known += [i for i in stale if i not in known]
+        if not self._gp["rid"]:
+            self._revoke_stale_tokens()
 
     def clear_state(self) -> None:
         super().clear_state()  # type: ignore[misc]
@@ -286,36 +311,54 @@ class QueuedSpawnerMixin(Configurable):
     # ----------------------------------------------------------------- clients
 
     def _user_token(self) -> str:
-        """A token of this user for the request's life: submit, heartbeat, stop itself."""
+        """A token of this user for the request's life: submit, heartbeat, stop itself.
+
+        Replaced by a new one once half of `request_token_lifetime` is gone (the old one
+        is revoked), so no call ever carries an expired token.
+        """
         gp = self._gp
-        if not gp["token"]:
-            server = f"{self.user.name}/{self.name}"
-            gp["token"] = self.user.new_api_token(
-                note=f"gpuaas request of server {server or 'default'}",
-                scopes=[
-                    "custom:gpuaas:use",
-                    f"access:services!service={self.gateway_service_name}",
-                    f"servers!server={server}",
-                ],
-            )
-        return str(gp["token"])
+        old: MintedToken | None = gp["token"]
+        if old is not None and old.fresh(self.request_token_lifetime):
+            return old.token
+        server = f"{self.user.name}/{self.name}"
+        gp["token"] = mint(
+            self.user,
+            note=f"gpuaas request of server {server or 'default'}",
+            scopes=[
+                "custom:gpuaas:use",
+                f"access:services!service={self.gateway_service_name}",
+                f"servers!server={server}",
+            ],
+            lifetime=self.request_token_lifetime,
+        )
+        if old is not None:
+            gp["stale_tokens"].append(old.id)
+            self._resubscribe(old.token)
+        self._revoke_stale_tokens()
+        self._save_state()
+        return str(gp["token"].token)
+
+    def _save_state(self) -> None:
+        """Write the state now, so the Hub's database always names the live token."""
+        if self.orm_spawner is None:
+            return
+        try:
+            self.orm_spawner.state = self.get_state()
+            self.user.db.commit()
+        except Exception:
+            self.log.exception("could not save the gpuaas state of %s", self._log_name)
+
+    def _revoke_stale_tokens(self) -> None:
+        ids, self._gp["stale_tokens"] = self._gp["stale_tokens"], []
+        revoke(self.user, ids, self.log)
 
     def _revoke_user_token(self) -> None:
-        token = self._gp["token"]
+        token: MintedToken | None = self._gp["token"]
         self._gp["token"] = None
-        if not token:
-            return
-        forget_stream(self.gateway_url, token)
-        try:
-            from jupyterhub import orm
-
-            db = self.user.db
-            found = orm.APIToken.find(db, token)
-            if found is not None:
-                db.delete(found)
-                db.commit()
-        except Exception:
-            self.log.exception("could not revoke the gpuaas token of %s", self._log_name)
+        if token is not None:
+            forget_stream(self.gateway_url, token.token)
+            self._gp["stale_tokens"].append(token.id)
+        self._revoke_stale_tokens()
 
     def _check_gateway(self) -> None:
         if not self.gateway_url:
@@ -334,12 +377,22 @@ class QueuedSpawnerMixin(Configurable):
 
     def _subscribe(self, callback: Any) -> None:
         gp = self._gp
+        gp["callback"] = callback
         if gp["unsubscribe"] is None:
             if self.gateway_token:
                 stream = stream_for(self.gateway_url, self.gateway_token, shared=True)
             else:
                 stream = stream_for(self.gateway_url, self._user_token())
             gp["unsubscribe"] = stream.subscribe(callback)
+
+    def _resubscribe(self, old_token: str) -> None:
+        """A per-user stream follows its token: the old one is about to be revoked."""
+        gp = self._gp
+        if self.gateway_token or gp["unsubscribe"] is None:
+            return  # the Hub's shared stream keeps its own token
+        self._unsubscribe()
+        forget_stream(self.gateway_url, old_token)
+        self._subscribe(gp["callback"])
 
     def _unsubscribe(self) -> None:
         unsubscribe = self._gp["unsubscribe"]
