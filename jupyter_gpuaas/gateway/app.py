@@ -204,6 +204,16 @@ class GatewayApp(Application):
     def _hub_service_default(self) -> bool:
         return bool(os.environ.get("JUPYTERHUB_API_TOKEN") and os.environ.get("JUPYTERHUB_API_URL"))
 
+    hub_auth_cache_max_age = Integer(
+        60,
+        min=1,
+        help="As a Hub service: seconds the gateway trusts the Hub's answer about a token "
+        "or login cookie before asking again (HubAuth.cache_max_age; 0 would mean forever "
+        "there, so 1 is the least). A token the Hub revoked, or that expired, keeps working "
+        "here for at most this long: lower it for quicker revocation, at one Hub API call "
+        "per token and period.",
+    ).tag(config=True)
+
     cookie_secret_file = Unicode(
         "gpuaas_cookie_secret",
         help="As a Hub service: the file with the key that signs the browser's login cookie "
@@ -320,7 +330,9 @@ class GatewayApp(Application):
             from jupyterhub.services.auth import HubOAuth  # type: ignore[import-untyped]
 
             hub_auth = HubOAuth(
-                api_token=os.environ["JUPYTERHUB_API_TOKEN"], cache_max_age=60, parent=self
+                api_token=os.environ["JUPYTERHUB_API_TOKEN"],
+                cache_max_age=self.hub_auth_cache_max_age,
+                parent=self,
             )
             settings["hub_auth"] = hub_auth
             settings["cookie_secret"] = self._cookie_secret()
