@@ -172,6 +172,15 @@ class GatewayApp(Application):
         config=True
     )
 
+    event_replay_window = Integer(
+        10_000,
+        min=0,
+        help="Events the gateway keeps (as sent, a few hundred bytes each) so that an event "
+        "stream reconnecting with Last-Event-ID gets exactly what it missed. A client that "
+        "missed more, or reconnects to a restarted gateway, gets a `reset` event and "
+        "relists instead. 0: no replay, every reconnect is a reset.",
+    ).tag(config=True)
+
     metrics_public = Bool(
         False,
         help="Let anyone scrape GET metrics. By default a scrape needs a token with the "
@@ -290,7 +299,7 @@ class GatewayApp(Application):
                 inventory=self.inventory,
                 metrics=GatewayMetrics(user_label=self.metrics_user_label),
                 scaler=self.scaler_obj,
-                bus=EventBus(),
+                bus=EventBus(replay_window=self.event_replay_window),
                 lease_ttl=self.lease_ttl,
                 tick=self.tick_interval,
                 sample_interval=self.sample_interval,

@@ -378,9 +378,13 @@ class EventsHandler(BaseHandler):
         bus = self.arbiter.bus
         # Viewers hear everything; a user, what is about their own requests (indexed).
         owner = None if who.can_view else who.name
-        listener = self._listener = bus.subscribe(self._deliver, owner=owner)
+        # A reconnecting client names the last event it heard: it gets what it missed
+        # (or a `reset`). A new stream learns the current id, to resume from (events.py).
+        last = self.request.headers.get("Last-Event-ID")
+        listener = self._listener = bus.subscribe(self._deliver, owner=owner, last_event_id=last)
         try:
-            self._send(b": connected\n\n")
+            resume = "" if last is not None else f"id: {bus.last_id}\n"
+            self._send(f": connected\n{resume}\n".encode())
             while not await listener.wait(keepalive):
                 if time.monotonic() - self._last_write >= keepalive * 0.9:
                     self._send(b": keepalive\n\n")
