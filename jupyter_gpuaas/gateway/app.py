@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -52,6 +53,9 @@ class GatewayApp(Application):
         "scaler": "GatewayApp.scaler",
         "config": "GatewayApp.config_file",
         "cookie-secret-file": "GatewayApp.cookie_secret_file",
+        "ssl-keyfile": "GatewayApp.ssl_keyfile",
+        "ssl-certfile": "GatewayApp.ssl_certfile",
+        "ssl-client-ca": "GatewayApp.ssl_client_ca",
         "log-level": "Application.log_level",
     }
     flags = {
@@ -213,6 +217,50 @@ class GatewayApp(Application):
     def _hub_service_default(self) -> bool:
         return bool(os.environ.get("JUPYTERHUB_API_TOKEN") and os.environ.get("JUPYTERHUB_API_URL"))
 
+    ssl_keyfile = Unicode(
+        help="Serve HTTPS with this private key (with ssl_certfile). Default: "
+        "JUPYTERHUB_SSL_KEYFILE, which JupyterHub's internal SSL gives a managed service.",
+    ).tag(config=True)
+
+    @default("ssl_keyfile")
+    def _ssl_keyfile_default(self) -> str:
+        return os.environ.get("JUPYTERHUB_SSL_KEYFILE", "")
+
+    ssl_certfile = Unicode(
+        help="Serve HTTPS with this certificate (with ssl_keyfile). Default: "
+        "JUPYTERHUB_SSL_CERTFILE.",
+    ).tag(config=True)
+
+    @default("ssl_certfile")
+    def _ssl_certfile_default(self) -> str:
+        return os.environ.get("JUPYTERHUB_SSL_CERTFILE", "")
+
+    ssl_client_ca = Unicode(
+        help="With HTTPS: accept only clients presenting a certificate this CA (bundle) "
+        "signed, as JupyterHub's internal SSL verifies both ends. Empty: any client may "
+        "connect (tokens still decide what it may do). Default: JUPYTERHUB_SSL_CLIENT_CA.",
+    ).tag(config=True)
+
+    @default("ssl_client_ca")
+    def _ssl_client_ca_default(self) -> str:
+        return os.environ.get("JUPYTERHUB_SSL_CLIENT_CA", "")
+
+    def _server_ssl(self) -> ssl.SSLContext | None:
+        if not (self.ssl_keyfile or self.ssl_certfile):
+            return None
+        if not (self.ssl_keyfile and self.ssl_certfile):
+            raise StartupError("--ssl-keyfile and --ssl-certfile go together: give both")
+        try:
+            context = ssl.create_default_context(
+                ssl.Purpose.CLIENT_AUTH, cafile=self.ssl_client_ca or None
+            )
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        except (OSError, ssl.SSLError) as e:
+            raise StartupError(f"--ssl-certfile/--ssl-keyfile/--ssl-client-ca: {e}") from None
+        if self.ssl_client_ca:
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
     hub_auth_cache_max_age = Integer(
         60,
         min=1,
@@ -350,17 +398,21 @@ class GatewayApp(Application):
 
     async def start_server(self) -> int:
         """Build, restore the core from the store, listen. Returns the bound port."""
+        tls = self._server_ssl()  # bad certificate files: refused before the store opens
         self.build()
         self.arbiter.restore(time.time())
         self.arbiter.start()
-        self.http_server = httpserver.HTTPServer(self.make_app(), idle_connection_timeout=3600)
+        self.http_server = httpserver.HTTPServer(
+            self.make_app(), idle_connection_timeout=3600, ssl_options=tls
+        )
         sockets = netutil.bind_sockets(self.port, self.ip, family=socket.AF_INET)
         self.http_server.add_sockets(sockets)
         self.bound_port = sockets[0].getsockname()[1]
         mode = "JupyterHub service" if self.hub_service else "standalone"
         self.log.info(
-            "gpuaas gateway (%s) on http://%s:%d%s, store %s, %d nodes",
+            "gpuaas gateway (%s) on %s://%s:%d%s, store %s, %d nodes",
             mode,
+            "https" if tls else "http",
             self.ip,
             self.bound_port,
             self.base_url,

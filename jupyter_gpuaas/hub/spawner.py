@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -59,7 +60,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from jupyter_gpuaas.client import GatewayClient, GatewayError
+from jupyter_gpuaas.client import GatewayClient, GatewayError, ssl_context
 
 from .events import forget_stream, stream_for
 from .k8s import validate_flavors
@@ -366,23 +367,40 @@ class QueuedSpawnerMixin(Configurable):
                 500, "the GPU gateway is not configured (set QueuedSpawnerMixin.gateway_url)"
             )
 
-    def _user_client(self) -> GatewayClient:
+    def _gateway_ssl(self) -> ssl.SSLContext | None:
+        """Under the Hub's internal SSL, the Hub's own certificate and trust bundle (the
+        Hub process has no JUPYTERHUB_SSL_* of its own); None: the client's defaults."""
+        settings = getattr(self.user, "settings", None) or {}
+        if not settings.get("internal_ssl") or not self.gateway_url.startswith("https:"):
+            return None
+        return ssl_context(
+            settings.get("internal_ssl_key"),
+            settings.get("internal_ssl_cert"),
+            settings.get("internal_ssl_ca"),
+        )
+
+    def _client(self, token: str) -> GatewayClient:
         self._check_gateway()
-        return GatewayClient(self.gateway_url, self._user_token())
+        return GatewayClient(self.gateway_url, token, ssl_context=self._gateway_ssl())
+
+    def _user_client(self) -> GatewayClient:
+        return self._client(self._user_token())
 
     def _reader_client(self) -> GatewayClient:
         """For reads that need no ownership: the Hub's token when configured."""
-        self._check_gateway()
-        return GatewayClient(self.gateway_url, self.gateway_token or self._user_token())
+        return self._client(self.gateway_token or self._user_token())
 
     def _subscribe(self, callback: Any) -> None:
         gp = self._gp
         gp["callback"] = callback
         if gp["unsubscribe"] is None:
+            tls = self._gateway_ssl()
             if self.gateway_token:
-                stream = stream_for(self.gateway_url, self.gateway_token, shared=True)
+                stream = stream_for(
+                    self.gateway_url, self.gateway_token, shared=True, ssl_context=tls
+                )
             else:
-                stream = stream_for(self.gateway_url, self._user_token())
+                stream = stream_for(self.gateway_url, self._user_token(), ssl_context=tls)
             gp["unsubscribe"] = stream.subscribe(callback)
 
     def _resubscribe(self, old_token: str) -> None:
