@@ -200,23 +200,6 @@ class GatewayApp(Application):
         "scraper (or a long-term metrics store) unless asked for.",
     ).tag(config=True)
 
-    service_name = Unicode(
-        help="The JupyterHub service name (scopes say `access:services!service=<name>`)."
-    ).tag(config=True)
-
-    @default("service_name")
-    def _service_name_default(self) -> str:
-        return os.environ.get("JUPYTERHUB_SERVICE_NAME", "gpuaas")
-
-    hub_service = Bool(
-        help="Run as a JupyterHub service (identify callers through the Hub). Default: true "
-        "when JUPYTERHUB_API_TOKEN and JUPYTERHUB_API_URL are set."
-    ).tag(config=True)
-
-    @default("hub_service")
-    def _hub_service_default(self) -> bool:
-        return bool(os.environ.get("JUPYTERHUB_API_TOKEN") and os.environ.get("JUPYTERHUB_API_URL"))
-
     ssl_keyfile = Unicode(
         help="Serve HTTPS with this private key (with ssl_certfile). Default: "
         "JUPYTERHUB_SSL_KEYFILE, which JupyterHub's internal SSL gives a managed service.",
@@ -270,6 +253,23 @@ class GatewayApp(Application):
         "here for at most this long: lower it for quicker revocation, at one Hub API call "
         "per token and period.",
     ).tag(config=True)
+
+    service_name = Unicode(
+        help="The JupyterHub service name (scopes say `access:services!service=<name>`)."
+    ).tag(config=True)
+
+    @default("service_name")
+    def _service_name_default(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_NAME", "gpuaas")
+
+    hub_service = Bool(
+        help="Run as a JupyterHub service (identify callers through the Hub). Default: true "
+        "when JUPYTERHUB_API_TOKEN and JUPYTERHUB_API_URL are set."
+    ).tag(config=True)
+
+    @default("hub_service")
+    def _hub_service_default(self) -> bool:
+        return bool(os.environ.get("JUPYTERHUB_API_TOKEN") and os.environ.get("JUPYTERHUB_API_URL"))
 
     cookie_secret_file = Unicode(
         "gpuaas_cookie_secret",

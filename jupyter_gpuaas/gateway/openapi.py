@@ -353,8 +353,24 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
             "/api/events": {
                 "get": {
                     "description": "Server-Sent Events; data is the decision's JSON plus "
-                    "`request` (a Request) when it is about one.",
-                    "responses": {"200": {"description": "text/event-stream"}},
+                    "`request` (a Request) when it is about one. Every event has an `id:`; "
+                    "the `: connected` comment carries the current one.",
+                    "parameters": [
+                        {
+                            "name": "Last-Event-ID",
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "string"},
+                            "description": "Resume after this event: the missed events "
+                            "come first, or one `reset` event (relist the requests) when "
+                            "the gateway no longer has them all.",
+                        }
+                    ],
+                    "responses": {
+                        "200": {"description": "text/event-stream"},
+                        "401": ERRORS["401"],
+                        "403": ERRORS["403"],
+                    },
                 }
             },
             "/api/me": {"get": {"responses": {"200": _resp("the caller", _ref("Me"))}}},
