@@ -1,6 +1,8 @@
 """jupyter-gpuaas: a notebook-centric GPU gateway for JupyterHub."""
 
-__version__ = "0.1.0"
+from jupyter_gpuaas._version import __version__
+
+__all__ = ["__version__", "load_ipython_extension"]
 
 
 def _jupyter_server_extension_points() -> list[dict[str, object]]:

@@ -27,7 +27,7 @@ from tornado import httpserver, netutil, web
 from traitlets import Bool, Float, Integer, Unicode, default, validate
 from traitlets.config import Application
 
-from jupyter_gpuaas import __version__
+from jupyter_gpuaas._version import __version__
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
@@ -287,6 +287,45 @@ class GatewayApp(Application):
         except (CookieSecretError, OSError) as e:
             raise StartupError(f"--cookie-secret-file: {e}") from None
 
+    # --- the store and the HTTP edge (bounds of what one client may cost the others) ---
+
+    store_lock_timeout = Float(
+        2.0,
+        min=0.0,
+        help="Seconds operations wait, queued, while another process holds the store's "
+        "write lock (retried every 50 ms without blocking the event loop); then they are "
+        "answered 503 with Retry-After. Nothing is decided before the lock is held.",
+    ).tag(config=True)
+
+    history_retention = Float(
+        30 * 86400.0,
+        min=0.0,
+        help="Seconds ended and rejected requests (and their decisions) are kept in the "
+        "store, counted from their last change; older ones are pruned a batch at a time "
+        "by the admission loop. 0 keeps them forever.",
+    ).tag(config=True)
+
+    max_body_size = Integer(
+        64 * 1024,
+        min=1024,
+        help="Largest request body in bytes. The API's routes authenticate the caller "
+        "first, then refuse a larger Content-Length with 413 before reading the body, and a "
+        "chunked body as soon as it passes the limit; the HTTP server buffers no more.",
+    ).tag(config=True)
+
+    header_timeout = Float(
+        60.0,
+        min=1.0,
+        help="Seconds a connection may take to send a request's headers, counted from when "
+        "the connection is ready for it (also how long an idle keep-alive connection stays).",
+    ).tag(config=True)
+
+    body_timeout = Float(
+        30.0,
+        min=1.0,
+        help="Seconds a client may take to send a request's body.",
+    ).tag(config=True)
+
     # ------------------------------------------------------------------ lifecycle
 
     def initialize(self, argv: Any = None) -> None:
@@ -301,9 +340,9 @@ class GatewayApp(Application):
 
     def build(self) -> None:
         """Read files, open the store and build the arbiter (no network yet)."""
+        from ..devices import SimulatedInventory, parse_devices_spec
         from .arbiter import Arbiter
         from .auth import TokenError, TokenTable
-        from .devices import SimulatedInventory, parse_devices_spec
         from .events import EventBus
         from .metrics import GatewayMetrics
         from .scalers import scaler_from_name
@@ -313,7 +352,12 @@ class GatewayApp(Application):
         if not isinstance(quotas, dict):
             raise StartupError(f"--quotas {self.quotas}: must be a mapping")
         try:
-            self.inventory = parse_devices_spec(self.devices)
+            if self.devices.strip() == "kubernetes":  # the cluster's Nodes, followed live
+                from .cluster import ClusterInventory
+
+                self.inventory = ClusterInventory(parent=self)
+            else:
+                self.inventory = parse_devices_spec(self.devices)
         except ValueError as e:
             raise StartupError(f"--devices: {e}") from None
         if self.inventory.simulated:
@@ -334,10 +378,12 @@ class GatewayApp(Application):
                 self.token_table = TokenTable.parse(self._read_yaml(self.tokens, "--tokens"))
             except TokenError as e:
                 raise StartupError(f"--tokens {self.tokens}: {e}") from None
+        from .store import describe
+
         try:
             self.store = Store.open(self.db_url)
         except Exception as e:
-            raise StartupError(f"--db-url: cannot open the store: {e}") from None
+            raise StartupError(f"--db-url: cannot open the store: {describe(e)}") from None
         from jupyter_gpuaas.admission.config import SpecError
 
         try:
@@ -351,6 +397,8 @@ class GatewayApp(Application):
                 lease_ttl=self.lease_ttl,
                 tick=self.tick_interval,
                 sample_interval=self.sample_interval,
+                lock_timeout=self.store_lock_timeout,
+                retention=self.history_retention,
             )
         except SpecError as e:
             raise StartupError(f"--quotas {self.quotas}: {e}") from None
@@ -378,6 +426,7 @@ class GatewayApp(Application):
             "keepalive_interval": self.keepalive_interval,
             "metrics_public": self.metrics_public,
             "service_name": self.service_name,
+            "max_body_size": self.max_body_size,
             "default_handler_class": NotFoundHandler,
         }
         handlers: list[Any] = list(routes(self.base_url)) + page_routes(self.base_url)
@@ -400,10 +449,27 @@ class GatewayApp(Application):
         """Build, restore the core from the store, listen. Returns the bound port."""
         tls = self._server_ssl()  # bad certificate files: refused before the store opens
         self.build()
-        self.arbiter.restore(time.time())
+        prepare = getattr(self.inventory, "prepare", None)
+        if prepare is not None:  # a watched inventory lists its nodes before the restore
+            try:
+                await prepare()
+            except Exception as e:
+                raise StartupError(f"--devices {self.devices}: cannot list the nodes: {e}") from e
+        from .store import StoreUnavailable
+
+        try:
+            self.arbiter.restore(time.time())
+        except StoreUnavailable as e:
+            raise StartupError(f"--db-url: cannot restore from the store: {e.message}") from None
         self.arbiter.start()
         self.http_server = httpserver.HTTPServer(
-            self.make_app(), idle_connection_timeout=3600, ssl_options=tls
+            self.make_app(),
+            idle_connection_timeout=self.header_timeout,
+            body_timeout=self.body_timeout,
+            # The outer bound; the API's routes refuse past max_body_size themselves, with
+            # a JSON 413, before reading (handlers.BodyHandler).
+            max_body_size=2 * self.max_body_size,
+            ssl_options=tls,
         )
         sockets = netutil.bind_sockets(self.port, self.ip, family=socket.AF_INET)
         self.http_server.add_sockets(sockets)
@@ -427,6 +493,9 @@ class GatewayApp(Application):
         await self.scaler_close()
         self.store.close()
         self.inventory.close()
+        aclose = getattr(self.inventory, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
     async def scaler_close(self) -> None:
         close = getattr(self.scaler_obj, "close", None)

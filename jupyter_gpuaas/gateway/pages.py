@@ -324,6 +324,10 @@ class TenantFormHandler(LandingHandler, TenantHandler):
     """POST tenant: the admin's quota form, run through `PUT api/tenants/{name}`."""
 
     SUPPORTED_METHODS = ("POST",)
+    # Not streamed like the API's bodies: a form is small (BodyHandler.prepare still
+    # refuses one past max_body_size from its Content-Length), and its `_xsrf` field must
+    # be parsed before tornado's XSRF check, which runs before any streamed chunk arrives.
+    _stream_request_body = False
     _form_spec: dict[str, Any] | None = None
 
     def json_body(self) -> dict[str, Any]:  # the API handler's body: the form, as JSON

@@ -60,7 +60,7 @@ def detect_devices(spec: str) -> tuple[str, str | None, int]:
     if not spec.startswith("nvml"):
         return spec, None, 0
     try:
-        from jupyter_gpuaas.gateway.devices import parse_devices_spec
+        from jupyter_gpuaas.devices import parse_devices_spec
 
         inventory = parse_devices_spec(spec)
         try:

@@ -32,6 +32,7 @@ from traitlets import Bool, Float, Integer, Unicode, default, validate
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, gateway_from_env
 from jupyter_gpuaas.jobs import server_hook as jobs_hook
+from jupyter_gpuaas.words import format_duration as human_duration
 
 from .activity import GpuUsage, Holder, decide_busy, process_tree
 from .kernels import GpuKernel, KernelTable, Notification, set_table
@@ -407,7 +408,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
     def _warn(self, record: GpuKernel, cull_at: Any) -> None:
         seconds = max(0.0, float(cull_at) - time.time()) if cull_at else None
-        when = f"in {seconds:.0f} s" if seconds is not None else "soon"
+        when = f"in {human_duration(seconds)}" if seconds is not None else "soon"
         msg = (
             f"GPU kernel {record.kernel_name} ({record.kernel_id[:8]}) is idle on its GPUs and "
             f"will be shut down {when} to free them; run something to keep it."
@@ -482,11 +483,3 @@ def _http_error(error: BaseException) -> web.HTTPError:
     err = web.HTTPError(code, message)
     err.reason = "GPU kernel cannot start"
     return err
-
-
-def human_duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

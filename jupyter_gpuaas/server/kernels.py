@@ -42,8 +42,10 @@ class GpuKernel:
     state: str = "submitting"
     position: dict[str, Any] | None = None
     estimated_wait: dict[str, Any] | None = None
+    waiting_for: dict[str, Any] | None = None  # the gateway's why, in words, while queued
     node: str | None = None
     devices: list[int] = field(default_factory=list)
+    grant: dict[str, Any] | None = None  # the gateway's grant: launch_environment reads it
     lease_expires: float | None = None
     reason: str = ""  # why it ended, or why it cannot start
     warning: dict[str, Any] | None = None  # the last cull warning, until busy again
@@ -92,15 +94,17 @@ class GpuKernel:
         if gw_state == "admitted" and grant:
             self.node = grant.get("node")
             self.devices = [int(d) for d in grant.get("devices") or []]
+            self.grant = dict(grant)
             self.lease_expires = grant.get("lease_expires")
             self.position = None
-            self.estimated_wait = None
+            self.estimated_wait = self.waiting_for = None
             if self.state in WAITING:
                 self.state = "admitted"  # the provisioner turns it into running
         elif gw_state in ("queued", "parked") and self.state in WAITING:
             self.state = gw_state
             self.position = obj.get("position")
             self.estimated_wait = obj.get("estimated_wait")
+            self.waiting_for = obj.get("waiting_for")
         self.poke()
 
     def end(self, state: str, reason: str = "") -> None:
@@ -124,6 +128,7 @@ class GpuKernel:
             "tenant": self.tenant,
             "position": self.position,
             "estimated_wait": self.estimated_wait,
+            "waiting_for": self.waiting_for,
             "node": self.node,
             "devices": list(self.devices),
             "lease_expires": self.lease_expires,

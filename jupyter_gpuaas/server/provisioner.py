@@ -27,7 +27,7 @@ from typing import Any
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Float, Integer, Unicode
 
-from jupyter_gpuaas.client import GatewayClient, GatewayError
+from jupyter_gpuaas.client import GatewayClient, GatewayError, launch_environment
 
 from .kernels import ENDED, GpuKernel, KernelTable, current_table
 
@@ -117,13 +117,9 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
         """The environment that confines the kernel to its granted devices."""
         if self.record is None:
             return {}
-        devices = ",".join(str(d) for d in self.record.devices)
-        env = {"CUDA_VISIBLE_DEVICES": devices, "NVIDIA_VISIBLE_DEVICES": devices}
-        if self.record.request_id:
-            env["GPUAAS_REQUEST_ID"] = self.record.request_id
-        if self.record.node:
-            env["GPUAAS_NODE"] = self.record.node
-        return env
+        r = self.record
+        grant = r.grant or {"node": r.node, "devices": r.devices}
+        return launch_environment({"id": r.request_id, "tenant": r.tenant, "grant": grant})
 
     def _has_grant(self) -> bool:
         return self.record is not None and self.record.state in ("admitted", "running")

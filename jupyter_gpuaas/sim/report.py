@@ -27,6 +27,7 @@ from typing import Any
 
 from jupyter_gpuaas.admission.model import Decision
 from jupyter_gpuaas.sim.scenario import Scenario
+from jupyter_gpuaas.words import format_duration
 
 __all__ = ["build_result", "format_table", "percentile"]
 
@@ -266,16 +267,6 @@ def _r(x: float) -> float:
     return round(x, 6)
 
 
-def _duration(seconds: float) -> str:
-    """A short human duration: 45s, 12m 05s, 3h 20m."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s // 3600}h {s % 3600 // 60:02d}m"
-
-
 def format_table(result: Mapping[str, Any]) -> str:
     """A human summary of a result: a per-tenant table, then overall lines."""
     summary = result["summary"]
@@ -298,8 +289,8 @@ def format_table(result: Mapping[str, Any]) -> str:
             str(t.get("rejected", "")),
             f"{t.get('gpu_hours_allocated', 0.0):.1f}",
             f"{t.get('gpu_hours_busy', 0.0):.1f}",
-            _duration(t.get("wait_p50", 0.0)),
-            _duration(t.get("wait_p95", 0.0)),
+            format_duration(t.get("wait_p50", 0.0)),
+            format_duration(t.get("wait_p95", 0.0)),
         )
         for name, t in per_tenant.items()
     ]
@@ -316,14 +307,14 @@ def format_table(result: Mapping[str, Any]) -> str:
     out.extend(line(r) for r in rows)
     capacity = summary.get("gpu_hours_capacity", 0.0)
     end = summary.get("end")
-    clock = f" to t={end:.0f}s ({_duration(end)})" if isinstance(end, (int, float)) else ""
+    clock = f" to t={end:.0f}s ({format_duration(end)})" if isinstance(end, (int, float)) else ""
     out += [
         "",
         f"requests     {summary['requests']}: {summary['admitted']} admitted, "
         f"{summary['rejected']} rejected, {summary['never_admitted']} never admitted"
         f" ({summary.get('preemptions', 0)} preemptions, {summary.get('culls', 0)} culls)",
-        f"waits        p50 {_duration(summary['wait_p50'])}, p95 {_duration(summary['wait_p95'])}, "
-        f"max {_duration(summary['wait_max'])}",
+        f"waits        p50 {format_duration(summary['wait_p50'])}, "
+        f"p95 {format_duration(summary['wait_p95'])}, max {format_duration(summary['wait_max'])}",
         f"capacity     {capacity:.1f} GPU-hours on {summary['node_hours']:.1f} node-hours",
         f"allocated    {summary['gpu_hours_allocated']:.1f} GPU-hours: "
         f"{summary['gpu_hours_busy']:.1f} busy, {summary['gpu_hours_idle_allocated']:.1f} idle",

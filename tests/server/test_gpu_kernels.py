@@ -110,6 +110,12 @@ async def test_second_kernel_waits_for_the_gpu_then_starts_on_it(
         lambda: _queued(jp_fetch, second), what="the second kernel queued with a position"
     )
     assert rec2["position"]["overall"] == 1
+    # /gpuaas/kernels says why in the gateway's words: no grant in use has a known end.
+    assert rec2["waiting_for"] == {
+        "kind": "capacity",
+        "message": "waiting: the only a100 is in use; no estimate yet",
+    }
+    assert rec2["estimated_wait"]["seconds"] is None
     # The kernel list of the server says it is still starting, and why.
     model = json.loads((await jp_fetch("api", "kernels", second)).body)
     assert model["execution_state"] == "starting"
