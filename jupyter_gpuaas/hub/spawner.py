@@ -74,13 +74,13 @@ from .options import (
     tenant_choices,
 )
 from .status import QueueStatus, StatusBoard, progress_event
-from .tokens import MintedToken, mint, revoke
+from .tokens import MintedToken, RequestTokenMixin
 
 #: Request states after which the gateway holds nothing for us any more.
 ENDED = ("finished", "cancelled", "rejected", "preempted", "culled")
 
 
-class QueuedSpawnerMixin(Configurable):
+class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
     """Queue GPU spawns at the gpuaas gateway before the wrapped spawner starts them."""
 
     gateway_url = Unicode(
@@ -140,15 +140,6 @@ class QueuedSpawnerMixin(Configurable):
         if value < 0:
             raise TraitError(f"{proposal['trait'].name} must be >= 0, not {value}")
         return value
-
-    request_token_lifetime = Integer(
-        3600,
-        min=30,
-        help="""Seconds the user token minted for a request lives (JupyterHub's
-        `expires_in`). While the request lives the spawner mints the next token when half
-        of this is gone and revokes the old one; the request's end revokes it at once, and
-        a Hub that dies holding one leaves a token that expires by itself.""",
-    ).tag(config=True)
 
     request_priority = Integer(
         0, help="Priority of server requests (higher runs first within a tenant)."
@@ -312,67 +303,18 @@ class QueuedSpawnerMixin(Configurable):
 
     # ----------------------------------------------------------------- clients
 
-    def _user_token(self) -> str:
-        """A token of this user for the request's life: submit, heartbeat, stop itself.
-
-        Replaced by a new one once half of `request_token_lifetime` is gone (the old one
-        is revoked), so no call ever carries an expired token.
-        """
-        gp = self._gp
-        old: MintedToken | None = gp["token"]
-        if old is not None and old.fresh(self.request_token_lifetime):
-            return old.token
-        server = f"{self.user.name}/{self.name}"
-        gp["token"] = mint(
-            self.user,
-            note=f"gpuaas request of server {server or 'default'}",
-            scopes=[
-                "custom:gpuaas:use",
-                f"access:services!service={self.gateway_service_name}",
-                f"servers!server={server}",
-            ],
-            lifetime=self.request_token_lifetime,
-        )
-        if old is not None:
-            gp["stale_tokens"].append(old.id)
-            self._resubscribe(old.token)
-        self._revoke_stale_tokens()
-        self._save_state()
-        return str(gp["token"].token)
-
-    def _save_state(self) -> None:
-        """Write the state now, so the Hub's database always names the live token."""
-        if self.orm_spawner is None:
-            return
-        try:
-            self.orm_spawner.state = self.get_state()
-            self.user.db.commit()
-        except Exception:
-            self.log.exception("could not save the gpuaas state of %s", self._log_name)
-
-    def _revoke_stale_tokens(self) -> None:
-        ids, self._gp["stale_tokens"] = self._gp["stale_tokens"], []
-        revoke(self.user, ids, self.log)
-
-    def _revoke_user_token(self) -> None:
-        token: MintedToken | None = self._gp["token"]
-        self._gp["token"] = None
-        if token is not None:
-            forget_stream(self.gateway_url, token.token)
-            self._gp["stale_tokens"].append(token.id)
-        self._revoke_stale_tokens()
-
     def _check_gateway(self) -> None:
         if not self.gateway_url:
             raise web.HTTPError(
                 500, "the GPU gateway is not configured (set QueuedSpawnerMixin.gateway_url)"
             )
 
-    def _gateway_ssl(self) -> ssl.SSLContext | None:
+    def _gateway_ssl(self, url: str | None = None) -> ssl.SSLContext | None:
         """Under the Hub's internal SSL, the Hub's own certificate and trust bundle (the
         Hub process has no JUPYTERHUB_SSL_* of its own); None: the client's defaults."""
         settings = getattr(self.user, "settings", None) or {}
-        if not settings.get("internal_ssl") or not self.gateway_url.startswith("https:"):
+        https = (url or self.gateway_url).startswith("https:")
+        if not settings.get("internal_ssl") or not https:
             return None
         return ssl_context(
             settings.get("internal_ssl_key"),
@@ -634,7 +576,10 @@ class QueuedSpawnerMixin(Configurable):
         )
         url = self.hub.api_url.rstrip("/") + "/" + path
         request = HTTPRequest(
-            url, method="DELETE", headers={"Authorization": f"token {self._user_token()}"}
+            url,
+            method="DELETE",
+            headers={"Authorization": f"token {self._user_token()}"},
+            ssl_options=self._gateway_ssl(url),  # the Hub's API, under internal SSL too
         )
         try:
             await AsyncHTTPClient().fetch(request)
