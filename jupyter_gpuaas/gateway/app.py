@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -52,10 +53,21 @@ class GatewayApp(Application):
         "scaler": "GatewayApp.scaler",
         "config": "GatewayApp.config_file",
         "cookie-secret-file": "GatewayApp.cookie_secret_file",
+        "ssl-keyfile": "GatewayApp.ssl_keyfile",
+        "ssl-certfile": "GatewayApp.ssl_certfile",
+        "ssl-client-ca": "GatewayApp.ssl_client_ca",
         "log-level": "Application.log_level",
     }
     flags = {
         "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log at debug level."),
+        "metrics-public": (
+            {"GatewayApp": {"metrics_public": True}},
+            "Let anyone scrape GET metrics, without a token.",
+        ),
+        "metrics-user-label": (
+            {"GatewayApp": {"metrics_user_label": True}},
+            "Name the holder of each device in the metrics' `user` label.",
+        ),
     }
 
     config_file = Unicode(
@@ -164,8 +176,82 @@ class GatewayApp(Application):
         config=True
     )
 
-    metrics_require_auth = Bool(
-        False, help="Require a gpuaas token for GET metrics (default: anyone may scrape)."
+    event_replay_window = Integer(
+        10_000,
+        min=0,
+        help="Events the gateway keeps (as sent, a few hundred bytes each) so that an event "
+        "stream reconnecting with Last-Event-ID gets exactly what it missed. A client that "
+        "missed more, or reconnects to a restarted gateway, gets a `reset` event and "
+        "relists instead. 0: no replay, every reconnect is a reset.",
+    ).tag(config=True)
+
+    metrics_public = Bool(
+        False,
+        help="Let anyone scrape GET metrics. By default a scrape needs a token with the "
+        "view scope (custom:gpuaas:view, or `view: true` in the token file), as "
+        "JupyterHub's own /metrics does unless authenticate_prometheus is off: the series "
+        "name tenants and the queue's shape, and the gateway may be behind the public proxy.",
+    ).tag(config=True)
+
+    metrics_user_label = Bool(
+        False,
+        help="Fill the `user` label of the gpuaas_device_* series with the holder's user "
+        "name. Off by default: the label stays, empty, so that user names never reach a "
+        "scraper (or a long-term metrics store) unless asked for.",
+    ).tag(config=True)
+
+    ssl_keyfile = Unicode(
+        help="Serve HTTPS with this private key (with ssl_certfile). Default: "
+        "JUPYTERHUB_SSL_KEYFILE, which JupyterHub's internal SSL gives a managed service.",
+    ).tag(config=True)
+
+    @default("ssl_keyfile")
+    def _ssl_keyfile_default(self) -> str:
+        return os.environ.get("JUPYTERHUB_SSL_KEYFILE", "")
+
+    ssl_certfile = Unicode(
+        help="Serve HTTPS with this certificate (with ssl_keyfile). Default: "
+        "JUPYTERHUB_SSL_CERTFILE.",
+    ).tag(config=True)
+
+    @default("ssl_certfile")
+    def _ssl_certfile_default(self) -> str:
+        return os.environ.get("JUPYTERHUB_SSL_CERTFILE", "")
+
+    ssl_client_ca = Unicode(
+        help="With HTTPS: accept only clients presenting a certificate this CA (bundle) "
+        "signed, as JupyterHub's internal SSL verifies both ends. Empty: any client may "
+        "connect (tokens still decide what it may do). Default: JUPYTERHUB_SSL_CLIENT_CA.",
+    ).tag(config=True)
+
+    @default("ssl_client_ca")
+    def _ssl_client_ca_default(self) -> str:
+        return os.environ.get("JUPYTERHUB_SSL_CLIENT_CA", "")
+
+    def _server_ssl(self) -> ssl.SSLContext | None:
+        if not (self.ssl_keyfile or self.ssl_certfile):
+            return None
+        if not (self.ssl_keyfile and self.ssl_certfile):
+            raise StartupError("--ssl-keyfile and --ssl-certfile go together: give both")
+        try:
+            context = ssl.create_default_context(
+                ssl.Purpose.CLIENT_AUTH, cafile=self.ssl_client_ca or None
+            )
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        except (OSError, ssl.SSLError) as e:
+            raise StartupError(f"--ssl-certfile/--ssl-keyfile/--ssl-client-ca: {e}") from None
+        if self.ssl_client_ca:
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    hub_auth_cache_max_age = Integer(
+        60,
+        min=1,
+        help="As a Hub service: seconds the gateway trusts the Hub's answer about a token "
+        "or login cookie before asking again (HubAuth.cache_max_age; 0 would mean forever "
+        "there, so 1 is the least). A token the Hub revoked, or that expired, keeps working "
+        "here for at most this long: lower it for quicker revocation, at one Hub API call "
+        "per token and period.",
     ).tag(config=True)
 
     service_name = Unicode(
@@ -305,9 +391,9 @@ class GatewayApp(Application):
                 quotas=quotas,
                 store=self.store,
                 inventory=self.inventory,
-                metrics=GatewayMetrics(),
+                metrics=GatewayMetrics(user_label=self.metrics_user_label),
                 scaler=self.scaler_obj,
-                bus=EventBus(),
+                bus=EventBus(replay_window=self.event_replay_window),
                 lease_ttl=self.lease_ttl,
                 tick=self.tick_interval,
                 sample_interval=self.sample_interval,
@@ -338,7 +424,7 @@ class GatewayApp(Application):
             "tokens": self.token_table,
             "base_url": self.base_url,
             "keepalive_interval": self.keepalive_interval,
-            "metrics_require_auth": self.metrics_require_auth,
+            "metrics_public": self.metrics_public,
             "service_name": self.service_name,
             "max_body_size": self.max_body_size,
             "default_handler_class": NotFoundHandler,
@@ -350,7 +436,9 @@ class GatewayApp(Application):
             from jupyterhub.services.auth import HubOAuth  # type: ignore[import-untyped]
 
             hub_auth = HubOAuth(
-                api_token=os.environ["JUPYTERHUB_API_TOKEN"], cache_max_age=60, parent=self
+                api_token=os.environ["JUPYTERHUB_API_TOKEN"],
+                cache_max_age=self.hub_auth_cache_max_age,
+                parent=self,
             )
             settings["hub_auth"] = hub_auth
             settings["cookie_secret"] = self._cookie_secret()
@@ -359,6 +447,7 @@ class GatewayApp(Application):
 
     async def start_server(self) -> int:
         """Build, restore the core from the store, listen. Returns the bound port."""
+        tls = self._server_ssl()  # bad certificate files: refused before the store opens
         self.build()
         prepare = getattr(self.inventory, "prepare", None)
         if prepare is not None:  # a watched inventory lists its nodes before the restore
@@ -380,14 +469,16 @@ class GatewayApp(Application):
             # The outer bound; the API's routes refuse past max_body_size themselves, with
             # a JSON 413, before reading (handlers.BodyHandler).
             max_body_size=2 * self.max_body_size,
+            ssl_options=tls,
         )
         sockets = netutil.bind_sockets(self.port, self.ip, family=socket.AF_INET)
         self.http_server.add_sockets(sockets)
         self.bound_port = sockets[0].getsockname()[1]
         mode = "JupyterHub service" if self.hub_service else "standalone"
         self.log.info(
-            "gpuaas gateway (%s) on http://%s:%d%s, store %s, %d nodes",
+            "gpuaas gateway (%s) on %s://%s:%d%s, store %s, %d nodes",
             mode,
+            "https" if tls else "http",
             self.ip,
             self.bound_port,
             self.base_url,

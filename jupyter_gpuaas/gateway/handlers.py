@@ -29,7 +29,14 @@ from jupyter_gpuaas.admission.model import KINDS, State
 from jupyter_gpuaas.words import about_field
 
 from .arbiter import Arbiter, Conflict
-from .auth import Identity, TokenTable, identity_from_hub_model, token_from_header
+from .auth import (
+    METRICS_FORBIDDEN,
+    Identity,
+    TokenTable,
+    identity_from_hub_model,
+    may_scrape,
+    token_from_header,
+)
 from .events import Listener
 from .openapi import build_openapi
 from .store import StoreUnavailable, describe
@@ -493,9 +500,13 @@ class EventsHandler(BaseHandler):
         bus = self.arbiter.bus
         # Viewers hear everything; a user, what is about their own requests (indexed).
         owner = None if who.can_view else who.name
-        listener = self._listener = bus.subscribe(self._deliver, owner=owner)
+        # A reconnecting client names the last event it heard: it gets what it missed
+        # (or a `reset`). A new stream learns the current id, to resume from (events.py).
+        last = self.request.headers.get("Last-Event-ID")
+        listener = self._listener = bus.subscribe(self._deliver, owner=owner, last_event_id=last)
         try:
-            self._send(b": connected\n\n")
+            resume = "" if last is not None else f"id: {bus.last_id}\n"
+            self._send(f": connected\n{resume}\n".encode())
             while not await listener.wait(keepalive):
                 if time.monotonic() - self._last_write >= keepalive * 0.9:
                     self._send(b": keepalive\n\n")
@@ -564,13 +575,15 @@ class OpenAPIHandler(BaseHandler):
 
 
 class MetricsHandler(BaseHandler):
+    """Prometheus text; a token with the view scope unless --metrics-public (auth.py)."""
+
     async def prepare(self) -> None:
-        if self.settings.get("metrics_require_auth"):
+        if not self.settings.get("metrics_public"):
             await super().prepare()
 
     def get(self) -> None:
-        if self.settings.get("metrics_require_auth"):
-            self.require()
+        if not self.settings.get("metrics_public") and not may_scrape(self.require()):
+            raise ApiError(403, METRICS_FORBIDDEN)
         self.arbiter.snapshot_metrics()
         body, content_type = self.arbiter.metrics.render()
         self.set_header("Content-Type", content_type)

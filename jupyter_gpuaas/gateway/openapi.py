@@ -479,7 +479,19 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
             "/api/events": {
                 "get": {
                     "description": "Server-Sent Events; data is the decision's JSON plus "
-                    "`request` (a Request) when it is about one.",
+                    "`request` (a Request) when it is about one. Every event has an `id:`; "
+                    "the `: connected` comment carries the current one.",
+                    "parameters": [
+                        {
+                            "name": "Last-Event-ID",
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "string"},
+                            "description": "Resume after this event: the missed events "
+                            "come first, or one `reset` event (relist the requests) when "
+                            "the gateway no longer has them all.",
+                        }
+                    ],
                     "responses": {"200": {"description": "text/event-stream"}, **_errors()},
                 }
             },
@@ -503,7 +515,12 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
                 "get": {"security": [], "responses": {"200": _resp("this document")}}
             },
             "/metrics": {
-                "get": {"security": [], "responses": {"200": {"description": "Prometheus text"}}}
+                "get": {
+                    "description": "Prometheus text. Needs the view scope unless the "
+                    "gateway runs with --metrics-public (then no token is needed).",
+                    "security": [{"token": []}, {}],
+                    "responses": {"200": {"description": "Prometheus text"}, **_errors()},
+                }
             },
         },
     }
