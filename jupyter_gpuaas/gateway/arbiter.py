@@ -56,6 +56,7 @@ from jupyter_gpuaas.admission.model import (
 from . import waits
 from .devices import DeviceSample, Inventory
 from .events import Event, EventBus
+from .leader import NotLeader
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
 from .positions import QueueIndex
 from .scalers import Scaler
@@ -150,6 +151,10 @@ class Arbiter:
         self.retention = retention
         # Why memory was dropped (the store could not be read back), or None.
         self.broken: str | None = None
+        # Two gateways, one leader (leader.py): a standby mirrors the store and decides
+        # nothing; `leader_url` is who leads, when known. One gateway: always the leader.
+        self.leader = True
+        self.leader_url: str | None = None
         self._last_rebuild = 0.0
         self._busy_since: float | None = None
         self._retry: asyncio.TimerHandle | None = None
@@ -222,6 +227,15 @@ class Arbiter:
 
         Its decisions are committed waiting up to `lock_wait` seconds for a lock held
         elsewhere (`lock_timeout` at start; a rebuild on the event loop does not wait)."""
+        decisions = self._load(now)
+        wait = self.lock_timeout if lock_wait is None else lock_wait
+        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now), wait)
+        log.info(
+            "restored %d live requests on %d nodes", len(self.requests), len(self.core.nodes())
+        )
+
+    def _load(self, now: float) -> list[Decision]:
+        """Load nodes and live requests into the core; the decisions it made doing so."""
         decisions: list[Decision] = []
         known = set(self.config.flavors)
         # Nodes the simulated scaler added are in the store (and, when this is a rebuild
@@ -257,11 +271,41 @@ class Arbiter:
             self.index.sync(req)
         for flavor, seconds in self.store.ended_hold_times():
             self.hold_times.setdefault(flavor, []).append(seconds)
-        wait = self.lock_timeout if lock_wait is None else lock_wait
-        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now), wait)
-        log.info(
-            "restored %d live requests on %d nodes", len(self.requests), len(self.core.nodes())
-        )
+        return decisions
+
+    # --- leadership (leader.py) -----------------------------------------------------------
+
+    def follow(self, leader_url: str | None) -> None:
+        """Be a standby: decide nothing, refuse changes, mirror the store for reads."""
+        self.leader, self.leader_url = False, leader_url
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._fail_queued(NotLeader(leader_url))
+        self.refresh_mirror()
+
+    def refresh_mirror(self) -> None:
+        """A standby's view: the store as it is now, loaded as `restore` loads it, but
+        nothing is committed or announced (its own decisions, if any, are the leader's
+        to make)."""
+        if self.leader:
+            return
+        self._reset_memory()
+        try:
+            self.overrides = self.store.tenant_overrides()
+            self.config = self.make_config(self.quotas, self.overrides)
+            self.core = AdmissionCore(self.config)
+            self._load(time.time())
+            self.broken = None
+        except Exception as e:
+            self._reset_memory()
+            self.broken = f"the standby cannot read the store: {describe(e)}"
+
+    def take_over(self) -> None:
+        """Leadership won: restore from the store exactly as at start-up, then decide."""
+        self.leader, self.leader_url = True, None
+        self._rebuild("this gateway took over as the leader")
+        self.wake()
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -320,6 +364,8 @@ class Arbiter:
         batch at a time (each a short transaction that never waits for a lock)."""
         if self.retention <= 0 or self.broken is not None or time.monotonic() < self._next_prune:
             return
+        if not self.leader:
+            return
         try:
             gone = self.store.prune(time.time() - self.retention)
         except StoreUnavailable as e:
@@ -349,6 +395,8 @@ class Arbiter:
     async def _run(self, fn: Callable[[], T]) -> T:
         """Run `fn` (which calls the core and `commit`) in the next cycle; its value once
         everything it staged is committed and announced. Its exception as is."""
+        if not self.leader:
+            raise NotLeader(self.leader_url)
         op = _Op(fn, asyncio.get_running_loop().create_future())
         self._ops.append(op)
         self._schedule_cycle()

@@ -551,8 +551,11 @@ class HealthHandler(BaseHandler):
         except StoreUnavailable as e:
             store, status, code = e.state, "unavailable", 503
             self.set_header("Retry-After", str(e.retry_after))
-        # One gateway per store today: it leads (replicas with an election: issue 11.9).
-        self.send({"status": status, "store": store, "leader": True}, code)
+        # A standby is healthy too (it answers reads); `leader_url` says who decides.
+        body = {"status": status, "store": store, "leader": arbiter.leader}
+        if not arbiter.leader:
+            body["leader_url"] = arbiter.leader_url
+        self.send(body, code)
 
 
 class OpenAPIHandler(BaseHandler):

@@ -1,0 +1,146 @@
+"""Two gateways, one leader (leader.py): real PostgreSQL, two real gateway processes.
+
+One leads, the other is a standby that answers reads from the store and refuses changes
+with 503 and Retry-After naming the leader. The leader is killed (`kill -9`) under a
+stream of submissions sent to both, as a Service would: the standby takes over within
+15 s, restores from the store, and nothing answered 201 is lost, no device is bound twice,
+and the SSE clients of the new leader hear its decisions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gwutil import GatewayProcess, assert_memory_is_store, call, fresh_pg_database, store_rows
+from test_store_faults import Events, Ledger, wait_until
+
+pytestmark = pytest.mark.slow
+
+INTERVAL = "--leader-check-interval=0.5"
+
+
+def health(url: str) -> dict[str, Any]:
+    status, body, _ = call(url, "GET", "api/health", who=None, timeout=3)
+    return body if status == 200 and isinstance(body, dict) else {}
+
+
+def test_sqlite_gateway_is_always_the_leader(
+    spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    gw = spawn_gateway(f"sqlite:///{tmp_path / 'one.sqlite'}")
+    assert health(gw.url) == {"status": "ok", "store": "ok", "leader": True}
+
+
+def test_leader_election_on_with_sqlite_is_refused(tmp_path: Path) -> None:
+    import subprocess
+
+    from gwutil import free_port, gateway_argv
+
+    argv = gateway_argv(tmp_path, f"sqlite:///{tmp_path / 'x.sqlite'}", free_port())
+    r = subprocess.run([*argv, "--leader-election=on"], capture_output=True, timeout=60)
+    assert r.returncode == 2
+    assert b"needs a PostgreSQL store" in r.stderr
+
+
+def test_standby_reads_refuses_writes_and_takes_over_after_kill_9(
+    spawn_gateway: Callable[..., GatewayProcess], postgres_url: str
+) -> None:
+    db_url = fresh_pg_database(postgres_url)
+    a = spawn_gateway(db_url, INTERVAL, "--lease-ttl=600")
+    b = spawn_gateway(db_url, INTERVAL, "--lease-ttl=600")
+    assert health(a.url)["leader"] is True
+    hb = health(b.url)
+    assert hb["leader"] is False and hb["leader_url"] == a.url, hb
+
+    # The standby answers reads from the store: what the leader admitted, it lists.
+    status, first, _ = call(
+        a.url, "POST", "api/requests", {"tenant": "vision", "kind": "job", "gpus": 1}
+    )
+    assert status == 201, first
+    wait_until(
+        lambda: any(r["id"] == first["id"] for r in call(b.url, "GET", "api/requests")[1]),
+        10,
+        "the standby lists the leader's request",
+    )
+    status, seen, _ = call(b.url, "GET", f"api/requests/{first['id']}")
+    assert status == 200 and seen["state"] == "admitted", seen
+
+    def holders() -> list[str]:
+        status, devices, _ = call(b.url, "GET", "api/devices", who="root")
+        assert status == 200, devices
+        return [d["holder"]["id"] for d in devices["devices"] if d["holder"]]
+
+    # Its mirror of the core (devices, positions) is at most one check interval old.
+    wait_until(lambda: holders() == [first["id"]], 10, "the standby's mirror shows the holder")
+
+    # ... and refuses every change, with a sentence naming the leader.
+    refusals = [
+        call(b.url, "POST", "api/requests", {"tenant": "vision", "kind": "job", "gpus": 1}),
+        call(b.url, "DELETE", f"api/requests/{first['id']}"),
+        call(b.url, "POST", f"api/requests/{first['id']}/heartbeat", {"busy": True}),
+        call(b.url, "PUT", "api/tenants/vision", {"quota": {"a100": 3}}, who="root"),
+    ]
+    for status, body, headers in refusals:
+        assert status == 503, (status, body)
+        assert "standby" in body["error"] and a.url in body["error"], body
+        assert int(headers["Retry-After"]) >= 1
+    assert store_rows(db_url)[first["id"]].state == "admitted"  # the DELETE changed nothing
+
+    # A stream of submissions and cancels, to either gateway as a Service would send them.
+    events_b = Events(b.url)
+    ledger = Ledger()
+    stop = threading.Event()
+    urls = itertools.cycle([a.url, b.url])
+    lock = threading.Lock()
+
+    def load(who: str, tenant: str) -> None:
+        mine: list[str] = []
+        while not stop.is_set():
+            with lock:
+                url = next(urls)
+            if len(mine) > 2:
+                rid = mine.pop(0)
+                status, data, headers = call(url, "DELETE", f"api/requests/{rid}", who=who)
+                ledger.record(status, data, headers)
+                if status in (0, 503):
+                    mine.append(rid)
+            else:
+                status, data = ledger.submit(url, who, {"tenant": tenant, "kind": "job", "gpus": 1})
+                if status == 201:
+                    mine.append(data["id"])
+            time.sleep(0.01)
+
+    workers = [
+        threading.Thread(target=load, args=(who, tenant))
+        for who, tenant in (("alice", "vision"), ("bob", "nlp"), ("carol", "vision"))
+    ]
+    for w in workers:
+        w.start()
+    try:
+        wait_until(lambda: ledger.statuses.get(201, 0) >= 20, 30, "201s from the leader")
+        killed = time.monotonic()
+        a.kill()
+        wait_until(lambda: health(b.url).get("leader") is True, 15, "the standby takes over")
+        takeover = time.monotonic() - killed
+        ok = ledger.statuses.get(201, 0)
+        wait_until(lambda: ledger.statuses.get(201, 0) >= ok + 20, 30, "201s from the new leader")
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(30)
+    print(f"takeover after kill -9: {takeover:.2f} s; answers: {ledger.statuses}")
+
+    ledger.check_answers()
+    assert set(ledger.statuses) <= {0, 200, 201, 409, 503}, ledger.statuses
+    # Every 201 (from either gateway) is stored, nothing refused is, no device twice.
+    assert_memory_is_store(b.url, db_url, ledger.accepted, ledger.refused)
+    after = [e for e in events_b.events if e.get("id") in ledger.accepted]
+    assert after, "the new leader's SSE clients heard none of its decisions"
+    events_b.assert_all_committed(db_url)
+    assert health(b.url)["leader"] is True
