@@ -11,8 +11,6 @@ cannot be reached the answer is 503 with `Retry-After` and the same JSON body.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import re
@@ -35,12 +33,17 @@ from .openapi import build_openapi
 from .store import StoreUnavailable, describe
 from .validate import (
     INT32_MAX,
+    LIMIT_DEFAULT,
+    LIMIT_MAX,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    QUERY_MAX,
     InputError,
     check_int,
     check_name,
     check_text,
+    format_cursor,
+    parse_cursor,
     parse_json_object,
     parse_limit,
 )
@@ -48,8 +51,6 @@ from .validate import (
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
 STATES = tuple(s.value for s in State)
-MAX_NAME = 255
-LIMIT_DEFAULT, LIMIT_MAX = 1000, 10000
 REQUEST_ID = re.compile(r"r-[0-9a-f]{16}")
 
 
@@ -183,6 +184,8 @@ class BaseHandler(web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        if status_code == 405:  # RFC 9110: say which methods the route has
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
         body: dict[str, Any] = {"error": self._reason, "field": None}
         if isinstance(exc, ApiError):
             body = {"error": exc.error, "field": exc.field, **exc.extra}
@@ -200,6 +203,16 @@ class BaseHandler(web.RequestHandler):
     def json_body(self) -> dict[str, Any]:
         return parse_json_object(self.request.body)
 
+    @classmethod
+    def allowed_methods(cls) -> list[str]:
+        """The methods this route implements (tornado answers the others 405)."""
+        base = web.RequestHandler
+        return [
+            m
+            for m in cls.SUPPORTED_METHODS
+            if getattr(cls, m.lower()) is not getattr(base, m.lower())
+        ]
+
     def query(self, allowed: tuple[str, ...]) -> dict[str, str]:
         out: dict[str, str] = {}
         for key, values in self.request.query_arguments.items():
@@ -210,9 +223,9 @@ class BaseHandler(web.RequestHandler):
                     key,
                 )
             value = values[-1].decode("utf-8", "replace")
-            if len(value) > MAX_NAME or "\x00" in value:
+            if len(value) > QUERY_MAX or "\x00" in value:
                 raise ApiError(
-                    400, f"{key} must be at most {MAX_NAME} characters, without NUL", key
+                    400, f"{key} must be at most {QUERY_MAX} characters, without NUL", key
                 )
             out[key] = value
         return out
@@ -334,7 +347,7 @@ class RequestsHandler(BodyHandler):
         if "kind" in q and q["kind"] not in KINDS:
             raise ApiError(400, f"kind must be one of {', '.join(KINDS)}", "kind")
         limit = parse_limit(q["limit"], maximum=LIMIT_MAX) if "limit" in q else LIMIT_DEFAULT
-        after = _parse_cursor(q["cursor"]) if "cursor" in q else None
+        after = parse_cursor(q["cursor"]) if "cursor" in q else None
         if not who.can_view:
             if q.get("user", who.name) != who.name:
                 raise ApiError(403, "seeing other users' requests needs custom:gpuaas:view", "user")
@@ -350,7 +363,7 @@ class RequestsHandler(BodyHandler):
         if len(rows) > limit:  # more exist: RFC 8288 says where (the list is never cut)
             rows = rows[:limit]
             nxt = {k: v for k, v in q.items() if k != "cursor"}
-            nxt["cursor"] = _cursor_of(rows[-1].created, rows[-1].id)
+            nxt["cursor"] = format_cursor(rows[-1].created, rows[-1].id)
             url = f"{self.settings['base_url']}api/requests?{urlencode(sorted(nxt.items()))}"
             self.set_header("Link", f'<{url}>; rel="next"')
         out = []
@@ -401,21 +414,6 @@ class RequestsHandler(BodyHandler):
             raise ApiError(422, req.reason, _reject_field(req.reason), id=req.id, request=obj)
         self.set_header("Location", f"{self.settings['base_url']}api/requests/{req.id}")
         self.send(obj, 201)
-
-
-def _cursor_of(created: float, rid: str) -> str:
-    raw = json.dumps([created, rid]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _parse_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        created, rid = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if isinstance(created, (int, float)) and isinstance(rid, str) and REQUEST_ID.fullmatch(rid):
-            return float(created), rid
-    except (ValueError, TypeError, binascii.Error):
-        pass
-    raise ApiError(400, "cursor is not one this gateway gave (follow the Link header)", "cursor")
 
 
 class RequestHandler(BaseHandler):
@@ -563,7 +561,7 @@ class OpenAPIHandler(BaseHandler):
         return
 
     def get(self) -> None:
-        self.send(build_openapi(self.settings["base_url"]))
+        self.send(build_openapi(self.settings["base_url"], self.arbiter.config.flavors))
 
 
 class MetricsHandler(BaseHandler):
