@@ -10,8 +10,9 @@ characters. That is what Kueue accepts for ClusterQueue, cohort and ResourceFlav
 and at 63 characters it is also a valid Kubernetes label value and a harmless Prometheus
 label. The dot is allowed because MIG flavors are named like `a100-mig-1g.10gb`.
 
-Integers are JSON Schema's (2.0 is 2; 2.5 is refused) and 32-bit signed (`priority` in ±2^31-1, the range of a Kubernetes
-PriorityClass value and of a PostgreSQL `integer` column). Free text (`name`) is valid
+Integers are JSON Schema's (2.0 is 2; 2.5 is refused) and 32-bit signed (`priority` in
+±2^31-1, the range of a Kubernetes PriorityClass value and of a PostgreSQL `integer`
+column). Free text (`name`) is valid
 UTF-8 (no lone surrogates), has no control characters, and is at most 255 characters.
 """
 
