@@ -7,10 +7,12 @@ twice. Replicas (Kubernetes pods behind a Service, or two hosts) therefore elect
   connection kept open for as long as it leads. It restores the core from the store (the
   same `restore` as at start-up) and decides, as a single gateway does.
 - A **follower** (standby) keeps a read-only mirror of the store, refreshed every
-  `leader_check_interval`: it answers GETs from it (requests, devices, tenants, positions:
-  at most one interval old) and refuses every change with 503, `Retry-After` and "this
-  gateway is a standby; the leader is http://...". Its event stream stays open but carries
-  only keep-alives until it leads. It tries the lock at each refresh.
+  `leader_check_interval` when the decision log moved (and every ten intervals anyway,
+  for heartbeats): it answers GETs from it (requests, devices, tenants, positions: about
+  one interval old) and refuses every change with 503, `Retry-After` and "this gateway is
+  a standby; the leader is http://...". Its event stream relays the leader's decisions
+  from the store's decision log (each once it is committed, about an interval late). It
+  tries the lock at each check; on winning it relays what is left of the log first.
 - When the leader dies (even `kill -9`, or its host: the lock connection sets TCP
   keep-alives so PostgreSQL notices a silent peer within about 10 s), PostgreSQL ends its
   session and frees the lock; a follower takes it at its next attempt and restores.
@@ -34,14 +36,17 @@ implement the same five methods; its `fence` would compare the Lease's resourceV
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any, Protocol
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
+from .events import Event
+from .rows import DecisionRow
 from .store import StoreUnavailable, describe
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
@@ -51,6 +56,10 @@ log = logging.getLogger("jupyter_gpuaas.gateway")
 DEFAULT_LOCK_KEY = 0x67707561
 # PostgreSQL keeps at most 63 bytes of application_name.
 APPLICATION_NAME_MAX = 63
+# A standby refreshes its mirror at least every this many checks (heartbeats change rows
+# without a decision), and relays at most this many decisions per check.
+FULL_REFRESH_EVERY = 10
+RELAY_BATCH = 5000
 
 
 class NotLeader(StoreUnavailable):
@@ -206,6 +215,8 @@ class Leadership:
         self.election = election
         self.interval = interval
         self._task: asyncio.Task[None] | None = None
+        self._seen: int | None = None  # the last decision (seq) a standby relayed
+        self._checks = 0
 
     def start_sync(self) -> bool:
         """At start-up, before serving: lead if nobody does. True if leading."""
@@ -213,6 +224,10 @@ class Leadership:
             log.info("leader election: this gateway leads")
             return True
         self.arbiter.follow(self.election.current_leader())
+        try:  # relay what the leader decides from now on
+            self._seen = self._decisions_after(None)[0]
+        except Exception as e:
+            log.warning("standby: cannot read the decision log: %s", describe(e))
         log.info("leader election: standby; the leader is %s", self.arbiter.leader_url or "unknown")
         return False
 
@@ -241,10 +256,64 @@ class Leadership:
             if not await asyncio.to_thread(self.election.still_held):
                 log.error("leader election: leadership lost: this gateway is a standby now")
                 arbiter.follow(None)
+                self._seen = None
             return
         if await asyncio.to_thread(self.election.try_acquire):
             log.warning("leader election: this gateway takes over as the leader")
+            # The old leader is gone: what it committed is final; relay the rest first.
+            await self._relay(refresh=False)
+            self._seen = None
             arbiter.take_over()
             return
         arbiter.leader_url = await asyncio.to_thread(self.election.current_leader)
-        arbiter.refresh_mirror()
+        self._checks += 1
+        await self._relay(refresh=self._checks % FULL_REFRESH_EVERY == 0)
+
+    def _decisions_after(self, seen: int | None) -> tuple[int, list[DecisionRow]]:
+        store = self.arbiter.store
+        with store.session() as s:
+            if seen is None:  # start relaying from now, not from the beginning
+                return int(s.scalar(select(func.max(DecisionRow.seq))) or 0), []
+            rows = list(
+                s.scalars(
+                    select(DecisionRow)
+                    .where(DecisionRow.seq > seen)
+                    .order_by(DecisionRow.seq)
+                    .limit(RELAY_BATCH)
+                )
+            )
+        return (rows[-1].seq if rows else seen), rows
+
+    async def _relay(self, *, refresh: bool) -> None:
+        """A standby: refresh the mirror if the log moved, then publish what it logged."""
+        arbiter = self.arbiter
+        try:
+            seq, rows = await asyncio.to_thread(self._decisions_after, self._seen)
+        except Exception as e:
+            log.debug("standby: cannot read the decision log: %s", describe(e))
+            arbiter.refresh_mirror()  # says why reads are 503 now, if the store is gone
+            return
+        first = self._seen is None
+        self._seen = seq
+        if rows or refresh or first:
+            arbiter.refresh_mirror()
+        for row in rows:
+            publish_logged(arbiter, row)
+
+
+def publish_logged(arbiter: Any, row: DecisionRow) -> None:
+    """Publish a decision of the store's log on `arbiter`'s bus, as its leader did."""
+    try:
+        fields = json.loads(row.fields or "{}")
+    except ValueError:
+        fields = {}
+    data: dict[str, Any] = {"t": row.t, "event": row.event}
+    if row.request_id is not None:
+        data["id"] = row.request_id
+    data.update(fields)
+    user = None
+    if row.request_id:
+        obj = arbiter.view(row.request_id)
+        if obj is not None:
+            data["request"], user = obj, obj["user"]
+    arbiter.bus.publish(Event(row.event, data, user=user))

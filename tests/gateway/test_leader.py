@@ -124,6 +124,13 @@ def test_standby_reads_refuses_writes_and_takes_over_after_kill_9(
         w.start()
     try:
         wait_until(lambda: ledger.statuses.get(201, 0) >= 20, 30, "201s from the leader")
+        # The standby's stream relays the leader's decisions from the store's log.
+        wait_until(
+            lambda: any(e.get("id") in ledger.accepted for e in events_b.events),
+            10,
+            "the standby's SSE clients hear the leader's decisions",
+        )
+        relayed = len(events_b.events)
         killed = time.monotonic()
         a.kill()
         wait_until(lambda: health(b.url).get("leader") is True, 15, "the standby takes over")
@@ -140,7 +147,17 @@ def test_standby_reads_refuses_writes_and_takes_over_after_kill_9(
     assert set(ledger.statuses) <= {0, 200, 201, 409, 503}, ledger.statuses
     # Every 201 (from either gateway) is stored, nothing refused is, no device twice.
     assert_memory_is_store(b.url, db_url, ledger.accepted, ledger.refused)
-    after = [e for e in events_b.events if e.get("id") in ledger.accepted]
-    assert after, "the new leader's SSE clients heard none of its decisions"
+    # ... and once it leads, its own decisions, on the same stream.
+    status, mine, _ = call(
+        b.url, "POST", "api/requests", {"tenant": "nlp", "kind": "job", "gpus": 1}, "bob"
+    )
+    assert status == 201, mine
+    ledger.accepted.add(mine["id"])
+    wait_until(
+        lambda: any(e.get("id") == mine["id"] for e in events_b.events[relayed:]),
+        10,
+        "the new leader's SSE clients hear its decisions",
+    )
+    assert all("request" in e for e in events_b.events if e.get("id")), "an event lacks its request"
     events_b.assert_all_committed(db_url)
     assert health(b.url)["leader"] is True
