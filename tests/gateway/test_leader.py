@@ -161,3 +161,41 @@ def test_standby_reads_refuses_writes_and_takes_over_after_kill_9(
     assert all("request" in e for e in events_b.events if e.get("id")), "an event lacks its request"
     events_b.assert_all_committed(db_url)
     assert health(b.url)["leader"] is True
+
+
+def test_leader_that_loses_its_lock_stops_deciding(
+    spawn_gateway: Callable[..., GatewayProcess], postgres_url: str
+) -> None:
+    """A leader whose lock connection dies (a partition, an admin's pg_terminate_backend)
+    steps down at once: the other takes over, and the old one becomes its standby."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    db_url = fresh_pg_database(postgres_url)
+    a = spawn_gateway(db_url, INTERVAL)
+    b = spawn_gateway(db_url, INTERVAL)
+    assert health(a.url)["leader"] is True and health(b.url)["leader"] is False
+    status, first, _ = call(
+        a.url, "POST", "api/requests", {"tenant": "vision", "kind": "job", "gpus": 1}
+    )
+    assert status == 201, first
+    url = make_url(db_url)
+    with psycopg.connect(
+        host=url.host, port=url.port, user=url.username, dbname=url.database, autocommit=True
+    ) as conn:
+        ended = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (a.url,),
+        ).fetchall()
+    assert ended == [(True,)], ended
+    wait_until(lambda: health(b.url).get("leader") is True, 15, "the standby takes over")
+    wait_until(lambda: health(a.url).get("leader") is False, 15, "the old leader steps down")
+    wait_until(lambda: health(a.url).get("leader_url") == b.url, 15, "it names the new leader")
+    status, body, headers = call(
+        a.url, "POST", "api/requests", {"tenant": "vision", "kind": "job", "gpus": 1}
+    )
+    assert status == 503 and b.url in body["error"] and headers["Retry-After"], body
+    # Both gateways see the one request the old leader admitted, held by it alone.
+    status, seen, _ = call(b.url, "GET", f"api/requests/{first['id']}")
+    assert status == 200 and seen["state"] == "admitted", seen
+    assert_memory_is_store(b.url, db_url, {first["id"]})
