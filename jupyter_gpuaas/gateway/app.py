@@ -408,6 +408,8 @@ class GatewayApp(Application):
         sockets = netutil.bind_sockets(self.port, self.ip, family=socket.AF_INET)
         self.http_server.add_sockets(sockets)
         self.bound_port = sockets[0].getsockname()[1]
+        if self.leadership is not None and not self.advertise_url:  # --port 0: now known
+            self.leadership.election.advertise(f"http://{self.ip}:{self.bound_port}{self.base_url}")
         mode = "JupyterHub service" if self.hub_service else "standalone"
         self.log.info(
             "gpuaas gateway (%s) on http://%s:%d%s, store %s, %d nodes",

@@ -40,7 +40,7 @@ import json
 import logging
 from typing import Any, Protocol
 
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import create_engine, event, func, select, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
@@ -92,6 +92,9 @@ class Election(Protocol):
     def release(self) -> None:
         """Give leadership up (stop)."""
 
+    def advertise(self, url: str) -> None:
+        """The URL others are told is the leader's, once the port is known."""
+
 
 class AdvisoryLockElection:
     """The leader is the replica whose dedicated connection holds a session advisory lock."""
@@ -102,7 +105,6 @@ class AdvisoryLockElection:
             url = url.set(drivername="postgresql+psycopg")
         self.key = key
         self.advertise_url = advertise_url
-        name = advertise_url if len(advertise_url.encode()) <= APPLICATION_NAME_MAX else "gpuaas"
         # Its own engine, no pool: the lock lives and dies with this one connection.
         # TCP keep-alives: a leader whose host vanished silently frees the lock in ~10 s.
         self.engine: Engine = create_engine(
@@ -111,13 +113,31 @@ class AdvisoryLockElection:
             isolation_level="AUTOCOMMIT",
             connect_args={
                 "connect_timeout": 3,
-                "application_name": name,
                 "options": "-c tcp_keepalives_idle=4 -c tcp_keepalives_interval=2 "
                 "-c tcp_keepalives_count=3 -c idle_session_timeout=0",
             },
         )
         self._conn: Connection | None = None
         self._pid: int | None = None  # the lock connection's backend, while leading
+
+        @event.listens_for(self.engine, "do_connect")
+        def _name(_dialect: Any, _rec: Any, _args: Any, params: dict[str, Any]) -> None:
+            params["application_name"] = self._application_name()
+
+    def _application_name(self) -> str:
+        url = self.advertise_url
+        return url if len(url.encode()) <= APPLICATION_NAME_MAX else "gpuaas"
+
+    def advertise(self, url: str) -> None:
+        self.advertise_url = url
+        if self._conn is not None:
+            try:
+                self._conn.execute(
+                    text("SELECT set_config('application_name', :n, false)"),
+                    {"n": self._application_name()},
+                )
+            except SQLAlchemyError as e:
+                log.warning("leader election: cannot advertise %s: %s", url, describe(e))
 
     @property
     def leading(self) -> bool:

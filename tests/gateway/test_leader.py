@@ -199,3 +199,15 @@ def test_leader_that_loses_its_lock_stops_deciding(
     status, seen, _ = call(b.url, "GET", f"api/requests/{first['id']}")
     assert status == 200 and seen["state"] == "admitted", seen
     assert_memory_is_store(b.url, db_url, {first["id"]})
+
+
+@pytest.mark.asyncio
+async def test_port_0_leader_advertises_its_bound_port(
+    make_gateway: Callable[..., Any], postgres_url: str
+) -> None:
+    db_url = fresh_pg_database(postgres_url)
+    a = await make_gateway(db_url, leader_check_interval=0.2)
+    b = await make_gateway(db_url, leader_check_interval=0.2)
+    assert (await a.raw("GET", "api/health", who=None))[1]["leader"] is True
+    status, body = await b.raw("GET", "api/health", who=None)
+    assert status == 200 and body["leader"] is False and body["leader_url"] == a.url, body
