@@ -264,6 +264,14 @@ class GatewayApp(Application):
         "interval plus the time a restore takes.",
     ).tag(config=True)
 
+    forward_writes = Bool(
+        True,
+        help="A standby sends each change (submit, cancel, heartbeat, quota) to the "
+        "leader and answers with the leader's answer, so clients may call any replica "
+        "(a Kubernetes Service). False: a standby refuses changes with 503 and "
+        "Retry-After, naming the leader.",
+    ).tag(config=True)
+
     advertise_url = Unicode(
         "",
         help="The URL other replicas name as the leader's in their 503 answers (at most "
@@ -367,6 +375,7 @@ class GatewayApp(Application):
             "metrics_require_auth": self.metrics_require_auth,
             "service_name": self.service_name,
             "max_body_size": self.max_body_size,
+            "forward_writes": self.forward_writes,
             "default_handler_class": NotFoundHandler,
         }
         handlers: list[Any] = list(routes(self.base_url)) + page_routes(self.base_url)

@@ -29,6 +29,7 @@ from jupyter_gpuaas.words import about_field
 from .arbiter import Arbiter, Conflict
 from .auth import Identity, TokenTable, identity_from_hub_model, token_from_header
 from .events import Listener
+from .leader import LeaderUnreachable, forward
 from .openapi import build_openapi
 from .store import StoreUnavailable, describe
 from .validate import (
@@ -169,6 +170,8 @@ class BaseHandler(web.RequestHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, InputError):
             status_code = 400
+        elif isinstance(exc, LeaderUnreachable):
+            status_code = 502
         elif isinstance(exc, (StoreUnavailable, SQLAlchemyError)):
             status_code = 503
         super().send_error(status_code, **kwargs)
@@ -177,6 +180,8 @@ class BaseHandler(web.RequestHandler):
         if isinstance(value, (StoreUnavailable, SQLAlchemyError)):
             why = value.message if isinstance(value, StoreUnavailable) else describe(value)
             log.warning("%s %s: 503: %s", self.request.method, self.request.path, why)
+        elif isinstance(value, LeaderUnreachable):
+            log.warning("%s %s: 502: %s", self.request.method, self.request.path, value)
         elif isinstance(value, InputError):
             log.info("%s %s: 400: %s", self.request.method, self.request.path, value.message)
         else:
@@ -191,6 +196,8 @@ class BaseHandler(web.RequestHandler):
             body = {"error": exc.error, "field": exc.field, **exc.extra}
         elif isinstance(exc, InputError):
             body = {"error": exc.message, "field": exc.field}
+        elif isinstance(exc, LeaderUnreachable):
+            body = {"error": str(exc), "field": None}
         elif isinstance(exc, (StoreUnavailable, SQLAlchemyError)):
             retry = exc.retry_after if isinstance(exc, StoreUnavailable) else 2
             self.set_header("Retry-After", str(retry))
@@ -202,6 +209,17 @@ class BaseHandler(web.RequestHandler):
 
     def json_body(self) -> dict[str, Any]:
         return parse_json_object(self.request.body)
+
+    def raw_body(self) -> bytes:
+        return self.request.body or b""
+
+    async def forwarded(self) -> bool:
+        """On a standby: send this change to the leader and answer with its answer
+        (leader.py); True once answered. The leader checks everything again."""
+        if self.arbiter.leader or not self.settings.get("forward_writes", True):
+            return False
+        await forward(self, self.raw_body())
+        return True
 
     @classmethod
     def allowed_methods(cls) -> list[str]:
@@ -272,6 +290,12 @@ class BodyHandler(BaseHandler):
         else:
             self._chunks.append(chunk)
 
+    def raw_body(self) -> bytes:
+        if self._too_big:
+            limit = int(self.settings.get("max_body_size", 64 * 1024))
+            raise ApiError(413, f"the body is larger than {limit // 1024} KiB")
+        return b"".join(self._chunks)
+
     def json_body(self) -> dict[str, Any]:
         if self._too_big:
             limit = int(self.settings.get("max_body_size", 64 * 1024))
@@ -319,6 +343,8 @@ class TenantHandler(BodyHandler):
         who = self.require()
         if not who.admin:
             raise ApiError(403, "changing quotas needs custom:gpuaas:admin")
+        if await self.forwarded():
+            return
         check_name(name, "name")
         spec = self.json_body()
         if spec.get("cohort") is not None:
@@ -374,6 +400,8 @@ class RequestsHandler(BodyHandler):
 
     async def post(self) -> None:
         who = self.require()
+        if await self.forwarded():
+            return
         data = self.json_body()
         _check_keys(data, SUBMIT_KEYS)
         for key in ("tenant", "kind", "gpus"):
@@ -435,6 +463,8 @@ class RequestHandler(BaseHandler):
 
     async def delete(self, rid: str) -> None:
         who = self.require()
+        if await self.forwarded():
+            return
         owner = self._owner(rid)
         if owner != who.name and not who.admin:
             raise ApiError(403, "not your request (cancelling it needs custom:gpuaas:admin)")
@@ -451,6 +481,8 @@ HEARTBEAT_KEYS = ("busy", "utilization")
 class HeartbeatHandler(BodyHandler):
     async def post(self, rid: str) -> None:
         who = self.require()
+        if await self.forwarded():
+            return
         data = self.json_body()
         _check_keys(data, HEARTBEAT_KEYS)
         if not isinstance(data.get("busy"), bool):

@@ -9,14 +9,18 @@ twice. Replicas (Kubernetes pods behind a Service, or two hosts) therefore elect
 - A **follower** (standby) keeps a read-only mirror of the store, refreshed every
   `leader_check_interval` when the decision log moved (and every ten intervals anyway,
   for heartbeats): it answers GETs from it (requests, devices, tenants, positions: about
-  one interval old) and refuses every change with 503, `Retry-After` and "this gateway is
-  a standby; the leader is http://...". Its event stream relays the leader's decisions
-  from the store's decision log (each once it is committed, about an interval late). It
-  tries the lock at each check; on winning it relays what is left of the log first.
+  one interval old). It forwards every change to the leader and relays its answer
+  (`forward_writes`; a change that cannot be sent is refused with 503, `Retry-After` and
+  "this gateway is a standby, so nothing was changed; the leader is http://...", one
+  that was sent but got no answer is 502: it may have been recorded). Its event stream
+  relays the leader's decisions from the store's decision log (each once it is
+  committed, about an interval late). It tries the lock at each check; on winning it
+  relays what is left of the log first.
 - When the leader dies (even `kill -9`, or its host: the lock connection sets TCP
   keep-alives so PostgreSQL notices a silent peer within about 10 s), PostgreSQL ends its
   session and frees the lock; a follower takes it at its next attempt and restores.
-- A leader whose lock connection fails stops deciding at once (it becomes a follower).
+- A leader whose lock connection fails stops deciding at its next check (it becomes a
+  follower).
   Every write transaction is also *fenced*: it first checks, inside the transaction, that
   the lock connection's backend still holds the lock, so a leader that lost the lock (a
   network partition) cannot commit a decision next to the new leader's.
@@ -337,3 +341,62 @@ def publish_logged(arbiter: Any, row: DecisionRow) -> None:
         if obj is not None:
             data["request"], user = obj, obj["user"]
     arbiter.bus.publish(Event(row.event, data, user=user))
+
+
+# --- a standby forwards changes to its leader ---------------------------------------------
+
+# Set on a forwarded request: a standby never forwards one again (no loops when two
+# replicas each think the other leads for an instant); it refuses it with 503.
+FORWARDED = "X-Gpuaas-Forwarded"
+_REQUEST_HEADERS = ("Authorization", "Cookie", "Content-Type", "X-XSRFToken", "Accept")
+_ANSWER_HEADERS = ("Content-Type", "Location", "Retry-After", "Link")
+
+
+class LeaderUnreachable(Exception):
+    """A forwarded change was sent but not answered: it may or may not be recorded (502)."""
+
+
+async def forward(handler: Any, body: bytes | None) -> None:
+    """Send `handler`'s request to the leader and answer with the leader's answer.
+
+    NotLeader (503, nothing changed) when there is no leader to send it to or it could
+    not be sent; LeaderUnreachable (502) when it was sent and no answer came back.
+    """
+    from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+    arbiter = handler.arbiter
+    leader = arbiter.leader_url
+    if leader is None or handler.request.headers.get(FORWARDED):
+        raise NotLeader(leader)
+    base = handler.settings.get("base_url", "/")
+    path = handler.request.path[len(base) :] if handler.request.path.startswith(base) else ""
+    url = leader + path + (f"?{handler.request.query}" if handler.request.query else "")
+    headers = {
+        k: handler.request.headers[k] for k in _REQUEST_HEADERS if k in handler.request.headers
+    }
+    headers[FORWARDED] = "1"
+    try:
+        resp = await AsyncHTTPClient().fetch(
+            url,
+            method=handler.request.method,
+            body=body if handler.request.method in ("POST", "PUT") else None,
+            headers=headers,
+            raise_error=False,
+            follow_redirects=False,
+            allow_nonstandard_methods=True,
+            connect_timeout=3,
+            request_timeout=30,
+        )
+    except ConnectionRefusedError:
+        raise NotLeader(leader) from None  # never reached the leader: nothing changed
+    except (OSError, HTTPClientError) as e:
+        log.warning("forwarding %s %s to %s failed: %s", handler.request.method, path, leader, e)
+        raise LeaderUnreachable(
+            f"the leader ({leader}) did not answer, so this change may or may not have been "
+            "recorded: look before sending it again"
+        ) from None
+    handler.set_status(resp.code, resp.reason)
+    for name in _ANSWER_HEADERS:
+        if name in resp.headers:
+            handler.set_header(name, resp.headers[name])
+    handler.finish(resp.body or b"")

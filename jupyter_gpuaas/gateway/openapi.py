@@ -370,6 +370,8 @@ def _errors(*codes: str) -> dict[str, Any]:
         "409": "the request's state does not allow it",
         "413": "the body is larger than the limit (64 KiB by default)",
         "422": "valid, but can never be admitted; stored as rejected",
+        "502": "a standby forwarded this change and the leader did not answer: it may or "
+        "may not have been recorded (look before sending it again)",
         "503": "the store is unavailable, or this gateway is a standby and the leader "
         "decides (nothing was changed): retry after Retry-After",
     }
@@ -464,7 +466,7 @@ def build_openapi(base_url: str = "/", flavors: Iterable[str] | None = None) -> 
                     "requestBody": _body("TenantSpec"),
                     "responses": {
                         "200": _resp("the tenant", _ref("Tenant")),
-                        **_errors("400", "409", "413"),
+                        **_errors("400", "409", "413", "502"),
                     },
                 }
             },
@@ -511,7 +513,7 @@ def build_openapi(base_url: str = "/", flavors: Iterable[str] | None = None) -> 
                             **_resp("accepted (queued or admitted)", _ref("Request")),
                             "links": SUBMIT_LINKS,
                         },
-                        **_errors("400", "413", "422"),
+                        **_errors("400", "413", "422", "502"),
                     },
                 },
             },
@@ -529,7 +531,7 @@ def build_openapi(base_url: str = "/", flavors: Iterable[str] | None = None) -> 
                     "parameters": RID,
                     "responses": {
                         "200": _resp("cancelled or released", _ref("Request")),
-                        **_errors("404", "409"),
+                        **_errors("404", "409", "502"),
                     },
                 },
             },
@@ -540,7 +542,7 @@ def build_openapi(base_url: str = "/", flavors: Iterable[str] | None = None) -> 
                     "requestBody": _body("Heartbeat"),
                     "responses": {
                         "200": _resp("lease renewed", _ref("Request")),
-                        **_errors("400", "404", "409", "413"),
+                        **_errors("400", "404", "409", "413", "502"),
                     },
                 }
             },

@@ -10,14 +10,24 @@ and the SSE clients of the new leader hear its decisions.
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gwutil import GatewayProcess, assert_memory_is_store, call, fresh_pg_database, store_rows
+from gwutil import (
+    TOKENS,
+    GatewayProcess,
+    assert_memory_is_store,
+    call,
+    fresh_pg_database,
+    store_rows,
+)
 from test_store_faults import Events, Ledger, wait_until
 
 pytestmark = pytest.mark.slow
@@ -53,7 +63,7 @@ def test_standby_reads_refuses_writes_and_takes_over_after_kill_9(
 ) -> None:
     db_url = fresh_pg_database(postgres_url)
     a = spawn_gateway(db_url, INTERVAL, "--lease-ttl=600")
-    b = spawn_gateway(db_url, INTERVAL, "--lease-ttl=600")
+    b = spawn_gateway(db_url, INTERVAL, "--lease-ttl=600", "--GatewayApp.forward_writes=False")
     assert health(a.url)["leader"] is True
     hb = health(b.url)
     assert hb["leader"] is False and hb["leader_url"] == a.url, hb
@@ -79,7 +89,7 @@ def test_standby_reads_refuses_writes_and_takes_over_after_kill_9(
     # Its mirror of the core (devices, positions) is at most one check interval old.
     wait_until(lambda: holders() == [first["id"]], 10, "the standby's mirror shows the holder")
 
-    # ... and refuses every change, with a sentence naming the leader.
+    # ... and (not forwarding) refuses every change, with a sentence naming the leader.
     refusals = [
         call(b.url, "POST", "api/requests", {"tenant": "vision", "kind": "job", "gpus": 1}),
         call(b.url, "DELETE", f"api/requests/{first['id']}"),
@@ -163,7 +173,7 @@ def test_standby_reads_refuses_writes_and_takes_over_after_kill_9(
     assert health(b.url)["leader"] is True
 
 
-def test_leader_that_loses_its_lock_stops_deciding(
+def test_leader_that_loses_its_lock_stops_deciding_and_standbys_forward(
     spawn_gateway: Callable[..., GatewayProcess], postgres_url: str
 ) -> None:
     """A leader whose lock connection dies (a partition, an admin's pg_terminate_backend)
@@ -191,14 +201,29 @@ def test_leader_that_loses_its_lock_stops_deciding(
     wait_until(lambda: health(b.url).get("leader") is True, 15, "the standby takes over")
     wait_until(lambda: health(a.url).get("leader") is False, 15, "the old leader steps down")
     wait_until(lambda: health(a.url).get("leader_url") == b.url, 15, "it names the new leader")
-    status, body, headers = call(
-        a.url, "POST", "api/requests", {"tenant": "vision", "kind": "job", "gpus": 1}
+    # The old leader, a standby now, forwards changes to the new one and relays its answers.
+    job = {"tenant": "vision", "kind": "job", "gpus": 1}
+    status, sent, headers = call(a.url, "POST", "api/requests", {**job, "name": "via-a"})
+    assert status == 201 and headers["Location"].endswith(sent["id"]), sent
+    assert store_rows(db_url)[sent["id"]].name == "via-a"
+    status, bad, _ = call(a.url, "POST", "api/requests", {**job, "gpus": 0})
+    assert status == 400 and bad["field"] == "gpus", bad  # the leader's own answer
+    status, gone, _ = call(a.url, "DELETE", f"api/requests/{sent['id']}")
+    assert status == 200 and gone["state"] in ("cancelled", "finished"), gone
+    # Never twice: a forwarded change that reaches a standby is refused, not sent on.
+    req = urllib.request.Request(
+        a.url + "api/requests", data=json.dumps(job).encode(), method="POST"
     )
-    assert status == 503 and b.url in body["error"] and headers["Retry-After"], body
+    req.add_header("Authorization", f"token {TOKENS['alice']}")
+    req.add_header("X-Gpuaas-Forwarded", "1")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=10)
+    assert refused.value.code == 503 and refused.value.headers["Retry-After"]
+    assert b.url in json.loads(refused.value.read())["error"]
     # Both gateways see the one request the old leader admitted, held by it alone.
     status, seen, _ = call(b.url, "GET", f"api/requests/{first['id']}")
     assert status == 200 and seen["state"] == "admitted", seen
-    assert_memory_is_store(b.url, db_url, {first["id"]})
+    assert_memory_is_store(b.url, db_url, {first["id"], sent["id"]})
 
 
 @pytest.mark.asyncio
