@@ -345,7 +345,8 @@ class Arbiter:
             except Exception:
                 log.exception("admission step failed")
             self._maybe_prune()
-            deadline = self.core.next_deadline()
+            # A standby's mirror has deadlines only the leader acts on: no busy wake-ups.
+            deadline = self.core.next_deadline() if self.leader else None
             delay = self.tick
             if deadline is not None:
                 delay = min(delay, max(0.0, deadline - time.time()))
