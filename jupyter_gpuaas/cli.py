@@ -24,10 +24,11 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "jupyter_gpuaas.sim.cli",
     "jupyter_gpuaas.server.kernelspec_cli",
     "jupyter_gpuaas.gateway.app",
-    "jupyter_gpuaas.gateway.devices_cli",
+    "jupyter_gpuaas.devices.cli",
     "jupyter_gpuaas.client_cli",
     "jupyter_gpuaas.jobs.cli",
     "jupyter_gpuaas.hub.demo",
+    "jupyter_gpuaas.kubernetes.cli",
 )
 
 

@@ -293,9 +293,9 @@ class GatewayApp(Application):
 
     def build(self) -> None:
         """Read files, open the store and build the arbiter (no network yet)."""
+        from ..devices import SimulatedInventory, parse_devices_spec
         from .arbiter import Arbiter
         from .auth import TokenError, TokenTable
-        from .devices import SimulatedInventory, parse_devices_spec
         from .events import EventBus
         from .metrics import GatewayMetrics
         from .scalers import scaler_from_name
@@ -305,7 +305,12 @@ class GatewayApp(Application):
         if not isinstance(quotas, dict):
             raise StartupError(f"--quotas {self.quotas}: must be a mapping")
         try:
-            self.inventory = parse_devices_spec(self.devices)
+            if self.devices.strip() == "kubernetes":  # the cluster's Nodes, followed live
+                from .cluster import ClusterInventory
+
+                self.inventory = ClusterInventory(parent=self)
+            else:
+                self.inventory = parse_devices_spec(self.devices)
         except ValueError as e:
             raise StartupError(f"--devices: {e}") from None
         if self.inventory.simulated:
@@ -395,6 +400,12 @@ class GatewayApp(Application):
     async def start_server(self) -> int:
         """Build, restore the core from the store, listen. Returns the bound port."""
         self.build()
+        prepare = getattr(self.inventory, "prepare", None)
+        if prepare is not None:  # a watched inventory lists its nodes before the restore
+            try:
+                await prepare()
+            except Exception as e:
+                raise StartupError(f"--devices {self.devices}: cannot list the nodes: {e}") from e
         from .store import StoreUnavailable
 
         self.leadership = self._leadership()
@@ -456,6 +467,9 @@ class GatewayApp(Application):
         await self.scaler_close()
         self.store.close()
         self.inventory.close()
+        aclose = getattr(self.inventory, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
     async def scaler_close(self) -> None:
         close = getattr(self.scaler_obj, "close", None)

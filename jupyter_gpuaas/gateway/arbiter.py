@@ -53,9 +53,10 @@ from jupyter_gpuaas.admission.model import (
     State,
 )
 
+from ..devices import DeviceSample, Inventory, NodeInfo
 from . import waits
-from .devices import DeviceSample, Inventory
 from .events import Event, EventBus
+from .grace import grace_of, preempt_reason, preemption_fields, reclaim_wait
 from .leader import NotLeader
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
 from .positions import QueueIndex
@@ -166,6 +167,7 @@ class Arbiter:
         self.samples: list[DeviceSample] = []
         self.hold_times: dict[str, list[float]] = {}
         self._last_desired: dict[str, int] = {}
+        self._last_ready: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # Group commit: operations waiting for the next cycle, and where the running one
@@ -313,6 +315,9 @@ class Arbiter:
             loop.create_task(self._admission_loop()),
             loop.create_task(self._sampling_loop()),
         ]
+        follow = getattr(self.inventory, "follow", None)
+        if follow is not None:  # an inventory that sees nodes join and leave (cluster.py)
+            self._tasks.append(loop.create_task(follow(self.node_joined, self.node_left)))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -334,6 +339,38 @@ class Arbiter:
 
     def wake(self) -> None:
         self._wake.set()
+
+    async def node_joined(self, node: NodeInfo) -> None:
+        """A node of the inventory started counting: the core may place on it now."""
+        if node.flavor not in self.config.flavors:
+            log.warning("node %s has flavor %s, which no quota names", node.name, node.flavor)
+            return
+
+        def join() -> None:
+            now = time.time()
+            self.commit(self.core.add_node(node.flavor, node.name, node.gpus, now), now)
+            self.commit(self.core.step(now), now)
+
+        await self._run_if_leader(join)
+
+    async def node_left(self, name: str, why: str) -> None:
+        """A node stopped counting (gone, NotReady, cordoned): its holders lose their grants."""
+
+        def leave() -> None:
+            now = time.time()
+            self.commit(self.core.remove_node(name, now), now)
+            self.commit(self.core.step(now), now)
+
+        log.warning("node %s left (%s): releasing its grants", name, why)
+        await self._run_if_leader(leave)
+
+    async def _run_if_leader(self, fn: Callable[[], None]) -> None:
+        # A standby leaves nodes to the leader: its mirror (and a take-over's restore)
+        # reads the inventory, which follows the joins and leaves itself.
+        try:
+            await self._run(fn)
+        except NotLeader:
+            pass
 
     async def _admission_loop(self) -> None:
         """Wake at the core's next deadline (or every `tick`) and step it."""
@@ -835,12 +872,13 @@ class Arbiter:
 
     def _maybe_scale(self) -> None:
         desired = dict(self.core.desired_nodes())
-        if desired == self._last_desired:
-            return
-        self._last_desired = desired
         ready: dict[str, int] = {}
         for node in self.core.nodes():
             ready[node.flavor] = ready.get(node.flavor, 0) + 1
+        # Ready counts too: a joined node leaves `desired` as it was but ends a scale-up.
+        if (desired, ready) == (self._last_desired, self._last_ready):
+            return
+        self._last_desired, self._last_ready = desired, ready
         try:
             asyncio.get_running_loop().create_task(self.scaler.apply(desired, ready))
         except RuntimeError:  # no loop (restore before serving): the next change applies
@@ -890,6 +928,7 @@ class Arbiter:
                 "flavor": req.assigned_flavor,
                 "node": req.node,
                 "devices": devices,
+                "uuids": self.inventory.uuids(req.node or "", devices),
                 "lease_expires": req.lease_expires,
                 "admitted_at": req.admit_time,
                 "busy": req.busy,
@@ -897,6 +936,7 @@ class Arbiter:
             }
         elif state == State.PARKED.value:
             out["parked"] = {"flavor": req.assigned_flavor, "expires": req.park_expires}
+        out.update(self._preemption_of(req))
         if state == State.QUEUED.value and live is not None:
             # The index answers by bisection; the core's scan if it ever disagrees.
             pos = self.index.position(live) or self.core.position(live.id)
@@ -910,7 +950,17 @@ class Arbiter:
                 wait, why = self._wait(live, pos.overall_position)
                 out["estimated_wait"], out["waiting_for"] = wait, why
             out["scaling"] = self._scaling_for(live)
+            reclaim = reclaim_wait(live, self.core.reclaiming(live.id), time.time())
+            if reclaim is not None:  # a preemptor waiting out its victims' grace
+                out["estimated_wait"] = reclaim
+                out["waiting_for"] = {"kind": "quota", "message": f"waiting: {reclaim['basis']}"}
         return out
+
+    def _preemption_of(self, req: Request | RequestRow) -> dict[str, Any]:
+        """A warned victim's pending eviction: when, for whom, and why in words."""
+        by = self.requests.get(req.preempted_by or "") if req.preempt_at is not None else None
+        reason = preempt_reason(req.tenant, req.gpus, by.tenant if by is not None else None)
+        return preemption_fields(req.preempt_at, req.preempted_by, reason)
 
     def _flavors_for(self, req: Request) -> list[str]:
         if req.flavor:
@@ -993,6 +1043,7 @@ class Arbiter:
                     "weight": t.weight,
                     "queueing": t.queueing,
                     "idle_timeout": self._idle_timeout(name),
+                    "preemption_grace": grace_of(self.config, name),
                     "usage": usage.get(name, []),
                 }
             )
@@ -1038,7 +1089,15 @@ class Arbiter:
             idle,
             rows,
             simulated=self.inventory.simulated,
+            nodes=self._node_counts(),
         )
+
+    def _node_counts(self) -> dict[str, int]:
+        """Nodes per flavor in the core (every configured flavor, 0 included)."""
+        counts = dict.fromkeys(self.config.flavors, 0)
+        for node in self.core.nodes():
+            counts[node.flavor] = counts.get(node.flavor, 0) + 1
+        return counts
 
 
 def check_names(config: Config) -> None:

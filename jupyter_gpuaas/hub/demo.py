@@ -60,7 +60,7 @@ def detect_devices(spec: str) -> tuple[str, str | None, int]:
     if not spec.startswith("nvml"):
         return spec, None, 0
     try:
-        from jupyter_gpuaas.gateway.devices import parse_devices_spec
+        from jupyter_gpuaas.devices import parse_devices_spec
 
         inventory = parse_devices_spec(spec)
         try:
@@ -79,20 +79,37 @@ def quotas_for(flavor: str, gpus: int) -> str:
     """A quota file like the shipped one, for this machine's real GPUs: half each team."""
     vision = max(1, gpus - gpus // 2)
     nlp = max(0, gpus - vision)
+    reclaim = "preemption: {reclaim_within_cohort: Any}"  # as hub_config/local/quotas.yaml
     return (
         "# Written by `jupyter-gpuaas demo` for this machine's GPUs\n"
         f"flavors:\n  {flavor}: {{nodes: 1, gpus_per_node: {gpus}}}\n"
         "tenants:\n"
-        f"  vision: {{cohort: demo, quota: {{{flavor}: {vision}}}}}\n"
-        f"  nlp: {{cohort: demo, quota: {{{flavor}: {nlp}}}}}\n"
-        "policy:\n  idle_timeout: 1800\n  reservation_ttl: 900\n"
+        f"  vision: {{cohort: demo, quota: {{{flavor}: {vision}}}, {reclaim}}}\n"
+        f"  nlp: {{cohort: demo, quota: {{{flavor}: {nlp}}}, {reclaim}}}\n"
+        "policy:\n  idle_timeout: 1800\n  reservation_ttl: 900\n  preemption_grace: 300\n"
     )
 
 
-def install_kernelspec() -> None:
-    """The "Python 3 (1 GPU)" kernelspec, when the kernel provisioner is installed."""
+def demo_flavor(quotas: Path) -> str | None:
+    """The first flavor of the quota file the demo's gateway runs with (None: unreadable)."""
+    try:
+        import yaml
+
+        flavors = (yaml.safe_load(quotas.read_text(encoding="utf-8")) or {}).get("flavors")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return next(iter(flavors), None) if isinstance(flavors, dict) else None
+
+
+def install_kernelspec(quotas: Path | None = None) -> None:
+    """The "Python 3 (1 GPU)" kernelspec, of the quota file's flavor, in this environment.
+
+    It goes to sys.prefix (the venv whose jupyterhub-singleuser the spawner runs), where
+    the spawned servers' JupyterLab finds it, whatever HOME the spawner gives them.
+    """
     if not (REPO / "jupyter_gpuaas" / "server" / "kernelspec_cli.py").exists():
         return
+    flavor = demo_flavor(quotas or CONFIG.with_name("quotas.yaml"))
     cmd = [
         sys.executable,
         "-m",
@@ -101,6 +118,7 @@ def install_kernelspec() -> None:
         "install",
         "--gpus",
         "1",
+        *(["--flavor", flavor] if flavor else []),
         "--name",
         "python3-gpu",
         "--display-name",
@@ -169,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         GPUAAS_DEMO_STATE_DIR=str(state),
         GPUAAS_HUB_TOKEN=secrets.token_hex(32),
     )
-    install_kernelspec()
+    install_kernelspec(Path(env.get("GPUAAS_DEMO_QUOTAS") or CONFIG.with_name("quotas.yaml")))
     hub = subprocess.Popen(
         [jupyterhub, "-f", args.config],
         cwd=str(state),

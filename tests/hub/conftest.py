@@ -68,7 +68,6 @@ c.JupyterHub.log_level = "DEBUG"
 c.QueuedSpawnerMixin.max_gpus = 8
 c.QueuedSpawnerMixin.heartbeat_interval = 1.0
 c.QueuedSpawnerMixin.activity_window = 1.0
-c.Spawner.default_url = "/api"
 c.Spawner.start_timeout = 60
 c.Spawner.poll_interval = 2
 c.Spawner.http_timeout = 60

@@ -1,7 +1,7 @@
-"""Pure parts of the hub package: pod settings, options, progress text, demo helpers.
+"""Pure parts of the hub package: flavors, options, progress text, demo helpers.
 
-The Kubernetes test has no Kubernetes API server: `gpu_pod_settings` is a pure function
-(like KubeSpawner's objects.py), so its output is compared as plain dicts.
+The pods of QueuedKubeSpawner are tested in tests/kubernetes (test_pods.py by dict
+equality, test_kube_spawner.py against a Kubernetes API double).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from jupyter_gpuaas.hub.demo import FALLBACK_DEVICES, detect_devices, quotas_for
-from jupyter_gpuaas.hub.k8s import gpu_pod_settings, validate_flavors
+from jupyter_gpuaas.hub.k8s import validate_flavors
 from jupyter_gpuaas.hub.options import (
     GpuOptions,
     OptionsError,
@@ -28,52 +28,6 @@ FLAVORS = {
     },
     "mig": {"resource": "nvidia.com/mig-1g.10gb", "node_selector": {"pool": "mig"}},
 }
-BASE = {
-    "node_selector": {"team": "ml"},
-    "tolerations": [{"key": "spot", "operator": "Exists"}],
-    "extra_resource_limits": {"ephemeral-storage": "10Gi"},
-    "extra_resource_guarantees": {},
-}
-
-
-def test_pod_gets_gpu_limits_node_selector_and_tolerations_of_its_flavor() -> None:
-    got = gpu_pod_settings(gpus=2, flavor="a100", flavors=FLAVORS, **BASE)
-    assert got == {
-        "extra_resource_limits": {"ephemeral-storage": "10Gi", "nvidia.com/gpu": "2"},
-        "extra_resource_guarantees": {"nvidia.com/gpu": "2"},
-        "node_selector": {"team": "ml", "nvidia.com/gpu.product": "A100-SXM4-80GB"},
-        "tolerations": [
-            {"key": "spot", "operator": "Exists"},
-            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-        ],
-    }
-    assert BASE["extra_resource_limits"] == {"ephemeral-storage": "10Gi"}  # not mutated
-
-
-def test_pod_mig_resource_and_pinned_node() -> None:
-    got = gpu_pod_settings(
-        gpus=1,
-        flavor="mig",
-        flavors=FLAVORS,
-        node="gpu-node-7",
-        node_label="kubernetes.io/hostname",
-        **BASE,
-    )
-    assert got["extra_resource_limits"] == {
-        "ephemeral-storage": "10Gi",
-        "nvidia.com/mig-1g.10gb": "1",
-    }
-    assert got["node_selector"] == {
-        "team": "ml",
-        "pool": "mig",
-        "kubernetes.io/hostname": "gpu-node-7",
-    }
-    assert got["tolerations"] == [{"key": "spot", "operator": "Exists"}]
-
-
-def test_pod_without_gpus_is_unchanged() -> None:
-    got = gpu_pod_settings(gpus=0, flavor="a100", flavors=FLAVORS, **BASE)
-    assert got == {**BASE, "tolerations": [{"key": "spot", "operator": "Exists"}]}
 
 
 def test_flavor_config_is_validated() -> None:

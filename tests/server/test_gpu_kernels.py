@@ -119,7 +119,7 @@ async def test_second_kernel_waits_for_the_gpu_then_starts_on_it(
     # The kernel list of the server says it is still starting, and why.
     model = json.loads((await jp_fetch("api", "kernels", second)).body)
     assert model["execution_state"] == "starting"
-    assert "position 1 of 1" in model.get("reason", "")
+    assert "waiting for 1 a100 (position 1 in vision)" in model.get("reason", "")
     # The sidebar can also read the queue through the proxy.
     mine = json.loads(
         (await jp_fetch("gpuaas", "api", "requests", params={"state": "queued"})).body
