@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 import yaml
 from tornado import httpserver, netutil, web
-from traitlets import Bool, Float, Integer, Unicode, default, validate
+from traitlets import Bool, Enum, Float, Integer, Unicode, default, validate
 from traitlets.config import Application
 
 from jupyter_gpuaas._version import __version__
@@ -56,6 +56,9 @@ class GatewayApp(Application):
         "ssl-keyfile": "GatewayApp.ssl_keyfile",
         "ssl-certfile": "GatewayApp.ssl_certfile",
         "ssl-client-ca": "GatewayApp.ssl_client_ca",
+        "leader-election": "GatewayApp.leader_election",
+        "leader-check-interval": "GatewayApp.leader_check_interval",
+        "advertise-url": "GatewayApp.advertise_url",
         "log-level": "Application.log_level",
     }
     flags = {
@@ -326,6 +329,42 @@ class GatewayApp(Application):
         help="Seconds a client may take to send a request's body.",
     ).tag(config=True)
 
+    # --- two gateways, one leader (leader.py) ---
+
+    leader_election = Enum(
+        ["auto", "on", "off"],
+        "auto",
+        help="Elect one leader among replicas sharing the store (a PostgreSQL advisory "
+        "lock): the others are standbys that answer reads from the store and refuse "
+        "changes with 503. auto: on with PostgreSQL, off with SQLite (one gateway, always "
+        "the leader; `on` is refused there). off: this gateway assumes it is the only one.",
+    ).tag(config=True)
+
+    leader_check_interval = Float(
+        1.0,
+        min=0.1,
+        max=60.0,
+        help="Seconds between a standby's attempts to take the leader's lock (and "
+        "refreshes of its read-only mirror of the store), and between the leader's checks "
+        "that it still holds the lock. A killed leader is replaced within about this "
+        "interval plus the time a restore takes.",
+    ).tag(config=True)
+
+    forward_writes = Bool(
+        True,
+        help="A standby sends each change (submit, cancel, heartbeat, quota) to the "
+        "leader and answers with the leader's answer, so clients may call any replica "
+        "(a Kubernetes Service). False: a standby refuses changes with 503 and "
+        "Retry-After, naming the leader.",
+    ).tag(config=True)
+
+    advertise_url = Unicode(
+        "",
+        help="The URL other replicas name as the leader's in their 503 answers (at most "
+        "63 bytes: PostgreSQL's application_name). Default: http://<ip>:<port><base_url>; "
+        "in Kubernetes, the pod's own address.",
+    ).tag(config=True)
+
     # ------------------------------------------------------------------ lifecycle
 
     def initialize(self, argv: Any = None) -> None:
@@ -427,6 +466,7 @@ class GatewayApp(Application):
             "metrics_public": self.metrics_public,
             "service_name": self.service_name,
             "max_body_size": self.max_body_size,
+            "forward_writes": self.forward_writes,
             "default_handler_class": NotFoundHandler,
         }
         handlers: list[Any] = list(routes(self.base_url)) + page_routes(self.base_url)
@@ -457,11 +497,15 @@ class GatewayApp(Application):
                 raise StartupError(f"--devices {self.devices}: cannot list the nodes: {e}") from e
         from .store import StoreUnavailable
 
+        self.leadership = self._leadership()
         try:
-            self.arbiter.restore(time.time())
+            if self.leadership is None or self.leadership.start_sync():
+                self.arbiter.restore(time.time())
         except StoreUnavailable as e:
             raise StartupError(f"--db-url: cannot restore from the store: {e.message}") from None
         self.arbiter.start()
+        if self.leadership is not None:
+            self.leadership.start()
         self.http_server = httpserver.HTTPServer(
             self.make_app(),
             idle_connection_timeout=self.header_timeout,
@@ -474,6 +518,11 @@ class GatewayApp(Application):
         sockets = netutil.bind_sockets(self.port, self.ip, family=socket.AF_INET)
         self.http_server.add_sockets(sockets)
         self.bound_port = sockets[0].getsockname()[1]
+        if self.leadership is not None and not self.advertise_url:  # --port 0: now known
+            scheme = "https" if tls else "http"
+            self.leadership.election.advertise(
+                f"{scheme}://{self.ip}:{self.bound_port}{self.base_url}"
+            )
         mode = "JupyterHub service" if self.hub_service else "standalone"
         self.log.info(
             "gpuaas gateway (%s) on %s://%s:%d%s, store %s, %d nodes",
@@ -487,9 +536,28 @@ class GatewayApp(Application):
         )
         return int(self.bound_port)
 
+    def _leadership(self) -> Any:
+        """The election of leader.py, when replicas may share this store (else None)."""
+        from .leader import AdvisoryLockElection, Leadership
+
+        postgres = self.db_url.startswith("postgresql")
+        if self.leader_election == "off" or (self.leader_election == "auto" and not postgres):
+            return None
+        if not postgres:
+            raise StartupError("--leader-election=on needs a PostgreSQL store (--db-url)")
+        url = self.advertise_url or f"http://{self.ip}:{self.port}{self.base_url}"
+        election = AdvisoryLockElection(self.db_url, url)
+        self.store.fence = election.fence
+        return Leadership(self.arbiter, election, self.leader_check_interval)
+
     async def stop_server(self) -> None:
         self.http_server.stop()
+        leadership = getattr(self, "leadership", None)
+        if leadership is not None:
+            await leadership.stop()  # no take-over while stopping
         await self.arbiter.stop()
+        if leadership is not None:
+            leadership.election.release()  # after the last commit: the lock goes last
         await self.scaler_close()
         self.store.close()
         self.inventory.close()
