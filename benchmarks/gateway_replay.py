@@ -1,0 +1,627 @@
+"""Kueue's scheduler baseline replayed through a real gateway, on the wall clock (issue 15).
+
+Kueue's 351 s for its 15,000-request baseline is real time against an API server; the
+`kueue_baseline.py` number is a virtual clock. This compares like with like: the same
+scenario (`kueue_baseline.build()`: 5 cohorts x 6 tenants, nominal 20 GPUs, borrowing
+limit 100, reclaimWithinCohort Any, withinClusterQueue LowerPriority; 350 small, 100
+medium, 50 large jobs per tenant) through a `jupyter-gpuaas gateway` subprocess:
+
+- SQLite store (a temporary file), REST over loopback, `--devices simulated:gpu=30x20`
+  (600 GPUs, the scenario's one flavor), the quota file made of the scenario's
+  `flavors` and `tenants`, a token file with one user per tenant (`c0t0-user`, ...),
+  `--lease-ttl 0` (the holders below do not heartbeat; their jobs last ~1 s).
+- Open loop: each request is POSTed at its trace time after the common start, whatever
+  happened to the ones before it, by its tenant's user, as a `job` with its priority.
+- Its holder learns of its admission from SSE (`api/events`, one listener per user: a
+  user hears exactly the events about its own requests), or from the submit's answer if
+  it was admitted at once, whichever comes first; it runs its duration from then on and
+  releases it (`DELETE`). A `preempt` event stops its clock; the gateway requeues a
+  preempted job, and on its next `admit` the holder runs the whole duration again (as
+  the simulator does and as a restarted Kueue Job does).
+
+Measured: the wall time from the start to the last release; the quota-bound floor (total
+GPU-seconds of the trace / GPUs: no schedule can finish sooner, about 66 s) and their
+ratio; requests admitted; lost ones (accepted but never admitted, or never released by
+the end, or any error); the submit latency (from the scheduled instant to the answer's
+last byte, so a late generator shows as latency too); admit-to-holder latency (the admit
+decision's `t`, as stored and sent in the event, to the holder's receipt of it).
+
+The load generator may run as several processes (`--procs`, tenants dealt round-robin);
+everything shares the machine's CPUs with the gateway (say so when quoting numbers).
+Parsing is kept cheap: an event's name, `t` and `id` are read without decoding its JSON.
+
+    .venv/bin/python benchmarks/gateway_replay.py [--scale 1.0] [--procs 2] [--json]
+
+`--scale 0.02` shrinks every tenant's counts (7 small, 2 medium, 1 large) for a smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _bench
+import gateway_load as gl
+import kueue_baseline
+import yaml
+
+TARGET_RATIO = 1.2
+KUEUE_RATIO = 5.3  # Kueue's 351 s against the same floor (issue 15)
+FLAVOR = "gpu"
+
+
+def floor_s(doc: dict[str, Any]) -> float:
+    """Total GPU-seconds of the trace over the GPUs there are: the quota-bound floor."""
+    gpus = sum(f["nodes"] * f["gpus_per_node"] for f in doc["flavors"].values())
+    return sum(r["gpus"] * r["duration"] for r in doc["requests"]) / gpus
+
+
+def write_config(tmp: Path, doc: dict[str, Any]) -> tuple[Path, Path]:
+    """The quota file (the scenario's flavors and tenants) and a token file, one user a
+    tenant (the request's `user`)."""
+    quotas = {"flavors": doc["flavors"], "tenants": doc["tenants"]}
+    tokens: dict[str, Any] = {}
+    for r in doc["requests"]:
+        tokens.setdefault(gl.token_of(r["user"]), {"user": r["user"], "groups": [r["tenant"]]})
+    q, t = tmp / "quotas.yaml", tmp / "tokens.yaml"
+    q.write_text(yaml.safe_dump(quotas, sort_keys=False))
+    t.write_text(yaml.safe_dump({"tokens": tokens}))
+    return q, t
+
+
+def start_gateway(
+    tmp: Path, doc: dict[str, Any], extra: list[str]
+) -> tuple[subprocess.Popen[bytes], int, Path]:
+    q, t = write_config(tmp, doc)
+    port = gl.free_port()
+    db = tmp / "gpuaas.sqlite"
+    log = tmp / "gateway.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for k in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_SERVICE_NAME"):
+        env.pop(k, None)
+    devices = ",".join(
+        f"{name}={f['nodes']}x{f['gpus_per_node']}" for name, f in doc["flavors"].items()
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "jupyter_gpuaas.gateway.app",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--quotas={q}",
+        f"--tokens={t}",
+        f"--devices=simulated:{devices}",
+        f"--db-url=sqlite:///{db}",
+        "--lease-ttl=0",
+        *extra,
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"gateway exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=1):
+                return proc, port, db
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"gateway did not start:\n{log.read_text()[-3000:]}")
+
+
+# --------------------------------------------------------------------------- the holders
+
+
+@dataclass
+class Holder:
+    """One request of the trace and what its holder knows of it."""
+
+    spec: dict[str, Any]
+    gid: str | None = None  # the gateway's id, from the submit's answer
+    running: bool = False  # its clock runs (admitted, as far as the holder knows)
+    releasing: bool = False  # DELETE sent
+    done: bool = False  # released (or failed: see `error`)
+    admitted: bool = False
+    runs: int = 0  # admissions the holder started its clock on
+    preempted: int = 0
+    timer: asyncio.TimerHandle | None = None
+    error: str | None = None
+    early: list[tuple[str, float, float]] = field(default_factory=list)
+
+
+class Worker:
+    """The holders of some tenants: their submissions, SSE listeners and releases."""
+
+    def __init__(self, port: int, specs: list[dict[str, Any]], connections: int) -> None:
+        self.port = port
+        self.holders = [Holder(s) for s in sorted(specs, key=lambda s: s["submit"])]
+        self.by_gid: dict[str, Holder] = {}
+        self.unknown: dict[str, list[tuple[str, float, float]]] = {}  # events before the POST
+        self.pool = gl.Pool(port)
+        self.connections = connections
+        self.submit_ms: list[float] = []
+        self.release_ms: list[float] = []
+        self.notify_ms: list[float] = []  # admit decision's t to receipt
+        self.preempt_notify_ms: list[float] = []
+        self.errors: dict[str, int] = {}
+        self.raced = 0  # DELETE met a request preempted and requeued meanwhile
+        self.last_release = 0.0
+        self.remaining = len(self.holders)
+        self.all_done: asyncio.Future[None] | None = None
+        self.listeners: list[Listener] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def error(self, h: Holder | None, what: str) -> None:
+        self.errors[what] = self.errors.get(what, 0) + 1
+        if h is not None and not h.done:
+            h.error = what
+            self.finish(h)
+
+    def finish(self, h: Holder) -> None:
+        h.done = True
+        self.remaining -= 1
+        if self.remaining == 0 and self.all_done is not None and not self.all_done.done():
+            self.all_done.set_result(None)
+
+    # --- events -----------------------------------------------------------------------
+
+    def on_event(self, name: str, gid: str, t: float, now: float) -> None:
+        h = self.by_gid.get(gid)
+        if h is None:  # the event beat the submit's answer: keep it for then
+            self.unknown.setdefault(gid, []).append((name, t, now))
+            return
+        self.apply(h, name, t, now)
+
+    def apply(self, h: Holder, name: str, t: float, now: float) -> None:
+        if h.done:
+            return
+        if name == "admit":
+            self.notify_ms.append((now - t) * 1000)
+            self.start_clock(h)
+        elif name == "preempt":
+            self.preempt_notify_ms.append((now - t) * 1000)
+            h.preempted += 1
+            if h.running and not h.releasing:
+                h.running = False
+                if h.timer is not None:
+                    h.timer.cancel()
+                    h.timer = None
+        elif name == "reject":
+            self.error(h, "rejected")
+
+    def start_clock(self, h: Holder) -> None:
+        if h.running or h.releasing:
+            return
+        h.running = h.admitted = True
+        h.runs += 1
+        loop = asyncio.get_running_loop()
+        h.timer = loop.call_later(float(h.spec["duration"]), self.release_soon, h)
+
+    def release_soon(self, h: Holder) -> None:
+        h.timer = None
+        h.releasing = True
+        self.spawn(self.release(h))
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # --- HTTP -------------------------------------------------------------------------
+
+    async def submit(self, h: Holder, sched: float) -> None:
+        s = h.spec
+        body = json.dumps(
+            {
+                "tenant": s["tenant"],
+                "kind": s["kind"],
+                "gpus": s["gpus"],
+                "priority": s["priority"],
+                "name": s["id"],
+            }
+        ).encode()
+        try:
+            status, payload = await self.pool.call(
+                "POST", "/api/requests", gl.token_of(s["user"]), body
+            )
+        except (OSError, asyncio.IncompleteReadError) as e:
+            self.error(h, f"submit {type(e).__name__}")
+            return
+        self.submit_ms.append((time.perf_counter() - sched) * 1000)
+        if status != 201:
+            self.error(h, f"submit HTTP {status}")
+            return
+        obj = json.loads(payload)
+        h.gid = obj["id"]
+        self.by_gid[h.gid] = h
+        if obj["state"] == "admitted":
+            self.start_clock(h)
+        for name, t, now in self.unknown.pop(h.gid, ()):
+            self.apply(h, name, t, now)
+
+    async def release(self, h: Holder) -> None:
+        t0 = time.perf_counter()
+        try:
+            status, payload = await self.pool.call(
+                "DELETE", f"/api/requests/{h.gid}", gl.token_of(h.spec["user"])
+            )
+        except (OSError, asyncio.IncompleteReadError) as e:
+            self.error(h, f"release {type(e).__name__}")
+            return
+        self.release_ms.append((time.perf_counter() - t0) * 1000)
+        if status != 200:
+            self.error(h, f"release HTTP {status}")
+            return
+        state = json.loads(payload).get("state")
+        if state == "cancelled":  # preempted and requeued just before: it ran, but not whole
+            self.raced += 1
+        elif state != "finished":
+            self.error(h, f"release left it {state}")
+            return
+        self.last_release = time.time()
+        h.running = False
+        self.finish(h)
+
+    # --- the run ----------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        await self.pool.warm(self.connections)
+        users = sorted({h.spec["user"] for h in self.holders})
+        self.listeners = [Listener(u, self.on_event) for u in users]
+        loop = asyncio.get_running_loop()
+        for i in range(0, len(self.listeners), 50):
+            batch = self.listeners[i : i + 50]
+            await asyncio.gather(
+                *(loop.create_connection(lambda x=x: x, "127.0.0.1", self.port) for x in batch)
+            )
+            await asyncio.gather(*(asyncio.wait_for(x.connected, 30) for x in batch))
+
+    async def run(self, start_epoch: float, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.all_done = loop.create_future()
+        if not self.holders:
+            return
+        # perf_counter for the schedule, the epoch only to agree on the start
+        start = time.perf_counter() + (start_epoch - time.time())
+        for h in self.holders:
+            sched = start + float(h.spec["submit"])
+            delay = sched - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.spawn(self.submit(h, sched))
+        left = timeout - (time.perf_counter() - start)
+        try:
+            await asyncio.wait_for(asyncio.shield(self.all_done), max(1.0, left))
+        except TimeoutError:
+            pass
+
+    def result(self) -> dict[str, Any]:
+        never_admitted = sum(1 for h in self.holders if not h.admitted)
+        unreleased = sum(1 for h in self.holders if h.admitted and not h.done)
+        failed = sum(1 for h in self.holders if h.error is not None)
+        lost = sum(1 for h in self.holders if not h.admitted or not h.done or h.error)
+        return {
+            "lost": lost,
+            "requests": len(self.holders),
+            "admitted": sum(1 for h in self.holders if h.admitted),
+            "never_admitted": never_admitted,
+            "unreleased": unreleased,
+            "failed": failed,
+            "errors": self.errors,
+            "raced": self.raced,
+            "runs": sum(h.runs for h in self.holders),
+            "preempted": sum(h.preempted for h in self.holders),
+            "last_release": self.last_release,
+            "submit_ms": self.submit_ms,
+            "release_ms": self.release_ms,
+            "notify_ms": self.notify_ms,
+            "preempt_notify_ms": self.preempt_notify_ms,
+            "listeners_closed": sum(1 for x in self.listeners if x.closed),
+            "connections_opened": self.pool.opened,
+            "cpu_s": time.process_time(),
+        }
+
+
+class Listener(asyncio.Protocol):
+    """An SSE stream on api/events for one user: each event's name, `t` and `id` go to
+    `on_event` (read by position: a decision's JSON starts `{"t": T, "event": E, "id": I`)."""
+
+    def __init__(self, user: str, on_event: Any) -> None:
+        self.user = user
+        self.on_event = on_event
+        self.buf = b""
+        self.headers_done = False
+        self.closed = False
+        self.connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(
+            (
+                "GET /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: token {gl.token_of(self.user)}\r\n"
+                "Accept: text/event-stream\r\n\r\n"
+            ).encode()
+        )
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        buf = self.buf + data
+        if not self.headers_done:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self.buf = buf
+                return
+            if b" 200 " not in buf[: buf.find(b"\r\n")] and not self.connected.done():
+                self.connected.set_exception(RuntimeError(buf[:200].decode(errors="replace")))
+            self.headers_done = True
+            buf = buf[end + 4 :]
+        blocks = buf.split(b"\n\n")
+        self.buf = blocks.pop()
+        for block in blocks:
+            i = block.find(b"event: ")
+            if i < 0:
+                if b": connected" in block and not self.connected.done():
+                    self.connected.set_result(None)
+                continue
+            j = block.index(b"\n", i)
+            name = block[i + 7 : j].decode()
+            if name not in ("admit", "preempt", "reject"):
+                continue
+            k = block.index(b'{"t": ', j) + 6
+            t = float(block[k : block.index(b",", k)])
+            m = block.find(b'"id": "', k)
+            if m < 0:
+                continue
+            m += 7
+            self.on_event(name, block[m : block.index(b'"', m)].decode(), t, now)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.connected.done():
+            self.connected.set_exception(exc or ConnectionError("closed"))
+
+
+def work(
+    port: int,
+    specs: list[dict[str, Any]],
+    connections: int,
+    ready: Any,
+    go: Any,
+    timeout: float,
+) -> dict[str, Any]:
+    """One generator process (or the only one): connect, say ready, wait for the start
+    epoch, replay its share."""
+
+    async def main() -> dict[str, Any]:
+        w = Worker(port, specs, connections)
+        await w.connect()
+        ready.put(len(w.listeners))
+        start_epoch = await asyncio.get_running_loop().run_in_executor(None, go.get)
+        await w.run(start_epoch, timeout)
+        out = w.result()
+        w.pool.close()
+        for x in w.listeners:
+            x.transport.close()
+        return out
+
+    return asyncio.run(main())
+
+
+def _child(
+    port: int, specs: Any, conns: int, ready: Any, go: Any, out: Any, timeout: float
+) -> None:
+    try:
+        out.put(work(port, specs, conns, ready, go, timeout))
+    except BaseException as e:  # reported, not swallowed: the parent counts it as lost
+        ready.put(-1)
+        out.put({"crashed": f"{type(e).__name__}: {e}"})
+
+
+# --------------------------------------------------------------------------- main
+
+
+def store_counts(db: Path) -> dict[str, int]:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT event, count(*) FROM decisions GROUP BY event").fetchall()
+    finally:
+        con.close()
+    return {str(e): int(n) for e, n in rows}
+
+
+def replay(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    doc = kueue_baseline.build(scale=args.scale)
+    floor = floor_s(doc)
+    timeout = args.timeout if args.timeout else max(60.0, 4 * floor)
+    shares: list[list[dict[str, Any]]] = [[] for _ in range(args.procs)]
+    tenants = list(doc["tenants"])
+    for r in doc["requests"]:
+        shares[tenants.index(r["tenant"]) % args.procs].append(r)
+    load0 = os.getloadavg()
+    proc, port, db = start_gateway(tmp, doc, args.gateway_arg)
+    ctx = mp.get_context("fork")
+    ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    children = [
+        ctx.Process(
+            target=_child, args=(port, share, args.connections, ready, go, out, timeout + 30)
+        )
+        for share in shares
+    ]
+    try:
+        for c in children:
+            c.start()
+        listeners = [ready.get(timeout=120) for _ in children]
+        if min(listeners) < 0:
+            raise SystemExit(f"a generator failed to connect: {out.get(timeout=5)}")
+        cpu0 = gl.cpu_seconds(proc.pid)
+        sys0, at0 = gl.system_cpu()
+        start_epoch = time.time() + 0.5
+        for _ in children:
+            go.put(start_epoch)
+        results = [out.get(timeout=timeout + 120) for _ in children]
+        gateway_cpu = gl.cpu_seconds(proc.pid) - cpu0
+        sys1, at1 = gl.system_cpu()
+        status = gl.proc_status(proc.pid)
+    finally:
+        for c in children:
+            c.join(10)
+            if c.is_alive():
+                c.kill()
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    load1 = os.getloadavg()
+    crashed = [r["crashed"] for r in results if "crashed" in r]
+    if crashed:
+        raise SystemExit(f"a generator crashed: {crashed}")
+
+    def merged(key: str) -> list[float]:
+        return [x for r in results for x in r[key]]
+
+    def total(key: str) -> int:
+        return sum(int(r[key]) for r in results)
+
+    errors: dict[str, int] = {}
+    for r in results:
+        for k, n in r["errors"].items():
+            errors[k] = errors.get(k, 0) + n
+    requests = total("requests")
+    # The last release, when every request was released; else the time given up at.
+    done_all = total("unreleased") + total("never_admitted") == 0
+    last = max(r["last_release"] for r in results)
+    wall = (last - start_epoch) if done_all and last else timeout
+    used = [(b - a) / (at1 - at0) for a, b in zip(sys0, sys1, strict=True)]
+    submit, notify = merged("submit_ms"), merged("notify_ms")
+    lost = total("lost")
+    counts = store_counts(db)
+    result = {
+        "benchmark": "gateway_replay",
+        "command": " ".join(["benchmarks/gateway_replay.py", *sys.argv[1:]]),
+        "machine": _bench.machine(),
+        "load_average_start": [round(x, 2) for x in load0],
+        "load_average_end": [round(x, 2) for x in load1],
+        "scale": args.scale,
+        "procs": args.procs,
+        "nice": args.nice,
+        "requests": requests,
+        "tenants": len(doc["tenants"]),
+        "gpus": sum(f["nodes"] * f["gpus_per_node"] for f in doc["flavors"].values()),
+        "wall_s": round(wall, 2),
+        "floor_s": round(floor, 2),
+        "ratio": round(wall / floor, 3),
+        "target_ratio": TARGET_RATIO,
+        "kueue_ratio": KUEUE_RATIO,
+        "admitted": total("admitted"),
+        "lost": lost,
+        "never_admitted": total("never_admitted"),
+        "unreleased": total("unreleased"),
+        "errors": errors,
+        "released_as_cancel_after_preempt": total("raced"),
+        "preemptions_heard": total("preempted"),
+        "runs": total("runs"),
+        "submit_p50_ms": round(gl.pct(submit, 50), 1),
+        "submit_p99_ms": round(gl.pct(submit, 99), 1),
+        "submit_max_ms": round(max(submit, default=0.0), 1),
+        "release_p99_ms": round(gl.pct(merged("release_ms"), 99), 1),
+        "admit_notify_p50_ms": round(gl.pct(notify, 50), 1),
+        "admit_notify_p99_ms": round(gl.pct(notify, 99), 1),
+        "preempt_notify_p99_ms": round(gl.pct(merged("preempt_notify_ms"), 99), 1),
+        "listeners": sum(listeners),
+        "listeners_closed": total("listeners_closed"),
+        "connections_opened": total("connections_opened"),
+        "gateway_cpu_s": round(gateway_cpu, 1),
+        "generator_cpu_s": round(sum(float(r["cpu_s"]) for r in results), 1),
+        # CPU seconds per second of the run, over all the machine's cores: how much of
+        # it this gateway and generator had, and how much other work took meanwhile
+        "machine_cpu_share": {
+            "gateway": round(gateway_cpu / (at1 - at0), 2),
+            "others_and_generator": round(
+                sum(used) - used[3] - used[4] - gateway_cpu / (at1 - at0), 2
+            ),
+            "idle": round(used[3] + used[4], 2),
+            "steal": round(used[7], 2),
+        },
+        "gateway_peak_rss_mib": round(status["VmHWM"] / 1024, 1),
+        "store_decisions": counts,
+    }
+    result["pass"] = result["ratio"] <= TARGET_RATIO and lost == 0
+    return result
+
+
+def text(r: dict[str, Any]) -> str:
+    return (
+        f"Kueue baseline through a real gateway: {r['requests']:,} requests, {r['tenants']}"
+        f" tenants, {r['gpus']} simulated GPUs, {r['procs']} generator process(es)\n"
+        f"  command     {r['command']}\n"
+        f"  wall        {r['wall_s']:.1f} s; floor {r['floor_s']:.1f} s; ratio {r['ratio']:.2f}"
+        f" (target <= {r['target_ratio']}, Kueue {r['kueue_ratio']}):"
+        f" {'PASS' if r['pass'] else 'FAIL'}\n"
+        f"  admitted    {r['admitted']:,}; lost {r['lost']} (never admitted"
+        f" {r['never_admitted']}, unreleased {r['unreleased']}, errors {r['errors']});"
+        f" preemptions {r['preemptions_heard']}\n"
+        f"  submit      p50 {r['submit_p50_ms']} ms, p99 {r['submit_p99_ms']} ms,"
+        f" max {r['submit_max_ms']} ms\n"
+        f"  admit heard p50 {r['admit_notify_p50_ms']} ms, p99 {r['admit_notify_p99_ms']} ms\n"
+        f"  CPU         gateway {r['gateway_cpu_s']} s, generator {r['generator_cpu_s']} s;"
+        f" gateway peak RSS {r['gateway_peak_rss_mib']} MiB\n"
+        f"  load avg    {r['load_average_start']} at start, {r['load_average_end']} at end;"
+        f" machine CPU share {r['machine_cpu_share']} (nice {r['nice']})\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--scale", type=float, default=1.0, help="shrink every tenant's counts")
+    p.add_argument("--procs", type=int, default=2, help="load generator processes")
+    p.add_argument("--connections", type=int, default=8, help="keep-alive connections each")
+    p.add_argument("--timeout", type=float, default=0.0, help="give up after S (0: 4 x floor)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="scheduling niceness of the gateway and the generators (negative needs root): "
+        "on a shared machine, keeps other work from taking the CPU from them",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (db, gateway log)")
+    p.add_argument(
+        "--gateway-arg", action="append", default=[], help="extra gateway flag (repeatable)"
+    )
+    args = p.parse_args(argv)
+    if args.procs < 1 or args.scale <= 0:
+        p.error("--procs must be >= 1 and --scale > 0")
+    tmp = Path(tempfile.mkdtemp(prefix="gw-replay-"))
+    restore_autogroup = gl.prioritize(args.nice)  # the gateway and generators inherit it
+    try:
+        result = replay(args, tmp)
+    finally:
+        restore_autogroup()
+        if args.keep:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    _bench.emit(result, args.json, text(result))
+    return 0 if result["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
