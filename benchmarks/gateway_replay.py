@@ -183,7 +183,8 @@ class Worker:
         if h is None:  # the event beat the submit's answer: keep it for then
             self.unknown.setdefault(gid, []).append((name, t, now))
             return
-        self.apply(h, name, t, now)
+        if h.gid == gid:  # not about a request it has given up (see `release`)
+            self.apply(h, name, t, now)
 
     def apply(self, h: Holder, name: str, t: float, now: float) -> None:
         if h.done:
@@ -222,7 +223,7 @@ class Worker:
 
     # --- HTTP -------------------------------------------------------------------------
 
-    async def submit(self, h: Holder, sched: float) -> None:
+    async def submit(self, h: Holder, sched: float, again: bool = False) -> None:
         s = h.spec
         body = json.dumps(
             {
@@ -240,12 +241,14 @@ class Worker:
         except (OSError, asyncio.IncompleteReadError) as e:
             self.error(h, f"submit {type(e).__name__}")
             return
-        self.submit_ms.append((time.perf_counter() - sched) * 1000)
+        if not again:
+            self.submit_ms.append((time.perf_counter() - sched) * 1000)
         if status != 201:
             self.error(h, f"submit HTTP {status}")
             return
         obj = json.loads(payload)
         h.gid = obj["id"]
+        h.running = h.releasing = False
         self.by_gid[h.gid] = h
         if obj["state"] == "admitted":
             self.start_clock(h)
@@ -266,9 +269,15 @@ class Worker:
             self.error(h, f"release HTTP {status}")
             return
         state = json.loads(payload).get("state")
-        if state == "cancelled":  # preempted and requeued just before: it ran, but not whole
+        if state == "cancelled":
+            # The gateway had preempted and requeued it before the DELETE came, and the
+            # holder had not heard yet: its last run was cut short, and the DELETE
+            # cancelled the requeued request. Submit it again, as the requeue would have
+            # run it again: it counts as done only once a run of it ends in a release.
             self.raced += 1
-        elif state != "finished":
+            await self.submit(h, time.perf_counter(), again=True)
+            return
+        if state != "finished":
             self.error(h, f"release left it {state}")
             return
         self.last_release = time.time()
@@ -444,6 +453,39 @@ def store_counts(db: Path) -> dict[str, int]:
     return {str(e): int(n) for e, n in rows}
 
 
+def held_gpu_seconds(db: Path, trace_gpu_s: float, capacity_gpu_s: float) -> dict[str, float]:
+    """Where the time beyond the floor went, from the store: GPU-seconds held (admit to
+    release, as decided), of which runs cut short by preemption; the rest of what was
+    held beyond the trace's own GPU-seconds is the holders' slack (hearing of the
+    admission, releasing)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute(
+            "SELECT d.request_id, d.event, d.t, r.gpus FROM decisions d JOIN requests r"
+            " ON r.id = d.request_id WHERE d.event IN ('admit', 'finish', 'cancel', 'preempt')"
+            " ORDER BY d.seq"
+        ).fetchall()
+    finally:
+        con.close()
+    since: dict[str, float] = {}
+    held = cut = 0.0
+    for rid, event, t, gpus in rows:
+        if event == "admit":
+            since[rid] = float(t)
+        elif rid in since:
+            span = gpus * (float(t) - since.pop(rid))
+            held += span
+            if event == "preempt":
+                cut += span
+    return {
+        "trace_gpu_s": round(trace_gpu_s, 1),
+        "held_gpu_s": round(held, 1),
+        "cut_by_preemption_gpu_s": round(cut, 1),
+        "holder_slack_gpu_s": round(held - cut - trace_gpu_s, 1),
+        "capacity_gpu_s": round(capacity_gpu_s, 1),  # GPUs x wall time
+    }
+
+
 def replay(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     doc = kueue_baseline.build(scale=args.scale)
     floor = floor_s(doc)
@@ -511,6 +553,8 @@ def replay(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     submit, notify = merged("submit_ms"), merged("notify_ms")
     lost = total("lost")
     counts = store_counts(db)
+    gpus_total = sum(f["nodes"] * f["gpus_per_node"] for f in doc["flavors"].values())
+    gpu_s = held_gpu_seconds(db, floor * gpus_total, gpus_total * wall)
     result = {
         "benchmark": "gateway_replay",
         "command": " ".join(["benchmarks/gateway_replay.py", *sys.argv[1:]]),
@@ -533,7 +577,8 @@ def replay(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "never_admitted": total("never_admitted"),
         "unreleased": total("unreleased"),
         "errors": errors,
-        "released_as_cancel_after_preempt": total("raced"),
+        # the holder's DELETE met a preemption it had not heard of yet: submitted again
+        "resubmitted_after_race": total("raced"),
         "preemptions_heard": total("preempted"),
         "runs": total("runs"),
         "submit_p50_ms": round(gl.pct(submit, 50), 1),
@@ -560,6 +605,7 @@ def replay(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         },
         "gateway_peak_rss_mib": round(status["VmHWM"] / 1024, 1),
         "store_decisions": counts,
+        "gpu_seconds": gpu_s,
     }
     result["pass"] = result["ratio"] <= TARGET_RATIO and lost == 0
     return result

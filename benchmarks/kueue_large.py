@@ -71,6 +71,10 @@ def generate(out: Path, **kwargs: Any) -> Path:
 
 def measure(out: Path, repeat: int = 3) -> dict[str, Any]:
     shapes = {"baseline": kueue_baseline.generate(out), "large": generate(out)}
+    tenants = {
+        "baseline": kueue_baseline.COHORTS * kueue_baseline.TENANTS_PER_COHORT,
+        "large": COHORTS * TENANTS_PER_COHORT,
+    }
     command = {k: [_bench.cli_path(), "simulate", str(p), "--json"] for k, p in shapes.items()}
     timing = {k: _bench.Timing(c) for k, c in command.items()}
     results: dict[str, dict[str, Any]] = {}
@@ -86,7 +90,7 @@ def measure(out: Path, repeat: int = 3) -> dict[str, Any]:
         rows[k] = {
             "scenario": _bench.rel(shapes[k]),
             "requests": n,
-            "tenants": len(results[k].get("tenants", {})) or None,
+            "tenants": tenants[k],
             "timing": t.as_dict(),
             "us_per_request": round(1e6 * t.best / n, 1),
             "us_per_request_median": round(1e6 * t.median / n, 1),
@@ -127,17 +131,17 @@ def pure_copy(dest: Path) -> Path:
 
 
 def profile_one(scenario: Path, pure: Path, stats: Path) -> None:
+    # main(argv) given its argv returns (the console script's os._exit would lose the stats)
     code = (
-        "import cProfile, sys; from jupyter_gpuaas.cli import main; "
-        f"sys.argv = ['jupyter-gpuaas', 'simulate', {str(scenario)!r}, '--json']; "
-        f"cProfile.run('main()', {str(stats)!r})"
+        "import cProfile; from jupyter_gpuaas.cli import main; "
+        f"cProfile.run(\"main(['simulate', {str(scenario)!r}, '--json'])\", {str(stats)!r})"
     )
     env = {**os.environ, "PYTHONPATH": str(pure), "GPUAAS_PURE": "1"}
     # cwd outside the repository: '' first on sys.path must not find the compiled tree
     proc = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=pure, capture_output=True, text=True
     )
-    if proc.returncode not in (0, None) and not stats.exists():
+    if proc.returncode != 0 or not stats.exists():
         raise SystemExit(f"profiling {scenario} failed:\n{proc.stderr[-3000:]}")
 
 
