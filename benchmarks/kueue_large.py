@@ -69,8 +69,8 @@ def generate(out: Path, **kwargs: Any) -> Path:
     return path
 
 
-def measure(out: Path, repeat: int = 3) -> dict[str, Any]:
-    shapes = {"baseline": kueue_baseline.generate(out), "large": generate(out)}
+def measure(out: Path, repeat: int = 3, scale: float = 1.0) -> dict[str, Any]:
+    shapes = {"baseline": kueue_baseline.generate(out), "large": generate(out, scale=scale)}
     tenants = {
         "baseline": kueue_baseline.COHORTS * kueue_baseline.TENANTS_PER_COHORT,
         "large": COHORTS * TENANTS_PER_COHORT,
@@ -226,10 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each (default 3)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--profile", action="store_true", help="also profile both (pure Python)")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="shrink the large shape's counts (smoke runs)"
+    )
     parser.add_argument("--top", type=int, default=25, help="functions listed by --profile")
     args = parser.parse_args(argv)
     out = _bench.out_dir(args.out)
-    r = measure(out, args.repeat)
+    r = measure(out, args.repeat, args.scale)
     if args.profile:
         r["profile"] = profile(out, args.top)
     _bench.emit(r, args.json, text(r))

@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             k_cmd, k = run_one("kueue_baseline", [*out_args, "--repeat", "1"])
             m_cmd, m = run_one("month_trace", [*out_args, "--requests", "5000", "--repeat", "1"])
             c_cmd, c = run_one("cycle_rate", ["--sizes", "100,1000", "--cycles", "200"])
-            lg_cmd, lg = run_one("kueue_large", [*out_args, "--repeat", "1"])
+            lg_cmd, lg = run_one("kueue_large", [*out_args, "--repeat", "1", "--scale", "0.1"])
             gr_cmd, gr = run_one("gateway_replay", ["--scale", "0.05"])
         else:
             k_cmd, k = run_one("kueue_baseline", out_args)
