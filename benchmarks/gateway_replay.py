@@ -17,20 +17,26 @@ medium, 50 large jobs per tenant) through a `jupyter-gpuaas gateway` subprocess:
   it was admitted at once, whichever comes first; it runs its duration from then on and
   releases it (`DELETE`). A `preempt` event stops its clock; the gateway requeues a
   preempted job, and on its next `admit` the holder runs the whole duration again (as
-  the simulator does and as a restarted Kueue Job does).
+  the simulator does and as a restarted Kueue Job does). When its `DELETE` reaches the
+  gateway after a preemption it has not heard of yet, the gateway cancels the requeued
+  request: the holder submits the job again (`resubmitted_after_race`), so a request
+  counts as done only once a run of it ends in a release.
 
 Measured: the wall time from the start to the last release; the quota-bound floor (total
 GPU-seconds of the trace / GPUs: no schedule can finish sooner, about 66 s) and their
 ratio; requests admitted; lost ones (accepted but never admitted, or never released by
 the end, or any error); the submit latency (from the scheduled instant to the answer's
 last byte, so a late generator shows as latency too); admit-to-holder latency (the admit
-decision's `t`, as stored and sent in the event, to the holder's receipt of it).
+decision's `t`, as stored and sent in the event, to the holder's receipt of it). From the
+store, `gpu_seconds` says where the time above the floor went: GPU-seconds held (admit to
+release, as decided), of which runs cut short by preemption, and the holders' slack
+(hearing of an admission, releasing) beyond the trace's own GPU-seconds.
 
 The load generator may run as several processes (`--procs`, tenants dealt round-robin);
 everything shares the machine's CPUs with the gateway (say so when quoting numbers).
 Parsing is kept cheap: an event's name, `t` and `id` are read without decoding its JSON.
 
-    .venv/bin/python benchmarks/gateway_replay.py [--scale 1.0] [--procs 2] [--json]
+    .venv/bin/python benchmarks/gateway_replay.py [--scale 1.0] [--procs 2] [--nice N] [--json]
 
 `--scale 0.02` shrinks every tenant's counts (7 small, 2 medium, 1 large) for a smoke test.
 """
