@@ -53,7 +53,16 @@ def need_proxy() -> None:
 
 
 class DemoRun:
-    def __init__(self, root: Path, *extra: str, name: str = "demo") -> None:
+    def __init__(
+        self,
+        root: Path,
+        *extra: str,
+        name: str = "demo",
+        prefix: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.prefix = prefix or [str(DEMO)]  # how to run `jupyter-gpuaas`
+        self.env = env or {}  # on top of ours
         self.root = root
         self.cwd = root / f"{name}-cwd"  # empty: nothing to find the config by
         self.cwd.mkdir(parents=True, exist_ok=True)
@@ -68,7 +77,7 @@ class DemoRun:
     @property
     def cmd(self) -> list[str]:
         return [
-            str(DEMO),
+            *self.prefix,
             "demo",
             "--port",
             str(self.port),
@@ -84,6 +93,7 @@ class DemoRun:
         env.pop("GPUAAS_URL", None)
         # The venv's bin on PATH, as an activated venv or `make demo` has it.
         env["PATH"] = f"{DEMO.parent}{os.pathsep}{env.get('PATH', '')}"
+        env.update(self.env)
         log = open(self.log_path, "wb")  # noqa: SIM115 (closed with the process)
         self.proc = subprocess.Popen(
             self.cmd,
