@@ -119,10 +119,13 @@ class Supervisor:
             self._kill_leftovers()
             return code or 1
         print(self.banner(), flush=True)
+        last_track = 0.0
         while not self.stopping and self.hub.poll() is None:
-            self._track()
-            self._reap_orphans()
-            time.sleep(0.3)
+            if time.monotonic() - last_track > 2:  # a walk of the whole process table
+                self._track()
+                self._reap_orphans()
+                last_track = time.monotonic()
+            time.sleep(0.2)
         if not self.stopping:
             code = self.hub.returncode
             print(f"demo: the hub exited with status {code}", flush=True)

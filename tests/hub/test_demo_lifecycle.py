@@ -3,8 +3,9 @@
 - The banner comes once the Hub and the gateway answer through the public URL, and a
   machine without NVML gets one line about simulated GPUs, no NVML alarm.
 - SIGTERM of the demo stops every process it started (Hub, proxy, gateway, alice's
-  server) and frees every port they listened on; alice's grant is released first, so a
-  restarted demo shows no phantom holder.
+  server) and frees every port they listened on; alice's grant is released and bob's
+  pending spawn cancelled before the gateway stops, so a restarted demo shows no phantom
+  holder and no orphaned queued request.
 - Two demos run side by side on different --port; a taken port, or a state directory in
   use by another demo, is named in one line and exits 2.
 - The demo runs from an empty working directory: it finds its shipped config by itself.
@@ -53,11 +54,16 @@ def test_sigterm_stops_everything_and_releases_the_grant(demo) -> None:  # type:
         assert "no GPU found: simulated GPUs" in out
         assert "NVML" not in out, out
 
-    resp = first.api("alice", "POST", "/users/alice/server", json={"tenant": "vision", "gpus": 1})
+    # alice takes all four GPUs (two borrowed from nlp); bob's spawn then waits in the queue.
+    resp = first.api("alice", "POST", "/users/alice/server", json={"tenant": "vision", "gpus": 4})
     assert resp.status_code in (201, 202), resp.text
     server = first.wait_ready("alice")
     held = [d for d in first.gateway("alice", "devices")["devices"] if d["holder"]]
-    assert [d["holder"]["user"] for d in held] == ["alice"]
+    assert [d["holder"]["user"] for d in held] == ["alice"] * 4
+    resp = first.api("bob", "POST", "/users/bob/server", json={"tenant": "vision", "gpus": 1})
+    assert resp.status_code == 202, resp.text
+    queued = first.gateway("bob", "requests?user=bob&state=queued")
+    assert len(queued) == 1
 
     procs = first.descendants()
     alice_pid = int(server["state"]["pid"]) if server.get("state") else None
@@ -91,6 +97,9 @@ def test_sigterm_stops_everything_and_releases_the_grant(demo) -> None:  # type:
     assert [d for d in devices if d["holder"]] == []
     states = {r["state"] for r in again.gateway("alice", "requests?user=alice")}
     assert "admitted" not in states
+    # bob's pending spawn was cancelled too: no queued request left for nobody to take.
+    states = {r["state"] for r in again.gateway("bob", "requests?user=bob")}
+    assert states and not states & {"queued", "admitted"}, states
     assert again.signal(signal.SIGTERM) == 0
 
 
