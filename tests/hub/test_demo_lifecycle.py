@@ -43,16 +43,12 @@ def demo(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_sigterm_stops_everything_and_releases_the_grant(demo) -> None:  # type: ignore[no-untyped-def]
-    first = demo()
+    first = demo("--devices", "simulated:a100=1x4")  # the shipped quotas' four GPUs
     first.start()
-    out = first.log()
     # Once the banner is out, the public URL answers: the Hub and the gateway's route.
     assert requests.get(f"{first.url}/hub/login", timeout=10).status_code == 200
     openapi = f"{first.url}/services/gpuaas/api/openapi.json"
     assert requests.get(openapi, timeout=10).status_code == 200
-    if "GPUs: simulated" in out:  # no GPU on this machine: one plain line, no NVML alarm
-        assert "no GPU found: simulated GPUs" in out
-        assert "NVML" not in out, out
 
     # alice takes all four GPUs (two borrowed from nlp); bob's spawn then waits in the queue.
     resp = first.api("alice", "POST", "/users/alice/server", json={"tenant": "vision", "gpus": 4})
@@ -88,7 +84,7 @@ def test_sigterm_stops_everything_and_releases_the_grant(demo) -> None:  # type:
     assert services_stop and released.start() < services_stop.start(), out[-4000:]
 
     # The same state again: the grant was released in the store, no phantom holder.
-    again = demo(name="demo")  # same name: same state directory
+    again = demo("--devices", "simulated:a100=1x4", name="demo")  # same state directory
     again.port = free_port()
     again.url = f"http://127.0.0.1:{again.port}"
     again.tokens = dict(first.tokens)  # the Hub's database kept alice's token
@@ -104,10 +100,14 @@ def test_sigterm_stops_everything_and_releases_the_grant(demo) -> None:  # type:
 
 
 def test_two_demos_side_by_side(demo) -> None:  # type: ignore[no-untyped-def]
-    a = demo(name="a")
+    a = demo(name="a")  # --devices nvml, the default
     b = demo(name="b")
     a.start()
     b.start()
+    out = a.log()
+    if "GPUs: simulated" in out:  # no GPU on this machine: one plain line, no NVML alarm
+        assert "no GPU found: simulated GPUs" in out
+        assert "NVML" not in out, out
     for run in (a, b):
         assert requests.get(f"{run.url}/hub/login", timeout=10).status_code == 200
         assert run.gateway("carol", "me")["name"] == "carol"
