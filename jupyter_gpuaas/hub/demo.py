@@ -39,6 +39,13 @@ def config_dir() -> Path:
 CONFIG = config_dir() / "local" / "jupyterhub_config.py"
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port a server can listen on."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, not {text!r}")
+    return int(text)
+
+
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo",
@@ -46,7 +53,7 @@ def add_parser(subparsers: Any) -> None:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     p.add_argument("--ip", default="127.0.0.1", help="public address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="public port (default 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="public port (default 8000)")
     p.add_argument(
         "--password",
         default="gpuaas-demo",
@@ -178,16 +185,20 @@ def find_proxy() -> str | None:
     return shutil.which("configurable-http-proxy")
 
 
-def port_taken(ip: str, port: int) -> bool:
-    """Whether something listens on ip:port (SO_REUSEADDR: a TIME_WAIT is not taken)."""
+def port_problem(ip: str, port: int) -> str | None:
+    """Why the public port cannot be had, or None (SO_REUSEADDR: a TIME_WAIT is free)."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((ip, port))
         except OSError as e:
-            return e.errno in (errno.EADDRINUSE, errno.EACCES)
-    return False
+            if e.errno == errno.EADDRINUSE:
+                return f"port {port} on {ip} is already in use: pass --port with a free one"
+            if e.errno == errno.EACCES:
+                return f"port {port} on {ip} needs privileges: pass --port above 1023"
+            return f"cannot listen on {ip}:{port} ({e.strerror}): check --ip and --port"
+    return None
 
 
 def free_ports(n: int) -> list[int]:
@@ -255,11 +266,9 @@ def run(args: argparse.Namespace) -> int:
     if args.quotas is not None and not Path(args.quotas).is_file():
         print(f"demo: --quotas: no such file {args.quotas}", file=sys.stderr)
         return 2
-    if port_taken(args.ip, args.port):
-        print(
-            f"demo: port {args.port} on {args.ip} is already in use: pass --port with a free one",
-            file=sys.stderr,
-        )
+    problem = port_problem(args.ip, args.port)
+    if problem is not None:
+        print(f"demo: {problem}", file=sys.stderr)
         return 2
     state = Path(args.state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
