@@ -319,7 +319,11 @@ class NvmlInventory(Inventory):
     container's own when the gateway runs in a separate PID namespace.
     """
 
-    def __init__(self, flavor: str | None = None, node: str | None = None) -> None:
+    def __init__(
+        self, flavor: str | None = None, node: str | None = None, quiet: bool = False
+    ) -> None:
+        """`quiet`: a machine without the NVML library is expected (a probe for GPU
+        utilization on a CPU-only host), so say so at debug level, not as a warning."""
         # nvidia-ml-py is a dependency, but the C library it loads may be absent.
         import pynvml  # type: ignore[import-untyped]
 
@@ -334,7 +338,7 @@ class NvmlInventory(Inventory):
             pynvml.nvmlInit()
         except pynvml.NVMLError_LibraryNotFound:
             self.message = "no NVML library found: this gateway sees 0 GPUs"
-            log.warning(
+            (log.debug if quiet else log.warning)(
                 "%s (install the NVIDIA driver, or use --devices simulated:…)", self.message
             )
             return

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -178,6 +179,19 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             self.gateway_url or "(none)",
             self.heartbeat_interval,
         )
+        # Without a terminal (a Hub's spawner, systemd) jupyter_server leaves SIGINT to
+        # Python's KeyboardInterrupt, which exits without its cleanup: GPU kernels would
+        # keep their grants until their leases expire. JupyterHub's LocalProcessSpawner
+        # stops a server with SIGINT first; make that the clean stop SIGTERM is (only in a
+        # Hub's server: an in-process test server must leave its host's Ctrl-C alone).
+        if (
+            "JUPYTERHUB_SERVICE_PREFIX" in os.environ
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            try:
+                signal.signal(signal.SIGINT, serverapp._signal_stop)
+            except (ValueError, AttributeError):  # not the main thread; an old server
+                pass
 
     async def stop_extension(self) -> None:
         """Stop the loops, cancel every wait and release every grant of this server."""

@@ -17,6 +17,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -50,12 +51,27 @@ def test_sigterm_stops_everything_and_releases_the_grant(demo) -> None:  # type:
     openapi = f"{first.url}/services/gpuaas/api/openapi.json"
     assert requests.get(openapi, timeout=10).status_code == 200
 
-    # alice takes all four GPUs (two borrowed from nlp); bob's spawn then waits in the queue.
-    resp = first.api("alice", "POST", "/users/alice/server", json={"tenant": "vision", "gpus": 4})
+    # alice takes all four GPUs (two borrowed from nlp): three for her server and one for a
+    # GPU kernel in it; bob's spawn then waits in the queue.
+    resp = first.api("alice", "POST", "/users/alice/server", json={"tenant": "vision", "gpus": 3})
     assert resp.status_code in (201, 202), resp.text
     server = first.wait_ready("alice")
-    held = [d for d in first.gateway("alice", "devices")["devices"] if d["holder"]]
-    assert [d["holder"]["user"] for d in held] == ["alice"] * 4
+    resp = requests.post(
+        f"{first.url}/user/alice/api/kernels",
+        json={"name": "python3-gpu"},
+        headers={"Authorization": f"token {first.token('alice')}"},
+        timeout=60,
+    )
+    assert resp.status_code == 201, resp.text
+    deadline = time.monotonic() + 60
+    while len([d for d in first.gateway("alice", "devices")["devices"] if d["holder"]]) < 4:
+        assert time.monotonic() < deadline, first.log()[-4000:]
+        time.sleep(0.3)
+    held = [d["holder"] for d in first.gateway("alice", "devices")["devices"]]
+    assert (
+        sorted((h["user"], h["kind"]) for h in held)
+        == [("alice", "kernel")] + [("alice", "server")] * 3
+    )
     resp = first.api("bob", "POST", "/users/bob/server", json={"tenant": "vision", "gpus": 1})
     assert resp.status_code == 202, resp.text
     queued = first.gateway("bob", "requests?user=bob&state=queued")
@@ -91,8 +107,9 @@ def test_sigterm_stops_everything_and_releases_the_grant(demo) -> None:  # type:
     again.start()
     devices = again.gateway("alice", "devices")["devices"]
     assert [d for d in devices if d["holder"]] == []
-    states = {r["state"] for r in again.gateway("alice", "requests?user=alice")}
-    assert "admitted" not in states
+    mine = again.gateway("alice", "requests?user=alice")
+    assert {r["kind"] for r in mine} == {"server", "kernel"}
+    assert "admitted" not in {r["state"] for r in mine}  # the kernel's grant went back too
     # bob's pending spawn was cancelled too: no queued request left for nobody to take.
     states = {r["state"] for r in again.gateway("bob", "requests?user=bob")}
     assert states and not states & {"queued", "admitted"}, states
