@@ -20,11 +20,16 @@ then from THIS process, over loopback:
    holder is DELETEd and the clock runs until the waiter's `admit` event reaches the
    waiter's own SSE listener (the 500 listeners stay connected). `--probes` times.
 
+`--history N` first fills the store with N ended requests (finished, cancelled or
+rejected, over the last 20 days, one decision each) so the run meets a grown history;
+`--list-rate R` adds R open-loop `GET api/requests?limit=50` per second, each by a random
+user (their own list: the `(user, created)` index), timed like the submissions.
+
 Errors are any non-2xx answer or a connection error. Everything runs on one machine: the
 load generator shares the CPUs with the gateway (say so when quoting the numbers).
 
     .venv/bin/python benchmarks/gateway_load.py [--quick] [--duration S] [--rate N]
-        [--listeners N] [--probes N] [--json FILE]
+        [--listeners N] [--probes N] [--history N] [--list-rate R] [--json FILE]
 
 `--quick` is 5 s at 50/s with 50 listeners and 5 probes.
 """
@@ -140,12 +145,72 @@ def prioritize(nice: int) -> Any:
     return undo
 
 
+def prefill(db: Path, n: int, seed: int) -> None:
+    """N ended requests over the last 20 days (the schema made by the gateway's store)."""
+    from jupyter_gpuaas.gateway.store import Store
+
+    Store.open(f"sqlite:///{db}").close()
+    rng = random.Random(seed)
+    who = users()
+    now = time.time()
+    rows, decisions = [], []
+    for i in range(n):
+        user, tenant = who[rng.randrange(len(who))]
+        t = now - rng.uniform(60.0, 20 * 86400.0)
+        state = rng.choices(("finished", "cancelled", "rejected"), (60, 25, 15))[0]
+        rid = f"r-{i:016x}"
+        rows.append(
+            (
+                rid,
+                tenant,
+                user,
+                rng.choice(("kernel", "job")),
+                1,
+                None,
+                0,
+                "old",
+                True,
+                state,
+                t,
+                t,
+                i,
+                None,
+                None,
+                "[]",
+                None,
+                None,
+                None,
+                None,
+                None,
+                False,
+                0,
+                0,
+                None,
+                "",
+                t,
+                t + 60,
+            )
+        )
+        decisions.append((t + 60, state if state != "finished" else "finish", rid, "{}"))
+    con = sqlite3.connect(db)
+    try:
+        con.executemany(f"INSERT INTO requests VALUES ({','.join('?' * 28)})", rows)
+        con.executemany(
+            "INSERT INTO decisions (t, event, request_id, fields) VALUES (?, ?, ?, ?)", decisions
+        )
+        con.commit()
+    finally:
+        con.close()
+
+
 def start_gateway(
-    tmp: Path, extra: list[str], nice: int = 0
+    tmp: Path, extra: list[str], nice: int = 0, history: int = 0
 ) -> tuple[subprocess.Popen[bytes], int, Path]:
     q, t = write_config(tmp)
     port = free_port()
     db = tmp / "gpuaas.sqlite"
+    if history:
+        prefill(db, history, seed=history)
     log = tmp / "gateway.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for k in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_SERVICE_NAME"):
@@ -395,7 +460,19 @@ class Load:
     errors: Counter[str] = field(default_factory=Counter)
     cancels: int = 0
     cancel_conflicts: int = 0
+    list_latencies: list[float] = field(default_factory=list)
     pending: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+async def list_one(pool: Pool, load: Load, sched: float, user: str) -> None:
+    try:
+        status, _ = await pool.call("GET", "/api/requests?limit=50", token_of(user))
+    except (OSError, asyncio.IncompleteReadError) as e:
+        load.errors[f"list {type(e).__name__}"] += 1
+        return
+    load.list_latencies.append(time.perf_counter() - sched)
+    if status != 200:
+        load.errors[f"list HTTP {status}"] += 1
 
 
 async def submit_one(
@@ -438,19 +515,28 @@ async def submit_one(
         load.errors[f"cancel HTTP {status}"] += 1
 
 
-async def run_load(pool: Pool, rate: float, duration: float, seed: int) -> Load:
+async def run_load(
+    pool: Pool, rate: float, duration: float, seed: int, list_rate: float = 0.0
+) -> Load:
     load = Load()
     rng = random.Random(seed)
     who = users()
-    n = int(rate * duration)
     start = time.perf_counter() + 0.05
-    for i in range(n):
-        sched = start + i / rate
+    # Submissions at i/rate and list reads at j/list_rate, merged in time order.
+    events = [(i / rate, 0) for i in range(int(rate * duration))]
+    if list_rate > 0:
+        events += [(j / list_rate, 1) for j in range(int(list_rate * duration))]
+    events.sort()
+    for offset, what in events:
+        sched = start + offset
         delay = sched - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         user, tenant = who[rng.randrange(len(who))]
-        task = asyncio.create_task(submit_one(pool, load, sched, user, tenant, rng))
+        if what == 0:
+            task = asyncio.create_task(submit_one(pool, load, sched, user, tenant, rng))
+        else:
+            task = asyncio.create_task(list_one(pool, load, sched, user))
         load.pending.add(task)
         task.add_done_callback(load.pending.discard)
     return load
@@ -550,7 +636,7 @@ async def quiet(listeners: list[SSE], settle: float = 1.0, limit: float = 60.0) 
 
 
 async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    proc, port, db = start_gateway(tmp, args.gateway_arg or [], args.nice)
+    proc, port, db = start_gateway(tmp, args.gateway_arg or [], args.nice, args.history)
     try:
         rss_idle = proc_status(proc.pid)
         pool = Pool(port)
@@ -578,7 +664,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             f"{args.rate:g}/s for {args.duration:g} s ...",
             file=sys.stderr,
         )
-        load = await run_load(pool, args.rate, args.duration, args.seed)
+        load = await run_load(pool, args.rate, args.duration, args.seed, args.list_rate)
         submitted_wall = time.perf_counter() - wall0
         window_cpu = cpu_seconds(proc.pid) - cpu0
         own_cpu = time.process_time() - own0
@@ -644,6 +730,12 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "p99": round(pct(inside["POST"], 99), 1),
             "max": round(max(inside["POST"], default=math.nan), 1),
         },
+        "history_rows": args.history,
+        "list_ms": {
+            "n": len(load.list_latencies),
+            "p50": round(pct([x * 1000 for x in load.list_latencies], 50), 1),
+            "p99": round(pct([x * 1000 for x in load.list_latencies], 99), 1),
+        },
         "generator_late_ms": {"p99": round(pct(late, 99), 1), "max": round(max(late), 1)},
         "cancels": load.cancels,
         "cancel_conflicts": load.cancel_conflicts,
@@ -702,6 +794,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=32, help="keep-alive connections")
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    p.add_argument("--history", type=int, default=0, help="ended requests put in the store first")
+    p.add_argument(
+        "--list-rate", type=float, default=0.0, help="GET api/requests per second, by users"
+    )
     p.add_argument(
         "--nice",
         type=int,

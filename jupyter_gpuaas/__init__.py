@@ -1,6 +1,8 @@
 """jupyter-gpuaas: a notebook-centric GPU gateway for JupyterHub."""
 
-__version__ = "0.1.0"
+from jupyter_gpuaas._version import __version__
+
+__all__ = ["__version__", "load_ipython_extension"]
 
 
 def _jupyter_server_extension_points() -> list[dict[str, object]]:
@@ -18,3 +20,10 @@ def load_ipython_extension(ipython: object) -> None:
     from jupyter_gpuaas.magics import load_ipython_extension as load
 
     load(ipython)
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """The prebuilt JupyterLab extension `jupyter-gpuaas` (the "GPUs" sidebar), built from
+    `labextension/` into `jupyter_gpuaas/labextension/` (what `jupyter labextension develop`
+    links for an editable install; a wheel installs it under share/jupyter/labextensions)."""
+    return [{"src": "labextension", "dest": "jupyter-gpuaas"}]

@@ -24,15 +24,16 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "jupyter_gpuaas.sim.cli",
     "jupyter_gpuaas.server.kernelspec_cli",
     "jupyter_gpuaas.gateway.app",
-    "jupyter_gpuaas.gateway.devices_cli",
+    "jupyter_gpuaas.devices.cli",
     "jupyter_gpuaas.client_cli",
     "jupyter_gpuaas.jobs.cli",
     "jupyter_gpuaas.hub.demo",
+    "jupyter_gpuaas.kubernetes.cli",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jupyter_gpuaas import __version__
+    from jupyter_gpuaas._version import __version__
 
     parser = argparse.ArgumentParser(
         prog=PROG,

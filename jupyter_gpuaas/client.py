@@ -21,7 +21,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import urlencode, urlparse
 
-__all__ = ["GatewayClient", "GatewayError", "SyncGatewayClient", "gateway_from_env"]
+from jupyter_gpuaas.words import about_field
+
+__all__ = [
+    "GatewayClient",
+    "GatewayError",
+    "SyncGatewayClient",
+    "gateway_from_env",
+    "launch_environment",
+]
 
 SERVICE_PREFIX = "/services/gpuaas/"
 
@@ -37,8 +45,12 @@ class GatewayError(Exception):
         self.body = body
 
     def __str__(self) -> str:
-        where = f" ({self.field})" if self.field else ""
-        return f"{self.error}{where} [HTTP {self.status}]" if self.status else self.error
+        """One sentence a person reads: the gateway's own words, naming the field. A
+        refusal (4xx) is just that sentence; a failure of the gateway says so."""
+        text = about_field(self.field, self.error)
+        if self.status >= 500:
+            return f"the GPU gateway failed ({self.status}): {text}"
+        return text
 
 
 def gateway_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -60,6 +72,49 @@ def gateway_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
     if not token:
         raise GatewayError(0, f"no token for the gateway at {url}: set GPUAAS_TOKEN")
     return url.rstrip("/") + "/", token
+
+
+def launch_environment(grant: Mapping[str, Any] | None) -> dict[str, str]:
+    """The environment that confines a process to its granted devices: the one mapping
+    of a grant that the spawner, the kernel provisioner and the job runner all use.
+
+    `grant` is a request object of the gateway (an answer or an event): its `id`,
+    `tenant` and `grant` (`node`, `flavor`, `devices`, `uuids`). Without a grant the
+    answer is {}: whether to hide every device then is the caller's policy.
+
+    `CUDA_VISIBLE_DEVICES` (what CUDA, and so PyTorch, JAX and TensorFlow obey) and
+    `NVIDIA_VISIBLE_DEVICES` (what the NVIDIA container runtime reads) both name the
+    devices by UUID (`GPU-…`, `MIG-…`) wherever the grant has UUIDs: a grant's indices are
+    positions within its node, which on a host with several GPU models (one node per
+    model) are not the host's device numbers. Only simulated devices have no UUIDs; their
+    indices are named instead. `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes CUDA number devices
+    in the order NVML (and nvidia-smi) lists them, rather than fastest first.
+    """
+    inner = (grant or {}).get("grant")
+    if not grant or not isinstance(inner, Mapping):
+        return {}
+    devices = [str(d) for d in inner.get("devices") or []]
+    uuids = inner.get("uuids")
+    named = (
+        isinstance(uuids, list)
+        and len(uuids) == len(devices)
+        and all(isinstance(u, str) and u.startswith(("GPU-", "MIG-")) for u in uuids)
+    )
+    visible = ",".join(uuids if named else devices)  # type: ignore[arg-type]
+    env = {
+        "CUDA_VISIBLE_DEVICES": visible,
+        "NVIDIA_VISIBLE_DEVICES": visible or "void",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+    for name, value in (
+        ("GPUAAS_REQUEST_ID", grant.get("id")),
+        ("GPUAAS_TENANT", grant.get("tenant")),
+        ("GPUAAS_FLAVOR", inner.get("flavor")),
+        ("GPUAAS_NODE", inner.get("node")),
+    ):
+        if value:
+            env[name] = str(value)
+    return env
 
 
 def _submit_body(

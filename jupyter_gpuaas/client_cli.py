@@ -11,6 +11,8 @@ import json
 import sys
 from typing import Any
 
+from jupyter_gpuaas.words import about, plural, usage_sentence_of
+
 
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1 (GPU counts)."""
@@ -84,11 +86,15 @@ def describe(r: dict[str, Any]) -> str:
     if state == "queued" and r.get("position"):
         p = r["position"]
         line = f"{what}: queued, position {p['overall']} of {p['of']}"
+        why = (r.get("waiting_for") or {}).get("message")
         wait = r.get("estimated_wait") or {}
-        if wait.get("seconds") is not None:
-            line += f", about {round(wait['seconds'] / 60)} min ({wait['basis']})"
+        if why:
+            line += f"; {why}"
+        elif wait.get("seconds") is not None:
+            line += f"; estimated wait {about(wait['seconds'])}"
         if r.get("scaling"):
-            line += f"; {r['scaling']['nodes']} {r['scaling']['flavor']} node(s) coming"
+            nodes = plural(r["scaling"]["nodes"], f"{r['scaling']['flavor']} node")
+            line += f"; {nodes} coming"
         return line
     reason = f" ({r['reason']})" if r.get("reason") else ""
     return f"{what}: {state}{reason}"
@@ -110,11 +116,9 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"you are {me['name']}; tenants you may charge: {', '.join(me['tenants']) or 'none'}")
         for t in tenants["tenants"]:
             for u in t["usage"]:
-                print(
-                    f"  {t['name']:<12} {u['flavor']:<8} quota {u['quota']:>3}  "
-                    f"admitted {u['admitted']:>3}  parked {u['parked']:>3}  "
-                    f"borrowed {u['borrowed']:>3}  pending {u['pending_gpus']:>3}"
-                )
+                more = int(u.get("pending_gpus") or 0)
+                waiting = f"; {plural(more, 'more GPU')} waiting" if more else ""
+                print(f"  {usage_sentence_of(t['name'], u)}{waiting}")
         print(f"your live requests: {len(live)}")
         for r in live:
             print("  " + describe(r))

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpuaas.words import format_duration, plural, usage_sentence_of
+
 #: Colour per job state (the Jupyter palette's).
 COLOURS = {
     "queued": "#ef6c00",
@@ -32,17 +34,6 @@ COLOURS = {
     "failed": "#d32f2f",
     "cancelled": "#616161",
 }
-
-
-def human_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
 
 
 @dataclass
@@ -82,11 +73,11 @@ class JobView:
             headline = f"admitted{where}, starting"
         elif state == "running":
             started = job.get("started") or now
-            headline = f"running for {human_duration(now - started)}{where}"
+            headline = f"running for {format_duration(now - started)}{where}"
         else:
             took = ""
             if job.get("started") and job.get("ended"):
-                took = f" after {human_duration(job['ended'] - job['started'])}"
+                took = f" after {format_duration(job['ended'] - job['started'])}"
             if state == "succeeded":
                 headline = f"succeeded{took}"
             elif state == "cancelled":
@@ -164,11 +155,9 @@ class StatusView:
             if mine and t.get("name") not in mine:
                 continue
             for u in t.get("usage") or []:
-                lines.append(
-                    f"  {t['name']:<12} {u.get('flavor'):<8} quota {u.get('quota'):>3}  "
-                    f"in use {u.get('admitted'):>3}  parked {u.get('parked'):>3}  "
-                    f"borrowed {u.get('borrowed'):>3}  waiting {u.get('pending_gpus'):>3}"
-                )
+                more = int(u.get("pending_gpus") or 0)
+                waiting = f"; {plural(more, 'more GPU')} waiting" if more else ""
+                lines.append(f"  {usage_sentence_of(str(t.get('name')), u)}{waiting}")
         for n in nodes:
             lines.append(f"  node {n.get('name')}: {n.get('flavor')}, "
                          f"{n.get('free')} of {n.get('gpus')} free")  # fmt: skip
@@ -180,9 +169,10 @@ class StatusView:
         for r in live:
             pos = r.get("position") or {}
             at = f" position {pos.get('overall')} of {pos.get('of')}" if pos else ""
+            why = (r.get("waiting_for") or {}).get("message")
             lines.append(
                 f"  {r.get('id')} {r.get('kind')} {r.get('gpus')}× {r.get('flavor') or 'any'} "
-                f"({r.get('tenant')}): {r.get('state')}{at}"
+                f"({r.get('tenant')}): {r.get('state')}{at}" + (f"; {why}" if why else "")
             )
         jobs = status.get("jobs") or []
         active = [j for j in jobs if j.get("state") in ("queued", "starting", "running")]
@@ -201,7 +191,7 @@ def format_jobs(jobs: list[dict[str, Any]]) -> str:
     for j in jobs:
         rows.append((
             str(j["id"]), str(j["state"]), str(j["kind"]), str(j.get("name") or ""),
-            str(j["gpus"]), str(j["tenant"]), human_duration(now - float(j["created"])),
+            str(j["gpus"]), str(j["tenant"]), format_duration(now - float(j["created"])),
         ))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(

@@ -97,7 +97,13 @@ c.JupyterHub.services = [
             devices,
             "--db-url",
             f"sqlite:///{state / 'gpuaas.sqlite'}",
+            # Signs the landing page's login cookie; kept, so a restart logs nobody out.
+            "--cookie-secret-file",
+            str(state / "gpuaas_cookie_secret"),
         ],
+        # The Hub's admin runs it: browsers go to its landing page without the Hub's
+        # "Authorize access" prompt.
+        "oauth_no_confirm": True,
         # The custom scopes a user's browser session carries to the service (OAuth).
         "oauth_client_allowed_scopes": [
             "custom:gpuaas:use",
@@ -147,13 +153,22 @@ c.QueuedSpawnerMixin.gateway_token = hub_token
 c.QueuedSpawnerMixin.default_gpus = 1
 c.QueuedSpawnerMixin.max_gpus = 4
 c.QueuedSpawnerMixin.flavors = {"a100": {"display_name": "NVIDIA A100"}}
-c.Spawner.default_url = "/lab" if shutil.which("jupyter-lab") else "/tree"
-c.Spawner.cmd = [str(Path(sys.executable).with_name("jupyterhub-singleuser"))]
+c.Spawner.default_url = "/lab"  # JupyterLab is a dependency of the package
+venv_bin = Path(sys.executable).parent
+c.Spawner.cmd = [str(venv_bin / "jupyterhub-singleuser")]
+# Terminals run a plain interactive bash: jupyter_server's default login shell sources
+# /etc/profile, which (on Debian) resets PATH and loses the environment's bin directory.
+c.Spawner.args = [f"--ServerApp.terminado_settings=shell_command={shutil.which('bash') or 'sh'}"]
 if os.geteuid() == 0:  # a container or a throwaway VM: jupyter_server refuses root otherwise
-    c.Spawner.args = ["--allow-root"]
+    c.Spawner.args.append("--allow-root")
 # Single-user servers find the gateway (kernels, magics, the sidebar) and may use it as
 # their user: the server token carries the gpuaas scopes on top of the default ones.
-c.Spawner.environment = {"GPUAAS_URL": gateway_url}
+# The environment's bin directory comes first on PATH, so `jupyter-gpuaas` works in the
+# server's terminals and kernels.
+c.Spawner.environment = {
+    "GPUAAS_URL": gateway_url,
+    "PATH": os.pathsep.join([str(venv_bin), env("PATH", os.defpath)]),
+}
 c.Spawner.server_token_scopes = [
     "users:activity!user",
     "access:servers!server",

@@ -26,7 +26,7 @@ from tornado import httpserver, netutil, web
 from traitlets import Bool, Float, Integer, Unicode, default, validate
 from traitlets.config import Application
 
-from jupyter_gpuaas import __version__
+from jupyter_gpuaas._version import __version__
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
@@ -51,6 +51,7 @@ class GatewayApp(Application):
         "lease-ttl": "GatewayApp.lease_ttl",
         "scaler": "GatewayApp.scaler",
         "config": "GatewayApp.config_file",
+        "cookie-secret-file": "GatewayApp.cookie_secret_file",
         "log-level": "Application.log_level",
     }
     flags = {
@@ -184,6 +185,61 @@ class GatewayApp(Application):
     def _hub_service_default(self) -> bool:
         return bool(os.environ.get("JUPYTERHUB_API_TOKEN") and os.environ.get("JUPYTERHUB_API_URL"))
 
+    cookie_secret_file = Unicode(
+        "gpuaas_cookie_secret",
+        help="As a Hub service: the file with the key that signs the browser's login cookie "
+        "(HubOAuth), relative to the working directory. Created with 32 random bytes, mode "
+        "0600, when missing; kept across restarts so they do not log browsers out, as "
+        "JupyterHub's own cookie_secret_file. A file others may read is refused.",
+    ).tag(config=True)
+
+    def _cookie_secret(self) -> bytes:
+        from .auth import CookieSecretError, load_cookie_secret
+
+        try:
+            return load_cookie_secret(self.cookie_secret_file)
+        except (CookieSecretError, OSError) as e:
+            raise StartupError(f"--cookie-secret-file: {e}") from None
+
+    # --- the store and the HTTP edge (bounds of what one client may cost the others) ---
+
+    store_lock_timeout = Float(
+        2.0,
+        min=0.0,
+        help="Seconds operations wait, queued, while another process holds the store's "
+        "write lock (retried every 50 ms without blocking the event loop); then they are "
+        "answered 503 with Retry-After. Nothing is decided before the lock is held.",
+    ).tag(config=True)
+
+    history_retention = Float(
+        30 * 86400.0,
+        min=0.0,
+        help="Seconds ended and rejected requests (and their decisions) are kept in the "
+        "store, counted from their last change; older ones are pruned a batch at a time "
+        "by the admission loop. 0 keeps them forever.",
+    ).tag(config=True)
+
+    max_body_size = Integer(
+        64 * 1024,
+        min=1024,
+        help="Largest request body in bytes. The API's routes authenticate the caller "
+        "first, then refuse a larger Content-Length with 413 before reading the body, and a "
+        "chunked body as soon as it passes the limit; the HTTP server buffers no more.",
+    ).tag(config=True)
+
+    header_timeout = Float(
+        60.0,
+        min=1.0,
+        help="Seconds a connection may take to send a request's headers, counted from when "
+        "the connection is ready for it (also how long an idle keep-alive connection stays).",
+    ).tag(config=True)
+
+    body_timeout = Float(
+        30.0,
+        min=1.0,
+        help="Seconds a client may take to send a request's body.",
+    ).tag(config=True)
+
     # ------------------------------------------------------------------ lifecycle
 
     def initialize(self, argv: Any = None) -> None:
@@ -198,9 +254,9 @@ class GatewayApp(Application):
 
     def build(self) -> None:
         """Read files, open the store and build the arbiter (no network yet)."""
+        from ..devices import SimulatedInventory, parse_devices_spec
         from .arbiter import Arbiter
         from .auth import TokenError, TokenTable
-        from .devices import SimulatedInventory, parse_devices_spec
         from .events import EventBus
         from .metrics import GatewayMetrics
         from .scalers import scaler_from_name
@@ -210,7 +266,12 @@ class GatewayApp(Application):
         if not isinstance(quotas, dict):
             raise StartupError(f"--quotas {self.quotas}: must be a mapping")
         try:
-            self.inventory = parse_devices_spec(self.devices)
+            if self.devices.strip() == "kubernetes":  # the cluster's Nodes, followed live
+                from .cluster import ClusterInventory
+
+                self.inventory = ClusterInventory(parent=self)
+            else:
+                self.inventory = parse_devices_spec(self.devices)
         except ValueError as e:
             raise StartupError(f"--devices: {e}") from None
         if self.inventory.simulated:
@@ -231,10 +292,12 @@ class GatewayApp(Application):
                 self.token_table = TokenTable.parse(self._read_yaml(self.tokens, "--tokens"))
             except TokenError as e:
                 raise StartupError(f"--tokens {self.tokens}: {e}") from None
+        from .store import describe
+
         try:
             self.store = Store.open(self.db_url)
         except Exception as e:
-            raise StartupError(f"--db-url: cannot open the store: {e}") from None
+            raise StartupError(f"--db-url: cannot open the store: {describe(e)}") from None
         from jupyter_gpuaas.admission.config import SpecError
 
         try:
@@ -248,6 +311,8 @@ class GatewayApp(Application):
                 lease_ttl=self.lease_ttl,
                 tick=self.tick_interval,
                 sample_interval=self.sample_interval,
+                lock_timeout=self.store_lock_timeout,
+                retention=self.history_retention,
             )
         except SpecError as e:
             raise StartupError(f"--quotas {self.quotas}: {e}") from None
@@ -265,6 +330,8 @@ class GatewayApp(Application):
 
     def make_app(self) -> web.Application:
         from .handlers import NotFoundHandler, routes
+        from .pages import oauth_callback_handler
+        from .pages import routes as page_routes
 
         settings: dict[str, Any] = {
             "arbiter": self.arbiter,
@@ -273,29 +340,47 @@ class GatewayApp(Application):
             "keepalive_interval": self.keepalive_interval,
             "metrics_require_auth": self.metrics_require_auth,
             "service_name": self.service_name,
+            "max_body_size": self.max_body_size,
             "default_handler_class": NotFoundHandler,
         }
-        handlers: list[Any] = list(routes(self.base_url))
+        handlers: list[Any] = list(routes(self.base_url)) + page_routes(self.base_url)
         if self.hub_service:
-            from jupyterhub.services.auth import (  # type: ignore[import-untyped]
-                HubOAuth,
-                HubOAuthCallbackHandler,
-            )
+            # Browsers sign in with the Hub's OAuth (the landing page); programs send a
+            # token. XSRF is checked on every cookie-authenticated change (handlers.py).
+            from jupyterhub.services.auth import HubOAuth  # type: ignore[import-untyped]
 
             hub_auth = HubOAuth(
                 api_token=os.environ["JUPYTERHUB_API_TOKEN"], cache_max_age=60, parent=self
             )
             settings["hub_auth"] = hub_auth
-            settings["cookie_secret"] = os.urandom(32)
-            handlers.append((f"{self.base_url}oauth_callback", HubOAuthCallbackHandler))
+            settings["cookie_secret"] = self._cookie_secret()
+            handlers.append((f"{self.base_url}oauth_callback", oauth_callback_handler()))
         return web.Application(handlers, **settings)
 
     async def start_server(self) -> int:
         """Build, restore the core from the store, listen. Returns the bound port."""
         self.build()
-        self.arbiter.restore(time.time())
+        prepare = getattr(self.inventory, "prepare", None)
+        if prepare is not None:  # a watched inventory lists its nodes before the restore
+            try:
+                await prepare()
+            except Exception as e:
+                raise StartupError(f"--devices {self.devices}: cannot list the nodes: {e}") from e
+        from .store import StoreUnavailable
+
+        try:
+            self.arbiter.restore(time.time())
+        except StoreUnavailable as e:
+            raise StartupError(f"--db-url: cannot restore from the store: {e.message}") from None
         self.arbiter.start()
-        self.http_server = httpserver.HTTPServer(self.make_app(), idle_connection_timeout=3600)
+        self.http_server = httpserver.HTTPServer(
+            self.make_app(),
+            idle_connection_timeout=self.header_timeout,
+            body_timeout=self.body_timeout,
+            # The outer bound; the API's routes refuse past max_body_size themselves, with
+            # a JSON 413, before reading (handlers.BodyHandler).
+            max_body_size=2 * self.max_body_size,
+        )
         sockets = netutil.bind_sockets(self.port, self.ip, family=socket.AF_INET)
         self.http_server.add_sockets(sockets)
         self.bound_port = sockets[0].getsockname()[1]
@@ -317,6 +402,9 @@ class GatewayApp(Application):
         await self.scaler_close()
         self.store.close()
         self.inventory.close()
+        aclose = getattr(self.inventory, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
     async def scaler_close(self) -> None:
         close = getattr(self.scaler_obj, "close", None)

@@ -15,6 +15,18 @@ write is done inline, not in a thread: a writer thread would hand the GIL back a
 with the busy loop (each handover up to the 5 ms switch interval) and the cycle, not the
 disk, would become the bottleneck. The core never holds a decision the store has not
 committed once a cycle returns, so readers need no lock.
+
+Failures (the store is the truth). A cycle first takes the store's write lock
+(`Store.begin_write`): when another process holds it, or the database is unreachable, the
+cycle touches nothing and is retried shortly without blocking the loop (answering 503
+once `lock_timeout` has passed). Each operation's rows are checked on their own
+(`check_snapshot`, and the new request's row before the core sees it): a bad one fails
+alone with a 400, the batches before it are committed, and the core is rebuilt from the
+store before the next operation runs. When the group write itself fails (a full disk, a
+server gone mid-transaction), every operation of the group is answered 503 and the core
+is rebuilt from the store (`_rebuild`) before anything else is answered; while the store
+cannot be read, the arbiter is `broken`: memory is dropped and every route answers 503
+until a rebuild succeeds. Any decision kind staged through `commit` gets all of this.
 """
 
 from __future__ import annotations
@@ -23,7 +35,6 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,12 +53,28 @@ from jupyter_gpuaas.admission.model import (
     State,
 )
 
-from .devices import DeviceSample, Inventory
+from ..devices import DeviceSample, Inventory, NodeInfo
+from . import waits
 from .events import Event, EventBus
+from .grace import grace_of, preempt_reason, preemption_fields, reclaim_wait
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
 from .positions import QueueIndex
 from .scalers import Scaler
-from .store import Batch, RequestRow, Snapshot, Store, row_to_request, snapshot
+from .store import (
+    Batch,
+    RequestRow,
+    RowError,
+    Snapshot,
+    Store,
+    StoreBusy,
+    StoreUnavailable,
+    WriteTx,
+    check_snapshot,
+    describe,
+    row_to_request,
+    snapshot,
+)
+from .validate import NAME_RULE, InputError, is_name
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
@@ -56,8 +83,9 @@ class Conflict(Exception):
     """The request is in a state where the operation makes no sense (HTTP 409)."""
 
 
-class StoreError(Exception):
-    """The store could not record a group of decisions (HTTP 500; nothing was announced)."""
+# What an operation may raise having decided nothing (its answer stands as is). Anything
+# else may have left the core half-changed: the core is rebuilt from the store.
+_CLEAN_ERRORS = (Conflict, SpecError, InputError)
 
 
 def new_request_id() -> str:
@@ -107,6 +135,8 @@ class Arbiter:
         lease_ttl: float = 120.0,
         tick: float = 1.0,
         sample_interval: float = 5.0,
+        lock_timeout: float = 2.0,
+        retention: float = 0.0,
     ) -> None:
         self.quotas = dict(quotas)
         self.store = store
@@ -117,6 +147,14 @@ class Arbiter:
         self.lease_ttl = lease_ttl
         self.tick = tick
         self.sample_interval = sample_interval
+        self.lock_timeout = lock_timeout
+        self.retention = retention
+        # Why memory was dropped (the store could not be read back), or None.
+        self.broken: str | None = None
+        self._last_rebuild = 0.0
+        self._busy_since: float | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._next_prune = 0.0
         # Requests handed to the core, by id, while live (the core mutates them).
         self.requests: dict[str, Request] = {}
         # What the API adds to a request: name, created, updated, utilization.
@@ -124,6 +162,7 @@ class Arbiter:
         self.samples: list[DeviceSample] = []
         self.hold_times: dict[str, list[float]] = {}
         self._last_desired: dict[str, int] = {}
+        self._last_ready: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # Group commit: operations waiting for the next cycle, and where the running one
@@ -134,7 +173,11 @@ class Arbiter:
         self._json_cache: dict[str, dict[str, Any]] = {}
         # Positions and running grants, in step with the committed batches.
         self.index = QueueIndex()
+        check_names(parse_config(self.quotas))  # SpecError: the file breaks the name rule
         self.overrides = store.tenant_overrides()
+        for name in self.overrides:
+            if not is_name(name):
+                log.warning("stored tenant %r breaks the name rule (%s)", name, NAME_RULE)
         self.config = self.make_config(self.quotas, self.overrides)
         self.core = AdmissionCore(self.config)
 
@@ -176,18 +219,27 @@ class Arbiter:
 
     # --- start and stop -----------------------------------------------------------------
 
-    def restore(self, now: float) -> None:
-        """Rebuild the core from the inventory and the store, then run one step."""
+    def restore(self, now: float, *, lock_wait: float | None = None) -> None:
+        """Rebuild the core from the inventory and the store, then run one step.
+
+        Its decisions are committed waiting up to `lock_wait` seconds for a lock held
+        elsewhere (`lock_timeout` at start; a rebuild on the event loop does not wait)."""
         decisions: list[Decision] = []
         known = set(self.config.flavors)
+        # Nodes the simulated scaler added are in the store (and, when this is a rebuild
+        # rather than a start, in the inventory too): they stay autoscaled.
+        stored_nodes = self.store.nodes() if self.scaler.manages_provisioning else []
+        autoscaled = {n.name for n in stored_nodes}
         for node in self.inventory.nodes():
             if node.flavor not in known:
                 log.warning("node %s has flavor %s, which no quota names", node.name, node.flavor)
                 continue
-            decisions += self.core.add_node(node.flavor, node.name, node.gpus, now)
+            decisions += self.core.add_node(
+                node.flavor, node.name, node.gpus, now, autoscaled=node.name in autoscaled
+            )
         if self.scaler.manages_provisioning:
             present = {n.name for n in self.inventory.nodes()}
-            for node_row in self.store.nodes():
+            for node_row in stored_nodes:
                 if node_row.name in present or node_row.flavor not in known:
                     continue
                 self.inventory.add_node(node_row.flavor, node_row.gpus, name=node_row.name)
@@ -207,7 +259,8 @@ class Arbiter:
             self.index.sync(req)
         for flavor, seconds in self.store.ended_hold_times():
             self.hold_times.setdefault(flavor, []).append(seconds)
-        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now))
+        wait = self.lock_timeout if lock_wait is None else lock_wait
+        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now), wait)
         log.info(
             "restored %d live requests on %d nodes", len(self.requests), len(self.core.nodes())
         )
@@ -218,6 +271,9 @@ class Arbiter:
             loop.create_task(self._admission_loop()),
             loop.create_task(self._sampling_loop()),
         ]
+        follow = getattr(self.inventory, "follow", None)
+        if follow is not None:  # an inventory that sees nodes join and leave (cluster.py)
+            self._tasks.append(loop.create_task(follow(self.node_joined, self.node_left)))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -227,20 +283,53 @@ class Arbiter:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if self._ops:
             self._cycle()
+        if self._retry is not None:  # still locked: these will not be decided
+            self._retry.cancel()
+            self._fail_queued(StoreUnavailable("the gateway is stopping"))
         self.bus.close()
 
     def wake(self) -> None:
         self._wake.set()
+
+    async def node_joined(self, node: NodeInfo) -> None:
+        """A node of the inventory started counting: the core may place on it now."""
+        if node.flavor not in self.config.flavors:
+            log.warning("node %s has flavor %s, which no quota names", node.name, node.flavor)
+            return
+
+        def join() -> None:
+            now = time.time()
+            self.commit(self.core.add_node(node.flavor, node.name, node.gpus, now), now)
+            self.commit(self.core.step(now), now)
+
+        await self._run(join)
+
+    async def node_left(self, name: str, why: str) -> None:
+        """A node stopped counting (gone, NotReady, cordoned): its holders lose their grants."""
+
+        def leave() -> None:
+            now = time.time()
+            self.commit(self.core.remove_node(name, now), now)
+            self.commit(self.core.step(now), now)
+
+        log.warning("node %s left (%s): releasing its grants", name, why)
+        await self._run(leave)
 
     async def _admission_loop(self) -> None:
         """Wake at the core's next deadline (or every `tick`) and step it."""
         while True:
             try:
                 await self._run(self._step)
+            except StoreUnavailable as e:
+                log.debug("admission step not run: %s", e.message)
             except Exception:
                 log.exception("admission step failed")
+            self._maybe_prune()
             deadline = self.core.next_deadline()
             delay = self.tick
             if deadline is not None:
@@ -254,6 +343,26 @@ class Arbiter:
     def _step(self) -> None:
         now = time.time()
         self.commit(self.core.step(now), now)
+
+    def _maybe_prune(self) -> None:
+        """History retention: delete ended and rejected rows older than `retention`, a
+        batch at a time (each a short transaction that never waits for a lock)."""
+        if self.retention <= 0 or self.broken is not None or time.monotonic() < self._next_prune:
+            return
+        try:
+            gone = self.store.prune(time.time() - self.retention)
+        except StoreUnavailable as e:
+            log.debug("pruning postponed: %s", e.message)
+            gone = 0
+        except Exception as e:
+            log.warning("pruning the history failed: %s", describe(e))
+            gone = 0
+        if gone:
+            log.info("pruned %d ended requests older than the retention", gone)
+        # A full batch: more are due, soon; otherwise look again in a while (a minute, or
+        # a tenth of the retention when that is shorter).
+        pause = 1.0 if gone >= 1000 else min(60.0, max(1.0, self.retention / 10))
+        self._next_prune = time.monotonic() + pause
 
     async def _sampling_loop(self) -> None:
         while True:
@@ -276,41 +385,169 @@ class Arbiter:
         return result
 
     def _schedule_cycle(self) -> None:
-        if not self._cycle_scheduled:
+        # While waiting for a lock held elsewhere, one timer retries (operations queue).
+        if not self._cycle_scheduled and self._retry is None:
             self._cycle_scheduled = True
             asyncio.get_running_loop().call_soon(self._cycle)
 
+    def _retry_cycle(self) -> None:
+        self._retry = None
+        self._schedule_cycle()
+
     def _cycle(self) -> None:
-        """Run every queued operation, commit what they staged as one group, announce."""
+        """Run every queued operation, commit what they staged as one group, announce.
+
+        See "Failures" in the module docstring for what happens when the store refuses.
+        """
         self._cycle_scheduled = False
         if not self._ops:
             return
-        group = _Group(self._ops)
-        self._ops = []
+        if self.broken is not None and not self._try_rebuild():
+            self._fail_queued(StoreUnavailable(f"the store is unavailable: {self.broken}"))
+            return
+        try:
+            tx = self.store.begin_write()
+        except StoreBusy as e:
+            now = time.monotonic()
+            if self._busy_since is None:
+                self._busy_since = now
+            if now - self._busy_since < self.lock_timeout:
+                # Nothing touched: the operations wait, the loop serves others meanwhile.
+                self._retry = asyncio.get_running_loop().call_later(0.05, self._retry_cycle)
+                return
+            self._busy_since = None
+            self._fail_queued(e)
+            return
+        except StoreUnavailable as e:
+            log.warning("%s: %d operations answered 503", e.message, len(self._ops))
+            self._fail_queued(e)
+            return
+        self._busy_since = None
+        ops, self._ops = self._ops, []
+        self._run_group(tx, ops)
+
+    def _fail_queued(self, error: Exception) -> None:
+        ops, self._ops = self._ops, []
+        for op in ops:
+            op.outcome = (False, error)
+        self._answer(_Group(ops))
+
+    def _run_group(self, tx: WriteTx, ops: list[_Op]) -> None:
+        """Run `ops` on the core inside `tx`; commit, announce and answer them."""
+        group = _Group()
         self._json_cache = {}
-        for op in group.ops:
+        suspect: str | None = None  # why the core must be rebuilt after this group
+        for i, op in enumerate(ops):
+            mark = len(group.staged)
             self._staging = group.staged
             try:
                 op.outcome = (True, op.fn())
-            except Exception as e:  # Conflict, SpecError, ...: nothing to commit for it
+            except _CLEAN_ERRORS as e:
                 op.outcome = (False, e)
+            except Exception as e:
+                log.exception("an operation failed after changing the core")
+                op.outcome = (False, StoreUnavailable(f"the gateway failed: {e}"))
+                suspect = f"operation failed: {e}"
             finally:
                 self._staging = None
+            group.ops.append(op)
+            if suspect is None:
+                try:
+                    for st in group.staged[mark:]:
+                        check_snapshot(st.snap)
+                except RowError as e:
+                    # The core took this operation's decisions, the store cannot: drop
+                    # them, commit those before it, rebuild, and run the rest after.
+                    log.warning("refused an operation whose rows cannot be stored: %s", e)
+                    op.outcome = (False, e)
+                    suspect = f"rows of one operation refused: {e}"
+            if suspect is not None:
+                del group.staged[mark:]
+                self._ops[:0] = ops[i + 1 :]
+                break
         self._json_cache = {}
-        if group.staged:
-            snaps = [st.snap for st in group.staged]
-            try:
-                self.store.write_many(snaps)
-            except Exception as e:
-                log.exception("the store failed to record %d batches: not announced", len(snaps))
-                err = StoreError(f"the store failed to record the decision: {e}")
-                for op in group.ops:
-                    op.outcome = (False, err)
-            else:
-                for st in group.staged:
-                    self._announce(st)
+        committed = self._write_group(tx, group)
+        if committed:
+            for st in group.staged:
+                self._announce(st)
+            if group.staged:
                 self._maybe_scale()
+        else:
+            suspect = "a group write failed"
+        if suspect is not None:
+            self._rebuild(suspect)
         self._answer(group)
+        if self._ops:
+            self._schedule_cycle()
+
+    def _write_group(self, tx: WriteTx, group: _Group) -> bool:
+        """Write and commit the group's batches; False (every answer a 503) if it failed."""
+        if not group.staged:
+            tx.rollback()  # nothing to write: just release the lock
+            return True
+        try:
+            tx.write([st.snap for st in group.staged])
+            tx.commit()
+            return True
+        except Exception as e:
+            tx.rollback()
+            why = describe(e)
+            log.error(
+                "the store failed to record %d batches (%s): not announced; rebuilding the "
+                "core from the store",
+                len(group.staged),
+                why,
+            )
+            err = StoreUnavailable(f"the store could not record this, nothing changed: {why}")
+            for op in group.ops:
+                if not isinstance(op.outcome[1], InputError):
+                    op.outcome = (False, err)
+            return False
+
+    def _reset_memory(self) -> None:
+        """Forget everything the core decided: what is left is what the store says."""
+        self.requests = {}
+        self.meta = {}
+        self.index = QueueIndex()
+        self.hold_times = {}
+        self._json_cache = {}
+        self._last_desired = {}
+        self.overrides = {}
+        self.config = self.make_config(self.quotas)
+        self.core = AdmissionCore(self.config)
+
+    def _rebuild(self, why: str) -> bool:
+        """Drop memory and rebuild the core from the store, as a restart would.
+
+        On failure memory stays empty and `broken` says why: every route answers 503
+        until a later attempt (each cycle, at most once a second) succeeds.
+        """
+        self.broken = why
+        self._last_rebuild = time.monotonic()
+        self._reset_memory()
+        try:
+            self.overrides = self.store.tenant_overrides()
+            self.config = self.make_config(self.quotas, self.overrides)
+            self.core = AdmissionCore(self.config)
+            self.restore(time.time(), lock_wait=0.0)
+        except Exception as e:
+            self._reset_memory()
+            self.broken = f"{why}; rebuilding from the store failed: {describe(e)}"
+            log.error("the gateway cannot rebuild from the store: %s (answering 503)", describe(e))
+            return False
+        log.warning("rebuilt the core from the store after: %s", why)
+        self.broken = None
+        return True
+
+    def _try_rebuild(self) -> bool:
+        if time.monotonic() - self._last_rebuild < 1.0:
+            return False
+        return self._rebuild(self.broken or "the store was unavailable")
+
+    def check_available(self) -> None:
+        """Raise StoreUnavailable while memory is dropped (see `_rebuild`)."""
+        if self.broken is not None:
+            raise StoreUnavailable(f"the store is unavailable: {self.broken}")
 
     @staticmethod
     def _answer(group: _Group) -> None:
@@ -323,7 +560,7 @@ class Arbiter:
             else:
                 op.future.set_exception(value)
 
-    def _commit_now(self, fn: Callable[[], None]) -> None:
+    def _commit_now(self, fn: Callable[[], None], wait: float = 0.0) -> None:
         """Stage, write and announce synchronously (restore, before the loop serves)."""
         staged: list[_Staged] = []
         self._staging = staged
@@ -333,7 +570,9 @@ class Arbiter:
             self._staging = None
             self._json_cache = {}
         if staged:
-            self.store.write_many([st.snap for st in staged])
+            for st in staged:
+                check_snapshot(st.snap)
+            self.store.write_many([st.snap for st in staged], wait=wait)
             for st in staged:
                 self._announce(st)
             self._maybe_scale()
@@ -377,6 +616,10 @@ class Arbiter:
             flavor=flavor,
             priority=priority,
         )
+        # Its row, built and checked on its own before the core sees it: a value the
+        # store cannot hold fails this submission alone (400), never its group.
+        extra = {"name": name, "utilization": None, "created": now}
+        check_snapshot(snapshot(Batch([(req, extra)], []), now))
         self.requests[req.id] = req
         self.meta[req.id] = {"name": name, "created": now, "updated": now}
         # A user coming back within the reservation TTL takes over their parked quota
@@ -430,7 +673,11 @@ class Arbiter:
         now = time.time()
         overrides = {**self.overrides, name: spec}
         config = self.make_config(self.quotas, overrides)
-        decisions = self.core.update_config(config, now)  # ValueError: nothing changed
+        check_snapshot(snapshot(Batch([], [], tenants=[(name, spec)]), now))
+        try:
+            decisions = self.core.update_config(config, now)
+        except ValueError as e:  # nothing changed
+            raise Conflict(str(e)) from None
         self.config = config
         self.overrides = overrides
         self.commit(decisions + self.core.schedule(now), now, tenants=[(name, spec)])
@@ -568,12 +815,13 @@ class Arbiter:
 
     def _maybe_scale(self) -> None:
         desired = dict(self.core.desired_nodes())
-        if desired == self._last_desired:
-            return
-        self._last_desired = desired
         ready: dict[str, int] = {}
         for node in self.core.nodes():
             ready[node.flavor] = ready.get(node.flavor, 0) + 1
+        # Ready counts too: a joined node leaves `desired` as it was but ends a scale-up.
+        if (desired, ready) == (self._last_desired, self._last_ready):
+            return
+        self._last_desired, self._last_ready = desired, ready
         try:
             asyncio.get_running_loop().create_task(self.scaler.apply(desired, ready))
         except RuntimeError:  # no loop (restore before serving): the next change applies
@@ -623,6 +871,7 @@ class Arbiter:
                 "flavor": req.assigned_flavor,
                 "node": req.node,
                 "devices": devices,
+                "uuids": self.inventory.uuids(req.node or "", devices),
                 "lease_expires": req.lease_expires,
                 "admitted_at": req.admit_time,
                 "busy": req.busy,
@@ -630,6 +879,7 @@ class Arbiter:
             }
         elif state == State.PARKED.value:
             out["parked"] = {"flavor": req.assigned_flavor, "expires": req.park_expires}
+        out.update(self._preemption_of(req))
         if state == State.QUEUED.value and live is not None:
             # The index answers by bisection; the core's scan if it ever disagrees.
             pos = self.index.position(live) or self.core.position(live.id)
@@ -640,9 +890,20 @@ class Arbiter:
                     "overall": pos.overall_position,
                     "of": pos.overall_queued,
                 }
-                out["estimated_wait"] = self.estimate_wait(live, pos.overall_position)
+                wait, why = self._wait(live, pos.overall_position)
+                out["estimated_wait"], out["waiting_for"] = wait, why
             out["scaling"] = self._scaling_for(live)
+            reclaim = reclaim_wait(live, self.core.reclaiming(live.id), time.time())
+            if reclaim is not None:  # a preemptor waiting out its victims' grace
+                out["estimated_wait"] = reclaim
+                out["waiting_for"] = {"kind": "quota", "message": f"waiting: {reclaim['basis']}"}
         return out
+
+    def _preemption_of(self, req: Request | RequestRow) -> dict[str, Any]:
+        """A warned victim's pending eviction: when, for whom, and why in words."""
+        by = self.requests.get(req.preempted_by or "") if req.preempt_at is not None else None
+        reason = preempt_reason(req.tenant, req.gpus, by.tenant if by is not None else None)
+        return preemption_fields(req.preempt_at, req.preempted_by, reason)
 
     def _flavors_for(self, req: Request) -> list[str]:
         if req.flavor:
@@ -660,48 +921,23 @@ class Arbiter:
         return None
 
     def estimate_wait(self, req: Request, position: int) -> dict[str, Any]:
-        """A rough wait: when enough running grants of its flavor would have released.
+        """A rough wait (`estimated_wait`): see waits.estimate."""
+        return self._wait(req, position)[0]
 
-        Grants release on their own when idle (culled at idle_since + idle timeout) or, on
-        average, after the hold time observed for that flavor. Without either, say so.
-        """
-        now = time.time()
-        flavors = self._flavors_for(req)
-        releases: list[float] = []
-        holders = 0
-        mean_hold = None
-        for flavor in flavors:
-            times = self.hold_times.get(flavor) or []
-            if times:
-                mean_hold = sum(times) / len(times)
-                break
-        timeout = self._idle_timeout(req.tenant)
-        for other in self.index.admitted.values():
-            if other.state is not State.ADMITTED or other.assigned_flavor not in flavors:
-                continue
-            holders += 1
-            if other.idle_since is not None and timeout > 0:
-                releases.append(max(now, other.idle_since + timeout))
-            elif mean_hold is not None and other.admit_time is not None:
-                releases.append(max(now, other.admit_time + mean_hold))
-        ahead = position - 1
-        if not releases:
-            return {"seconds": None, "basis": "no running grant releases on its own"}
-        releases.sort()
-        if position <= len(releases):
-            seconds = releases[position - 1] - now
-        elif mean_hold is not None:
-            rounds = math.ceil((position - len(releases)) / max(1, holders))
-            seconds = releases[-1] - now + rounds * mean_hold
-        else:
-            return {"seconds": None, "basis": "no running grant releases on its own"}
-        basis = f"{ahead} request{'s' if ahead != 1 else ''} ahead; {holders} running grant"
-        basis += f"{'s' if holders != 1 else ''} of {'/'.join(flavors) or 'its flavor'}"
-        if mean_hold is not None:
-            basis += f" release in ~{_human(mean_hold)} on average"
-        else:
-            basis += " release when their idle timeout culls them"
-        return {"seconds": round(max(0.0, seconds), 1), "basis": basis}
+    def _wait(self, req: Request, position: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(`estimated_wait`, `waiting_for`) of a queued request, in words (waits.py)."""
+        flavors = waits.usable_flavors(self.config, req.tenant, self._flavors_for(req))
+        return waits.estimate(
+            req,
+            position,
+            now=time.time(),
+            flavors=flavors,
+            holders=self.index.admitted.values(),
+            nodes=self.core.nodes(),
+            hold_times=self.hold_times,
+            idle_timeout=self._idle_timeout,
+            config=self.config,
+        )
 
     def _idle_timeout(self, tenant: str) -> float:
         t = self.config.tenants.get(tenant)
@@ -737,19 +973,7 @@ class Arbiter:
         return out
 
     def tenants_json(self) -> dict[str, Any]:
-        usage: dict[str, list[dict[str, Any]]] = {}
-        for u in self.core.tenant_usage():
-            usage.setdefault(u.tenant, []).append(
-                {
-                    "flavor": u.flavor,
-                    "quota": u.nominal,
-                    "admitted": u.admitted,
-                    "parked": u.parked,
-                    "borrowed": u.borrowed,
-                    "pending_gpus": u.pending_gpus,
-                    "pending_requests": u.pending_requests,
-                }
-            )
+        usage = waits.usage_json(self.config, self.core.tenant_usage())
         tenants = []
         for name, t in self.config.tenants.items():
             tenants.append(
@@ -762,6 +986,7 @@ class Arbiter:
                     "weight": t.weight,
                     "queueing": t.queueing,
                     "idle_timeout": self._idle_timeout(name),
+                    "preemption_grace": grace_of(self.config, name),
                     "usage": usage.get(name, []),
                 }
             )
@@ -807,7 +1032,27 @@ class Arbiter:
             idle,
             rows,
             simulated=self.inventory.simulated,
+            nodes=self._node_counts(),
         )
+
+    def _node_counts(self) -> dict[str, int]:
+        """Nodes per flavor in the core (every configured flavor, 0 included)."""
+        counts = dict.fromkeys(self.config.flavors, 0)
+        for node in self.core.nodes():
+            counts[node.flavor] = counts.get(node.flavor, 0) + 1
+        return counts
+
+
+def check_names(config: Config) -> None:
+    """Tenant, cohort and flavor names follow validate.py's one rule (SpecError if not)."""
+    for flavor in config.flavors:
+        if not is_name(flavor):
+            raise SpecError(f"flavors.{flavor}", f"is not a valid name: {NAME_RULE}")
+    for name, tenant in config.tenants.items():
+        if not is_name(name):
+            raise SpecError(f"tenants.{name}", f"is not a valid name: {NAME_RULE}")
+        if tenant.cohort is not None and not is_name(tenant.cohort):
+            raise SpecError(f"tenants.{name}.cohort", f"is not a valid name: {NAME_RULE}")
 
 
 def _meta_of(row: RequestRow) -> dict[str, Any]:
@@ -817,14 +1062,6 @@ def _meta_of(row: RequestRow) -> dict[str, Any]:
         "updated": row.updated,
         "utilization": row.utilization,
     }
-
-
-def _human(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 __all__ = ["Arbiter", "Conflict", "SpecError", "new_request_id"]

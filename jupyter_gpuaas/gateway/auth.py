@@ -17,8 +17,11 @@ scope filtered by group (`custom:gpuaas:use!group=vision`) narrows that further.
 from __future__ import annotations
 
 import hmac
+import os
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 SCOPE_USE = "custom:gpuaas:use"
@@ -176,3 +179,48 @@ def identity_from_hub_model(model: Mapping[str, Any], service: str = "gpuaas") -
         use_groups=use_groups,
         kind=str(model.get("kind", "user")),
     )
+
+
+# --- browser sessions (HubOAuth) ------------------------------------------------------------
+
+COOKIE_SECRET_BYTES = 32
+
+
+class CookieSecretError(ValueError):
+    """A cookie secret file the gateway refuses; str() is one line naming the file."""
+
+
+def load_cookie_secret(path: str | os.PathLike[str]) -> bytes:
+    """The key that signs the browser's login cookie, kept in `path` across restarts.
+
+    As JupyterHub's `cookie_secret_file`: 32 random bytes written hex-encoded, mode 0600,
+    when the file is missing; read back on the next start, so a restart does not log
+    every browser out. A file anybody else may read or write is refused, as is one that
+    does not hold at least 32 hex-encoded bytes.
+    """
+    file = Path(path).expanduser().absolute()
+    if file.exists():
+        mode = file.stat().st_mode
+        if mode & 0o077:
+            raise CookieSecretError(
+                f"{file} can be read or written by others (mode {mode & 0o777:o}): "
+                "run `chmod 600` on it"
+            )
+        text = file.read_text(encoding="ascii", errors="replace").strip()
+        try:
+            secret = bytes.fromhex(text)
+        except ValueError:
+            secret = b""
+        if len(secret) < COOKIE_SECRET_BYTES:
+            raise CookieSecretError(
+                f"{file} must hold {COOKIE_SECRET_BYTES} or more random bytes in hex "
+                "(openssl rand -hex 32); delete it to have a new one made"
+            )
+        return secret
+    secret = secrets.token_bytes(COOKIE_SECRET_BYTES)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    # Created 0600 from the start: never readable by others, not even for a moment.
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(secret.hex() + "\n")
+    return secret

@@ -4,31 +4,53 @@ Every handler answers JSON; every error is `{"error": ..., "field": ...}` with a
 never an HTML page or a 500 for bad input (`write_error`). Input is validated strictly:
 unknown keys, booleans where integers belong, and non-positive GPU counts are errors that
 name the field, because a silently ignored `gpu: 4` typo would queue the wrong request.
+The bounds themselves (names, integers, text, JSON) are in validate.py. When the store
+cannot be reached the answer is 503 with `Retry-After` and the same JSON body.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlencode
 
+from sqlalchemy.exc import SQLAlchemyError
 from tornado import web
 
 from jupyter_gpuaas.admission.config import SpecError
 from jupyter_gpuaas.admission.model import KINDS, State
+from jupyter_gpuaas.words import about_field
 
 from .arbiter import Arbiter, Conflict
 from .auth import Identity, TokenTable, identity_from_hub_model, token_from_header
 from .events import Listener
 from .openapi import build_openapi
+from .store import StoreUnavailable, describe
+from .validate import (
+    INT32_MAX,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    InputError,
+    check_int,
+    check_name,
+    check_text,
+    parse_json_object,
+    parse_limit,
+)
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
 STATES = tuple(s.value for s in State)
 MAX_NAME = 255
+LIMIT_DEFAULT, LIMIT_MAX = 1000, 10000
+REQUEST_ID = re.compile(r"r-[0-9a-f]{16}")
 
 
 class ApiError(web.HTTPError):
@@ -36,7 +58,7 @@ class ApiError(web.HTTPError):
 
     def __init__(self, status: int, error: str, field: str | None = None, **extra: Any) -> None:
         super().__init__(status, reason=None)
-        self.error = error
+        self.error = about_field(field, error)  # "gpus must be at least 1": one sentence
         self.field = field
         self.extra = extra
 
@@ -53,9 +75,44 @@ class BaseHandler(web.RequestHandler):
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
 
+    # --- XSRF, as JupyterHub does it for services ------------------------------------
+    # A request that brings its token (`Authorization: token T`) is exempt. A browser's
+    # login cookie (HubOAuth) is accepted for a POST, PUT or DELETE only with the `_xsrf`
+    # form field or an X-XSRFToken header matching the signed `_xsrf` cookie, which is
+    # tied to the login: HubOAuth runs this check while it reads the cookie, and a cookie
+    # that fails it does not identify anybody (answered 403 by `require`). Standalone
+    # gateways accept tokens only, so there is no cookie to check.
+    _xsrf_failure: str | None = None
+
     def check_xsrf_cookie(self) -> None:
-        # Token-authenticated API: no xsrf. Cookie (Hub OAuth) callers get HubOAuth's checks.
-        return
+        hub_auth = self.settings.get("hub_auth")
+        if hub_auth is None:
+            return
+        try:
+            hub_auth.check_xsrf_cookie(self)
+        except web.HTTPError as e:
+            self._xsrf_failure = e.log_message or "XSRF check failed"
+            raise
+
+    @property
+    def _xsrf_token_id(self) -> bytes:
+        hub_auth = self.settings.get("hub_auth")
+        if hub_auth is None:
+            return b""
+        token_id: bytes = hub_auth._get_xsrf_token_id(self)
+        return token_id
+
+    @property
+    def xsrf_token(self) -> bytes:
+        hub_auth = self.settings.get("hub_auth")
+        if hub_auth is None:
+            # Standalone: only header tokens identify anybody, so there is nothing for an
+            # XSRF token to protect (and HubOAuth may have patched tornado's own).
+            return b""
+        from jupyterhub._xsrf_utils import get_xsrf_token  # type: ignore[import-untyped]
+
+        token: bytes = get_xsrf_token(self, cookie_path=hub_auth.base_url)
+        return token
 
     async def prepare(self) -> None:
         self.identity = await self._identify()
@@ -80,6 +137,12 @@ class BaseHandler(web.RequestHandler):
     def require(self) -> Identity:
         """The caller, who must be known and hold at least one gpuaas permission."""
         if self.identity is None:
+            if self._xsrf_failure is not None:
+                raise ApiError(
+                    403,
+                    "the login cookie came without a matching XSRF token: send the "
+                    "_xsrf form field or an X-XSRFToken header, or reload the page",
+                )
             if self.request.headers.get("Authorization"):
                 raise ApiError(401, "invalid or expired token")
             raise ApiError(401, "authentication required: send 'Authorization: token <T>'")
@@ -87,64 +150,133 @@ class BaseHandler(web.RequestHandler):
             raise ApiError(403, "no gpuaas permission (custom:gpuaas:use)")
         return self.identity
 
+    def _owner(self, rid: str) -> str:
+        """Who submitted `rid` (404 if nobody: ids that no submission makes, at once)."""
+        self.arbiter.check_available()
+        owner = self.arbiter.owner_of(rid) if REQUEST_ID.fullmatch(rid) else None
+        if owner is None:
+            raise ApiError(404, f"no request {rid[:40]}")
+        return owner
+
     def send(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(data))
+
+    def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
+        # Exceptions that are answers, not bugs: bad input (400) and a store that cannot
+        # be reached or written now (503; nothing was decided, try again).
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, InputError):
+            status_code = 400
+        elif isinstance(exc, (StoreUnavailable, SQLAlchemyError)):
+            status_code = 503
+        super().send_error(status_code, **kwargs)
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, (StoreUnavailable, SQLAlchemyError)):
+            why = value.message if isinstance(value, StoreUnavailable) else describe(value)
+            log.warning("%s %s: 503: %s", self.request.method, self.request.path, why)
+        elif isinstance(value, InputError):
+            log.info("%s %s: 400: %s", self.request.method, self.request.path, value.message)
+        else:
+            super().log_exception(typ, value, tb)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         body: dict[str, Any] = {"error": self._reason, "field": None}
         if isinstance(exc, ApiError):
             body = {"error": exc.error, "field": exc.field, **exc.extra}
+        elif isinstance(exc, InputError):
+            body = {"error": exc.message, "field": exc.field}
+        elif isinstance(exc, (StoreUnavailable, SQLAlchemyError)):
+            retry = exc.retry_after if isinstance(exc, StoreUnavailable) else 2
+            self.set_header("Retry-After", str(retry))
+            body = {"error": f"{_why(exc)}; try again in a few seconds", "field": None}
         elif isinstance(exc, web.HTTPError) and exc.log_message:
             body["error"] = exc.log_message % exc.args if exc.args else exc.log_message
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.finish(json.dumps(body))
 
     def json_body(self) -> dict[str, Any]:
-        if not self.request.body:
-            raise ApiError(400, "a JSON object body is required")
-        try:
-            data = json.loads(self.request.body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"body is not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "body must be a JSON object")
-        return data
+        return parse_json_object(self.request.body)
 
     def query(self, allowed: tuple[str, ...]) -> dict[str, str]:
         out: dict[str, str] = {}
         for key, values in self.request.query_arguments.items():
             if key not in allowed:
-                raise ApiError(400, f"unknown query parameter (allowed: {', '.join(allowed)})", key)
-            out[key] = values[-1].decode("utf-8", "replace")
+                raise ApiError(
+                    400,
+                    f"unknown query parameter {key[:40]!r} (allowed: {', '.join(allowed)})",
+                    key,
+                )
+            value = values[-1].decode("utf-8", "replace")
+            if len(value) > MAX_NAME or "\x00" in value:
+                raise ApiError(
+                    400, f"{key} must be at most {MAX_NAME} characters, without NUL", key
+                )
+            out[key] = value
         return out
+
+
+def _why(exc: BaseException) -> str:
+    """What a caller is told (the details are in the gateway's log)."""
+    if isinstance(exc, StoreUnavailable):
+        return exc.public
+    return StoreUnavailable.public
+
+
+@web.stream_request_body
+class BodyHandler(BaseHandler):
+    """A route that takes a JSON body: read only after the caller is authenticated, and
+    never more than `max_body_size` bytes (413 at once from Content-Length, or as soon
+    as a chunked body passes it). The HTTP server's own cap stays as the outer bound."""
+
+    _chunks: list[bytes]
+    _size = 0
+    _too_big = False
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        self._chunks = []
+        if self.request.method not in ("POST", "PUT"):
+            return
+        self.require()  # 401/403 before a byte of the body is read
+        limit = int(self.settings.get("max_body_size", 64 * 1024))
+        length = self.request.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > limit:
+            # Answer now; the connection closes after the answer instead of reading on
+            # (without this, tornado's own cap would append a bare 400 to our 413).
+            self.request.connection.set_max_body_size(int(length))  # type: ignore[union-attr]
+            self._too_big = True
+            raise ApiError(413, f"the body is larger than {limit // 1024} KiB")
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._too_big:
+            return
+        self._size += len(chunk)
+        if self._size > int(self.settings.get("max_body_size", 64 * 1024)):
+            self._too_big, self._chunks = True, []
+        else:
+            self._chunks.append(chunk)
+
+    def json_body(self) -> dict[str, Any]:
+        if self._too_big:
+            limit = int(self.settings.get("max_body_size", 64 * 1024))
+            raise ApiError(413, f"the body is larger than {limit // 1024} KiB")
+        return parse_json_object(b"".join(self._chunks))
 
 
 def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
     for key in data:
         if key not in allowed:
-            raise ApiError(400, f"unknown key (allowed: {', '.join(allowed)})", key)
-
-
-def want_int(data: Mapping[str, Any], key: str, *, minimum: int | None = None) -> int:
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, "must be an integer", key)
-    if minimum is not None and value < minimum:
-        raise ApiError(400, f"must be at least {minimum}", key)
-    return value
+            raise ApiError(400, f"unknown key {key[:40]!r} (allowed: {', '.join(allowed)})", key)
 
 
 def want_str(data: Mapping[str, Any], key: str, *, nullable: bool = False) -> str | None:
     value = data.get(key)
     if value is None and nullable:
         return None
-    if not isinstance(value, str) or not value.strip():
-        raise ApiError(400, "must be a non-empty string", key)
-    if len(value) > MAX_NAME:
-        raise ApiError(400, f"must be at most {MAX_NAME} characters", key)
-    return value
+    return check_text(value, key)
 
 
 def _reject_field(reason: str) -> str | None:
@@ -158,26 +290,31 @@ def _reject_field(reason: str) -> str | None:
 class DevicesHandler(BaseHandler):
     def get(self) -> None:
         self.require()
+        self.arbiter.check_available()
         self.send(self.arbiter.devices_json())
 
 
 class TenantsHandler(BaseHandler):
     def get(self) -> None:
         self.require()
+        self.arbiter.check_available()
         self.send(self.arbiter.tenants_json())
 
 
-class TenantHandler(BaseHandler):
+class TenantHandler(BodyHandler):
     async def put(self, name: str) -> None:
         who = self.require()
         if not who.admin:
             raise ApiError(403, "changing quotas needs custom:gpuaas:admin")
+        check_name(name, "name")
         spec = self.json_body()
+        if spec.get("cohort") is not None:
+            check_name(spec["cohort"], "cohort")
         try:
             await self.arbiter.put_tenant(name, spec)
         except SpecError as e:
             raise ApiError(400, str(e), e.key) from None
-        except ValueError as e:
+        except Conflict as e:
             raise ApiError(409, str(e)) from None
         tenants = self.arbiter.tenants_json()
         one = next(t for t in tenants["tenants"] if t["name"] == name)
@@ -187,19 +324,17 @@ class TenantHandler(BaseHandler):
 SUBMIT_KEYS = ("tenant", "kind", "gpus", "flavor", "priority", "name")
 
 
-class RequestsHandler(BaseHandler):
+class RequestsHandler(BodyHandler):
     def get(self) -> None:
         who = self.require()
-        q = self.query(("state", "tenant", "user", "kind", "limit"))
+        self.arbiter.check_available()
+        q = self.query(("state", "tenant", "user", "kind", "limit", "cursor"))
         if "state" in q and q["state"] not in STATES:
-            raise ApiError(400, f"must be one of {', '.join(STATES)}", "state")
+            raise ApiError(400, f"state must be one of {', '.join(STATES)}", "state")
         if "kind" in q and q["kind"] not in KINDS:
-            raise ApiError(400, f"must be one of {', '.join(KINDS)}", "kind")
-        limit = 1000
-        if "limit" in q:
-            if not q["limit"].isdigit() or not 1 <= int(q["limit"]) <= 10000:
-                raise ApiError(400, "must be an integer from 1 to 10000", "limit")
-            limit = int(q["limit"])
+            raise ApiError(400, f"kind must be one of {', '.join(KINDS)}", "kind")
+        limit = parse_limit(q["limit"], maximum=LIMIT_MAX) if "limit" in q else LIMIT_DEFAULT
+        after = _parse_cursor(q["cursor"]) if "cursor" in q else None
         if not who.can_view:
             if q.get("user", who.name) != who.name:
                 raise ApiError(403, "seeing other users' requests needs custom:gpuaas:view", "user")
@@ -209,8 +344,15 @@ class RequestsHandler(BaseHandler):
             tenant=q.get("tenant"),
             user=q.get("user"),
             kind=q.get("kind"),
-            limit=limit,
+            limit=limit + 1,
+            after=after,
         )
+        if len(rows) > limit:  # more exist: RFC 8288 says where (the list is never cut)
+            rows = rows[:limit]
+            nxt = {k: v for k, v in q.items() if k != "cursor"}
+            nxt["cursor"] = _cursor_of(rows[-1].created, rows[-1].id)
+            url = f"{self.settings['base_url']}api/requests?{urlencode(sorted(nxt.items()))}"
+            self.set_header("Link", f'<{url}>; rel="next"')
         out = []
         for row in rows:
             live = self.arbiter.requests.get(row.id)
@@ -223,16 +365,23 @@ class RequestsHandler(BaseHandler):
         _check_keys(data, SUBMIT_KEYS)
         for key in ("tenant", "kind", "gpus"):
             if key not in data:
-                raise ApiError(400, "is required", key)
-        tenant = want_str(data, "tenant")
-        kind = want_str(data, "kind")
-        if kind not in KINDS:
-            raise ApiError(400, f"must be one of {', '.join(KINDS)}", "kind")
-        gpus = want_int(data, "gpus", minimum=1)
-        flavor = want_str(data, "flavor", nullable=True)
-        priority = want_int(data, "priority") if data.get("priority") is not None else 0
+                raise ApiError(400, f"{key} is required", key)
+        tenant = check_name(data["tenant"], "tenant")
+        kind = data["kind"]
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise ApiError(400, f"kind must be one of {', '.join(KINDS)}", "kind")
+        # More GPUs than any node has is valid input that can never be admitted: the
+        # core rejects it (422, with the reason); beyond a 32-bit integer it is bad input.
+        gpus = check_int(data["gpus"], "gpus", minimum=1, maximum=INT32_MAX)
+        flavor = data.get("flavor")
+        if flavor is not None:
+            flavor = check_name(flavor, "flavor")
+        priority = 0
+        if data.get("priority") is not None:
+            priority = check_int(
+                data["priority"], "priority", minimum=PRIORITY_MIN, maximum=PRIORITY_MAX
+            )
         name = want_str(data, "name", nullable=True)
-        assert tenant is not None and kind is not None
         if not who.use and not who.admin:
             raise ApiError(403, "submitting needs custom:gpuaas:use")
         if tenant in self.arbiter.config.tenants and not who.may_charge(tenant):
@@ -254,8 +403,26 @@ class RequestsHandler(BaseHandler):
         self.send(obj, 201)
 
 
+def _cursor_of(created: float, rid: str) -> str:
+    raw = json.dumps([created, rid]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _parse_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        created, rid = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if isinstance(created, (int, float)) and isinstance(rid, str) and REQUEST_ID.fullmatch(rid):
+            return float(created), rid
+    except (ValueError, TypeError, binascii.Error):
+        pass
+    raise ApiError(400, "cursor is not one this gateway gave (follow the Link header)", "cursor")
+
+
 class RequestHandler(BaseHandler):
     def _find(self, rid: str) -> dict[str, Any]:
+        self.arbiter.check_available()
+        if not REQUEST_ID.fullmatch(rid):
+            raise ApiError(404, "no such request (ids look like r-0123456789abcdef)")
         obj = self.arbiter.view(rid)
         if obj is None:
             raise ApiError(404, f"no request {rid}")
@@ -270,9 +437,7 @@ class RequestHandler(BaseHandler):
 
     async def delete(self, rid: str) -> None:
         who = self.require()
-        owner = self.arbiter.owner_of(rid)
-        if owner is None:
-            raise ApiError(404, f"no request {rid}")
+        owner = self._owner(rid)
         if owner != who.name and not who.admin:
             raise ApiError(403, "not your request (cancelling it needs custom:gpuaas:admin)")
         try:
@@ -285,21 +450,19 @@ class RequestHandler(BaseHandler):
 HEARTBEAT_KEYS = ("busy", "utilization")
 
 
-class HeartbeatHandler(BaseHandler):
+class HeartbeatHandler(BodyHandler):
     async def post(self, rid: str) -> None:
         who = self.require()
         data = self.json_body()
         _check_keys(data, HEARTBEAT_KEYS)
         if not isinstance(data.get("busy"), bool):
-            raise ApiError(400, "is required and must be true or false", "busy")
+            raise ApiError(400, "busy is required and must be true or false", "busy")
         util = data.get("utilization")
         if util is not None:
             if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 <= util <= 1:
-                raise ApiError(400, "must be a number from 0 to 1", "utilization")
+                raise ApiError(400, "utilization must be a number from 0 to 1", "utilization")
             util = float(util)
-        owner = self.arbiter.owner_of(rid)
-        if owner is None:
-            raise ApiError(404, f"no request {rid}")
+        owner = self._owner(rid)
         if owner != who.name:
             raise ApiError(403, "only the holder may heartbeat its request")
         try:
@@ -373,6 +536,25 @@ class EventsHandler(BaseHandler):
             self._listener.end()
 
 
+class HealthHandler(BaseHandler):
+    """For a load balancer or a Kubernetes probe: anyone, no token (nothing private)."""
+
+    async def prepare(self) -> None:
+        return
+
+    def get(self) -> None:
+        arbiter = self.arbiter
+        store, status, code = "ok", "ok", 200
+        try:
+            arbiter.check_available()
+            arbiter.store.ping()
+        except StoreUnavailable as e:
+            store, status, code = e.state, "unavailable", 503
+            self.set_header("Retry-After", str(e.retry_after))
+        # One gateway per store today: it leads (replicas with an election: issue 11.9).
+        self.send({"status": status, "store": store, "leader": True}, code)
+
+
 class OpenAPIHandler(BaseHandler):
     async def prepare(self) -> None:  # anyone: no identity needed
         return
@@ -419,5 +601,6 @@ def routes(base_url: str) -> list[tuple[str, type[web.RequestHandler]]]:
         (rf"{b}api/events", EventsHandler),
         (rf"{b}api/openapi\.json", OpenAPIHandler),
         (rf"{b}api/me", MeHandler),
+        (rf"{b}api/health", HealthHandler),
         (rf"{b}metrics", MetricsHandler),
     ]

@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from .devices import DeviceSample
+from ..devices import DeviceSample
 
 # Admission waits range from an instant (free capacity) to hours (a busy pool at night).
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, float("inf"))
@@ -61,6 +61,7 @@ class _Snapshot:
     idle_gpus: tuple[tuple[str, int], ...] = ()
     devices: tuple[DeviceRow, ...] = ()
     simulated: bool | None = None
+    nodes: tuple[tuple[str, int], ...] = ()
 
 
 class _SnapshotCollector(Collector):
@@ -106,6 +107,12 @@ class _SnapshotCollector(Collector):
             "that capacity blocks (what KEDA scales on).",
             labels=["flavor"],
         )
+        nodes = GaugeMetricFamily(
+            "gpuaas_nodes",
+            "Nodes per flavor the gateway places on now (desired minus this: the nodes a "
+            "scale-up should add).",
+            labels=["flavor"],
+        )
         idle = GaugeMetricFamily(
             "gpuaas_idle_gpus", "GPUs held by grants that report idle.", labels=["tenant"]
         )
@@ -141,6 +148,8 @@ class _SnapshotCollector(Collector):
             borrowed.add_metric(labels, t.borrowed)
         for flavor, n in snap.desired_nodes:
             desired.add_metric([flavor], n)
+        for flavor, n in snap.nodes:
+            nodes.add_metric([flavor], n)
         for tenant, n in snap.idle_gpus:
             idle.add_metric([tenant], n)
         for s, dev_flavor, holder_tenant, holder_user in snap.devices:
@@ -162,6 +171,7 @@ class _SnapshotCollector(Collector):
             quota,
             borrowed,
             desired,
+            nodes,
             idle,
             util,
             mem,
@@ -216,6 +226,7 @@ class GatewayMetrics:
         idle_gpus: Mapping[str, int],
         devices: Iterable[DeviceRow],
         simulated: bool | None = None,
+        nodes: Mapping[str, int] | None = None,
     ) -> None:
         """Replace every gauge's series with these; series absent here are dropped.
 
@@ -229,6 +240,7 @@ class GatewayMetrics:
             idle_gpus=tuple(idle_gpus.items()),
             devices=tuple(devices),
             simulated=simulated,
+            nodes=tuple((nodes or {}).items()),
         )
 
     def render(self) -> tuple[bytes, str]:

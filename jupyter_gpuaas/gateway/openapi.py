@@ -1,19 +1,32 @@
 """The OpenAPI 3 document of the gateway's API, as a Python dict.
 
 Tests validate real answers against these schemas (jsonschema), so the document cannot
-drift from the code: `Request` forbids properties it does not list.
+drift from the code: `Request` forbids properties it does not list. The bounds of request
+bodies and queries come from validate.py (the code's own constants), and every route
+lists each status it answers (tests/gateway/test_edge.py checks both).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jupyter_gpuaas import __version__
+from jupyter_gpuaas._version import __version__
 from jupyter_gpuaas.admission.model import KINDS, State
+
+from .validate import INT32_MAX, NAME_MAX, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, TEXT_MAX
 
 NUM = {"type": "number"}
 NULLNUM = {"type": ["number", "null"]}
 NULLSTR = {"type": ["string", "null"]}
+# The one rule of tenant, cohort and flavor names (validate.py), and free text.
+NAME = {"type": "string", "maxLength": NAME_MAX, "pattern": f"^{NAME_RE.pattern}$"}
+TEXT = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": TEXT_MAX,
+    "pattern": "^[^\\x00-\\x1f\\x7f]*$",
+}
+STATES = [s.value for s in State]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -49,7 +62,19 @@ SCHEMAS: dict[str, Any] = {
     "EstimatedWait": {
         "type": "object",
         "required": ["seconds", "basis"],
-        "properties": {"seconds": NULLNUM, "basis": {"type": "string"}},
+        "properties": {
+            "seconds": {**NULLNUM, "description": "null: no estimate; `basis` says why"},
+            "basis": {"type": "string", "description": "how it was estimated, or why not"},
+        },
+        "additionalProperties": False,
+    },
+    "WaitingFor": {
+        "type": "object",
+        "required": ["kind", "message"],
+        "properties": {
+            "kind": {"enum": ["capacity", "quota", "fifo"]},
+            "message": {"type": "string", "description": "why it waits, one sentence"},
+        },
         "additionalProperties": False,
     },
     "Grant": {
@@ -59,6 +84,12 @@ SCHEMAS: dict[str, Any] = {
             "flavor": {"type": "string"},
             "node": {"type": "string"},
             "devices": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            "uuids": {
+                "type": ["array", "null"],
+                "items": {"type": "string", "pattern": "^(GPU|MIG)-"},
+                "description": "each device's UUID, in the order of `devices`; null where "
+                "the devices have none (simulated). Launchers name these, not the indices.",
+            },
             "lease_expires": NULLNUM,
             "admitted_at": NULLNUM,
             "busy": {"type": "boolean"},
@@ -96,12 +127,17 @@ SCHEMAS: dict[str, Any] = {
             "reason": NULLSTR,
             "position": _nullable("Position"),
             "estimated_wait": _nullable("EstimatedWait"),
+            "waiting_for": _ref("WaitingFor"),
             "grant": _nullable("Grant"),
             "scaling": _nullable("Scaling"),
             "parked": {
                 "type": "object",
                 "properties": {"flavor": NULLSTR, "expires": NULLNUM},
             },
+            # A warned preemption victim (preemption_grace): evicted at preempt_at.
+            "preempt_at": NULLNUM,
+            "preempted_by": NULLSTR,
+            "preempt_reason": NULLSTR,
         },
         "additionalProperties": False,
     },
@@ -109,12 +145,22 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["tenant", "kind", "gpus"],
         "properties": {
-            "tenant": {"type": "string"},
+            "tenant": NAME,
             "kind": {"enum": list(KINDS)},
-            "gpus": {"type": "integer", "minimum": 1},
-            "flavor": NULLSTR,
-            "priority": {"type": "integer"},
-            "name": NULLSTR,
+            "gpus": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": INT32_MAX,
+                "description": "more than the widest node has is 422 (can never be admitted)",
+            },
+            "flavor": {"oneOf": [{"type": "null"}, NAME]},
+            "priority": {
+                "type": ["integer", "null"],
+                "minimum": PRIORITY_MIN,
+                "maximum": PRIORITY_MAX,
+                "description": "higher first; the range of a Kubernetes PriorityClass value",
+            },
+            "name": {"oneOf": [{"type": "null"}, TEXT]},
         },
         "additionalProperties": False,
     },
@@ -135,8 +181,10 @@ SCHEMAS: dict[str, Any] = {
             "index": {"type": "integer"},
             "flavor": {"type": "string"},
             "model": {"type": "string"},
-            "uuid": {"type": "string"},
+            "uuid": {"type": "string", "description": "GPU-… or MIG-…; empty if simulated"},
             "memory_total": {"type": "integer"},
+            "mig_profile": {"type": "string", "description": "a MIG instance's, e.g. 1g.10gb"},
+            "parent_uuid": {"type": "string", "description": "a MIG instance's GPU"},
             "utilization": NUM,
             "memory_used": {"type": "integer"},
             "temperature": NULLNUM,
@@ -192,6 +240,8 @@ SCHEMAS: dict[str, Any] = {
             "admitted": {"type": "integer"},
             "parked": {"type": "integer"},
             "borrowed": {"type": "integer"},
+            "borrowed_from": {"type": "array", "items": {"type": "string"}},
+            "message": {"type": "string", "description": "the usage in one sentence"},
             "pending_gpus": {"type": "integer"},
             "pending_requests": {"type": "integer"},
         },
@@ -208,6 +258,10 @@ SCHEMAS: dict[str, Any] = {
             "weight": NUM,
             "queueing": {"type": "string"},
             "idle_timeout": NUM,
+            "preemption_grace": {
+                **NUM,
+                "description": "seconds its servers and kernels keep running once warned",
+            },
             "usage": {"type": "array", "items": _ref("Usage")},
             "simulated": {"type": "boolean"},
         },
@@ -224,6 +278,20 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "description": "A tenant of the quota file's `tenants` block (SCENARIO.md).",
         "required": ["quota"],
+        "properties": {
+            "cohort": {"oneOf": [{"type": "null"}, NAME]},
+            "quota": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+        },
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status", "store", "leader"],
+        "properties": {
+            "status": {"enum": ["ok", "unavailable"]},
+            "store": {"enum": ["ok", "unavailable", "locked"]},
+            "leader": {"type": "boolean"},
+        },
+        "additionalProperties": False,
     },
     "Me": {
         "type": "object",
@@ -251,12 +319,37 @@ def _resp(desc: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
     return out
 
 
-ERRORS = {
-    "400": _resp("bad input", _ref("Error")),
-    "401": _resp("no or bad token", _ref("Error")),
-    "403": _resp("not allowed", _ref("Error")),
-}
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
+
+
+def _errors(*codes: str) -> dict[str, Any]:
+    """The error answers of a route: these codes plus 401, 403 and 503 (every route)."""
+    what = {
+        "400": "bad input (the sentence names the field)",
+        "401": "no or bad token",
+        "403": "not allowed",
+        "404": "no such request",
+        "409": "the request's state does not allow it",
+        "413": "the body is larger than the limit (64 KiB by default)",
+        "422": "valid, but can never be admitted; stored as rejected",
+        "503": "the store is unavailable (nothing was changed): retry after Retry-After",
+    }
+    out = {code: _resp(what[code], _ref("Error")) for code in (*codes, "401", "403", "503")}
+    out["503"]["headers"] = RETRY_AFTER
+    return out
+
+
+def _body(name: str) -> dict[str, Any]:
+    return {"required": True, "content": _json(_ref(name))}
+
+
 RID = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+LINK = {
+    "Link": {
+        "description": 'RFC 8288 `<…>; rel="next"` while more rows exist',
+        "schema": {"type": "string"},
+    }
+}
 
 
 def build_openapi(base_url: str = "/") -> dict[str, Any]:
@@ -282,10 +375,20 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
         "security": [{"token": []}],
         "paths": {
             "/api/devices": {
-                "get": {"responses": {"200": _resp("nodes and devices", _ref("Devices"))}}
+                "get": {
+                    "responses": {
+                        "200": _resp("nodes and devices", _ref("Devices")),
+                        **_errors(),
+                    }
+                }
             },
             "/api/tenants": {
-                "get": {"responses": {"200": _resp("tenants and usage", _ref("Tenants"))}}
+                "get": {
+                    "responses": {
+                        "200": _resp("tenants and usage", _ref("Tenants")),
+                        **_errors(),
+                    }
+                }
             },
             "/api/tenants/{name}": {
                 "put": {
@@ -294,30 +397,56 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
                             "name": "name",
                             "in": "path",
                             "required": True,
-                            "schema": {"type": "string"},
+                            "schema": NAME,
                         }
                     ],
-                    "requestBody": {"content": _json(_ref("TenantSpec"))},
-                    "responses": {"200": _resp("the tenant", _ref("Tenant")), **ERRORS},
+                    "requestBody": _body("TenantSpec"),
+                    "responses": {
+                        "200": _resp("the tenant", _ref("Tenant")),
+                        **_errors("400", "409", "413"),
+                    },
                 }
             },
             "/api/requests": {
                 "get": {
                     "parameters": [
-                        {"name": n, "in": "query", "schema": {"type": "string"}}
-                        for n in ("state", "tenant", "user", "kind", "limit")
+                        {"name": "state", "in": "query", "schema": {"enum": STATES}},
+                        {"name": "kind", "in": "query", "schema": {"enum": list(KINDS)}},
+                        {"name": "tenant", "in": "query", "schema": {"type": "string"}},
+                        {"name": "user", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": 10000,
+                                "default": 1000,
+                            },
+                        },
+                        {
+                            "name": "cursor",
+                            "in": "query",
+                            "description": "from the Link header of the previous page",
+                            "schema": {"type": "string"},
+                        },
                     ],
                     "responses": {
-                        "200": _resp("requests", {"type": "array", "items": _ref("Request")}),
-                        **ERRORS,
+                        "200": {
+                            **_resp(
+                                "requests, newest first",
+                                {"type": "array", "items": _ref("Request")},
+                            ),
+                            "headers": LINK,
+                        },
+                        **_errors("400"),
                     },
                 },
                 "post": {
-                    "requestBody": {"content": _json(_ref("SubmitRequest"))},
+                    "requestBody": _body("SubmitRequest"),
                     "responses": {
                         "201": _resp("accepted (queued or admitted)", _ref("Request")),
-                        "422": _resp("can never be admitted; stored as rejected", _ref("Error")),
-                        **ERRORS,
+                        **_errors("400", "413", "422"),
                     },
                 },
             },
@@ -326,27 +455,24 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
                     "parameters": RID,
                     "responses": {
                         "200": _resp("the request", _ref("Request")),
-                        "404": _resp("unknown", _ref("Error")),
-                        **ERRORS,
+                        **_errors("404"),
                     },
                 },
                 "delete": {
                     "parameters": RID,
                     "responses": {
                         "200": _resp("cancelled or released", _ref("Request")),
-                        "409": _resp("already ended", _ref("Error")),
-                        **ERRORS,
+                        **_errors("404", "409"),
                     },
                 },
             },
             "/api/requests/{id}/heartbeat": {
                 "post": {
                     "parameters": RID,
-                    "requestBody": {"content": _json(_ref("Heartbeat"))},
+                    "requestBody": _body("Heartbeat"),
                     "responses": {
                         "200": _resp("lease renewed", _ref("Request")),
-                        "409": _resp("not admitted", _ref("Error")),
-                        **ERRORS,
+                        **_errors("400", "404", "409", "413"),
                     },
                 }
             },
@@ -354,10 +480,25 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
                 "get": {
                     "description": "Server-Sent Events; data is the decision's JSON plus "
                     "`request` (a Request) when it is about one.",
-                    "responses": {"200": {"description": "text/event-stream"}},
+                    "responses": {"200": {"description": "text/event-stream"}, **_errors()},
                 }
             },
-            "/api/me": {"get": {"responses": {"200": _resp("the caller", _ref("Me"))}}},
+            "/api/me": {
+                "get": {"responses": {"200": _resp("the caller", _ref("Me")), **_errors()}}
+            },
+            "/api/health": {
+                "get": {
+                    "security": [],
+                    "description": "For load balancers and probes: no token needed.",
+                    "responses": {
+                        "200": _resp("the store answers", _ref("Health")),
+                        "503": {
+                            **_resp("the store is unreachable", _ref("Health")),
+                            "headers": RETRY_AFTER,
+                        },
+                    },
+                }
+            },
             "/api/openapi.json": {
                 "get": {"security": [], "responses": {"200": _resp("this document")}}
             },

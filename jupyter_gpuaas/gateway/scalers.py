@@ -23,7 +23,7 @@ from traitlets import Dict, Float, Instance, List, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 from traitlets.utils.importstring import import_item
 
-from .devices import NodeInfo, SimulatedInventory
+from ..devices import NodeInfo, SimulatedInventory
 
 
 class Scaler(LoggingConfigurable):

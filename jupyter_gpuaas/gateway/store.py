@@ -7,232 +7,133 @@ the core really was in after some batch, and rebuilding the core from it (`resto
 never bind one device twice or forget a request that was answered with 201.
 
 The schema is created and upgraded with alembic (migrations ship inside the package);
-`Store.open` runs `upgrade head` before anything else touches the database.
+`Store.open` runs `upgrade head` before anything else touches the database, then a write
+check: a store that cannot be written (a read-only file, a read-only replica) is refused
+at start instead of failing the first decision.
+
+Rows are checked before they are written (`rows.check_snapshot`): every integer fits a 32-bit
+column, every string is encodable UTF-8 without NUL and fits its column. The arbiter
+checks each operation's rows on their own, so one bad operation never fails its group.
+
+Locks. The gateway is the only writer, but another process (a backup, `sqlite3` in a
+shell) can hold SQLite's write lock. `begin_write` takes the lock up front
+(`BEGIN IMMEDIATE`) with a busy timeout of a few milliseconds and raises `StoreBusy` at
+once when it is held; the arbiter retries later without blocking its event loop and
+without having touched the core. Once the lock is held, a WAL commit needs no other lock.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import (
-    Boolean,
-    Float,
-    Integer,
-    String,
-    Table,
-    Text,
+    and_,
     create_engine,
+    delete,
     event,
+    or_,
     select,
+    text,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import Session
 
-from jupyter_gpuaas.admission.model import TERMINAL, Decision, Request, State
+from jupyter_gpuaas.admission.model import TERMINAL, State
+
+from .rows import (
+    DECISIONS,
+    NODES,
+    OVERRIDES,
+    REQUESTS,
+    Base,
+    Batch,
+    DecisionRow,
+    NodeRow,
+    RequestRow,
+    RowError,
+    Snapshot,
+    TenantOverrideRow,
+    check_snapshot,
+    request_to_row,
+    row_to_request,
+    snapshot,
+)
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
-class Base(DeclarativeBase):
-    pass
+class StoreUnavailable(Exception):
+    """The store cannot be read or written now (HTTP 503 with Retry-After).
 
-
-class RequestRow(Base):
-    """One request, live or ended: every field of the core's `Request` plus what the API adds."""
-
-    __tablename__ = "requests"
-
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    tenant: Mapped[str] = mapped_column(String(255), index=True)
-    user: Mapped[str] = mapped_column(String(255), index=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    gpus: Mapped[int] = mapped_column(Integer)
-    flavor: Mapped[str | None] = mapped_column(String(255), nullable=True)
-    priority: Mapped[int] = mapped_column(Integer, default=0)
-    name: Mapped[str | None] = mapped_column(String(255), nullable=True)
-    busy: Mapped[bool] = mapped_column(Boolean, default=True)
-    state: Mapped[str] = mapped_column(String(16), index=True)
-    submit_time: Mapped[float] = mapped_column(Float)
-    queue_time: Mapped[float] = mapped_column(Float, default=0.0)
-    seq: Mapped[int] = mapped_column(Integer, default=0)
-    assigned_flavor: Mapped[str | None] = mapped_column(String(255), nullable=True)
-    node: Mapped[str | None] = mapped_column(String(255), nullable=True)
-    devices: Mapped[str] = mapped_column(Text, default="[]")  # JSON list of indices
-    first_admit: Mapped[float | None] = mapped_column(Float, nullable=True)
-    admit_time: Mapped[float | None] = mapped_column(Float, nullable=True)
-    idle_since: Mapped[float | None] = mapped_column(Float, nullable=True)
-    park_expires: Mapped[float | None] = mapped_column(Float, nullable=True)
-    lease_expires: Mapped[float | None] = mapped_column(Float, nullable=True)
-    wants_devices: Mapped[bool] = mapped_column(Boolean, default=False)
-    preemptions: Mapped[int] = mapped_column(Integer, default=0)
-    culls: Mapped[int] = mapped_column(Integer, default=0)
-    utilization: Mapped[float | None] = mapped_column(Float, nullable=True)
-    reason: Mapped[str] = mapped_column(Text, default="")
-    created: Mapped[float] = mapped_column(Float)
-    updated: Mapped[float] = mapped_column(Float)
-
-    def device_list(self) -> list[int]:
-        return list(json.loads(self.devices or "[]"))
-
-
-class DecisionRow(Base):
-    """The append-only decision log: what the core decided, in order."""
-
-    __tablename__ = "decisions"
-
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    t: Mapped[float] = mapped_column(Float)
-    event: Mapped[str] = mapped_column(String(32))
-    request_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
-    fields: Mapped[str] = mapped_column(Text, default="{}")
-
-
-class NodeRow(Base):
-    """A node the simulated scaler added (inventory nodes are re-read on start)."""
-
-    __tablename__ = "nodes"
-
-    name: Mapped[str] = mapped_column(String(255), primary_key=True)
-    flavor: Mapped[str] = mapped_column(String(255))
-    gpus: Mapped[int] = mapped_column(Integer)
-    autoscaled: Mapped[bool] = mapped_column(Boolean, default=True)
-    created: Mapped[float] = mapped_column(Float)
-
-
-class TenantOverrideRow(Base):
-    """An admin's `PUT api/tenants/{name}`: the tenant's spec, replacing the quota file's."""
-
-    __tablename__ = "tenant_overrides"
-
-    name: Mapped[str] = mapped_column(String(255), primary_key=True)
-    spec: Mapped[str] = mapped_column(Text)
-    updated: Mapped[float] = mapped_column(Float)
-
-
-REQUESTS = cast(Table, RequestRow.__table__)
-DECISIONS = cast(Table, DecisionRow.__table__)
-NODES = cast(Table, NodeRow.__table__)
-OVERRIDES = cast(Table, TenantOverrideRow.__table__)
-
-# Fields copied verbatim between the core's Request and a row.
-_COPIED = (
-    "tenant",
-    "user",
-    "kind",
-    "gpus",
-    "flavor",
-    "priority",
-    "busy",
-    "submit_time",
-    "queue_time",
-    "seq",
-    "assigned_flavor",
-    "node",
-    "first_admit",
-    "admit_time",
-    "idle_since",
-    "park_expires",
-    "lease_expires",
-    "wants_devices",
-    "preemptions",
-    "culls",
-    "reason",
-)
-
-
-def request_to_row(req: Request, row: RequestRow, now: float) -> None:
-    for name in _COPIED:
-        setattr(row, name, getattr(req, name))
-    row.state = req.state.value
-    row.devices = json.dumps(list(req.devices))
-    row.updated = now
-
-
-def row_to_request(row: RequestRow) -> Request:
-    req = Request(
-        id=row.id,
-        tenant=row.tenant,
-        user=row.user,
-        kind=row.kind,
-        gpus=row.gpus,
-        submit_time=row.submit_time,
-        flavor=row.flavor,
-        priority=row.priority,
-        busy=row.busy,
-    )
-    for name in _COPIED:
-        setattr(req, name, getattr(row, name))
-    req.state = State(row.state)
-    req.devices = tuple(row.device_list())
-    return req
-
-
-@dataclass
-class Batch:
-    """What one transaction writes: request rows (new or changed) and decisions."""
-
-    requests: list[tuple[Request, dict[str, Any]]]  # (request, extra columns: name, ...)
-    decisions: Sequence[Decision]
-    nodes_added: list[tuple[str, str, int]] = field(default_factory=list)  # name, flavor, gpus
-    nodes_removed: list[str] = field(default_factory=list)
-    tenants: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # overrides put
-
-
-@dataclass
-class Snapshot:
-    """A Batch as plain data, taken when the core decided it.
-
-    The arbiter keeps deciding while a group of snapshots is written by the store's
-    thread, and the core mutates its Request objects: the rows are copied first.
+    `message` (with the database's own words) is for the log; `public` is what callers
+    are told: the store's address and errors are none of an API client's business.
     """
 
-    rows: list[dict[str, Any]]
-    decisions: list[dict[str, Any]]
-    nodes_added: list[tuple[str, str, int]]
-    nodes_removed: list[str]
-    tenants: list[tuple[str, str]]  # (name, spec JSON)
-    now: float
+    public = "the store is unavailable, so nothing was changed"
+    state = "unavailable"
+
+    def __init__(self, message: str, retry_after: int = 2) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
 
 
-def snapshot(batch: Batch, now: float) -> Snapshot:
-    """Copy a batch into plain data (raises TypeError if a decision is not JSON)."""
-    rows = []
-    for req, extra in batch.requests:
-        row = {name: getattr(req, name) for name in _COPIED}
-        row["id"] = req.id
-        row["state"] = req.state.value
-        row["devices"] = json.dumps(list(req.devices))
-        row["updated"] = now
-        row.update(extra)
-        row.setdefault("created", now)
-        rows.append(row)
-    decisions = []
-    for d in batch.decisions:
-        fields = {k: v for k, v in d.to_json().items() if k not in ("t", "event", "id")}
-        decisions.append(
-            {
-                "t": d.t,
-                "event": d.event,
-                "request_id": d.id,
-                "fields": json.dumps(fields, default=list),
-            }
-        )
-    return Snapshot(
-        rows,
-        decisions,
-        list(batch.nodes_added),
-        list(batch.nodes_removed),
-        [(name, json.dumps(spec)) for name, spec in batch.tenants],
-        now,
-    )
+class StoreBusy(StoreUnavailable):
+    """Another process holds the store's write lock: try again shortly."""
+
+    public = "the store is locked by another process, so nothing was changed"
+    state = "locked"
+
+
+def describe(error: BaseException) -> str:
+    """One line for a database error (SQLAlchemy's own text carries the SQL)."""
+    if isinstance(error, DBAPIError) and error.orig is not None:
+        return str(error.orig).strip().splitlines()[0]
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _is_locked(error: BaseException) -> bool:
+    text_ = describe(error).lower()
+    return "database is locked" in text_ or "database table is locked" in text_
+
+
+class WriteTx:
+    """One write transaction that already holds the store's write lock."""
+
+    def __init__(self, store: Store, conn: Connection) -> None:
+        self.store = store
+        self.conn = conn
+        self._tx = conn.begin()
+
+    def write(self, snapshots: Sequence[Snapshot]) -> None:
+        self.store._write_into(self.conn, snapshots)
+
+    def commit(self) -> None:
+        try:
+            self._tx.commit()
+        finally:
+            self.conn.close()
+
+    def rollback(self) -> None:
+        try:
+            if self._tx.is_active:  # not after a failed commit: that rolled back already
+                self._tx.rollback()
+        except SQLAlchemyError:
+            log.warning("rolling back a failed write failed too", exc_info=True)
+        finally:
+            try:
+                self.conn.close()
+            except SQLAlchemyError:
+                pass
 
 
 def _dialect_insert(dialect: str) -> Any:
@@ -246,14 +147,22 @@ def _dialect_insert(dialect: str) -> Any:
     return pg_insert
 
 
+# SQLite's wait for a lock held by another process, per attempt. Short: the arbiter runs
+# on the event loop, and retries later itself (StoreBusy) rather than sleeping here.
+SQLITE_BUSY_TIMEOUT_MS = 10
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # pysqlite's own implicit BEGIN would be DEFERRED and come too late to tell "locked"
+    # from any other failure: let SQLAlchemy's `begin` hook below emit BEGIN itself.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     # WAL: readers never block the writer. synchronous=FULL: a commit is on disk when it
     # returns, even across power loss; NORMAL would be enough for `kill -9` (the WAL is in
     # the OS cache) but not for a machine crash, and a 201 promises the request survives.
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=FULL")
-    cur.execute("PRAGMA busy_timeout=5000")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 
@@ -265,9 +174,27 @@ def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
     else:
-        engine = create_engine(url, pool_pre_ping=True)
+        # A stopped server answers at once; an unreachable one within connect_timeout. A
+        # table lock held by someone else fails the statement after lock_timeout. And a
+        # commit is durable whatever the server's default: with synchronous_commit=off a
+        # crash loses acknowledged commits, i.e. requests answered 201 (seen in a test).
+        engine = create_engine(
+            url,
+            pool_pre_ping=True,
+            connect_args={
+                "connect_timeout": 3,
+                "options": "-c lock_timeout=200 -c synchronous_commit=on",
+            },
+        )
     return engine
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    """BEGIN IMMEDIATE for writes (the write lock now, or "database is locked" now)."""
+    write = conn.get_execution_options().get("gpuaas_write", False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
 def upgrade(engine: Engine) -> None:
@@ -289,7 +216,8 @@ class Store:
 
     Calls are short (one transaction per group of batches of decisions, see the
     arbiter's group commit), so they run inline: that keeps the order "commit, then
-    announce" trivially true without locks.
+    announce" trivially true without locks. Lock waits are bounded by the short busy
+    timeout (SQLite) or lock_timeout (PostgreSQL): see the module docstring.
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -300,7 +228,9 @@ class Store:
     def open(cls, url: str) -> Store:
         engine = make_engine(url)
         upgrade(engine)
-        return cls(engine)
+        store = cls(engine)
+        store.check_writable()
+        return store
 
     def close(self) -> None:
         self.engine.dispose()
@@ -310,13 +240,53 @@ class Store:
         with Session(self.engine, expire_on_commit=False) as s, s.begin():
             yield s
 
+    def check_writable(self) -> None:
+        """Write (and commit) one row: refuse a store that cannot record decisions."""
+        try:
+            tx = self.begin_write(wait=2.0)
+            tx.conn.execute(text("UPDATE alembic_version SET version_num = version_num"))
+            tx.commit()
+        except StoreUnavailable as e:
+            raise StoreUnavailable(f"the store is not writable: {e.message}") from None
+        except SQLAlchemyError as e:
+            raise StoreUnavailable(f"the store is not writable: {describe(e)}") from None
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless the database answers a query now."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except SQLAlchemyError as e:
+            raise StoreUnavailable(f"the store is unreachable: {describe(e)}") from None
+
     # --- writing --------------------------------------------------------------------
+
+    def begin_write(self, wait: float = 0.0) -> WriteTx:
+        """A transaction holding the write lock. StoreBusy at once when another process
+        holds it (after `wait` seconds of retrying, for callers off the event loop);
+        StoreUnavailable when the database cannot be reached."""
+        deadline = time.monotonic() + wait
+        while True:
+            conn = None
+            try:
+                conn = self.engine.connect().execution_options(gpuaas_write=True)
+                return WriteTx(self, conn)
+            except SQLAlchemyError as e:
+                if conn is not None:
+                    conn.close()
+                if not _is_locked(e):
+                    raise StoreUnavailable(f"the store is unreachable: {describe(e)}") from None
+                if time.monotonic() >= deadline:
+                    raise StoreBusy(
+                        "the store is locked by another process", retry_after=1
+                    ) from None
+                time.sleep(0.05)
 
     def write(self, batch: Batch, now: float) -> None:
         """Write request rows and decisions in one transaction (commit on return)."""
         self.write_many([snapshot(batch, now)])
 
-    def write_many(self, snapshots: Sequence[Snapshot]) -> None:
+    def write_many(self, snapshots: Sequence[Snapshot], wait: float = 2.0) -> None:
         """Write several batches, in order, in ONE transaction (group commit).
 
         The gateway's arbiter hands over every batch decided while the previous group was
@@ -325,6 +295,15 @@ class Store:
         Request rows are upserted (the last image of a row in the group wins; `created`
         is set only on insert, and `name`/`utilization` only where the batch gave them).
         """
+        tx = self.begin_write(wait=wait)
+        try:
+            tx.write(snapshots)
+        except BaseException:
+            tx.rollback()
+            raise
+        tx.commit()
+
+    def _write_into(self, conn: Connection, snapshots: Sequence[Snapshot]) -> None:
         rows: dict[str, dict[str, Any]] = {}
         decisions: list[dict[str, Any]] = []
         for snap in snapshots:
@@ -334,33 +313,59 @@ class Store:
                     row = {**before, **row, "created": before["created"]}
                 rows[row["id"]] = row
             decisions += snap.decisions
-        with self.engine.begin() as conn:
-            if rows:
-                self._upsert_requests(conn, list(rows.values()))
-            if decisions:
-                conn.execute(DECISIONS.insert(), decisions)
-            for snap in snapshots:
-                now = snap.now
-                nodes = NODES
-                for name, flavor, gpus in snap.nodes_added:
-                    if conn.execute(select(nodes.c.name).where(nodes.c.name == name)).first():
-                        continue
-                    conn.execute(
-                        nodes.insert().values(
-                            name=name, flavor=flavor, gpus=gpus, autoscaled=True, created=now
-                        )
+        if rows:
+            self._upsert_requests(conn, list(rows.values()))
+        if decisions:
+            conn.execute(DECISIONS.insert(), decisions)
+        for snap in snapshots:
+            now = snap.now
+            nodes = NODES
+            for name, flavor, gpus in snap.nodes_added:
+                if conn.execute(select(nodes.c.name).where(nodes.c.name == name)).first():
+                    continue
+                conn.execute(
+                    nodes.insert().values(
+                        name=name, flavor=flavor, gpus=gpus, autoscaled=True, created=now
                     )
-                for name in snap.nodes_removed:
-                    conn.execute(nodes.delete().where(nodes.c.name == name))
-                overrides = OVERRIDES
-                for name, spec in snap.tenants:
-                    done = conn.execute(
-                        overrides.update()
-                        .where(overrides.c.name == name)
-                        .values(spec=spec, updated=now)
-                    )
-                    if not done.rowcount:
-                        conn.execute(overrides.insert().values(name=name, spec=spec, updated=now))
+                )
+            for name in snap.nodes_removed:
+                conn.execute(nodes.delete().where(nodes.c.name == name))
+            overrides = OVERRIDES
+            for name, spec in snap.tenants:
+                done = conn.execute(
+                    overrides.update()
+                    .where(overrides.c.name == name)
+                    .values(spec=spec, updated=now)
+                )
+                if not done.rowcount:
+                    conn.execute(overrides.insert().values(name=name, spec=spec, updated=now))
+
+    def prune(self, before: float, limit: int = 1000) -> int:
+        """Delete up to `limit` ended (and rejected) requests last changed before `before`,
+        with their decisions; decisions about no request, older than `before`, too.
+        Returns how many requests went. Raises StoreBusy/StoreUnavailable (try later)."""
+        ended = [s.value for s in TERMINAL]
+        table = REQUESTS
+        tx = self.begin_write()
+        try:
+            ids = list(
+                tx.conn.scalars(
+                    select(table.c.id)
+                    .where(table.c.state.in_(ended), table.c.updated < before)
+                    .limit(limit)
+                )
+            )
+            if ids:
+                tx.conn.execute(delete(DECISIONS).where(DECISIONS.c.request_id.in_(ids)))
+                tx.conn.execute(delete(table).where(table.c.id.in_(ids)))
+            tx.conn.execute(
+                delete(DECISIONS).where(DECISIONS.c.request_id.is_(None), DECISIONS.c.t < before)
+            )
+        except BaseException:
+            tx.rollback()
+            raise
+        tx.commit()
+        return len(ids)
 
     def _upsert(self, dialect: str, keys: tuple[str, ...]) -> Any:
         """The upsert of request rows with these columns (built once: building one costs
@@ -438,7 +443,10 @@ class Store:
         user: str | None = None,
         kind: str | None = None,
         limit: int = 1000,
+        after: tuple[float, str] | None = None,
     ) -> list[RequestRow]:
+        """Rows newest first (created, then id, descending); `after`: the (created, id)
+        of the last row of the previous page (keyset pagination: no OFFSET scans)."""
         stmt = select(RequestRow)
         for column, value in (
             (RequestRow.state, state),
@@ -448,7 +456,15 @@ class Store:
         ):
             if value is not None:
                 stmt = stmt.where(column == value)
-        stmt = stmt.order_by(RequestRow.created.desc(), RequestRow.id).limit(limit)
+        if after is not None:
+            created, rid = after
+            stmt = stmt.where(
+                or_(
+                    RequestRow.created < created,
+                    and_(RequestRow.created == created, RequestRow.id < rid),
+                )
+            )
+        stmt = stmt.order_by(RequestRow.created.desc(), RequestRow.id.desc()).limit(limit)
         with self.session() as s:
             return list(s.scalars(stmt))
 
@@ -478,3 +494,27 @@ class Store:
         )
         with self.session() as s:
             return [(f, u - a) for f, a, u in s.execute(stmt) if f is not None and a is not None]
+
+
+__all__ = [
+    "MIGRATIONS",
+    "Base",
+    "Batch",
+    "DecisionRow",
+    "NodeRow",
+    "RequestRow",
+    "RowError",
+    "Snapshot",
+    "Store",
+    "StoreBusy",
+    "StoreUnavailable",
+    "TenantOverrideRow",
+    "WriteTx",
+    "check_snapshot",
+    "describe",
+    "make_engine",
+    "request_to_row",
+    "row_to_request",
+    "snapshot",
+    "upgrade",
+]

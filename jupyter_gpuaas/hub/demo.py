@@ -97,7 +97,7 @@ def detect_devices(spec: str) -> tuple[str, str | None, int]:
     level = devices_log.level
     devices_log.setLevel(logging.CRITICAL)
     try:
-        from jupyter_gpuaas.gateway.devices import parse_devices_spec
+        from jupyter_gpuaas.devices import parse_devices_spec
 
         inventory = parse_devices_spec(spec)
         try:
@@ -118,20 +118,37 @@ def quotas_for(flavor: str, gpus: int) -> str:
     """A quota file like the shipped one, for this machine's real GPUs: half each team."""
     vision = max(1, gpus - gpus // 2)
     nlp = max(0, gpus - vision)
+    reclaim = "preemption: {reclaim_within_cohort: Any}"  # as hub_config/local/quotas.yaml
     return (
         "# Written by `jupyter-gpuaas demo` for this machine's GPUs\n"
         f"flavors:\n  {flavor}: {{nodes: 1, gpus_per_node: {gpus}}}\n"
         "tenants:\n"
-        f"  vision: {{cohort: demo, quota: {{{flavor}: {vision}}}}}\n"
-        f"  nlp: {{cohort: demo, quota: {{{flavor}: {nlp}}}}}\n"
-        "policy:\n  idle_timeout: 1800\n  reservation_ttl: 900\n"
+        f"  vision: {{cohort: demo, quota: {{{flavor}: {vision}}}, {reclaim}}}\n"
+        f"  nlp: {{cohort: demo, quota: {{{flavor}: {nlp}}}, {reclaim}}}\n"
+        "policy:\n  idle_timeout: 1800\n  reservation_ttl: 900\n  preemption_grace: 300\n"
     )
 
 
-def install_kernelspec() -> None:
-    """The "Python 3 (1 GPU)" kernelspec, when the kernel provisioner is installed."""
+def demo_flavor(quotas: Path) -> str | None:
+    """The first flavor of the quota file the demo's gateway runs with (None: unreadable)."""
+    try:
+        import yaml
+
+        flavors = (yaml.safe_load(quotas.read_text(encoding="utf-8")) or {}).get("flavors")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return next(iter(flavors), None) if isinstance(flavors, dict) else None
+
+
+def install_kernelspec(quotas: Path | None = None) -> None:
+    """The "Python 3 (1 GPU)" kernelspec, of the quota file's flavor, in this environment.
+
+    It goes to sys.prefix (the venv whose jupyterhub-singleuser the spawner runs), where
+    the spawned servers' JupyterLab finds it, whatever HOME the spawner gives them.
+    """
     if not (REPO / "jupyter_gpuaas" / "server" / "kernelspec_cli.py").exists():
         return
+    flavor = demo_flavor(quotas or CONFIG.with_name("quotas.yaml"))
     cmd = [
         sys.executable,
         "-m",
@@ -140,6 +157,7 @@ def install_kernelspec() -> None:
         "install",
         "--gpus",
         "1",
+        *(["--flavor", flavor] if flavor else []),
         "--name",
         "python3-gpu",
         "--display-name",
@@ -170,7 +188,7 @@ def _banner(args: argparse.Namespace, admin_password: str, devices: str) -> str:
         lines.append("  no GPU found: simulated GPUs (queueing and quotas are real)")
     elif devices.startswith("simulated"):
         lines.append("  simulated GPUs (queueing and quotas are real)")
-    lines += [f"  gateway API: {url}services/gpuaas/api/devices", "  Ctrl-C stops it all."]
+    lines += [f"  GPU page:    {url}services/gpuaas/", "  Ctrl-C stops it all."]
     lines.append("=" * 72)
     return "\n".join(lines)
 
@@ -304,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
         GPUAAS_DEMO_CONTROL_TOKEN=control_token,
         GPUAAS_HUB_TOKEN=secrets.token_hex(32),
     )
-    install_kernelspec()
+    install_kernelspec(Path(env.get("GPUAAS_DEMO_QUOTAS") or CONFIG.with_name("quotas.yaml")))
     print(f"demo: starting JupyterHub on {_local_url(args.ip, args.port)} …", flush=True)
     supervisor = Supervisor(
         [jupyterhub, "-f", str(config.resolve())],

@@ -1,21 +1,16 @@
-"""Kubernetes pod settings for a granted GPU request: a PURE function, like KubeSpawner's
-objects.py, so it is tested by dict equality without an API server.
+"""The spawners' `flavors` config, validated (PURE; no Kubernetes import).
 
-The grant names a flavor (a pool of identical GPU nodes). A pod gets the GPUs through the
-device plugin's extended resource (`nvidia.com/gpu`, or a MIG resource such as
-`nvidia.com/mig-1g.10gb`) as limits and guarantees, lands on the flavor's nodes through its
-node selector, and tolerates the taints that keep other pods off those nodes. The device
-plugin, not us, sets CUDA_VISIBLE_DEVICES inside the container; pinning to the granted node
-is optional because the gateway's node names are Kubernetes node names only when its
-inventory comes from the cluster.
+A flavor (a pool of identical GPU nodes) names the device plugin's extended resource
+(`nvidia.com/gpu`, or a MIG resource such as `nvidia.com/mig-1g.10gb`), the node selector
+that lands a pod on the flavor's nodes and the tolerations of their taints. The pods
+themselves are built from this and the grant in `jupyter_gpuaas.kubernetes.pods`, on every
+start, so nothing of one grant is left in the spawner's traits for the next.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-DEFAULT_RESOURCE = "nvidia.com/gpu"
 
 #: The keys a flavor may carry in `QueuedSpawnerMixin.flavors`.
 FLAVOR_KEYS = ("display_name", "description", "resource", "node_selector", "tolerations")
@@ -48,47 +43,3 @@ def validate_flavors(flavors: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             raise ValueError(f"{key}.tolerations: must be a list of toleration mappings")
         out[name] = dict(spec)
     return out
-
-
-def gpu_pod_settings(
-    *,
-    gpus: int,
-    flavor: str | None,
-    flavors: Mapping[str, Mapping[str, Any]],
-    node_selector: Mapping[str, str],
-    tolerations: Sequence[Mapping[str, Any]],
-    extra_resource_limits: Mapping[str, str],
-    extra_resource_guarantees: Mapping[str, str],
-    node: str | None = None,
-    node_label: str = "",
-) -> dict[str, Any]:
-    """The KubeSpawner trait values for a pod holding `gpus` GPUs of `flavor`.
-
-    Returns new values for `extra_resource_limits`, `extra_resource_guarantees`,
-    `node_selector` and `tolerations` (the inputs are the configured values, kept and
-    extended, never mutated). With `gpus == 0` the pod gets no GPU resource at all, and the
-    flavor is ignored. `node_label` (e.g. `kubernetes.io/hostname`) with `node` pins the pod
-    to the node the gateway granted.
-    """
-    limits = dict(extra_resource_limits)
-    guarantees = dict(extra_resource_guarantees)
-    selector = dict(node_selector)
-    tols = [dict(t) for t in tolerations]
-    if gpus > 0:
-        spec = flavors.get(flavor or "", {})
-        resource = str(spec.get("resource") or DEFAULT_RESOURCE)
-        # Extended resources cannot be overcommitted: limit and request must be equal.
-        limits[resource] = str(gpus)
-        guarantees[resource] = str(gpus)
-        selector.update(spec.get("node_selector") or {})
-        for tol in spec.get("tolerations") or []:
-            if dict(tol) not in tols:
-                tols.append(dict(tol))
-        if node_label and node:
-            selector[node_label] = node
-    return {
-        "extra_resource_limits": limits,
-        "extra_resource_guarantees": guarantees,
-        "node_selector": selector,
-        "tolerations": tols,
-    }

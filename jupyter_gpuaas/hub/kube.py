@@ -1,39 +1,147 @@
-"""KubeSpawner behind the queue. Imported only when kubespawner is installed."""
+"""KubeSpawner behind the queue. Imported only when kubespawner is installed
+(the `kubernetes` extra).
+
+The pod is built on every start from two things only: what is configured (KubeSpawner's
+traits, with the chosen profile's overrides) and this start's grant. KubeSpawner builds
+the first (`get_pod_manifest()`); `jupyter_gpuaas.kubernetes.pods.grant_pod`, a pure
+function, applies the second. Nothing of a grant is written into the spawner's traits, so
+the next start — with another flavor, or with no GPU at all — sees none of it.
+
+Profiles compose with the queue. The spawn form shows the queue's choices (tenant, GPU kind,
+count) above KubeSpawner's profile list, and a profile may carry a `gpuaas` block that fixes
+its GPUs, e.g. `{"display_name": "PyTorch, 2 A100", "gpuaas": {"gpus": 2, "flavor": "a100"},
+"kubespawner_override": {"image": "pytorch/pytorch"}}`: choosing it asks the gateway for 2
+a100 GPUs, the tenant still being the user's choice. A profile without the block leaves the
+GPU count to the form (or the REST API's `gpus`).
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
+from jupyterhub.utils import maybe_future
 from kubespawner import KubeSpawner
-from traitlets import Unicode
+from tornado import web
+from traitlets import Unicode, default
 
-from .k8s import gpu_pod_settings
+from jupyter_gpuaas.kubernetes.pods import HOSTNAME_LABEL, grant_pod
+
+from .options import GpuOptions, OptionsError, options_from_form, parse_options
 from .spawner import QueuedSpawnerMixin
 
 
+class _JSONBody:
+    """What kubernetes_asyncio's ApiClient.deserialize() reads: a response's `.data`."""
+
+    def __init__(self, obj: Any) -> None:
+        self.data = json.dumps(obj)
+
+
+def profile_gpus(profile: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The `gpuaas` block of a profile (its fixed `gpus` and `flavor`), checked."""
+    block = (profile or {}).get("gpuaas") or {}
+    if not isinstance(block, Mapping):
+        raise ValueError(f"profile {profile.get('slug')!r}: gpuaas must be a mapping")  # type: ignore[union-attr]
+    unknown = sorted(set(block) - {"gpus", "flavor"})
+    if unknown:
+        raise ValueError(
+            f"profile {profile.get('slug')!r}: unknown gpuaas key(s) {', '.join(unknown)}"  # type: ignore[union-attr]
+        )
+    return dict(block)
+
+
 class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
-    """KubeSpawner whose pods get the granted GPUs: `nvidia.com/gpu` (or the flavor's
-    resource) limits, the flavor's node selector and tolerations (`flavors` trait)."""
+    """KubeSpawner whose pods hold exactly the granted GPUs: the flavor's resource
+    (`nvidia.com/gpu` or a MIG resource) as request and limit, its node selector and
+    tolerations (`flavors` trait), pinned to the granted node; a gpus: 0 server gets no
+    GPU resource and NVIDIA_VISIBLE_DEVICES=void."""
 
     pin_node_label = Unicode(
-        "",
-        help="""Node label that pins the pod to the node the gateway granted (e.g.
-        kubernetes.io/hostname), when the gateway's inventory names Kubernetes nodes.
-        Empty: the scheduler picks any node of the flavor.""",
+        HOSTNAME_LABEL,
+        help="""Node label that pins a GPU pod, by required node affinity, to the node the
+        gateway granted: the gateway's node names are the cluster's Node names when its
+        inventory is `--devices kubernetes`. Empty: no pin, the scheduler picks any node of
+        the flavor (for a gateway whose inventory is not the cluster's).""",
     ).tag(config=True)
 
-    async def _apply_grant(self, req: dict[str, Any]) -> None:
-        grant = req.get("grant") or {}
-        settings = gpu_pod_settings(
-            gpus=int(req.get("gpus") or 0),
-            flavor=grant.get("flavor"),
+    # ----------------------------------------------------------------- the pod
+
+    async def get_pod_manifest(self) -> Any:
+        """KubeSpawner's pod from the configuration, then this start's grant on top."""
+        pod = await super().get_pod_manifest()
+        api = self.api.api_client
+        built = grant_pod(
+            api.sanitize_for_serialization(pod),
+            request=self._gp["grant"],
             flavors=self.flavors,
-            node_selector=self.node_selector,
-            tolerations=self.tolerations,
-            extra_resource_limits=self.extra_resource_limits,
-            extra_resource_guarantees=self.extra_resource_guarantees,
-            node=grant.get("node"),
             node_label=self.pin_node_label,
+            hide_devices=self.hide_devices_without_grant,
         )
-        for name, value in settings.items():
-            setattr(self, name, value)
+        return api.deserialize(_JSONBody(built), "V1Pod")
+
+    # ----------------------------------------------------------------- profiles
+
+    @default("options_form")
+    def _options_form_default(self) -> Any:
+        return type(self)._composed_options_form
+
+    async def _composed_options_form(self) -> str:
+        ours = await self._gpuaas_options_form()
+        profiles = await self._profiles()
+        if not profiles:
+            return ours
+        return ours + "\n" + str(self._render_options_form(profiles))
+
+    @default("options_from_form")
+    def _options_from_form_default(self) -> Any:
+        return self._composed_options_from_form
+
+    def _composed_options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        options: dict[str, Any] = self._options_from_form(formdata) if self.profile_list else {}
+        options.update(options_from_form(formdata))
+        return options
+
+    async def _profiles(self) -> list[dict[str, Any]]:
+        profiles = self.profile_list
+        if callable(profiles):
+            profiles = await maybe_future(profiles(self))
+        return list(self._sorted_dict_values(profiles) or [])
+
+    async def _resolve_profile_gpus(self) -> None:
+        """Read the chosen profile's `gpuaas` block before the queue (profile_list may be
+        a coroutine, gpu_options() is not)."""
+        fixed: dict[str, Any] = {}
+        profiles = self._get_initialized_profile_list(await self._profiles())
+        if profiles:
+            try:
+                fixed = profile_gpus(
+                    self._get_profile((self.user_options or {}).get("profile"), profiles)
+                )
+            except ValueError as e:
+                raise web.HTTPError(400, "GPU request refused: %s", str(e)) from None
+        self._gp["profile_gpus"] = fixed
+
+    def gpu_options(self) -> GpuOptions:
+        """The GPU options, with the chosen profile's `gpuaas` block over the form's."""
+        options = {**(self.user_options or {}), **self._gp.get("profile_gpus", {})}
+        try:
+            return parse_options(
+                options,
+                default_gpus=self.default_gpus,
+                max_gpus=self.max_gpus,
+                member_of=self._member_groups(),
+            )
+        except OptionsError as e:
+            status = 403 if "not a member" in str(e) else 400
+            raise web.HTTPError(status, "GPU request refused: %s", str(e)) from None
+
+    async def wait_for_gpus(self) -> None:
+        await self._resolve_profile_gpus()
+        await super().wait_for_gpus()
+
+    async def start(self) -> Any:
+        if self._gp["rid"] is None:
+            await self._resolve_profile_gpus()
+        return await super().start()

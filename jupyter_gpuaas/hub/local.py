@@ -6,6 +6,8 @@ from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 
+from jupyter_gpuaas.client import launch_environment
+
 from .spawner import QueuedSpawnerMixin
 
 
@@ -15,22 +17,14 @@ def device_env(grant: dict[str, Any] | None, hide_without_grant: bool) -> dict[s
     CUDA_VISIBLE_DEVICES is what CUDA (and so PyTorch, JAX, TensorFlow) obeys;
     NVIDIA_VISIBLE_DEVICES is what the NVIDIA container runtime reads when the "local"
     process is a container (docker run inside a wrapper script). Both name the granted
-    indices; without a grant both hide every device ("" and "void").
+    devices (by UUID where the grant has them, see `launch_environment`); without a grant
+    both hide every device ("" and "void").
     """
     if grant is None:
         if not hide_without_grant:
             return {}
         return {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
-    devices = ",".join(str(d) for d in (grant.get("grant") or {}).get("devices") or [])
-    g = grant.get("grant") or {}
-    return {
-        "CUDA_VISIBLE_DEVICES": devices,
-        "NVIDIA_VISIBLE_DEVICES": devices,
-        "GPUAAS_REQUEST_ID": str(grant.get("id") or ""),
-        "GPUAAS_TENANT": str(grant.get("tenant") or ""),
-        "GPUAAS_FLAVOR": str(g.get("flavor") or ""),
-        "GPUAAS_NODE": str(g.get("node") or ""),
-    }
+    return launch_environment(grant)
 
 
 class _LocalGrantMixin(QueuedSpawnerMixin):

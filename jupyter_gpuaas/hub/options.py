@@ -13,15 +13,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jupyter_gpuaas.words import about_field, plural, usage_phrase_of
+
 OPTION_KEYS = ("tenant", "flavor", "gpus")
 
 
 class OptionsError(ValueError):
-    """Bad GPU options; `field` names the key, str() says what is wrong in words."""
+    """Bad GPU options; `field` names the key, str() is one sentence that names it
+    ("gpus must be 0 or more"): the form and the Hub's REST API show the same words."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, message: str, status: int = 400) -> None:
+        super().__init__(about_field(field, message))
         self.field = field
+        self.status = status  # 403: a tenant the user is not a member of
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,9 @@ class GpuOptions:
 
 
 def options_from_form(formdata: Mapping[str, Sequence[str]]) -> dict[str, Any]:
-    """Form fields (lists of strings) → user_options. Bad numbers are kept as strings so
-    `parse_options` reports them with the field's name instead of a form error page."""
+    """Form fields (lists of strings) → user_options. Any integer (`-1` too) becomes one,
+    and anything else is kept as typed, so `parse_options` — the one validation of the form
+    and the REST API — says what is wrong with it, in the same words for both."""
 
     def one(key: str) -> str:
         values = formdata.get(key) or [""]
@@ -42,7 +47,10 @@ def options_from_form(formdata: Mapping[str, Sequence[str]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     gpus = one("gpus")
     if gpus:
-        out["gpus"] = int(gpus) if gpus.isdigit() else gpus
+        try:
+            out["gpus"] = int(gpus)
+        except ValueError:
+            out["gpus"] = gpus
     for key in ("tenant", "flavor"):
         value = one(key)
         if value:
@@ -69,7 +77,7 @@ def parse_options(
     if gpus < 0:
         raise OptionsError("gpus", "must be 0 or more")
     if gpus > max_gpus:
-        raise OptionsError("gpus", f"at most {max_gpus} GPUs may be asked for here")
+        raise OptionsError("gpus", f"must be at most {max_gpus} here")
     flavor = options.get("flavor")
     if flavor in ("", "any"):
         flavor = None
@@ -86,12 +94,13 @@ def parse_options(
         elif not member_of:
             raise OptionsError("tenant", "you belong to no GPU tenant (group): ask an admin")
         else:
-            raise OptionsError("tenant", f"choose one of {', '.join(member_of)}")
+            raise OptionsError("tenant", f"choose a tenant: one of {', '.join(member_of)}")
     if tenant not in member_of:
         raise OptionsError(
             "tenant",
             f"you are not a member of tenant {tenant!r} (tenants are JupyterHub groups; "
             f"yours: {', '.join(member_of) or 'none'})",
+            status=403,
         )
     return GpuOptions(gpus=gpus, tenant=tenant, flavor=flavor)
 
@@ -113,10 +122,9 @@ def tenant_choices(tenants_json: Mapping[str, Any], member_of: Sequence[str]) ->
             continue
         parts = []
         for u in t.get("usage") or []:
+            queued = int(u.get("pending_requests") or 0)
             parts.append(
-                f"{u.get('flavor')}: {u.get('admitted', 0)}/{u.get('quota', 0)} in use"
-                + (f", {u['parked']} parked" if u.get("parked") else "")
-                + (f", {u['pending_requests']} queued" if u.get("pending_requests") else "")
+                usage_phrase_of(u) + (f", {plural(queued, 'request')} queued" if queued else "")
             )
         out.append(TenantChoice(t["name"], tuple(t.get("quota") or {}), "; ".join(parts)))
     return out
@@ -172,9 +180,10 @@ def render_form(
         gpus, max_gpus = 0, 0
     parts.append(
         '<div class="form-group mb-3"><label for="gpuaas-gpus" class="form-label">'
-        "GPUs (0: start at once, without a GPU)</label>"
-        f'<input class="form-control" type="number" name="gpus" id="gpuaas-gpus" min="0" '
-        f'max="{max_gpus}" value="{gpus}"></div>'
+        f"GPUs (0 to {max_gpus}; 0: start at once, without a GPU)</label>"
+        # No min/max: the browser's own bubble would say other words than the API does.
+        f'<input class="form-control" type="number" name="gpus" id="gpuaas-gpus" '
+        f'value="{gpus}"></div>'
         '<p class="form-text">When no GPU is free the server waits in the team\'s queue; '
         "the next page shows its place and an estimated wait.</p>"
     )

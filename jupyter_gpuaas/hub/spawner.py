@@ -58,6 +58,7 @@ from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, 
 from traitlets.config import Configurable
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError
+from jupyter_gpuaas.words import format_duration
 
 from .events import forget_stream, stream_for
 from .k8s import validate_flavors
@@ -197,7 +198,7 @@ class QueuedSpawnerMixin(Configurable):
 
     @default("options_from_form")
     def _options_from_form_default(self) -> Any:
-        return options_from_form
+        return _checked_options_from_form
 
     @default("apply_user_options")
     def _apply_user_options_default(self) -> Any:
@@ -220,7 +221,7 @@ class QueuedSpawnerMixin(Configurable):
             if data.get("simulated"):
                 banner = self.simulated_banner
         except GatewayError as e:
-            error = f"The GPU gateway cannot be reached ({e}); only gpus: 0 starts now."
+            error = f"The GPU gateway cannot be reached ({e}); only a start with 0 GPUs works now."
         names = {n: str(s.get("display_name") or n) for n, s in self.flavors.items()}
         return render_form(
             tenants=tenants,
@@ -232,18 +233,18 @@ class QueuedSpawnerMixin(Configurable):
             error=error,
         )
 
-    def gpu_options(self) -> GpuOptions:
-        """This spawn's GPU options, validated against the user's groups."""
+    def gpu_options(self, options: dict[str, Any] | None = None) -> GpuOptions:
+        """This spawn's GPU options (or `options`), validated against the user's groups:
+        the one validation of the form and the REST API, so both say the same words."""
         try:
             return parse_options(
-                self.user_options or {},
+                self.user_options or {} if options is None else options,
                 default_gpus=self.default_gpus,
                 max_gpus=self.max_gpus,
                 member_of=self._member_groups(),
             )
         except OptionsError as e:
-            status = 403 if "not a member" in str(e) else 400
-            raise web.HTTPError(status, "GPU request refused: %s", str(e)) from None
+            raise _refused(e.status, str(e)) from None
 
     # ----------------------------------------------------------------- state
 
@@ -410,7 +411,7 @@ class QueuedSpawnerMixin(Configurable):
                             504,
                             "no GPU was granted within %s (QueuedSpawnerMixin.queue_timeout);"
                             " the request was cancelled",
-                            _human(self.queue_timeout),
+                            format_duration(self.queue_timeout),
                         )
                     wait = min(wait, left)
                 changed.clear()
@@ -493,6 +494,8 @@ class QueuedSpawnerMixin(Configurable):
             data = event.get("data") or {}
             if data.get("id") != rid or rid != self._gp["rid"]:
                 return
+            if event.get("event") in ("preempt_warning", "preempt_withdrawn"):
+                self._preempt_notice(str(event["event"]), data)
             if event.get("event") in ("cull", "preempt", "finish", "expire"):
                 # Kept until done: the loop holds only weak references to tasks.
                 self._gp["ending"] = asyncio.ensure_future(
@@ -501,6 +504,25 @@ class QueuedSpawnerMixin(Configurable):
 
         self._unsubscribe()
         self._subscribe(on_event)
+
+    def _preempt_notice(self, name: str, data: dict[str, Any]) -> None:
+        """Preemption with grace: the server keeps its GPUs until `at`, then is stopped."""
+        if name == "preempt_withdrawn":
+            self._gp["preempt_warning"] = None
+            self.log.info("gpuaas: the GPUs of %s are no longer reclaimed", self._log_name)
+            return
+        why = (data.get("request") or {}).get("preempt_reason") or "its GPUs are reclaimed"
+        self._gp["preempt_warning"] = {"rid": data.get("id"), "at": data.get("at"), "why": why}
+        self.log.warning("gpuaas: %s: %s", self._log_name, self.gpuaas_notice())
+
+    def gpuaas_notice(self) -> str | None:
+        """What the user should know about this server now, e.g. "your server will be
+        stopped in 5 min: nlp is reclaiming its GPU" (None: nothing)."""
+        w = self._gp.get("preempt_warning")
+        if not w or w["rid"] != self._gp["rid"] or not w["at"]:
+            return None
+        left = format_duration(max(0.0, float(w["at"]) - time.time()))
+        return f"your server will be stopped in {left}: {w['why']}"
 
     def _busy(self) -> bool:
         if not self._gp["running"] or getattr(self, "_spawn_pending", False):
@@ -612,20 +634,28 @@ def _gpu_options_are_ours(spawner: Any, user_options: dict[str, Any]) -> None:
     """apply_user_options: the GPU keys are read in wait_for_gpus(); nothing to apply."""
 
 
+def _checked_options_from_form(formdata: dict[str, list[str]], spawner: Any) -> dict[str, Any]:
+    """The form's options, refused at once (the form shows again, with the sentence) when
+    `gpu_options()` would refuse them: the same validation as a REST API start."""
+    options = options_from_form(formdata)
+    spawner.gpu_options(options)
+    return options
+
+
+def _refused(status: int, sentence: str) -> web.HTTPError:
+    """An HTTPError whose words JupyterHub shows as they are: its `jupyterhub_message` is
+    what the spawn form and the Hub's REST API answer (not "HTTP 400: Bad Request (…)")."""
+    error = web.HTTPError(status, "%s", sentence)
+    error.jupyterhub_message = sentence  # type: ignore[attr-defined]
+    return error
+
+
 def _refusal(e: GatewayError) -> web.HTTPError:
     """A gateway refusal as the spawn's failure, in words the spawn page shows."""
     if e.status == 422:
-        return web.HTTPError(422, "GPU request can never be admitted: %s", e.error)
+        return _refused(422, f"this GPU request can never be admitted: {e}")
     if e.status in (401, 403):
-        return web.HTTPError(403, "GPU request refused by the gateway: %s", e.error)
+        return _refused(403, f"the GPU gateway refused this request: {e}")
     if e.status == 400:
-        return web.HTTPError(400, "GPU request refused: %s", str(e))
-    return web.HTTPError(503, "the GPU gateway is unavailable: %s", str(e))
-
-
-def _human(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
+        return _refused(400, str(e))
+    return _refused(503, f"the GPU gateway is unavailable: {e}")

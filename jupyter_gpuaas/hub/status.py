@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpuaas.words import about, plural, usage_sentence_of
+
 from .options import GpuOptions
 
 
@@ -101,25 +103,19 @@ def progress_event(status: QueueStatus) -> dict[str, Any]:
             f"position {pos.get('tenant')} of {pos.get('tenant_of')} in the team, "
             f"{pos.get('overall')} of {pos.get('of')} overall"
         )
+    waiting_for = req.get("waiting_for") or {}
+    why = waiting_for.get("message")
     for u in status.usage:
-        if o.flavor in (None, u.get("flavor")):
-            parts.append(
-                f"{o.tenant} uses {u.get('admitted', 0)} of {u.get('quota', 0)} "
-                f"{u.get('flavor')}" + (f" ({u['parked']} parked)" if u.get("parked") else "")
-            )
-    seconds = wait.get("seconds")
-    if seconds is not None:
-        parts.append(f"about {_minutes(float(seconds))}")
-    elif wait.get("basis"):
-        parts.append(f"no estimate ({wait['basis']})")
+        if o.flavor in (None, u.get("flavor")) and waiting_for.get("kind") != "quota":
+            parts.append(usage_sentence_of(str(o.tenant), u))  # a quota wait says it itself
+    if why:
+        parts.append(str(why))  # "waiting: all 4 a100 are in use; the next one frees …"
+    elif wait.get("seconds") is not None:
+        parts.append(f"estimated wait {about(float(wait['seconds']))}")
+    else:
+        parts.append("no estimate yet")
     scaling = req.get("scaling")
     if scaling:
-        parts.append(f"{scaling.get('nodes')} {scaling.get('flavor')} node(s) on the way")
+        nodes = int(scaling.get("nodes") or 0)
+        parts.append(f"{plural(nodes, str(scaling.get('flavor')) + ' node')} on the way")
     return {"progress": 10, "message": "; ".join(parts), "gpuaas": detail}
-
-
-def _minutes(seconds: float) -> str:
-    if seconds < 60:
-        return "less than a minute"
-    minutes = round(seconds / 60)
-    return f"{minutes} min" if minutes < 90 else f"{seconds / 3600:.1f} h"

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from traitlets import Float, Integer, Type, Unicode, default, validate
-from traitlets.config import LoggingConfigurable
+from traitlets.config import Configurable, LoggingConfigurable
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError
+from jupyter_gpuaas.words import about_field
 
 from . import model
 from .model import Job
@@ -45,6 +46,7 @@ class JobError(Exception):
     """A submit or cancel refused: HTTP status, message, and the offending field."""
 
     def __init__(self, status: int, error: str, field: str | None = None) -> None:
+        error = about_field(field, error)  # "gpus must be ...": one sentence with its field
         super().__init__(error)
         self.status = status
         self.error = error
@@ -139,7 +141,11 @@ class JobManager(LoggingConfigurable):
         super().__init__(**kwargs)
         self.client = client
         self.root_dir = os.path.abspath(root_dir)
-        self.runner: JobRunner = self.runner_class()  # type: ignore[abstract]
+        runner: Any = self.runner_class
+        # A configurable runner (KubernetesJobRunner) reads its traits from our config.
+        self.runner: JobRunner = (
+            runner(parent=self) if issubclass(runner, Configurable) else runner()
+        )
         self.jobs: dict[str, Job] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._busy: set[str] = set()  # jobs being started or killed: the tick leaves them

@@ -92,10 +92,6 @@ class Job:
         return Path(self.outdir) / Path(self.source).name
 
     @property
-    def ended_ok(self) -> bool:
-        return self.state == SUCCEEDED
-
-    @property
     def live(self) -> bool:
         return self.state in LIVE
 

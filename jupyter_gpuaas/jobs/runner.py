@@ -21,6 +21,8 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
+from jupyter_gpuaas.client import launch_environment
+
 from .model import Job
 
 
@@ -87,10 +89,8 @@ class LocalProcessRunner(JobRunner):
 
     def environment(self, job: Job, grant: dict[str, Any]) -> dict[str, str]:
         env = dict(os.environ if self.env is None else self.env)
-        devices = grant.get("devices") or []
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
+        env.update(launch_environment({"id": job.id, "tenant": job.tenant, "grant": grant}))
         env["GPUAAS_JOB_ID"] = job.id
-        env["GPUAAS_REQUEST_ID"] = job.id
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
+from jupyter_gpuaas.words import about_field
+
 HOW_TO_CONFIGURE = (
     "no Jupyter server with the gpuaas extension found: run this in a kernel of a Jupyter "
     "server that has the `jupyter_gpuaas` extension enabled (it exports GPUAAS_SERVER_URL "
@@ -44,8 +46,7 @@ class ServerError(Exception):
         self.field = field
 
     def __str__(self) -> str:
-        where = f" ({self.field})" if self.field else ""
-        return f"{self.error}{where}"
+        return about_field(self.field, self.error)
 
 
 def server_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:

@@ -62,7 +62,7 @@ class _Holder:
 class GpuUsage:
     """Per-kernel GPU utilization through NVML, or nothing where NVML is absent.
 
-    Uses the gateway's NVML inventory (`jupyter_gpuaas.gateway.devices`), which samples
+    Uses the NVML inventory of `jupyter_gpuaas.devices`, which samples
     every device with its per-process utilization, and its `attribute` helper. The kernel
     runs on this machine, so a grant's device indices are this host's NVML node indices.
     """
@@ -82,7 +82,7 @@ class GpuUsage:
             return
         self._tried = True
         try:
-            from jupyter_gpuaas.gateway.devices import NvmlInventory
+            from jupyter_gpuaas.devices import NvmlInventory
 
             inventory = NvmlInventory(quiet=True)  # no NVML library: no utilization, no alarm
         except Exception as e:  # nvidia-ml-py missing or broken
@@ -101,7 +101,7 @@ class GpuUsage:
         self._open()
         if self._inventory is None or not holders:
             return out
-        from jupyter_gpuaas.gateway.devices import attribute
+        from jupyter_gpuaas.devices import attribute
 
         try:
             samples = self._inventory.sample()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,10 +34,13 @@ from traitlets import Bool, Float, Integer, Unicode, default, validate
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, gateway_from_env
 from jupyter_gpuaas.jobs import server_hook as jobs_hook
+from jupyter_gpuaas.words import format_duration as human_duration
 
+from . import sidebar
 from .activity import GpuUsage, Holder, decide_busy, process_tree
-from .kernels import GpuKernel, KernelTable, Notification, set_table
+from .kernels import GpuKernel, KernelTable, Notification, is_gpu_spec, set_table
 from .provisioner import GpuaasProvisioner
+from .waiting import one_session_per_path
 
 EVENT_SCHEMA = Path(__file__).parent / "event_schemas" / "gpu_kernel.yaml"
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpuaas/gpu_kernel/v1"
@@ -87,8 +91,17 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
     use_pending_kernels = Bool(
         True,
-        help="Make the server's kernel manager use pending kernels, so starting a GPU "
-        "kernel that must queue does not block the REST call (and the notebook) meanwhile.",
+        help="Start GPU kernels as pending kernels, so starting one that must queue does "
+        "not block the REST call (and the notebook) meanwhile. Other kernels start as "
+        "the server is configured (jupyter_server's `use_pending_kernels`).",
+    ).tag(config=True)
+
+    tell_waiting = Bool(
+        True,
+        help="Open the websocket of a GPU kernel that waits for its GPUs at once, and show "
+        'a cell run meanwhile where the kernel stands ("waiting for 1 a100 (position 2 '
+        'in vision) …"), updated as the queue moves; the cell runs once the GPUs are '
+        "granted. Off: jupyter_server holds the websocket until the kernel starts.",
     ).tag(config=True)
 
     submit_wait = Float(
@@ -151,9 +164,10 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         self._last_beat = {}
         self.settings["gpuaas"] = self
         mkm = self.serverapp.kernel_manager
-        if self.use_pending_kernels and hasattr(mkm, "use_pending_kernels"):
-            mkm.use_pending_kernels = True
         self._wrap_kernel_manager(mkm)
+        self._tell_waiting_kernels()
+        one_session_per_path(self.serverapp.session_manager)
+        self._stop_cleanly_on_sigint()
         try:
             self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
         except Exception as e:  # an older jupyter_events: notices stay in /gpuaas/ only
@@ -166,6 +180,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
         self.handlers.extend(routes())
         self.handlers.extend(jobs_hook.handlers())  # /gpuaas/jobs
+        self.handlers.extend(sidebar.routes())  # /gpuaas/sidebar: the JupyterLab panel
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Start the heartbeat and event loops once the server's loop runs."""
@@ -179,19 +194,6 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             self.gateway_url or "(none)",
             self.heartbeat_interval,
         )
-        # Without a terminal (a Hub's spawner, systemd) jupyter_server leaves SIGINT to
-        # Python's KeyboardInterrupt, which exits without its cleanup: GPU kernels would
-        # keep their grants until their leases expire. JupyterHub's LocalProcessSpawner
-        # stops a server with SIGINT first; make that the clean stop SIGTERM is (only in a
-        # Hub's server: an in-process test server must leave its host's Ctrl-C alone).
-        if (
-            "JUPYTERHUB_SERVICE_PREFIX" in os.environ
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        ):
-            try:
-                signal.signal(signal.SIGINT, serverapp._signal_stop)
-            except (ValueError, AttributeError):  # not the main thread; an old server
-                pass
 
     async def stop_extension(self) -> None:
         """Stop the loops, cancel every wait and release every grant of this server."""
@@ -221,30 +223,85 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ kernel manager hooks
 
+    def _stop_cleanly_on_sigint(self) -> None:
+        """Inside JupyterHub, SIGINT (the spawner's stop) stops the server cleanly.
+
+        jupyterhub-singleuser maps SIGINT to a clean stop, but jupyter_server installs its
+        SIGINT handler only when stdin is a terminal; a spawned server has none, so
+        SIGINT raised KeyboardInterrupt and the process exited without stopping its
+        extensions: GPU kernels kept their grants until the leases expired.
+        """
+        if "JUPYTERHUB_API_TOKEN" not in os.environ:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self.serverapp._signal_stop)
+
+    def _tell_waiting_kernels(self) -> None:
+        """Kernel websockets of waiting GPU kernels open at once and say why they wait."""
+        if not self.tell_waiting:
+            return
+        from .waiting import waiting_connection_class
+
+        # self.settings starts as a copy of the web app's and is merged back into it.
+        ours = waiting_connection_class(self.settings.get("kernel_websocket_connection_class"))
+        if ours is not None:
+            self.settings["kernel_websocket_connection_class"] = ours
+
     def _is_gpu_kernel(self, mkm: Any, kernel_id: str) -> bool:
         try:
             spec = mkm.get_kernel(kernel_id).kernel_spec
         except Exception:
             return False
-        meta = (getattr(spec, "metadata", None) or {}).get("kernel_provisioner") or {}
-        return bool(meta.get("provisioner_name") == "gpuaas")
+        return is_gpu_spec(spec)
+
+    def _is_gpu_kernelspec(self, mkm: Any, kernel_name: str | None) -> bool:
+        try:
+            name = kernel_name or mkm.default_kernel_name
+            spec = mkm.kernel_spec_manager.get_kernel_spec(name)
+        except Exception:  # an unknown name: the start itself reports it
+            return False
+        return is_gpu_spec(spec)
 
     def _wrap_kernel_manager(self, mkm: Any) -> None:
         orig_start = mkm.start_kernel
         orig_shutdown = mkm.shutdown_kernel
         orig_interrupt = mkm.interrupt_kernel
+        orig_restart = mkm.restart_kernel
+        # The server's own choice, for every kernel that is not a GPU kernel.
+        resting = bool(getattr(mkm, "use_pending_kernels", False))
         table = self.table
 
         async def start_kernel(*args: Any, **kwargs: Any) -> str:
             from .provisioner import GpuAdmissionError
 
+            gpu = self._is_gpu_kernelspec(mkm, kwargs.get("kernel_name"))
+            # Pending kernels for GPU kernels only: jupyter_client and jupyter_server read
+            # the flag while starting, and a pending start runs to its return without
+            # yielding to the loop, so no other kernel's start can see it switched.
+            if hasattr(mkm, "use_pending_kernels"):
+                mkm.use_pending_kernels = (gpu and self.use_pending_kernels) or resting
             try:
                 kernel_id: str = await orig_start(*args, **kwargs)
             except GpuAdmissionError as e:  # not pending: the start itself failed
                 raise _http_error(e) from None
-            if self._is_gpu_kernel(mkm, kernel_id):
+            finally:
+                if hasattr(mkm, "use_pending_kernels"):
+                    mkm.use_pending_kernels = resting
+            if gpu or self._is_gpu_kernel(mkm, kernel_id):
                 await self._await_first_answer(mkm, kernel_id, orig_shutdown)
             return kernel_id
+
+        async def restart_kernel(kernel_id: str, *args: Any, **kwargs: Any) -> Any:
+            record = table.get(kernel_id)
+            if record is not None and record.waiting:
+                # jupyter_client refuses to restart a pending kernel only while the flag
+                # is on; with the flag at rest, refuse it here in a sentence.
+                raise RuntimeError(
+                    "the kernel is still waiting for a GPU: it cannot restart before it starts"
+                )
+            return await orig_restart(kernel_id, *args, **kwargs)
 
         async def shutdown_kernel(kernel_id: str, *args: Any, **kwargs: Any) -> Any:
             record = table.get(kernel_id)
@@ -266,6 +323,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         mkm.start_kernel = start_kernel
         mkm.shutdown_kernel = shutdown_kernel
         mkm.interrupt_kernel = interrupt_kernel
+        mkm.restart_kernel = restart_kernel
 
     async def _await_first_answer(self, mkm: Any, kernel_id: str, shutdown: Any) -> None:
         """Wait (briefly) for the gateway's first answer; raise its refusal as HTTP 422."""
@@ -353,7 +411,8 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         record.utilization = utilization
         if busy:
             record.idle_since = None
-            record.warning = None
+            if record.warning is None or "preempt_at" not in record.warning:
+                record.warning = None  # a busy kernel is not culled (a preemption stays)
         elif record.idle_since is None:
             record.idle_since = time.time()
         assert self.client is not None and record.request_id is not None
@@ -398,11 +457,15 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         rid = data.get("id") or request.get("id")
         record = self.table.by_request(str(rid)) if rid else None
         if record is None:
+            if rid and rid == os.environ.get("GPUAAS_REQUEST_ID") and name.startswith("preempt_"):
+                self._preempt_notice(None, name, data, request)  # this server's own GPUs
             return
         if name == "admit":
             record.apply(request)
         elif name == "cull_warning":
             self._warn(record, data.get("cull_at"))
+        elif name in ("preempt_warning", "preempt_withdrawn"):
+            self._preempt_notice(record, name, data, request)
         elif name == "cull":
             await self._end_kernel(record, "culled", await self._cull_reason(record))
         elif name == "preempt":
@@ -411,7 +474,10 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             await self._end_kernel(record, "preempted", reason)
         elif name in ("finish", "cancel", "expire", "reject"):
             reason = data.get("reason") or request.get("reason") or f"GPU request {name}ed"
-            if record.waiting:
+            if record.waiting and record.abort_reason:  # our own cancel, heard first here
+                record.end("cancelled", record.abort_reason)
+                record.poke()
+            elif record.waiting:
                 record.end("failed", str(reason))
                 record.poke()
             else:
@@ -421,7 +487,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
     def _warn(self, record: GpuKernel, cull_at: Any) -> None:
         seconds = max(0.0, float(cull_at) - time.time()) if cull_at else None
-        when = f"in {seconds:.0f} s" if seconds is not None else "soon"
+        when = f"in {human_duration(seconds)}" if seconds is not None else "soon"
         msg = (
             f"GPU kernel {record.kernel_name} ({record.kernel_id[:8]}) is idle on its GPUs and "
             f"will be shut down {when} to free them; run something to keep it."
@@ -433,6 +499,30 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
                 "cull_warning", record.kernel_id, record.request_id, msg, data={"cull_at": cull_at}
             )
         )
+
+    def _preempt_notice(
+        self, record: GpuKernel | None, name: str, data: dict[str, Any], request: dict[str, Any]
+    ) -> None:
+        """Preemption with grace: the kernel (record) or this server (None) keeps its GPUs
+        until `at`, then is stopped. Shown at /gpuaas/kernels and /gpuaas/notifications."""
+        what = "server" if record is None else f"kernel {record.kernel_name}"
+        kid = "" if record is None else record.kernel_id
+        if name == "preempt_withdrawn":
+            if record is not None:
+                record.warning = None
+            self.log.info("gpuaas: your %s is no longer preempted", what)
+            return
+        if name != "preempt_warning":
+            return
+        at = data.get("at")
+        left = human_duration(max(0.0, float(at) - time.time())) if at else "soon"
+        why = request.get("preempt_reason") or "its GPUs are reclaimed"
+        msg = f"your {what} will be stopped in {left}: {why}"
+        if record is not None:
+            record.warning = {"message": msg, "preempt_at": at, "t": time.time()}
+        self.log.warning("gpuaas: %s", msg)
+        note = Notification("preempt_warning", kid, str(data.get("id")), msg, data={})
+        self.table.notify(note)
 
     async def _cull_reason(self, record: GpuKernel) -> str:
         """`culled: idle on GPU for 30 min`: the tenant's idle timeout, else what we saw."""
@@ -496,11 +586,3 @@ def _http_error(error: BaseException) -> web.HTTPError:
     err = web.HTTPError(code, message)
     err.reason = "GPU kernel cannot start"
     return err
-
-
-def human_duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

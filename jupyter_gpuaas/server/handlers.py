@@ -11,16 +11,19 @@ is a 502 in the same shape.
 from __future__ import annotations
 
 import asyncio
+import html
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from jupyter_server.auth.decorator import authorized
-from jupyter_server.base.handlers import APIHandler
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import httpclient, web
 from tornado.iostream import StreamClosedError
 
 if TYPE_CHECKING:
     from .extension import GpuaasExtension
+    from .kernels import GpuKernel
 
 AUTH_RESOURCE = "gpuaas"
 
@@ -117,6 +120,7 @@ class EventsHandler(GpuaasHandler):
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-store")
         self.set_header("X-Accel-Buffering", "no")
+        self.flush()  # the headers now: a browser's EventSource opens before the first event
         pending: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._pending = pending
 
@@ -148,13 +152,41 @@ class EventsHandler(GpuaasHandler):
             self.finish()
 
 
-class KernelsHandler(GpuaasHandler):
-    """`/gpuaas/kernels`: this server's GPU kernels, live first, then recently ended."""
+class KernelsHandler(JupyterHandler):  # type: ignore[misc]
+    """`/gpuaas/kernels`: this server's GPU kernels, live first, then recently ended.
+
+    A page for browsers (what each kernel waits for, its place in the queue, its GPUs),
+    JSON for API clients: JSON unless `Accept` asks for text/html, and `?format=json` or
+    `?format=html` decide outright. A page handler, not an API handler: a browser that has
+    not logged in to this server yet is sent through the login (in JupyterHub, the Hub's
+    OAuth) instead of getting a bare 403; an API client without a token still gets 403.
+    """
+
+    auth_resource = AUTH_RESOURCE
+
+    def wants_html(self) -> bool:
+        fmt = self.get_argument("format", "")
+        if fmt in ("json", "html"):
+            return fmt == "html"
+        return "text/html" in self.request.headers.get("Accept", "")
+
+    def get_login_url(self) -> str:
+        if not self.wants_html():
+            raise web.HTTPError(403)
+        return str(super().get_login_url())
 
     @web.authenticated
     @authorized
     def get(self) -> None:
-        self.finish(json.dumps([k.to_json() for k in self.ext.table.all()]))
+        ext: GpuaasExtension = self.settings["gpuaas"]
+        kernels = list(ext.table.all())
+        self.set_header("Cache-Control", "no-store")
+        if not self.wants_html():
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps([k.to_json() for k in kernels]))
+            return
+        self.set_header("Content-Type", "text/html; charset=UTF-8")
+        self.finish(kernels_page(kernels, self.base_url))
 
 
 class NotificationsHandler(GpuaasHandler):
@@ -164,6 +196,61 @@ class NotificationsHandler(GpuaasHandler):
     @authorized
     def get(self) -> None:
         self.finish(json.dumps([n.to_json() for n in self.ext.table.notifications]))
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="5">
+<title>GPU kernels</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; }}
+table {{ border-collapse: collapse; }}
+th, td {{ text-align: left; padding: 0.3em 1em 0.3em 0; border-bottom: 1px solid #ddd; }}
+.waiting {{ color: #8a5a00; }} .running {{ color: #1a7f37; }} .ended {{ color: #666; }}
+</style></head>
+<body>
+<h1>GPU kernels of this server</h1>
+{body}
+<p><a href="{lab}">JupyterLab</a> · <a href="?format=json">as JSON</a> ·
+refreshed every 5 s</p>
+</body></html>
+"""
+
+
+def kernels_page(kernels: list[GpuKernel], base_url: str) -> str:
+    """The page of `/gpuaas/kernels`: every value escaped."""
+    esc = html.escape
+    if not kernels:
+        body = '<p id="gpuaas-none">No GPU kernel has run on this server yet.</p>'
+    else:
+        rows = []
+        now = time.time()
+        for k in kernels:
+            kind = "waiting" if k.waiting else "running" if k.ended is None else "ended"
+            since = human_age(now - (k.ended or k.created))
+            rows.append(
+                f'<tr class="{kind}" data-kernel-id="{esc(k.kernel_id)}">'
+                f"<td>{esc(k.kernel_name)}</td><td>{esc(k.kernel_id[:8])}</td>"
+                f'<td class="gpuaas-sentence">{esc(k.sentence())}</td>'
+                f"<td>{esc(k.tenant or '')}</td><td>{esc(k.request_id or '')}</td>"
+                f"<td>{esc(since)}</td></tr>"
+            )
+        body = (
+            "<table><thead><tr><th>kernel</th><th>id</th><th>GPUs</th><th>team</th>"
+            "<th>request</th><th>since</th></tr></thead><tbody>"
+            + "".join(rows)
+            + "</tbody></table>"
+        )
+    return PAGE.format(body=body, lab=esc(base_url.rstrip("/") + "/lab"))
+
+
+def human_age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return "under a minute"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def routes() -> list[tuple[str, type[web.RequestHandler]]]:

@@ -42,8 +42,10 @@ class GpuKernel:
     state: str = "submitting"
     position: dict[str, Any] | None = None
     estimated_wait: dict[str, Any] | None = None
+    waiting_for: dict[str, Any] | None = None  # the gateway's why, in words, while queued
     node: str | None = None
     devices: list[int] = field(default_factory=list)
+    grant: dict[str, Any] | None = None  # the gateway's grant: launch_environment reads it
     lease_expires: float | None = None
     reason: str = ""  # why it ended, or why it cannot start
     warning: dict[str, Any] | None = None  # the last cull warning, until busy again
@@ -60,6 +62,8 @@ class GpuKernel:
     abort_reason: str = ""
     # The provisioner, for polling and for the extension's shutdown of all grants.
     provisioner: Any = field(default=None, repr=False)
+    # Events of other watchers (kernel websockets telling the notebook), set with `changed`.
+    watchers: list[asyncio.Event] = field(default_factory=list, repr=False)
 
     @property
     def waiting(self) -> bool:
@@ -82,6 +86,40 @@ class GpuKernel:
 
     def poke(self) -> None:
         self.changed.set()
+        for event in self.watchers:
+            event.set()
+
+    def watch(self) -> asyncio.Event:
+        """An event set at every change of this record, until `unwatch`."""
+        event = asyncio.Event()
+        self.watchers.append(event)
+        return event
+
+    def unwatch(self, event: asyncio.Event) -> None:
+        if event in self.watchers:
+            self.watchers.remove(event)
+
+    def sentence(self) -> str:
+        """Where this kernel stands, in words: `waiting for 1 a100 (position 2 in vision) …`."""
+        what = gpu_words(self.gpus, self.flavor)
+        if self.state == "submitting":
+            return f"asking the GPU gateway for {what} …"
+        if self.state == "parked":
+            team = f"{self.tenant}'s" if self.tenant else "its"
+            return f"resuming {what} from {team} reservation …"
+        if self.state == "queued":
+            pos = self.position or {}
+            place = pos.get("tenant") or pos.get("overall")
+            where = f" in {self.tenant}" if self.tenant else ""
+            if place:
+                return f"waiting for {what} (position {place}{where}) …"
+            return f"waiting for {what}{where} …"
+        if self.state in ("admitted", RUNNING):
+            on = ", ".join(str(d) for d in self.devices)
+            device = "device" if len(self.devices) == 1 else "devices"
+            node = f" of {self.node}" if self.node else ""
+            return f"running on {what}: {device} {on}{node}" if on else f"running on {what}"
+        return f"{self.state}: {self.reason}" if self.reason else self.state
 
     def apply(self, obj: dict[str, Any]) -> None:
         """Take in a request object of the gateway (from an answer or an event)."""
@@ -92,15 +130,17 @@ class GpuKernel:
         if gw_state == "admitted" and grant:
             self.node = grant.get("node")
             self.devices = [int(d) for d in grant.get("devices") or []]
+            self.grant = dict(grant)
             self.lease_expires = grant.get("lease_expires")
             self.position = None
-            self.estimated_wait = None
+            self.estimated_wait = self.waiting_for = None
             if self.state in WAITING:
                 self.state = "admitted"  # the provisioner turns it into running
         elif gw_state in ("queued", "parked") and self.state in WAITING:
             self.state = gw_state
             self.position = obj.get("position")
             self.estimated_wait = obj.get("estimated_wait")
+            self.waiting_for = obj.get("waiting_for")
         self.poke()
 
     def end(self, state: str, reason: str = "") -> None:
@@ -124,6 +164,7 @@ class GpuKernel:
             "tenant": self.tenant,
             "position": self.position,
             "estimated_wait": self.estimated_wait,
+            "waiting_for": self.waiting_for,
             "node": self.node,
             "devices": list(self.devices),
             "lease_expires": self.lease_expires,
@@ -132,9 +173,23 @@ class GpuKernel:
             "utilization": self.utilization,
             "idle_since": self.idle_since,
             "waited": self.waited,
+            "message": self.sentence(),
             "created": self.created,
             "ended": self.ended,
         }
+
+
+def is_gpu_spec(spec: Any) -> bool:
+    """Whether a kernelspec starts through the `gpuaas` provisioner."""
+    meta = (getattr(spec, "metadata", None) or {}).get("kernel_provisioner") or {}
+    return bool(meta.get("provisioner_name") == "gpuaas")
+
+
+def gpu_words(gpus: int, flavor: str | None) -> str:
+    """`1 a100`, `2 a100`, `1 GPU`, `2 GPUs`."""
+    if flavor:
+        return f"{gpus} {flavor}"
+    return f"{gpus} GPU" + ("" if gpus == 1 else "s")
 
 
 @dataclass

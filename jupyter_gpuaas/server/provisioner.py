@@ -27,7 +27,7 @@ from typing import Any
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Float, Integer, Unicode
 
-from jupyter_gpuaas.client import GatewayClient, GatewayError
+from jupyter_gpuaas.client import GatewayClient, GatewayError, launch_environment
 
 from .kernels import ENDED, GpuKernel, KernelTable, current_table
 
@@ -117,13 +117,9 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
         """The environment that confines the kernel to its granted devices."""
         if self.record is None:
             return {}
-        devices = ",".join(str(d) for d in self.record.devices)
-        env = {"CUDA_VISIBLE_DEVICES": devices, "NVIDIA_VISIBLE_DEVICES": devices}
-        if self.record.request_id:
-            env["GPUAAS_REQUEST_ID"] = self.record.request_id
-        if self.record.node:
-            env["GPUAAS_NODE"] = self.record.node
-        return env
+        r = self.record
+        grant = r.grant or {"node": r.node, "devices": r.devices}
+        return launch_environment({"id": r.request_id, "tenant": r.tenant, "grant": grant})
 
     def _has_grant(self) -> bool:
         return self.record is not None and self.record.state in ("admitted", "running")
@@ -141,33 +137,40 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
         table = self._table()
         kernel_id = str(self.kernel_id)
         name = getattr(self.kernel_spec, "display_name", "") or "GPU kernel"
-        record = GpuKernel(
-            kernel_id=kernel_id,
-            kernel_name=str(getattr(self.parent, "kernel_name", "") or name),
-            gpus=int(self.gpus),
-            flavor=self.flavor,
-            provisioner=self,
-        )
+        restored = self.record
+        resume = restored is not None and restored.waiting and restored.request_id is not None
+        if resume:  # a queued request restored by load_provisioner_info: wait on it
+            assert restored is not None
+            record = restored
+        else:
+            record = GpuKernel(
+                kernel_id=kernel_id,
+                kernel_name=str(getattr(self.parent, "kernel_name", "") or name),
+                gpus=int(self.gpus),
+                flavor=self.flavor,
+                provisioner=self,
+            )
         # Shut down (or interrupted) before the provisioner even got here.
-        record.abort_reason = table.aborts.pop(kernel_id, "")
+        record.abort_reason = table.aborts.pop(kernel_id, "") or record.abort_reason
         self.record = table.add(record)
         started = time.perf_counter()
         try:
             client = self._client()
-            tenant = await self._pick_tenant(client)
-            record.tenant = tenant
-            try:
-                obj = await client.submit(
-                    tenant,
-                    "kernel",
-                    int(self.gpus),
-                    flavor=self.flavor,
-                    priority=int(self.priority),
-                    name=f"{name} ({kernel_id[:8]})",
-                )
-            except GatewayError as e:
-                raise GpuAdmissionError(f"GPU request refused: {e.error}", e.status) from None
-            record.apply(obj)
+            if not resume:
+                tenant = await self._pick_tenant(client)
+                record.tenant = tenant
+                try:
+                    obj = await client.submit(
+                        tenant,
+                        "kernel",
+                        int(self.gpus),
+                        flavor=self.flavor,
+                        priority=int(self.priority),
+                        name=f"{name} ({kernel_id[:8]})",
+                    )
+                except GatewayError as e:
+                    raise GpuAdmissionError(f"GPU request refused: {e.error}", e.status) from None
+                record.apply(obj)
             record.answer()
             await self._wait_admitted(client, record)
         except GpuAdmissionError as e:
@@ -203,7 +206,7 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
                 raise GpuAdmissionError(record.abort_reason)
             if record.state in ENDED:
                 raise GpuAdmissionError(record.reason or f"GPU request {record.state}")
-            self._set_reason(_waiting_text(record))
+            self._set_reason(record.sentence())
             timeout = float(self.poll_interval)
             if self.admission_timeout > 0:
                 left = self.admission_timeout - (time.monotonic() - started)
@@ -320,13 +323,63 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
             info["gpuaas"] = self.record.to_json()
         return info
 
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+        """Take a kernel back after a server restart: its request, and its grant if held.
 
-def _waiting_text(record: GpuKernel) -> str:
-    what = f"{record.gpus}× {record.flavor or 'GPU'}"
-    team = f" (team {record.tenant})" if record.tenant else ""
-    if record.state == "parked":
-        return f"resuming {what}{team} from its reservation"
-    pos = record.position or {}
-    if pos.get("overall"):
-        return f"waiting for {what}{team}: position {pos['overall']} of {pos.get('of', '?')}"
-    return f"waiting for {what}{team}"
+        The saved record says which request the kernel had; the gateway (the store) says
+        where that request stands now. An admitted request is held again (heartbeats
+        resume, the launch environment names its devices); a queued or parked one is
+        waited on by the next launch instead of a second submission; an ended one is
+        history. With the gateway unreachable, the saved record stands until a heartbeat
+        or a poll learns better.
+        """
+        await super().load_provisioner_info(provisioner_info)
+        saved = provisioner_info.get("gpuaas")
+        if not isinstance(saved, dict) or not saved.get("request_id"):
+            return
+        table = self._table()
+        record = GpuKernel(
+            kernel_id=str(saved.get("kernel_id") or self.kernel_id),
+            kernel_name=str(saved.get("kernel_name") or "GPU kernel"),
+            gpus=int(saved.get("gpus") or self.gpus),
+            flavor=saved.get("flavor", self.flavor),
+            tenant=saved.get("tenant"),
+            request_id=str(saved["request_id"]),
+            node=saved.get("node"),
+            devices=[int(d) for d in saved.get("devices") or []],
+            lease_expires=saved.get("lease_expires"),
+            created=float(saved.get("created") or time.time()),
+            provisioner=self,
+        )
+        record.state = "running" if saved.get("state") in ("admitted", "running") else "queued"
+        if saved.get("state") in ENDED:
+            record.end(str(saved["state"]), str(saved.get("reason") or ""))
+        else:
+            try:
+                obj: dict[str, Any] | None = await self._client().get(str(saved["request_id"]))
+            except GatewayError as e:
+                obj = {"state": "gone", "reason": e.error} if e.status in (404, 410) else None
+            if obj is not None:
+                self._restore_from(record, obj)
+        record.answer()
+        self.record = record
+        if record.ended is not None:
+            table.retire(record)
+            return
+        table.add(record)
+        if record.state == "running" and not table.reporting and self._lease_task is None:
+            self._lease_task = asyncio.ensure_future(self._renew_lease(record))
+
+    @staticmethod
+    def _restore_from(record: GpuKernel, obj: dict[str, Any]) -> None:
+        state = obj.get("state")
+        if state == "admitted" and obj.get("grant"):
+            record.state = "queued"  # apply() takes a grant only into a waiting record
+            record.apply(obj)
+            record.state = "running"
+        elif state in ("queued", "parked"):
+            record.state = "queued"
+            record.apply(obj)
+        else:
+            reason = obj.get("reason") or f"GPU request {state}"
+            record.end("lost", f"GPU grant lost while the server restarted: {reason}")

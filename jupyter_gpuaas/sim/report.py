@@ -27,6 +27,7 @@ from typing import Any
 
 from jupyter_gpuaas.admission.model import Decision
 from jupyter_gpuaas.sim.scenario import Scenario
+from jupyter_gpuaas.words import format_duration
 
 __all__ = ["build_result", "format_table", "percentile"]
 
@@ -73,6 +74,7 @@ def build_result(
     preemptions: dict[str, int] = {}
     culls: dict[str, int] = {}
     cancelled_at: dict[str, float] = {}
+    reasons: dict[str, str] = {}  # rejected request -> why, as its reject event said
     gpus_of: dict[str, int] = {}
     bound_since: dict[str, float] = {}
     alloc: dict[str, float] = {}  # GPU-seconds bound to devices
@@ -150,6 +152,7 @@ def build_result(
             state[rid] = "culled"
         elif ev == "reject":
             state[rid] = "rejected"
+            reasons[rid] = str(d.fields.get("reason") or "")
     for rid in list(bound_since):
         unbind(rid, end)
     for node, began in node_start.items():
@@ -217,6 +220,10 @@ def build_result(
             "preemptions": preemptions.get(rid, 0),
             "culls": culls.get(rid, 0),
         }
+        if s == "rejected":
+            # SCENARIO.md: a rejected request carries `reason`; its tenant for the table.
+            requests[rid]["reason"] = reasons.get(rid, "")
+            requests[rid]["tenant"] = req.tenant
 
     all_waits.sort()
     allocated = sum(alloc.values()) / _HOUR
@@ -266,18 +273,33 @@ def _r(x: float) -> float:
     return round(x, 6)
 
 
-def _duration(seconds: float) -> str:
-    """A short human duration: 45s, 12m 05s, 3h 20m."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s // 3600}h {s % 3600 // 60:02d}m"
+#: Rejections listed one per line in the human table; the rest are counted.
+REJECTIONS_SHOWN = 20
+
+
+def format_rejections(requests: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The "rejected" section: id, tenant and the reason sentence of each rejection."""
+    rows = [
+        (rid, str(r.get("tenant") or ""), str(r.get("reason") or "no reason recorded"))
+        for rid, r in requests.items()
+        if r.get("state") == "rejected"
+    ]
+    if not rows:
+        return []
+    shown = rows[:REJECTIONS_SHOWN]
+    wid = max(len(r[0]) for r in shown)
+    wt = max(len(r[1]) for r in shown)
+    out = ["", "rejected"]
+    out += [f"  {rid.ljust(wid)}  {tenant.ljust(wt)}  {why}" for rid, tenant, why in shown]
+    if len(rows) > len(shown):
+        more = len(rows) - len(shown)
+        out.append(f"  … and {more} more (every reason is in --json)")
+    return out
 
 
 def format_table(result: Mapping[str, Any]) -> str:
-    """A human summary of a result: a per-tenant table, then overall lines."""
+    """A human summary of a result: a per-tenant table, the rejections with their
+    reasons, then overall lines."""
     summary = result["summary"]
     per_tenant: Mapping[str, Mapping[str, Any]] = summary.get("per_tenant", {})
     headers = (
@@ -298,8 +320,8 @@ def format_table(result: Mapping[str, Any]) -> str:
             str(t.get("rejected", "")),
             f"{t.get('gpu_hours_allocated', 0.0):.1f}",
             f"{t.get('gpu_hours_busy', 0.0):.1f}",
-            _duration(t.get("wait_p50", 0.0)),
-            _duration(t.get("wait_p95", 0.0)),
+            format_duration(t.get("wait_p50", 0.0)),
+            format_duration(t.get("wait_p95", 0.0)),
         )
         for name, t in per_tenant.items()
     ]
@@ -314,16 +336,17 @@ def format_table(result: Mapping[str, Any]) -> str:
 
     out = [line(headers), line(["-" * w for w in widths])]
     out.extend(line(r) for r in rows)
+    out += format_rejections(result.get("requests", {}))
     capacity = summary.get("gpu_hours_capacity", 0.0)
     end = summary.get("end")
-    clock = f" to t={end:.0f}s ({_duration(end)})" if isinstance(end, (int, float)) else ""
+    clock = f" to t={end:.0f}s ({format_duration(end)})" if isinstance(end, (int, float)) else ""
     out += [
         "",
         f"requests     {summary['requests']}: {summary['admitted']} admitted, "
         f"{summary['rejected']} rejected, {summary['never_admitted']} never admitted"
         f" ({summary.get('preemptions', 0)} preemptions, {summary.get('culls', 0)} culls)",
-        f"waits        p50 {_duration(summary['wait_p50'])}, p95 {_duration(summary['wait_p95'])}, "
-        f"max {_duration(summary['wait_max'])}",
+        f"waits        p50 {format_duration(summary['wait_p50'])}, "
+        f"p95 {format_duration(summary['wait_p95'])}, max {format_duration(summary['wait_max'])}",
         f"capacity     {capacity:.1f} GPU-hours on {summary['node_hours']:.1f} node-hours",
         f"allocated    {summary['gpu_hours_allocated']:.1f} GPU-hours: "
         f"{summary['gpu_hours_busy']:.1f} busy, {summary['gpu_hours_idle_allocated']:.1f} idle",

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -170,3 +171,81 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"gateway did not start: {log.read_text()[-3000:]}")
+
+
+# --- raw calls and the store-is-the-truth checks (test_store_faults.py) ------------------
+
+
+def call(
+    url: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    who: str | None = "alice",
+    timeout: float = 10.0,
+) -> tuple[int, Any, dict[str, str]]:
+    """(status, parsed JSON or text, headers) of one blocking call; status 0: no answer."""
+    data = None
+    if body is not None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, method=method)
+    if who is not None:
+        req.add_header("Authorization", f"token {TOKENS.get(who, who)}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw, headers = resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as e:
+        status, raw, headers = e.code, e.read(), dict(e.headers)
+    except OSError:
+        return 0, None, {}
+    try:
+        return status, json.loads(raw), headers
+    except ValueError:
+        return status, raw.decode(errors="replace"), headers
+
+
+def store_rows(db_url: str) -> dict[str, Any]:
+    """Every request row of the store, by id (read with a separate engine)."""
+    from jupyter_gpuaas.gateway.store import Store, make_engine
+
+    store = Store(make_engine(db_url))
+    try:
+        return {r.id: r for r in store.query(limit=1_000_000)}
+    finally:
+        store.close()
+
+
+def assert_memory_is_store(
+    url: str, db_url: str, accepted: set[str], refused_names: set[str] | None = None
+) -> dict[str, Any]:
+    """The gateway's memory (what it lists and who holds devices) equals the store.
+
+    Every id answered 201 is stored; no request named in `refused_names` (answered
+    4xx other than 422, or 5xx) is; every held device is held by a request anyone with
+    view can list, and the store says the same holder. Returns the stored rows.
+    """
+    status, listed, _ = call(url, "GET", "api/requests?limit=10000", who="root")
+    assert status == 200, listed
+    rows = store_rows(db_url)
+    missing = accepted - set(rows)
+    assert not missing, (
+        f"{len(missing)} requests answered 201 are not stored: {sorted(missing)[:3]}"
+    )
+    leaked = {r.name for r in rows.values()} & (refused_names or set())
+    assert not leaked, f"requests answered with an error are stored: {sorted(leaked)[:3]}"
+    assert {r["id"] for r in listed} == set(rows)
+    for r in listed:
+        assert rows[r["id"]].state == r["state"], (r, rows[r["id"]].state)
+    status, devices, _ = call(url, "GET", "api/devices", who="root")
+    assert status == 200, devices
+    held = {(d["node"], d["index"]): d["holder"]["id"] for d in devices["devices"] if d["holder"]}
+    stored: dict[tuple[str, int], str] = {}
+    for row in rows.values():
+        if row.state == "admitted":
+            for index in row.device_list():
+                assert (row.node, index) not in stored, f"device {row.node}/{index} held twice"
+                stored[(row.node or "", index)] = row.id
+    assert held == stored, "the devices the gateway says are held are not the store's"
+    listed_ids = {r["id"] for r in listed if r["state"] == "admitted"}
+    assert set(held.values()) <= listed_ids, "a device is held by a request nobody can list"
+    return rows

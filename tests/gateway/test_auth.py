@@ -325,7 +325,7 @@ def test_hub_snippet_loads_into_jupyterhub_config() -> None:
 
 @pytest.mark.asyncio
 async def test_hub_mode_over_http_with_a_fake_hub_api(
-    make_gateway: Any, monkeypatch: pytest.MonkeyPatch
+    make_gateway: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     """Hub mode end to end, against a FAKE Hub API (a tornado handler answering
     GET /hub/api/user like JupyterHub 5 does for a service), not a running Hub."""
@@ -355,7 +355,11 @@ async def test_hub_mode_over_http_with_a_fake_hub_api(
         monkeypatch.setenv("JUPYTERHUB_SERVICE_NAME", "gpuaas")
         monkeypatch.setenv("JUPYTERHUB_CLIENT_ID", "service-gpuaas")
         monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/services/gpuaas/")
-        gw: Gateway = await make_gateway(hub_service=True, base_url="/services/gpuaas/")
+        gw: Gateway = await make_gateway(
+            hub_service=True,
+            base_url="/services/gpuaas/",
+            cookie_secret_file=str(tmp_path / "gpuaas_cookie_secret"),
+        )
         assert gw.url.endswith("/services/gpuaas/")
         status, me = await gw.raw("GET", "api/me", who="ann-token")
         assert status == 200 and me["tenants"] == ["vision"] and not me["admin"], me
@@ -371,6 +375,156 @@ async def test_hub_mode_over_http_with_a_fake_hub_api(
         assert (await gw.raw("GET", "api/me", who="unknown-token"))[0] == 401
         assert (await gw.raw("GET", "api/me", who=None))[0] == 401
         status, _ = await gw.raw("PUT", "api/tenants/nlp", {"quota": {"a100": 1}}, who="boss-token")
+        assert status == 200
+    finally:
+        hub.stop()
+
+
+# --- browser sessions: the cookie secret and XSRF (HubOAuth against a fake Hub API) ------
+
+
+def test_cookie_secret_file_is_made_0600_and_kept(tmp_path: Any) -> None:
+    import os
+    import stat
+
+    from jupyter_gpuaas.gateway.auth import CookieSecretError, load_cookie_secret
+
+    path = tmp_path / "state" / "gpuaas_cookie_secret"
+    first = load_cookie_secret(path)
+    assert len(first) == 32
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_cookie_secret(path) == first  # a restart signs with the same key
+    os.chmod(path, 0o644)
+    with pytest.raises(CookieSecretError, match="can be read or written by others"):
+        load_cookie_secret(path)
+    os.chmod(path, 0o600)
+    path.write_text("too short\n")
+    with pytest.raises(CookieSecretError, match="32 or more random bytes in hex"):
+        load_cookie_secret(path)
+
+
+def test_gateway_refuses_an_open_cookie_secret_file(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from gwutil import write_files
+
+    q, _ = write_files(tmp_path)
+    secret = tmp_path / "secret"
+    secret.write_text("ab" * 32)
+    os.chmod(secret, 0o644)
+    env = dict(
+        os.environ, JUPYTERHUB_API_TOKEN="x", JUPYTERHUB_API_URL="http://127.0.0.1:1/hub/api"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter_gpuaas.cli", "gateway", "--quotas", str(q), "--port", "0",
+         "--devices", "simulated:a100=1x4,t4=1x8", "--db-url", f"sqlite:///{tmp_path / 'g.db'}",
+         "--cookie-secret-file", str(secret)],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--cookie-secret-file:" in done.stderr and "chmod 600" in done.stderr
+
+
+@pytest.mark.asyncio
+async def test_cookie_login_needs_xsrf_and_tokens_do_not(
+    make_gateway: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The login cookie HubOAuth sets (signed with the cookie secret) identifies a browser
+    on GET; its POSTs need the page's `_xsrf` token; a token in the header needs none."""
+    import json as _json
+    import re
+    from urllib.parse import urlencode
+
+    from gwutil import free_port
+    from tornado import web
+    from tornado.httpclient import AsyncHTTPClient
+
+    models = {
+        "ann-oauth": hub_model([ACCESS, "custom:gpuaas:use"], ["vision"]),
+        "boss-oauth": hub_model([ACCESS, "custom:gpuaas:admin"], [], name="boss"),
+    }
+
+    class FakeUser(web.RequestHandler):
+        def get(self) -> None:
+            token = (self.request.headers.get("Authorization") or "").split(" ")[-1]
+            if token not in models:
+                raise web.HTTPError(403)
+            self.finish(_json.dumps(models[token]))
+
+    port = free_port()
+    hub = web.Application([(r"/hub/api/user", FakeUser)]).listen(port, "127.0.0.1")
+    try:
+        monkeypatch.setenv("JUPYTERHUB_API_URL", f"http://127.0.0.1:{port}/hub/api")
+        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "service-token")
+        monkeypatch.setenv("JUPYTERHUB_SERVICE_NAME", "gpuaas")
+        monkeypatch.setenv("JUPYTERHUB_CLIENT_ID", "service-gpuaas")
+        monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/services/gpuaas/")
+        secret_file = tmp_path / "gpuaas_cookie_secret"
+        gw: Gateway = await make_gateway(
+            hub_service=True, base_url="/services/gpuaas/", cookie_secret_file=str(secret_file)
+        )
+        secret = bytes.fromhex(secret_file.read_text().strip())
+        client = AsyncHTTPClient()
+
+        def login_cookie(token: str) -> str:
+            signed = web.create_signed_value(secret, "service-gpuaas", token).decode()
+            return f"service-gpuaas={signed}"
+
+        async def fetch(path: str, cookie: str, **kw: Any) -> Any:
+            return await client.fetch(
+                gw.url + path,
+                headers={"Cookie": cookie, **kw.pop("headers", {})},
+                follow_redirects=False,
+                raise_error=False,
+                **kw,
+            )
+
+        # Not logged in: the page sends the browser to the Hub's OAuth.
+        resp = await fetch("", "")
+        assert resp.code == 302 and "/hub/api/oauth2/authorize" in resp.headers["Location"]
+        # Logged in: the page, with an _xsrf cookie and the same token in its forms.
+        cookie = login_cookie("boss-oauth")
+        resp = await fetch("", cookie)
+        assert resp.code == 200 and "Signed in as" in resp.body.decode()
+        xsrf_cookie = re.search(r"_xsrf=([^;]+)", resp.headers["Set-Cookie"]).group(1)
+        form_xsrf = re.search(r'name="_xsrf" value="([^"]+)"', resp.body.decode()).group(1)
+        assert form_xsrf == xsrf_cookie
+        cookies = f"{cookie}; _xsrf={xsrf_cookie}"
+        held = await gw.client("ann-oauth").submit("vision", "job", 1)  # token: no xsrf
+        # A forged POST (the login cookie, no _xsrf): 403, nothing cancelled.
+        body = urlencode({"request": held["id"]})
+        resp = await fetch("cancel", cookies, method="POST", body=body)
+        assert resp.code == 403 and "XSRF" in resp.body.decode()
+        resp = await fetch(
+            "cancel", cookies, method="POST", body=urlencode({"request": held["id"], "_xsrf": "x"})
+        )
+        assert resp.code == 403
+        assert gw.arbiter.view(held["id"])["state"] == "admitted"
+        # The API, cookie-authenticated: DELETE needs the X-XSRFToken header too.
+        resp = await fetch(f"api/requests/{held['id']}", cookies, method="DELETE")
+        assert resp.code == 403 and "XSRF" in _json.loads(resp.body)["error"]
+        # With the page's token: cancelled.
+        body = urlencode({"request": held["id"], "_xsrf": form_xsrf})
+        resp = await fetch("cancel", cookies, method="POST", body=body)
+        assert resp.code == 303, resp.body
+        assert gw.arbiter.view(held["id"])["state"] == "finished"  # released
+        other = await gw.client("ann-oauth").submit("vision", "job", 1)
+        resp = await fetch(
+            f"api/requests/{other['id']}",
+            cookies,
+            method="DELETE",
+            headers={"X-XSRFToken": form_xsrf},
+        )
+        assert resp.code == 200
+        # Another user's login does not match this page's token.
+        ann = f"{login_cookie('ann-oauth')}; _xsrf={xsrf_cookie}"
+        third = await gw.client("ann-oauth").submit("vision", "job", 1)
+        body = urlencode({"request": third["id"], "_xsrf": form_xsrf})
+        assert (await fetch("cancel", ann, method="POST", body=body)).code == 403
+        # Tokens in the header are exempt, as in JupyterHub.
+        status, _ = await gw.raw("DELETE", f"api/requests/{third['id']}", who="ann-oauth")
         assert status == 200
     finally:
         hub.stop()

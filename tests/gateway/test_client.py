@@ -76,6 +76,9 @@ def test_sync_client_against_subprocess(spawn_gateway: Any, sqlite_url: str) -> 
     out = cli(["status"], gp.url)
     assert out.returncode == 0, out.stderr
     assert "SIMULATED" in out.stdout and rid in out.stdout
+    assert (
+        "  vision uses 1 of its 4 a100\n" in out.stdout and "  vision has no t4 quota" in out.stdout
+    )
     status = json.loads(cli(["status", "--json"], gp.url).stdout)
     assert status["me"]["name"] == "alice" and status["requests"][0]["id"] == rid
     out = cli(["cancel", rid], gp.url)
@@ -112,6 +115,12 @@ def test_gateway_command_bad_config(tmp_path: Path, sqlite_url: str) -> None:
     bad_quotas = tmp_path / "bad.yaml"
     bad_quotas.write_text("flavors: {a100: {nodes: 1, gpus_per_node: 0}}\ntenants: {}\n")
     cases.append(([f"--quotas={bad_quotas}"], "flavors.a100.gpus_per_node"))
+    bad_names = tmp_path / "names.yaml"  # a tenant name breaking the one name rule
+    bad_names.write_text(
+        "flavors: {a100: {nodes: 1, gpus_per_node: 4}}\n"
+        "tenants: {Vision_Team: {quota: {a100: 1}}}\n"
+    )
+    cases.append(([f"--quotas={bad_names}"], "tenants.Vision_Team: is not a valid name"))
     for extra, text in cases:
         names = {e.split("=")[0] for e in extra}
         kept = [a for a in argv if a.split("=")[0] not in names]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from jupyter_gpuaas.gateway.devices import DeviceSample
+from jupyter_gpuaas.devices import DeviceSample
 from jupyter_gpuaas.gateway.metrics import GatewayMetrics, PendingCount, TenantUsage
 
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]

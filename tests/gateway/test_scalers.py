@@ -17,7 +17,7 @@ import tornado.web
 from traitlets import TraitError
 from traitlets.config import Config
 
-from jupyter_gpuaas.gateway.devices import SimulatedInventory, parse_devices_spec
+from jupyter_gpuaas.devices import SimulatedInventory, parse_devices_spec
 from jupyter_gpuaas.gateway.scalers import (
     CommandScaler,
     NoneScaler,

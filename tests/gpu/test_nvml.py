@@ -1,17 +1,26 @@
-"""NvmlInventory against a real GPU. Skipped wherever NVML or a device is missing."""
+"""NvmlInventory against a real GPU. Skipped wherever NVML or a device is missing.
+
+They run where a GPU is (`pytest -m gpu tests/gpu`): every device is named by its UUID
+(`GPU-…`, or `MIG-…` for a MIG instance), a grant's launch environment names that UUID,
+and a process started with it sees exactly that device. The child asks the CUDA driver
+itself (libcuda through ctypes: no torch needed), since NVML ignores CUDA_VISIBLE_DEVICES.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from jupyter_gpuaas.gateway.devices import NvmlInventory, attribute, parse_devices_spec
+from jupyter_gpuaas.client import launch_environment
+from jupyter_gpuaas.devices import DeviceInfo, NvmlInventory, attribute, parse_devices_spec
 
 
 def _gpu_count() -> int:
@@ -25,6 +34,35 @@ def _gpu_count() -> int:
             pynvml.nvmlShutdown()
     except Exception:
         return 0
+
+
+def _nvml_view() -> tuple[int, set[str]]:
+    """(grantable devices, UUIDs of whole GPUs) straight from pynvml: a GPU in MIG mode
+    counts as its MIG instances, any other as itself."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        count, whole = 0, set()
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                mig_on = pynvml.nvmlDeviceGetMigMode(h)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+            except pynvml.NVMLError:
+                mig_on = False
+            if not mig_on:
+                count += 1
+                whole.add(pynvml.nvmlDeviceGetUUID(h))
+                continue
+            for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+                try:
+                    pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+                except pynvml.NVMLError_NotFound:
+                    continue
+                count += 1
+        return count, whole
+    finally:
+        pynvml.nvmlShutdown()
 
 
 pytestmark = [
@@ -41,22 +79,170 @@ def inventory() -> Iterator[NvmlInventory]:
     inv.close()
 
 
-def test_enumerates_every_gpu(inventory: NvmlInventory) -> None:
+def test_enumerates_every_gpu_by_uuid(inventory: NvmlInventory) -> None:
     devices = inventory.devices()
-    assert len(devices) == _gpu_count()
+    expected, whole = _nvml_view()
+    assert len(devices) == expected
     assert not inventory.simulated
     assert inventory.message.startswith("NVML: ")
     for d in devices:
         assert d.model and d.flavor and d.flavor == d.flavor.lower()
-        assert d.uuid.startswith(("GPU-", "MIG-"))
+        # A MIG instance is named by its MIG UUID; every other device by its GPU UUID.
+        assert d.uuid.startswith("MIG-" if d.mig_profile else "GPU-"), d
+        assert not d.mig_profile or d.parent_uuid.startswith("GPU-")
         assert d.memory_total > 1024**3
+    assert len({d.uuid for d in devices}) == len(devices)
+    assert {d.uuid for d in devices if not d.mig_profile} == whole
     assert sum(n.gpus for n in inventory.nodes()) == len(devices)
 
 
+def _grant(inventory: NvmlInventory, devices: list[DeviceInfo]) -> dict[str, Any]:
+    """A request object as the gateway answers it for these devices (one node)."""
+    node = devices[0].node
+    indices = [d.index for d in devices]
+    return {
+        "id": "r-gpu-test",
+        "tenant": "vision",
+        "grant": {
+            "node": node,
+            "flavor": devices[0].flavor,
+            "devices": indices,
+            "uuids": inventory.uuids(node, indices),
+        },
+    }
+
+
+def test_launch_environment_names_each_devices_uuid(inventory: NvmlInventory) -> None:
+    for d in inventory.devices():
+        env = launch_environment(_grant(inventory, [d]))
+        assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == d.uuid
+        assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert env["GPUAAS_NODE"] == d.node
+
+
+# The child: which devices does the CUDA driver show it? One JSON line: the 8-4-4-4-12
+# hex of each visible device's UUID (cuDeviceGetUuid_v2 gives a MIG instance's own), in
+# CUDA's order. With "hold" it also makes a context on device 0 and waits to be killed.
+_CUDA_CHILD = r"""
+import ctypes, json, sys, time
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+except OSError as e:
+    print(json.dumps({"skip": f"no libcuda: {e}"}), flush=True)
+    sys.exit(0)
+
+def check(result, what):
+    if result != 0:
+        print(json.dumps({"error": f"{what} answered CUresult {result}"}), flush=True)
+        sys.exit(1)
+
+check(cuda.cuInit(0), "cuInit")
+count = ctypes.c_int()
+check(cuda.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+get_uuid = getattr(cuda, "cuDeviceGetUuid_v2", None) or cuda.cuDeviceGetUuid
+uuids = []
+for ordinal in range(count.value):
+    dev = ctypes.c_int()
+    check(cuda.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
+    raw = (ctypes.c_char * 16)()
+    check(get_uuid(raw, dev), "cuDeviceGetUuid")
+    h = bytes(raw).hex()
+    uuids.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+if sys.argv[1:] == ["hold"] and uuids:
+    dev = ctypes.c_int()
+    ctx = ctypes.c_void_p()
+    check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    ptr = ctypes.c_uint64()
+    check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(64 << 20)), "cuMemAlloc")
+print(json.dumps({"uuids": uuids}), flush=True)
+if sys.argv[1:] == ["hold"]:
+    time.sleep(60)
+"""
+
+
+def _child_env(grant: dict[str, Any]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "NVIDIA_"))}
+    return {**env, **launch_environment(grant)}
+
+
+def _seen_by_child(grant: dict[str, Any]) -> list[str]:
+    p = subprocess.run(
+        [sys.executable, "-c", _CUDA_CHILD],
+        env=_child_env(grant),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    answer = json.loads(p.stdout.strip().splitlines()[-1])
+    if "skip" in answer:
+        pytest.skip(answer["skip"])
+    assert p.returncode == 0 and "error" not in answer, (answer, p.stderr)
+    return list(answer["uuids"])
+
+
+def _bare(uuid: str) -> str:
+    return uuid.split("-", 1)[1]  # "GPU-…"/"MIG-…" → the 8-4-4-4-12 hex
+
+
+def test_a_process_launched_with_a_grant_sees_exactly_its_device(
+    inventory: NvmlInventory,
+) -> None:
+    for d in inventory.devices():
+        assert _seen_by_child(_grant(inventory, [d])) == [_bare(d.uuid)], d
+
+
+def test_a_two_device_grant_sees_both_in_the_grants_order(inventory: NvmlInventory) -> None:
+    # CUDA shows one MIG instance per process at most: whole GPUs of one node only.
+    by_node: dict[str, list[DeviceInfo]] = {}
+    for d in inventory.devices():
+        if not d.mig_profile:
+            by_node.setdefault(d.node, []).append(d)
+    pair = next((ds[:2] for ds in by_node.values() if len(ds) >= 2), None)
+    if pair is None:
+        pytest.skip("no node here has two whole GPUs")
+    backwards = [pair[1], pair[0]]
+    assert _seen_by_child(_grant(inventory, backwards)) == [_bare(d.uuid) for d in backwards]
+
+
+def test_the_launched_process_shows_on_its_device_only(inventory: NvmlInventory) -> None:
+    """NVML ignores CUDA_VISIBLE_DEVICES, but it lists the compute contexts of each
+    device: the child's context is on its granted device and on no other."""
+    d = inventory.devices()[-1]  # the last: on a mixed host, not position 0 of NVML
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CUDA_CHILD, "hold"],
+        env=_child_env(_grant(inventory, [d])),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        answer = json.loads(proc.stdout.readline())
+        if "skip" in answer:
+            pytest.skip(answer["skip"])
+        assert answer.get("uuids") == [_bare(d.uuid)], answer
+        on: set[tuple[str, int]] = set()
+        others: set[int] = set()
+        deadline = time.time() + 10
+        while time.time() < deadline and not on:
+            for s in inventory.sample():
+                others |= set(s.processes)
+                if proc.pid in s.processes:
+                    on.add((s.node, s.index))
+            time.sleep(0.5)
+        if not on:
+            if others:
+                pytest.skip(f"NVML reports PIDs {others} from another PID namespace")
+            pytest.skip("NVML lists no compute processes here (NotSupported or no rights)")
+        assert on == {(d.node, d.index)}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_sample_reads_every_device(inventory: NvmlInventory) -> None:
-    t0 = time.perf_counter()
     samples = inventory.sample()
-    elapsed = time.perf_counter() - t0
     assert len(samples) == len(inventory.devices())
     for s in samples:
         assert s.healthy, s.error
@@ -64,14 +250,15 @@ def test_sample_reads_every_device(inventory: NvmlInventory) -> None:
         assert s.memory_used >= 0
         assert s.temperature is None or 0 < s.temperature < 120
         assert s.power is None or 0 < s.power < 2000  # watts, not milliwatts
-    assert elapsed < 2.0, f"sampling took {elapsed:.2f}s"
 
 
 def test_flavor_override(inventory: NvmlInventory) -> None:
     named = parse_devices_spec("nvml:flavor=house,node=box")
     try:
-        assert {d.flavor for d in named.devices()} == {"house"}
-        assert [n.name for n in named.nodes()] == ["box"]
+        # MIG instances keep their profile after the override: house-mig-1g.10gb.
+        flavors = {d.flavor for d in named.devices()}
+        assert flavors <= {"house"} | {f for f in flavors if f.startswith("house-mig-")}
+        assert all(n.name == "box" or n.name.startswith("box-") for n in named.nodes())
     finally:
         named.close()
 
@@ -102,7 +289,7 @@ def test_per_process_attribution_of_a_busy_process(inventory: NvmlInventory) -> 
     lib = next((m for m in ("torch", "cupy") if importlib.util.find_spec(m)), None)
     if lib is None:
         pytest.skip("neither torch nor cupy is importable to load the GPU")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": inventory.devices()[0].uuid}
+    env = _child_env(_grant(inventory, [inventory.devices()[0]]))
     proc = subprocess.Popen(
         [sys.executable, "-c", _BURNER, lib, "20"], env=env, stdout=subprocess.PIPE, text=True
     )

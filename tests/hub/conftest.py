@@ -68,7 +68,6 @@ c.JupyterHub.log_level = "DEBUG"
 c.QueuedSpawnerMixin.max_gpus = 8
 c.QueuedSpawnerMixin.heartbeat_interval = 1.0
 c.QueuedSpawnerMixin.activity_window = 1.0
-c.Spawner.default_url = "/api"
 c.Spawner.start_timeout = 60
 c.Spawner.poll_interval = 2
 c.Spawner.http_timeout = 60
@@ -94,6 +93,7 @@ class Hub:
         self.token = secrets.token_hex(32)
         self.hub_token = secrets.token_hex(32)
         self.password = "gpuaas-test-pw"
+        self.admin_password = secrets.token_urlsafe(32)  # user `admin` (the demo's admin)
         self.gateway = f"http://127.0.0.1:{self.gateway_port}/services/gpuaas/api"
         self.log_path = root / "jupyterhub.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -114,7 +114,7 @@ class Hub:
             GPUAAS_DEMO_PROXY_API_PORT=str(free_port()),
             GPUAAS_DEMO_GATEWAY_PORT=str(self.gateway_port),
             GPUAAS_DEMO_PASSWORD=self.password,
-            GPUAAS_DEMO_ADMIN_PASSWORD=secrets.token_urlsafe(32),
+            GPUAAS_DEMO_ADMIN_PASSWORD=self.admin_password,
             GPUAAS_DEMO_DEVICES="simulated:a100=1x4",
             GPUAAS_DEMO_QUOTAS=str(self.root / "quotas.yaml"),
             GPUAAS_DEMO_STATE_DIR=str(self.root / "state"),

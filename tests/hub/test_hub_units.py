@@ -1,7 +1,7 @@
-"""Pure parts of the hub package: pod settings, options, progress text, demo helpers.
+"""Pure parts of the hub package: flavors, options, progress text, demo helpers.
 
-The Kubernetes test has no Kubernetes API server: `gpu_pod_settings` is a pure function
-(like KubeSpawner's objects.py), so its output is compared as plain dicts.
+The pods of QueuedKubeSpawner are tested in tests/kubernetes (test_pods.py by dict
+equality, test_kube_spawner.py against a Kubernetes API double).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from jupyter_gpuaas.hub.demo import FALLBACK_DEVICES, detect_devices, quotas_for
-from jupyter_gpuaas.hub.k8s import gpu_pod_settings, validate_flavors
+from jupyter_gpuaas.hub.k8s import validate_flavors
 from jupyter_gpuaas.hub.options import (
     GpuOptions,
     OptionsError,
@@ -28,52 +28,6 @@ FLAVORS = {
     },
     "mig": {"resource": "nvidia.com/mig-1g.10gb", "node_selector": {"pool": "mig"}},
 }
-BASE = {
-    "node_selector": {"team": "ml"},
-    "tolerations": [{"key": "spot", "operator": "Exists"}],
-    "extra_resource_limits": {"ephemeral-storage": "10Gi"},
-    "extra_resource_guarantees": {},
-}
-
-
-def test_pod_gets_gpu_limits_node_selector_and_tolerations_of_its_flavor() -> None:
-    got = gpu_pod_settings(gpus=2, flavor="a100", flavors=FLAVORS, **BASE)
-    assert got == {
-        "extra_resource_limits": {"ephemeral-storage": "10Gi", "nvidia.com/gpu": "2"},
-        "extra_resource_guarantees": {"nvidia.com/gpu": "2"},
-        "node_selector": {"team": "ml", "nvidia.com/gpu.product": "A100-SXM4-80GB"},
-        "tolerations": [
-            {"key": "spot", "operator": "Exists"},
-            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-        ],
-    }
-    assert BASE["extra_resource_limits"] == {"ephemeral-storage": "10Gi"}  # not mutated
-
-
-def test_pod_mig_resource_and_pinned_node() -> None:
-    got = gpu_pod_settings(
-        gpus=1,
-        flavor="mig",
-        flavors=FLAVORS,
-        node="gpu-node-7",
-        node_label="kubernetes.io/hostname",
-        **BASE,
-    )
-    assert got["extra_resource_limits"] == {
-        "ephemeral-storage": "10Gi",
-        "nvidia.com/mig-1g.10gb": "1",
-    }
-    assert got["node_selector"] == {
-        "team": "ml",
-        "pool": "mig",
-        "kubernetes.io/hostname": "gpu-node-7",
-    }
-    assert got["tolerations"] == [{"key": "spot", "operator": "Exists"}]
-
-
-def test_pod_without_gpus_is_unchanged() -> None:
-    got = gpu_pod_settings(gpus=0, flavor="a100", flavors=FLAVORS, **BASE)
-    assert got == {**BASE, "tolerations": [{"key": "spot", "operator": "Exists"}]}
 
 
 def test_flavor_config_is_validated() -> None:
@@ -88,6 +42,7 @@ def test_form_data_and_user_options() -> None:
     form = {"tenant": ["vision"], "flavor": [""], "gpus": ["2"]}
     assert options_from_form(form) == {"tenant": "vision", "gpus": 2}
     assert options_from_form({"gpus": ["x"]}) == {"gpus": "x"}
+    assert options_from_form({"gpus": ["-1"]}) == {"gpus": -1}  # parse_options says why
     parse = parse_options
     kw = {"default_gpus": 0, "max_gpus": 4, "member_of": ["vision"]}
     assert parse({"gpus": 2}, **kw) == GpuOptions(2, "vision", None)  # the only tenant
@@ -95,13 +50,23 @@ def test_form_data_and_user_options() -> None:
     assert parse({"gpus": 1, "flavor": "any"}, **kw).flavor is None
     with pytest.raises(OptionsError, match="not a member of tenant 'nlp'"):
         parse({"gpus": 1, "tenant": "nlp"}, **kw)
-    with pytest.raises(OptionsError, match="gpus: must be a whole number"):
-        parse({"gpus": "x"}, **kw)
-    with pytest.raises(OptionsError, match="gpus: must be a whole number"):
-        parse({"gpus": True}, **kw)
-    with pytest.raises(OptionsError, match="at most 4"):
-        parse({"gpus": 5}, **kw)
-    with pytest.raises(OptionsError, match="choose one of nlp, vision"):
+    with pytest.raises(OptionsError, match="not a member") as e:
+        parse({"gpus": 1, "tenant": "nlp"}, **kw)
+    assert e.value.status == 403
+    # One sentence that names the field, the same for the form and the REST API.
+    for bad, sentence in [
+        ("x", "gpus must be a whole number, not 'x'"),
+        (True, "gpus must be a whole number, not True"),
+        (-1, "gpus must be 0 or more"),
+        (5, "gpus must be at most 4 here"),
+    ]:
+        with pytest.raises(OptionsError) as e:
+            parse({"gpus": bad}, **kw)
+        assert str(e.value) == sentence and e.value.status == 400
+    with pytest.raises(OptionsError) as e:
+        parse(options_from_form({"gpus": ["-1"]}), **kw)
+    assert str(e.value) == "gpus must be 0 or more"
+    with pytest.raises(OptionsError, match="choose a tenant: one of nlp, vision"):
         parse({"gpus": 1}, default_gpus=0, max_gpus=4, member_of=["nlp", "vision"])
 
 
@@ -126,7 +91,9 @@ def test_form_lists_only_the_users_tenants_and_escapes() -> None:
     }
     choices = tenant_choices(tenants, ["vision"])
     assert [c.name for c in choices] == ["vision"]
-    assert choices[0].usage == "a100: 1/2 in use, 1 parked, 3 queued"
+    assert choices[0].usage == (
+        "uses all 2 of its a100 (1 of them parked for a culled server), 3 requests queued"
+    )
     html = render_form(
         tenants=choices,
         flavor_names={"a100": "NVIDIA <A100>"},
@@ -136,7 +103,7 @@ def test_form_lists_only_the_users_tenants_and_escapes() -> None:
     )
     assert 'value="vision"' in html and 'value="nlp"' not in html
     assert "NVIDIA &lt;A100&gt;" in html and 'id="gpuaas-banner"' in html
-    assert 'max="4" value="1"' in html
+    assert 'value="1"' in html and "GPUs (0 to 4;" in html
 
 
 def test_progress_messages() -> None:
@@ -149,15 +116,28 @@ def test_progress_messages() -> None:
                 "id": "r-1",
                 "position": {"tenant": 1, "tenant_of": 2, "overall": 3, "of": 5},
                 "estimated_wait": {"seconds": 240, "basis": "..."},
+                "waiting_for": {
+                    "kind": "capacity",
+                    "message": "waiting: all 4 a100 are in use; the next one frees when "
+                    "alice's job ends (about 4 min)",
+                },
             },
-            usage=[{"flavor": "a100", "quota": 4, "admitted": 4, "parked": 0}],
+            usage=[
+                {"flavor": "a100", "quota": 2, "admitted": 4, "parked": 0, "borrowed_from": ["nlp"]}
+            ],
         )
     )
     assert queued["message"] == (
         "Queued for 2× a100 (team vision); position 1 of 2 in the team, 3 of 5 overall; "
-        "vision uses 4 of 4 a100; about 4 min"
+        "vision uses 4 a100: 2 of its own and 2 borrowed from nlp; "
+        "waiting: all 4 a100 are in use; the next one frees when alice's job ends (about 4 min)"
     )
     assert queued["gpuaas"]["position"] == 1 and queued["gpuaas"]["estimated_wait"] == 240
+    # From an older gateway without waiting_for: the number in the same words, or none.
+    older = QueueStatus("queued", opts, request={"estimated_wait": {"seconds": 238}})
+    assert progress_event(older)["message"].endswith("; estimated wait about 4 min")
+    unknown = QueueStatus("queued", opts, request={"estimated_wait": {"seconds": None}})
+    assert progress_event(unknown)["message"].endswith("; no estimate yet")
     admitted = progress_event(
         QueueStatus(
             "admitted",

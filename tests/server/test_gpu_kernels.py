@@ -110,10 +110,16 @@ async def test_second_kernel_waits_for_the_gpu_then_starts_on_it(
         lambda: _queued(jp_fetch, second), what="the second kernel queued with a position"
     )
     assert rec2["position"]["overall"] == 1
+    # /gpuaas/kernels says why in the gateway's words: no grant in use has a known end.
+    assert rec2["waiting_for"] == {
+        "kind": "capacity",
+        "message": "waiting: the only a100 is in use; no estimate yet",
+    }
+    assert rec2["estimated_wait"]["seconds"] is None
     # The kernel list of the server says it is still starting, and why.
     model = json.loads((await jp_fetch("api", "kernels", second)).body)
     assert model["execution_state"] == "starting"
-    assert "position 1 of 1" in model.get("reason", "")
+    assert "waiting for 1 a100 (position 1 in vision)" in model.get("reason", "")
     # The sidebar can also read the queue through the proxy.
     mine = json.loads(
         (await jp_fetch("gpuaas", "api", "requests", params={"state": "queued"})).body

@@ -13,6 +13,7 @@ from jupyter_gpuaas.cli import main
 from jupyter_gpuaas.server.activity import GpuUsage, Holder, decide_busy, process_tree
 from jupyter_gpuaas.server.extension import human_duration
 from jupyter_gpuaas.server.kernelspec_cli import default_display_name, default_name
+from jupyter_gpuaas.words import format_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -51,10 +52,9 @@ def test_process_tree_includes_the_process_itself() -> None:
     assert os.getpid() in process_tree(os.getpid())
 
 
-def test_human_duration() -> None:
-    assert human_duration(3) == "3 s"
-    assert human_duration(1800) == "30 min"
-    assert human_duration(3 * 3600) == "3.0 h"
+def test_human_duration_is_the_one_formatter() -> None:
+    assert human_duration is format_duration  # defined once, in jupyter_gpuaas/words.py
+    assert human_duration(3) == "3 s" and human_duration(1800) == "30 min"
 
 
 def test_kernelspec_install_writes_a_gpu_spec(

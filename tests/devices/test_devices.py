@@ -8,8 +8,7 @@ import logging
 
 import pytest
 
-from jupyter_gpuaas.gateway import devices_cli
-from jupyter_gpuaas.gateway.devices import (
+from jupyter_gpuaas.devices import (
     DeviceSample,
     NvmlInventory,
     SimulatedInventory,
@@ -17,6 +16,7 @@ from jupyter_gpuaas.gateway.devices import (
     flavor_from_model,
     parse_devices_spec,
 )
+from jupyter_gpuaas.devices import cli as devices_cli
 
 
 def _nvml_available() -> bool:
@@ -42,13 +42,13 @@ def test_simulated_spec_builds_named_nodes() -> None:
     ]
     devs = inv.devices()
     assert len(devs) == 16
-    assert len({d.uuid for d in devs}) == 16
     assert all("simulated" in d.model for d in devs)
     a100 = next(d for d in devs if d.flavor == "a100")
     assert a100.memory_total == 80 * 1024**3
-    # UUIDs are stable across inventories, so a restarted gateway sees the same devices.
-    again = parse_devices_spec("simulated:a100=2x4,t4=1x8").devices()
-    assert [d.uuid for d in again] == [d.uuid for d in devs]
+    # Simulated devices have no UUID: nothing real to name, so grants carry none and
+    # launch environments name the indices.
+    assert {d.uuid for d in devs} == {""}
+    assert inv.uuids("a100-0", [0, 1]) is None
 
 
 def test_simulated_spec_tolerates_spaces_and_zero_nodes() -> None:

@@ -1,0 +1,419 @@
+"""The landing page at the service prefix (`/services/gpuaas/`): the GPUs in words.
+
+A person signed in to JupyterHub (HubOAuth: the page sends the browser through the Hub's
+OAuth and the callback at `<prefix>oauth_callback` sets the login cookie) sees the queue,
+the tenants with their quotas and the devices with their holders. What names they see
+follows the API's rules: without `custom:gpuaas:view`, only their own requests carry
+names, and everybody else's are counted per tenant. Admins (`custom:gpuaas:admin`) also
+see every request with a Cancel button, and change a tenant's quota and limits in a form.
+
+The page is rendered on the server (templates/landing.html, tornado's templates escape
+every value), and its forms carry the `_xsrf` token: a cookie-authenticated POST without
+it is refused with 403 (handlers.BaseHandler). The forms run the API's own handlers
+(`DELETE api/requests/{id}`, `PUT api/tenants/{name}`), so their checks and error
+sentences are the API's, word for word.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from tornado import web
+from tornado.httputil import url_concat
+
+from jupyter_gpuaas.admission.model import State
+
+from .auth import Identity
+from .handlers import ApiError, BaseHandler, RequestHandler, TenantHandler
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+LIVE = (State.QUEUED, State.ADMITTED, State.PARKED)
+LIMITS = ("borrowing_limit", "lending_limit")
+MAX_ROWS = 500  # requests listed on the page; the rest are counted
+_INT = re.compile(r"[+-]?\d{1,30}")
+_NUMBER = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+
+
+# --- words ---------------------------------------------------------------------------
+
+
+def duration(seconds: float) -> str:
+    """`less than a minute`, `about 4 min`, `about 2 h 10 min`: never `0.0 seconds`."""
+    if seconds < 60:
+        return "less than a minute"
+    minutes = round(seconds / 60)
+    if minutes < 90:
+        return f"about {minutes} min"
+    hours, rest = divmod(minutes, 60)
+    return f"about {hours} h" + (f" {rest} min" if rest else "")
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def wait_sentence(obj: dict[str, Any]) -> str:
+    """What a queued request waits for, and for how long, from its API object."""
+    parts = []
+    waiting_for = obj.get("waiting_for")
+    if isinstance(waiting_for, dict) and waiting_for.get("message"):
+        parts.append(str(waiting_for["message"]).rstrip("."))
+    estimate = obj.get("estimated_wait") or {}
+    seconds = estimate.get("seconds")
+    basis = str(estimate.get("basis") or "").strip()
+    if seconds is not None:
+        parts.append(f"expected in {duration(float(seconds))}" + (f" ({basis})" if basis else ""))
+    else:
+        parts.append("no estimate yet")
+    return "; ".join(parts) + "."
+
+
+def position_sentence(obj: dict[str, Any]) -> str:
+    pos = obj.get("position")
+    if not pos:
+        return "waiting"
+    return (
+        f"{pos['overall']} of {pos['of']}; {pos['tenant']} of {pos['tenant_of']} in {obj['tenant']}"
+    )
+
+
+def usage_sentence(tenant: str, row: dict[str, Any]) -> str:
+    """`vision uses 3 a100: 1 of its own and 2 borrowed; 1 parked; 2 requests wait for 3`."""
+    flavor, used, borrowed = row["flavor"], row["admitted"], row["borrowed"]
+    if used == 0 and not row["quota"]:
+        text = f"{tenant} has no {flavor} of its own and uses none"
+    elif used == 0:
+        text = f"{tenant} uses none of its {row['quota']} {flavor}"
+    elif borrowed:
+        own = max(0, used - borrowed)
+        text = f"{tenant} uses {used} {flavor}: {own} of its own and {borrowed} borrowed"
+    else:
+        text = f"{tenant} uses {used} of its {row['quota']} {flavor}"
+    if row["parked"]:
+        text += f"; {row['parked']} kept parked for a returning user"
+    if row["pending_requests"]:
+        n = row["pending_requests"]
+        verb = "waits" if n == 1 else "wait"
+        text += f"; {plural(n, 'request')} {verb} for {plural(row['pending_gpus'], 'GPU')}"
+    return text + "."
+
+
+def since(timestamp: Any, now: float) -> str:
+    if not isinstance(timestamp, (int, float)):
+        return ""
+    return duration(max(0.0, now - float(timestamp))).replace("about ", "") + " ago"
+
+
+# --- the handlers ----------------------------------------------------------------------
+
+
+class PageHandler(BaseHandler):
+    """An HTML page: a browser is sent to the Hub's login, errors are pages too."""
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("X-Content-Type-Options", "nosniff")
+        # No script at all: should a value ever escape its escaping, it still cannot run.
+        self.set_header(
+            "Content-Security-Policy",
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+            "frame-ancestors 'self'; base-uri 'none'",
+        )
+
+    def get_template_path(self) -> str:
+        return str(TEMPLATES)
+
+    def get_login_url(self) -> str:
+        """The Hub's OAuth authorize URL, with a state cookie for the callback."""
+        hub_auth = self.settings.get("hub_auth")
+        if hub_auth is None:
+            raise ApiError(401, "this gateway runs without JupyterHub: send a token")
+        params: dict[str, str] = {}
+        verifier = None
+        if getattr(hub_auth, "pkce_enabled", False):
+            verifier, challenge, method = hub_auth.generate_pkce_code_challenge()
+            params.update(code_challenge=challenge, code_challenge_method=method)
+        params["state"] = hub_auth.set_state_cookie(
+            self, next_url=self.request.uri, code_verifier=verifier
+        )
+        return str(url_concat(hub_auth.login_url, params))
+
+    def signed_in(self) -> Identity | None:
+        """The caller, or None after sending a browser to the Hub's login."""
+        browser = self.request.method in ("GET", "HEAD") and self._xsrf_failure is None
+        if self.identity is None and self.settings.get("hub_auth") is not None and browser:
+            self.redirect(self.get_login_url())
+            return None
+        return self.require()
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = self._reason
+        if isinstance(exc, ApiError):
+            message = exc.error
+        elif isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.render(
+            "error.html",
+            status=status_code,
+            message=message,
+            home=self.settings["base_url"],
+        )
+
+
+class LandingHandler(PageHandler):
+    def get(self) -> None:
+        who = self.signed_in()
+        if who is None:
+            return
+        self.page(who)
+
+    def page(
+        self,
+        who: Identity,
+        *,
+        status: int = 200,
+        form: dict[str, Any] | None = None,
+        notice: str = "",
+        notice_error: bool = False,
+    ) -> None:
+        """Render the page; `form`: a tenant form sent back with its error."""
+        self.set_status(status)
+        if not notice:
+            notice = self._notice()
+        self.render(
+            "landing.html", **self.view(who, form or {}), notice=notice, notice_error=notice_error
+        )
+
+    def _notice(self) -> str:
+        """What the last form did (Post/Redirect/Get), said only when it is true."""
+        rid = self.get_query_argument("cancelled", "")
+        if rid:
+            owner = self.arbiter.owner_of(rid)
+            obj = self.arbiter.view(rid) if owner is not None else None
+            who = self.identity
+            if obj and who and who.may_see(obj["user"]):
+                what = f"Request {rid} ({obj['user']}, {obj['tenant']})"
+                if obj["state"] == "cancelled":
+                    return f"{what} is cancelled."
+                if obj["state"] == "finished":
+                    return f"{what} has ended and released its GPUs."
+        name = self.get_query_argument("saved", "")
+        if name and name in self.arbiter.config.tenants:
+            return f"Saved the quota and limits of {name}."
+        return ""
+
+    def view(self, who: Identity, form: dict[str, Any]) -> dict[str, Any]:
+        arb = self.arbiter
+        now = time.time()
+        queued: list[dict[str, Any]] = []
+        running: list[dict[str, Any]] = []
+        hidden: dict[str, int] = {}
+        hidden_running: dict[str, int] = {}
+        visible = []
+        for req in list(arb.requests.values()):
+            if req.state not in LIVE:
+                continue
+            if not who.may_see(req.user):
+                bucket = hidden if req.state is State.QUEUED else hidden_running
+                bucket[req.tenant] = bucket.get(req.tenant, 0) + 1
+                continue
+            visible.append(req)
+
+        # A page, not a dump: the first MAX_ROWS in line (cheap positions from the index),
+        # then the holders; what is left over is counted and is in api/requests.
+        def order(req: Any) -> tuple[int, int, str]:
+            if req.state is not State.QUEUED:
+                return (1, 0, req.id)
+            pos = arb.index.position(req)
+            return (0, pos.overall_position if pos else 1 << 30, req.id)
+
+        visible.sort(key=order)
+        more = max(0, len(visible) - MAX_ROWS)
+        for req in visible[:MAX_ROWS]:
+            obj = arb.request_json(req)
+            row = {
+                **obj,
+                "since": since(obj.get("created"), now),
+                "can_cancel": who.admin or req.user == who.name,
+            }
+            if req.state is State.QUEUED:
+                row["where"] = position_sentence(obj)
+                row["wait"] = wait_sentence(obj)
+                queued.append(row)
+            else:
+                running.append(row)
+        queued.sort(key=lambda r: (r["position"] or {}).get("overall", 1 << 30))
+        running.sort(key=lambda r: (r["tenant"], r["user"], r["id"]))
+        tenants = []
+        for t in arb.tenants_json()["tenants"]:
+            spec = arb.config.tenants[t["name"]]
+            rows = []
+            for u in t["usage"]:
+                lend = spec.lendable(u["flavor"]) if spec.cohort else 0
+                rows.append({**u, "lendable": lend, "sentence": usage_sentence(t["name"], u)})
+            values = self._form_values(t)
+            if form.get("tenant") == t["name"]:
+                values = form["values"]
+            tenants.append(
+                {
+                    **t,
+                    "rows": rows,
+                    "flavors": list(arb.config.flavors),
+                    "values": values,
+                    "error": form.get("error") if form.get("tenant") == t["name"] else None,
+                    "error_field": form.get("field") if form.get("tenant") == t["name"] else None,
+                }
+            )
+        devices = arb.devices_json()
+        for d in devices["devices"]:
+            holder = d.get("holder")
+            if holder is None:
+                d["held_by"] = "free"
+            elif who.may_see(holder["user"]):
+                d["held_by"] = (
+                    f"{holder['user']} ({holder['tenant']}, {holder['kind']} {holder['id']})"
+                )
+            else:
+                d["held_by"] = f"another user of {holder['tenant']}"
+        return {
+            "who": who,
+            "base": self.settings["base_url"],
+            "hub": getattr(self.settings.get("hub_auth"), "hub_prefix", ""),
+            "simulated": devices["simulated"],
+            "queued": queued,
+            "running": running,
+            "hidden": sorted(hidden.items()),
+            "hidden_running": sorted(hidden_running.items()),
+            "more": more,
+            "tenants": tenants,
+            "devices": devices["devices"],
+            "nodes": devices["nodes"],
+        }
+
+    @staticmethod
+    def _form_values(tenant: dict[str, Any]) -> dict[str, str]:
+        values: dict[str, str] = {}
+        for flavor, n in tenant["quota"].items():
+            values[f"quota.{flavor}"] = str(n)
+        for which in LIMITS:
+            for flavor, n in (tenant.get(which) or {}).items():
+                values[f"{which}.{flavor}"] = str(n)
+        return values
+
+
+def form_number(text: str) -> Any:
+    """A form field as the JSON value a client would send: `2` → 2, `-1` → -1, `1.5` →
+    1.5; anything else stays a string, so the API's validation says what is wrong."""
+    text = text.strip()
+    if _INT.fullmatch(text):
+        return int(text)
+    if _NUMBER.fullmatch(text):
+        return float(text)
+    return text
+
+
+class TenantFormHandler(LandingHandler, TenantHandler):
+    """POST tenant: the admin's quota form, run through `PUT api/tenants/{name}`."""
+
+    SUPPORTED_METHODS = ("POST",)
+    # Not streamed like the API's bodies: a form is small (BodyHandler.prepare still
+    # refuses one past max_body_size from its Content-Length), and its `_xsrf` field must
+    # be parsed before tornado's XSRF check, which runs before any streamed chunk arrives.
+    _stream_request_body = False
+    _form_spec: dict[str, Any] | None = None
+
+    def json_body(self) -> dict[str, Any]:  # the API handler's body: the form, as JSON
+        return dict(self._form_spec or {})
+
+    def send(self, data: Any, status: int = 200) -> None:  # the API's answer: redirect
+        name = data.get("name", "") if isinstance(data, dict) else ""
+        self.redirect(
+            f"{self.settings['base_url']}?{urlencode({'saved': name})}#tenants", status=303
+        )
+
+    async def post(self) -> None:
+        who = self.require()
+        name = self.get_body_argument("tenant", "")
+        if name not in self.arbiter.config.tenants:
+            raise ApiError(404, f"no tenant {name!r}", "tenant")
+        if not who.admin:
+            raise ApiError(403, "changing quotas needs custom:gpuaas:admin")
+        values: dict[str, str] = {}
+        for key in ("quota", *LIMITS):
+            for flavor in self.arbiter.config.flavors:
+                values[f"{key}.{flavor}"] = self.get_body_argument(f"{key}.{flavor}", "")
+        self._form_spec = self._spec(name, values)
+        try:
+            await TenantHandler.put(self, name)
+        except ApiError as e:
+            form = {"tenant": name, "values": values, "error": e.error, "field": e.field}
+            self.page(who, status=e.status_code, form=form)
+
+    def _spec(self, name: str, values: dict[str, str]) -> dict[str, Any]:
+        """The tenant's current spec with the form's quota and limits in it. A blank quota
+        leaves the flavor out of the tenant's quota; a blank limit means no limit."""
+        arb = self.arbiter
+        base = arb.overrides.get(name)
+        if base is None:
+            base = (arb.quotas.get("tenants") or {}).get(name) or {}
+        spec = json.loads(json.dumps(base))  # a deep copy of plain data
+        for key in ("quota", *LIMITS):
+            block = {}
+            for flavor in arb.config.flavors:
+                text = values.get(f"{key}.{flavor}", "")
+                if text.strip():
+                    block[flavor] = form_number(text)
+            if block or key == "quota":
+                spec[key] = block
+            else:
+                spec.pop(key, None)
+        return dict(spec)
+
+
+class CancelFormHandler(LandingHandler, RequestHandler):  # type: ignore[misc]  # POST only
+    """POST cancel: a Cancel button, run through `DELETE api/requests/{id}`."""
+
+    SUPPORTED_METHODS = ("POST",)
+
+    def send(self, data: Any, status: int = 200) -> None:
+        rid = data.get("id", "") if isinstance(data, dict) else ""
+        self.redirect(f"{self.settings['base_url']}?{urlencode({'cancelled': rid})}", status=303)
+
+    async def post(self) -> None:
+        who = self.require()
+        rid = self.get_body_argument("request", "")
+        if not rid:
+            raise ApiError(400, "which request to cancel is missing", "request")
+        try:
+            await RequestHandler.delete(self, rid)
+        except ApiError as e:
+            self.page(who, status=e.status_code, notice=e.error, notice_error=True)
+
+
+def oauth_callback_handler() -> type[web.RequestHandler]:
+    """JupyterHub's OAuth callback, using the app's own HubOAuth: the state of a login
+    (set when the page sent the browser to the Hub) lives in that instance."""
+    from jupyterhub.services.auth import HubOAuthCallbackHandler  # type: ignore[import-untyped]
+
+    class OAuthCallbackHandler(HubOAuthCallbackHandler):  # type: ignore[misc]
+        def initialize(self) -> None:
+            self.hub_auth = self.settings["hub_auth"]
+
+    return OAuthCallbackHandler
+
+
+def routes(base_url: str) -> list[tuple[str, type[web.RequestHandler]]]:
+    b = base_url
+    return [
+        (rf"{b}", LandingHandler),
+        (rf"{b}tenant", TenantFormHandler),
+        (rf"{b}cancel", CancelFormHandler),
+    ]

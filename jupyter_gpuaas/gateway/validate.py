@@ -1,0 +1,149 @@
+"""Input rules of the gateway: what may reach the core and the store.
+
+One place for the bounds every route and the store share, so a value that passes the edge
+can always be written (no integer the columns cannot hold, no string the database's UTF-8
+cannot encode) and a value the store would refuse never reaches the core.
+
+Names. Tenants, cohorts and flavors follow one rule: a DNS-1123 subdomain (lowercase
+letters, digits, `-` and `.`, starting and ending with a letter or digit) of at most 63
+characters. That is what Kueue accepts for ClusterQueue, cohort and ResourceFlavor names,
+and at 63 characters it is also a valid Kubernetes label value and a harmless Prometheus
+label. The dot is allowed because MIG flavors are named like `a100-mig-1g.10gb`.
+
+Integers are 32-bit signed (`priority` in ±2^31-1, the range of a Kubernetes
+PriorityClass value and of a PostgreSQL `integer` column). Free text (`name`) is valid
+UTF-8 (no lone surrogates), has no control characters, and is at most 255 characters.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+INT32_MAX = 2**31 - 1
+PRIORITY_MIN, PRIORITY_MAX = -INT32_MAX, INT32_MAX
+NAME_MAX = 63
+TEXT_MAX = 255
+NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+NAME_RULE = (
+    "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, "
+    f"at most {NAME_MAX} characters"
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ASCII_DIGITS = re.compile(r"[0-9]{1,9}")
+# json.loads would parse 4,300-digit integers and NaN; neither is ever meaningful here.
+_MAX_NUMBER_CHARS = 40
+
+
+class InputError(ValueError):
+    """Bad input: one sentence, and the field it is about (HTTP 400)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def is_name(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= NAME_MAX and bool(NAME_RE.fullmatch(value))
+
+
+def check_name(value: Any, field: str) -> str:
+    """A tenant, cohort or flavor name (the one rule of this module's docstring)."""
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{field} must be a non-empty string", field)
+    if not is_name(value):
+        shown = value if len(value) <= 40 and value.isprintable() else "this value"
+        raise InputError(f"{field} {shown!r} is not a valid name: {NAME_RULE}", field)
+    return value
+
+
+def check_text(value: Any, field: str, *, limit: int = TEXT_MAX) -> str:
+    """Free text a person wrote: valid UTF-8, no control characters, bounded length."""
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{field} must be a non-empty string", field)
+    if len(value) > limit:
+        raise InputError(f"{field} must be at most {limit} characters", field)
+    check_unicode(value, field)
+    if _CONTROL.search(value):
+        raise InputError(f"{field} must not contain control characters", field)
+    return value
+
+
+def check_unicode(value: str, field: str | None) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(
+            f"{field or 'a string'} is not valid UTF-8 (it holds a lone surrogate)", field
+        ) from None
+
+
+def check_int(value: Any, field: str, *, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{field} must be an integer", field)
+    # The side that was crossed, in the words a person typing -1 or 9999999999 expects.
+    if value < minimum:
+        raise InputError(f"{field} must be at least {minimum}", field)
+    if value > maximum:
+        raise InputError(f"{field} must be at most {maximum}", field)
+    return value
+
+
+def parse_limit(raw: str, *, maximum: int) -> int:
+    """A `limit` query value: ASCII digits only (int() also reads '²' and '١')."""
+    if not _ASCII_DIGITS.fullmatch(raw) or not 1 <= int(raw) <= maximum:
+        raise InputError(f"limit must be an integer from 1 to {maximum}", "limit")
+    return int(raw)
+
+
+def _number(text: str) -> int | float:
+    if len(text) > _MAX_NUMBER_CHARS:
+        raise InputError(f"a number in the body is longer than {_MAX_NUMBER_CHARS} characters")
+    return float(text) if any(c in text for c in ".eE") else int(text)
+
+
+def _constant(text: str) -> Any:
+    raise InputError(f"{text} is not a number JSON allows")
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or InputError: bounded in depth, numbers and Unicode."""
+    if not body:
+        raise InputError("a JSON object body is required")
+    try:
+        data = json.loads(
+            body,
+            parse_int=_number,
+            parse_float=_number,
+            parse_constant=_constant,
+        )
+    except RecursionError:
+        raise InputError("body is nested too deeply") from None
+    except UnicodeDecodeError:
+        raise InputError("body is not valid UTF-8") from None
+    except InputError:
+        raise
+    except ValueError as e:
+        raise InputError(f"body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise InputError("body must be a JSON object")
+    _check_strings(data, None, 0)
+    return data
+
+
+def _check_strings(value: Any, field: str | None, depth: int) -> None:
+    """Every key and string of a parsed body is encodable (no lone surrogate)."""
+    if depth > 32:
+        raise InputError("body is nested too deeply")
+    if isinstance(value, str):
+        check_unicode(value, field)
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            check_unicode(k, k)
+            _check_strings(v, field or k, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _check_strings(v, field, depth + 1)

@@ -1,0 +1,291 @@
+"""What an admin applies to run the gateway on a cluster: PURE builders of every object.
+
+`manifests(config, flavors, settings)` returns the documents of
+`jupyter-gpuaas kubernetes manifests` as plain dicts (the CLI prints them as YAML):
+
+- a ServiceAccount, a ClusterRole for the Node inventory (get, list, watch: nothing else),
+  and a Role in the namespace only when the chosen scale-up needs one;
+- the gateway Deployment (one replica, Recreate: the store has one writer; readiness and
+  liveness on `api/health`), its Service and a PodDisruptionBudget;
+- a ConfigMap with the quota file and the gateway's config (the flavors' node selectors);
+  the database URL comes from a Secret the admin creates (PostgreSQL is the store here);
+- the scale-up objects, as chosen (`scaleup.py`).
+
+Every object carries `app.kubernetes.io/name: jupyter-gpuaas` (INTERFACES.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .meta import (
+    CONFIG_DIR,
+    HEALTH_PATH,
+    NAME,
+    PORT,
+    SCALE_UPS,
+    SERVICE_PREFIX,
+    ClusterFlavor,
+    ManifestError,
+    Settings,
+    labels,
+    meta,
+    selector_labels,
+)
+from .scaleup import scale_up_objects
+
+# --------------------------------------------------------------------- access
+
+
+def service_account(settings: Settings) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": meta(NAME, "gateway", settings),
+    }
+
+
+def rules(scale_up: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(cluster rules, namespace rules): only the verbs the gateway uses.
+
+    The Node inventory lists and watches Nodes (cluster-scoped). The ProvisioningRequest
+    scaler creates and deletes its requests and their PodTemplates; the placeholder scaler
+    patches its Deployments' replicas through the scale subresource. KEDA scales the
+    placeholders itself: the gateway then needs nothing in the namespace.
+    """
+    cluster = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    namespaced: list[dict[str, Any]] = []
+    if scale_up == "provisioning-request":
+        namespaced = [
+            {
+                "apiGroups": ["autoscaling.x-k8s.io"],
+                "resources": ["provisioningrequests"],
+                "verbs": ["create", "delete"],
+            },
+            {
+                "apiGroups": [""],
+                "resources": ["podtemplates"],
+                "verbs": ["create", "delete"],
+            },
+        ]
+    elif scale_up == "placeholders":
+        namespaced = [
+            {
+                "apiGroups": ["apps"],
+                "resources": ["deployments/scale"],
+                "verbs": ["patch"],
+            }
+        ]
+    return cluster, namespaced
+
+
+def access(settings: Settings) -> list[dict[str, Any]]:
+    cluster, namespaced = rules(settings.scale_up)
+    subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": settings.namespace}]
+    # A ClusterRole is cluster-wide; its name says whose namespace's gateway it serves.
+    cluster_name = f"{NAME}-{settings.namespace}-nodes"
+    docs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": meta(cluster_name, "gateway", settings, namespaced=False),
+            "rules": cluster,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta(cluster_name, "gateway", settings, namespaced=False),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": cluster_name,
+            },
+            "subjects": subject,
+        },
+    ]
+    if namespaced:
+        docs += [
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": meta(NAME, "gateway", settings),
+                "rules": namespaced,
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": meta(NAME, "gateway", settings),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
+                "subjects": subject,
+            },
+        ]
+    return docs
+
+
+# --------------------------------------------------------------------- the gateway
+
+
+def gateway_config(flavors: Sequence[ClusterFlavor], settings: Settings) -> dict[str, Any]:
+    """The gateway's traitlets config (JSON) for the cluster: inventory and scaler."""
+    config: dict[str, Any] = {
+        "ClusterInventory": {"flavors": {f.name: f.inventory_json() for f in flavors}}
+    }
+    if settings.scale_up in ("provisioning-request", "placeholders"):
+        config["ClusterScaler"] = {
+            "namespace": settings.namespace,
+            "provisioning_class": settings.provisioning_class,
+            "flavors": {
+                f.name: {**f.inventory_json(), "gpus_per_node": f.gpus_per_node}
+                for f in flavors
+                if f.growth > 0
+            },
+        }
+    return config
+
+
+def config_map(flavors: Sequence[ClusterFlavor], settings: Settings) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta(NAME, "gateway", settings),
+        "data": {
+            "quotas.yaml": settings.quotas_text,
+            "gpuaas_config.json": json.dumps(gateway_config(flavors, settings), indent=2) + "\n",
+        },
+    }
+
+
+SCALER_ARG = {
+    "keda": "prometheus",
+    "none": "none",
+    "provisioning-request": "jupyter_gpuaas.gateway.cluster.ProvisioningRequestScaler",
+    "placeholders": "jupyter_gpuaas.gateway.cluster.PlaceholderScaler",
+}
+
+
+def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def deployment(settings: Settings) -> dict[str, Any]:
+    probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}, "timeoutSeconds": 5}
+    container = {
+        "name": "gateway",
+        "image": settings.image,
+        "command": ["jupyter-gpuaas"],
+        "args": [
+            "gateway",
+            "--ip=0.0.0.0",
+            f"--port={PORT}",
+            f"--quotas={CONFIG_DIR}/quotas.yaml",
+            f"--config={CONFIG_DIR}/gpuaas_config.json",
+            "--devices=kubernetes",
+            f"--scaler={SCALER_ARG[settings.scale_up]}",
+            # Kubernetes expands $(VAR) from the container's env: the URL stays in the Secret.
+            "--db-url=$(GPUAAS_DB_URL)",
+        ],
+        "env": [
+            _secret_env("GPUAAS_DB_URL", settings.db_secret, "url"),
+            {"name": "JUPYTERHUB_SERVICE_NAME", "value": "gpuaas"},
+            {"name": "JUPYTERHUB_SERVICE_PREFIX", "value": SERVICE_PREFIX},
+            {"name": "JUPYTERHUB_API_URL", "value": settings.hub_api_url},
+            _secret_env("JUPYTERHUB_API_TOKEN", settings.hub_token_secret, "token"),
+            {"name": "JUPYTERHUB_CLIENT_ID", "value": "service-gpuaas"},
+            {"name": "JUPYTERHUB_OAUTH_CALLBACK_URL", "value": SERVICE_PREFIX + "oauth_callback"},
+        ],
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        # Ready: the store answers. Live: the same route, given two minutes of store
+        # trouble before a restart (a restart rebuilds the queue from the store anyway).
+        "readinessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
+        "livenessProbe": {
+            **probe,
+            "initialDelaySeconds": 15,
+            "periodSeconds": 20,
+            "failureThreshold": 6,
+        },
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "256Mi"},
+            "limits": {"memory": "1Gi"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta(NAME, "gateway", settings),
+        "spec": {
+            # One writer of the queue at a time: never two gateways during a rollout.
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector_labels("gateway")},
+            "template": {
+                "metadata": {
+                    # z2jh's hub network policy admits pods with this label: the
+                    # gateway calls the Hub's API (users, groups, stopping servers).
+                    "labels": {
+                        **labels("gateway", settings),
+                        "hub.jupyter.org/network-access-hub": "true",
+                    },
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(PORT),
+                        "prometheus.io/path": SERVICE_PREFIX + "metrics",
+                    },
+                },
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 1000,
+                        "runAsGroup": 1000,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": NAME}}],
+                },
+            },
+        },
+    }
+
+
+def service(settings: Settings) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(NAME, "gateway", settings),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels("gateway"),
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def disruption_budget(settings: Settings) -> dict[str, Any]:
+    # As zero-to-jupyterhub's hub: a drain waits for the admin rather than silently
+    # stopping every queue wait and lease renewal of the cluster.
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta(NAME, "gateway", settings),
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": selector_labels("gateway")}},
+    }
+
+
+def manifests(flavors: Sequence[ClusterFlavor], settings: Settings) -> list[dict[str, Any]]:
+    """Every document, in the order `kubectl apply` needs (config before its users)."""
+    if settings.scale_up not in SCALE_UPS:
+        raise ManifestError(
+            f"--scale-up: {settings.scale_up!r} is not one of {', '.join(SCALE_UPS)}"
+        )
+    docs = [service_account(settings), *access(settings), config_map(flavors, settings)]
+    docs += [deployment(settings), service(settings), disruption_budget(settings)]
+    docs += scale_up_objects(flavors, settings)
+    return docs

@@ -1,0 +1,230 @@
+"""The words people read: durations, waits, usage and errors, built in one place. PURE.
+
+Every view (the gateway's API text fields, the Hub's spawn form and pending page, the
+server extension's pages, `jupyter-gpuaas status`, `%gpu status`, the simulator's report)
+builds its sentences here, so the same wait reads the same everywhere ("about 4 min", not
+"4 min" here and "3m 58s" there). No I/O and no clock: whoever knows the time passes it in.
+The admission core never imports this module (it stays free of the package); the gateway
+turns the core's numbers into words.
+
+    >>> format_duration(238)
+    '4 min'
+    >>> usage_sentence("vision", "a100", used=4, quota=2, lenders=["nlp"])
+    'vision uses 4 a100: 2 of its own and 2 borrowed from nlp'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Release",
+    "about",
+    "about_field",
+    "format_duration",
+    "holder",
+    "join_names",
+    "plural",
+    "usage_phrase",
+    "usage_phrase_of",
+    "usage_sentence",
+    "usage_sentence_of",
+    "wait_sentence",
+]
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 GPU`, `2 GPUs`, `0 requests`; `many` for irregular nouns."""
+    return f"{count} {noun if count == 1 else (many or noun + 's')}"
+
+
+def join_names(names: Iterable[str]) -> str:
+    """`nlp`, `nlp and ops`, `nlp, ops and vision`."""
+    items = list(names)
+    if len(items) <= 1:
+        return "".join(items)
+    return f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def format_duration(seconds: float | None) -> str:
+    """A duration for people: `45 s`, `12 min`, `3 h 20 min`, `2 d 3 h`; `unknown` for None.
+
+    Each unit is rounded to the nearest whole one, and a value that rounds up to the next
+    unit is shown in it (59.6 s is `1 min`, 3599 s is `1 h`). Negative is 0.
+    """
+    if seconds is None:
+        return "unknown"
+    seconds = max(0.0, float(seconds))
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(round(seconds / 3600), 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+def about(seconds: float) -> str:
+    """An estimate: `about 12 min`, or `less than a minute` (an estimate in seconds would
+    promise more precision than any estimate has)."""
+    if seconds < 60:
+        return "less than a minute"
+    return f"about {format_duration(seconds)}"
+
+
+#: First words of a problem that needs its field in front to be a sentence.
+_PREDICATES = frozenset(
+    ("must", "is", "are", "may", "needs", "cannot", "should", "has", "at", "not", "only")
+)
+
+
+def about_field(field: str | None, problem: str) -> str:
+    """One sentence that names the field: ("gpus", "must be at least 1") → "gpus must be at
+    least 1". A problem that is already a sentence (it does not start with a predicate such
+    as "must" or "is") is left as it is."""
+    if not field or not problem:
+        return problem or (f"{field} is not valid" if field else "")
+    first = problem.split(" ", 1)[0]
+    if first in _PREDICATES:
+        return f"{field} {problem}"
+    return problem
+
+
+def usage_sentence(
+    tenant: str,
+    flavor: str,
+    *,
+    used: int,
+    quota: int,
+    lenders: Iterable[str] = (),
+    parked: int = 0,
+) -> str:
+    """What a tenant holds of a flavor, borrowing said as borrowing:
+    `vision uses 4 a100: 2 of its own and 2 borrowed from nlp`.
+
+    `used` counts every GPU it holds (parked ones too, as the quota does); `lenders` are
+    the cohort members its borrowed GPUs come from.
+    """
+    return (
+        f"{tenant} {usage_phrase(flavor, used=used, quota=quota, lenders=lenders, parked=parked)}"
+    )
+
+
+def usage_phrase(
+    flavor: str, *, used: int, quota: int, lenders: Iterable[str] = (), parked: int = 0
+) -> str:
+    """`usage_sentence` without its subject (`uses 2 of its 4 a100`), for a line that
+    already names the tenant."""
+    names = join_names(lenders) or "its cohort"
+    borrowed = max(0, used - quota)
+    if borrowed:
+        own = used - borrowed
+        if own == 0:
+            text = f"uses {used} {flavor}, all borrowed from {names}"
+        else:
+            text = f"uses {used} {flavor}: {own} of its own and {borrowed} borrowed from {names}"
+    elif used == 0:
+        text = f"uses none of its {quota} {flavor}" if quota else f"has no {flavor} quota"
+    elif used == quota:
+        text = f"uses all {quota} of its {flavor}" if quota > 1 else f"uses its only {flavor}"
+    else:
+        text = f"uses {used} of its {quota} {flavor}"
+    if parked:
+        text += f" ({parked} of them parked for a culled server)"
+    return text
+
+
+def _usage_args(usage: Mapping[str, Any]) -> dict[str, Any]:
+    parked = int(usage.get("parked") or 0)
+    return {
+        "used": int(usage.get("admitted") or 0) + parked,
+        "quota": int(usage.get("quota") or 0),
+        "lenders": list(usage.get("borrowed_from") or ()),
+        "parked": parked,
+    }
+
+
+def usage_sentence_of(tenant: str, usage: Mapping[str, Any]) -> str:
+    """`usage_sentence` from one entry of the gateway's `api/tenants` usage list."""
+    return f"{tenant} {usage_phrase_of(usage)}"
+
+
+def usage_phrase_of(usage: Mapping[str, Any]) -> str:
+    """`usage_phrase` from one entry of the gateway's `api/tenants` usage list."""
+    return usage_phrase(str(usage.get("flavor")), **_usage_args(usage))
+
+
+def holder(user: str, kind: str) -> str:
+    """`alice's job`, `bob's server`."""
+    return f"{user}'s {kind}"
+
+
+@dataclass(frozen=True)
+class Release:
+    """The next grant expected to free a GPU: whose, and in how many seconds.
+
+    `idle`: it ends because the idle culler takes it (known), else because grants of its
+    flavor are held about that long on average (a guess).
+    """
+
+    user: str
+    kind: str
+    seconds: float
+    idle: bool = False
+
+    def phrase(self) -> str:
+        who = holder(self.user, self.kind)
+        if self.idle:
+            return f"when {self.user}'s idle {self.kind} is culled ({about(self.seconds)})"
+        verb = "ends" if self.kind == "job" else "stops"
+        return f"when {who} {verb} ({about(self.seconds)})"
+
+
+def wait_sentence(
+    *,
+    flavor: str,
+    total: int,
+    free: int,
+    gpus: int,
+    ahead: int = 0,
+    release: Release | None = None,
+    turn: float | None = None,
+    quota: str = "",
+) -> str:
+    """Why a queued request waits, and until when, in one line.
+
+    `total`/`free`: the devices of the flavor(s) it may use; `ahead`: requests before it;
+    `release`: the next grant to free a device (None: none has a known end); `turn`: the
+    estimated seconds until its own turn; `quota`: the tenant's usage sentence, said when
+    devices are free but the tenant may not take them.
+
+        waiting: all 4 a100 are in use; the next one frees when alice's job ends (about 12 min)
+        waiting: all 4 a100 are in use; no estimate yet
+    """
+    if free >= gpus and ahead:
+        head = f"waiting: {plural(ahead, 'request')} ahead in the queue"
+    elif free >= gpus:
+        head = f"waiting for quota: {quota}" if quota else "waiting for its turn"
+    elif free == 0:
+        head = (
+            f"waiting: the only {flavor} is in use"
+            if total == 1
+            else f"waiting: all {total} {flavor} are in use"
+        )
+    else:
+        verb = "is" if free == 1 else "are"
+        head = f"waiting: {free} of {total} {flavor} {verb} free and it needs {gpus}"
+        if ahead:
+            head += f", {plural(ahead, 'request')} ahead"
+    if release is None:
+        return f"{head}; no estimate yet"
+    text = f"{head}; the next one frees {release.phrase()}"
+    if turn is not None and turn - release.seconds >= 60:
+        text += f"; its turn in {about(turn)}"
+    return text

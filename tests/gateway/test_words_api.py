@@ -1,0 +1,93 @@
+"""What a real gateway says to people: borrowing as borrowing, waits as sentences (with a
+number only when one is known) and errors as one sentence naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from gwutil import Gateway
+
+from jupyter_gpuaas.client import GatewayError
+from jupyter_gpuaas.client_cli import describe
+
+pytestmark = pytest.mark.asyncio
+
+#: One node of 4 a100, shared by two teams of the same cohort, 2 each; nothing is
+#: reclaimed, so a borrower keeps what it borrowed until it gives it back.
+SHARED: dict[str, Any] = {
+    "flavors": {"a100": {"nodes": 1, "gpus_per_node": 4}},
+    "tenants": {
+        "vision": {"cohort": "research", "quota": {"a100": 2}},
+        "nlp": {"cohort": "research", "quota": {"a100": 2}},
+    },
+    "policy": {"idle_timeout": 600},
+}
+
+
+def usage_of(tenants: dict[str, Any], name: str) -> dict[str, Any]:
+    (entry,) = next(t["usage"] for t in tenants["tenants"] if t["name"] == name)
+    return dict(entry)
+
+
+async def test_borrowing_and_an_indefinite_wait_read_as_sentences(make_gateway: Any) -> None:
+    gw: Gateway = await make_gateway(quotas=SHARED)
+    alice, bob = gw.client("alice"), gw.client("bob")
+    held = await alice.submit("vision", "job", 4)
+    assert held["state"] == "admitted"
+
+    vision = usage_of(await alice.tenants(), "vision")
+    assert vision["borrowed"] == 2 and vision["borrowed_from"] == ["nlp"]
+    assert vision["message"] == "vision uses 4 a100: 2 of its own and 2 borrowed from nlp"
+    nlp = usage_of(await alice.tenants(), "nlp")
+    assert nlp["message"] == "nlp uses none of its 2 a100"
+
+    # A job is never culled and no grant of a100 has ended yet: nothing says when one frees.
+    waiting = await bob.submit("nlp", "job", 1)
+    assert waiting["state"] == "queued"
+    assert waiting["estimated_wait"]["seconds"] is None  # not 0.0
+    assert waiting["estimated_wait"]["basis"] == (
+        "no estimate yet: none of the a100 in use has a known end"
+    )
+    assert waiting["waiting_for"] == {
+        "kind": "capacity",
+        "message": "waiting: all 4 a100 are in use; no estimate yet",
+    }
+    line = describe(await bob.get(waiting["id"]))
+    assert line.endswith("queued, position 1 of 1; waiting: all 4 a100 are in use; no estimate yet")
+
+
+async def test_an_idle_holder_gives_a_known_end(make_gateway: Any) -> None:
+    gw: Gateway = await make_gateway(quotas=SHARED)
+    alice, bob = gw.client("alice"), gw.client("bob")
+    held = await alice.submit("vision", "kernel", 4)
+    await alice.heartbeat(held["id"], busy=False)  # culled 600 s after it went idle
+    waiting = await bob.submit("nlp", "server", 1)
+    seconds = waiting["estimated_wait"]["seconds"]
+    assert 540 <= seconds <= 600, waiting["estimated_wait"]
+    assert waiting["waiting_for"]["message"] == (
+        "waiting: all 4 a100 are in use; "
+        "the next one frees when alice's idle kernel is culled (about 10 min)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "sentence"),
+    [
+        ({"tenant": "vision", "kind": "job", "gpus": -1}, "gpus", "gpus must be at least 1"),
+        ({"tenant": "vision", "kind": "job", "gpus": "2"}, "gpus", "gpus must be an integer"),
+        ({"tenant": "vision", "kind": "job"}, "gpus", "gpus is required"),
+        ({"tenant": "vision", "kind": "job", "gpus": 1, "gpu": 1}, "gpu", "unknown key 'gpu'"),
+    ],
+)
+async def test_errors_are_one_sentence_naming_the_field(
+    make_gateway: Any, body: dict[str, Any], field: str, sentence: str
+) -> None:
+    gw: Gateway = await make_gateway()
+    status, answer = await gw.raw("POST", "api/requests", body)
+    assert status == 400
+    assert answer["field"] == field and answer["error"].startswith(sentence), answer
+    # What a client shows (CLI, magics, spawner): the sentence, no "(gpus)", no "[HTTP 400]".
+    with pytest.raises(GatewayError) as e:
+        await gw.client("alice")._call("POST", "api/requests", body)
+    assert str(e.value) == answer["error"]

@@ -1,0 +1,244 @@
+"""Batch jobs as Kubernetes Jobs: the pure Job builder by dict equality, then the real
+JobManager with KubernetesJobRunner against the real gateway and the Kubernetes API
+DOUBLE (k8s_double.py; no API server can run here). The double plays the Job controller
+(one pod per Job) and the scheduler; the test plays the container: it writes the pod's
+log and says how it exited."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from k8s_double import KubernetesDouble
+from kubefix import FLAVORS, TOKENS
+from traitlets.config import Config
+
+from jupyter_gpuaas.client import GatewayClient
+from jupyter_gpuaas.kubernetes.jobs import exit_status, job_manifest, job_name
+
+REQUEST = {
+    "id": "r-1a2b",
+    "tenant": "vision",
+    "gpus": 1,
+    "grant": {"flavor": "a100", "node": "a100-0", "devices": [1]},
+}
+HOME = [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]
+MOUNTS = [{"name": "home", "mountPath": "/home/jovyan"}]
+
+
+def test_job_manifest() -> None:
+    got = job_manifest(
+        job_id="r-1a2b",
+        user="alice",
+        command=["/opt/conda/bin/python", "-u", "/home/jovyan/train.py"],
+        cwd="/home/jovyan",
+        image="quay.io/jupyter/pytorch-notebook:2026-11",
+        request=REQUEST,
+        flavors=FLAVORS,
+        volumes=HOME,
+        volume_mounts=MOUNTS,
+    )
+    labels = {
+        "app.kubernetes.io/name": "jupyter-gpuaas",
+        "app.kubernetes.io/component": "gpu-job",
+        "gpuaas.jupyter.org/job": "r-1a2b",
+    }
+    assert got == {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "gpuaas-r-1a2b", "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "gpuaas.jupyter.org/user": "alice",
+                        "gpuaas.jupyter.org/request": "r-1a2b",
+                        "gpuaas.jupyter.org/tenant": "vision",
+                    },
+                },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "job",
+                            "image": "quay.io/jupyter/pytorch-notebook:2026-11",
+                            "command": ["/opt/conda/bin/python", "-u", "/home/jovyan/train.py"],
+                            "workingDir": "/home/jovyan",
+                            "env": [
+                                {"name": "GPUAAS_JOB_ID", "value": "r-1a2b"},
+                                {"name": "PYTHONUNBUFFERED", "value": "1"},
+                                {"name": "GPUAAS_REQUEST_ID", "value": "r-1a2b"},
+                                {"name": "GPUAAS_TENANT", "value": "vision"},
+                                {"name": "GPUAAS_FLAVOR", "value": "a100"},
+                                {"name": "GPUAAS_NODE", "value": "a100-0"},
+                            ],
+                            "volumeMounts": MOUNTS,
+                            "resources": {
+                                "limits": {"nvidia.com/gpu": "1"},
+                                "requests": {"nvidia.com/gpu": "1"},
+                            },
+                        }
+                    ],
+                    "volumes": HOME,
+                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchExpressions": [
+                                            {
+                                                "key": "kubernetes.io/hostname",
+                                                "operator": "In",
+                                                "values": ["a100-0"],
+                                            }
+                                        ]
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                },
+            },
+        },
+    }
+    assert job_name("R_99/x") == "gpuaas-r-99-x"
+
+
+def test_exit_status() -> None:
+    pod = {"status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 3}}}]}}
+    assert exit_status({"status": {}}, None) is None
+    assert exit_status({"status": {"active": 1}}, pod) is None
+    assert exit_status({"status": {"succeeded": 1}}, pod) == 0
+    assert exit_status({"status": {"failed": 1}}, pod) == 3
+    assert exit_status({"status": {"failed": 1}}, None) == 255
+    assert exit_status(None, None) == 255
+
+
+def cluster(k8s: KubernetesDouble) -> None:
+    k8s.add_node(
+        "a100-0",
+        labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        allocatable={"nvidia.com/gpu": "2"},
+        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+    )
+
+
+async def until(check: Any, timeout: float = 20.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        got = check()
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return got
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("not reached in time")
+        await asyncio.sleep(0.05)
+
+
+def make_manager(gateway: Any, tmp_path: Path) -> Any:
+    from jupyter_gpuaas.jobs.manager import JobManager
+
+    config = Config(
+        {
+            "KubernetesJobRunner": {
+                "namespace": "jhub",
+                "image": "quay.io/jupyter/pytorch-notebook:2026-11",
+                "flavors": FLAVORS,
+                "volumes": HOME,
+                "volume_mounts": MOUNTS,
+                "refresh_interval": 0.1,
+            }
+        }
+    )
+    manager = JobManager(
+        GatewayClient(gateway.url, TOKENS["alice"]),
+        str(tmp_path / "home"),
+        config=config,
+        runner_class="jupyter_gpuaas.kubernetes.jobs.KubernetesJobRunner",
+        state_dir=str(tmp_path / "state"),
+        poll_interval=0.1,
+        heartbeat_interval=0.5,
+    )
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "train.py").write_text("print('epoch 1')\n")
+    manager.load()
+    return manager
+
+
+@pytest.mark.asyncio
+async def test_a_job_runs_as_a_kubernetes_job(
+    k8s: KubernetesDouble, gateway: Any, tmp_path: Path
+) -> None:
+    cluster(k8s)
+    manager = make_manager(gateway, tmp_path)
+    await manager.start()
+    try:
+        job = await manager.submit(
+            {"kind": "script", "path": "train.py", "gpus": 1, "tenant": "vision", "flavor": "a100"}
+        )
+        name = job_name(job.id)
+        kjob = await until(lambda: k8s.get("/apis/batch/v1", "jobs", name, "jhub"))
+        assert kjob["spec"]["backoffLimit"] == 0
+        (container,) = kjob["spec"]["template"]["spec"]["containers"]
+        assert container["command"][-1] == str(tmp_path / "home" / "train.py")
+        assert container["workingDir"] == str(tmp_path / "home")
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        pod = await until(lambda: k8s.job_pod("jhub", name))
+        pod = await until(
+            lambda: (p := k8s.job_pod("jhub", name)) and p["spec"].get("nodeName") and p
+        )
+        assert pod["spec"]["nodeName"] == "a100-0"
+        # The container prints and exits 0: the log reaches output.log, the job ends.
+        k8s.write_log("jhub", pod["metadata"]["name"], "epoch 1\nepoch 2\n")
+        await until(
+            lambda: "epoch 2" in (job.log_path.read_text() if job.log_path.exists() else "")
+        )
+        k8s.finish_job("jhub", name, 0)
+        await until(lambda: manager.get(job.id).state == "succeeded")
+        assert manager.get(job.id).exit_status == 0
+        assert "epoch 1\nepoch 2\n" in job.log_path.read_text()
+        root = GatewayClient(gateway.url, TOKENS["root"])
+
+        async def released() -> bool:
+            return (await root.get(job.id))["state"] == "finished"
+
+        await until(released)
+    finally:
+        await manager.stop()
+        manager.runner.close()
+
+
+@pytest.mark.asyncio
+async def test_cancel_deletes_the_job_in_the_foreground(
+    k8s: KubernetesDouble, gateway: Any, tmp_path: Path
+) -> None:
+    cluster(k8s)
+    manager = make_manager(gateway, tmp_path)
+    await manager.start()
+    try:
+        job = await manager.submit(
+            {"kind": "script", "path": "train.py", "gpus": 1, "tenant": "vision", "flavor": "a100"}
+        )
+        name = job_name(job.id)
+        await until(lambda: (p := k8s.job_pod("jhub", name)) and p["spec"].get("nodeName"))
+        await until(lambda: manager.get(job.id).state == "running")
+        await manager.cancel(job.id)
+        assert manager.get(job.id).state == "cancelled"
+        assert k8s.get("/apis/batch/v1", "jobs", name, "jhub") is None
+        assert k8s.job_pod("jhub", name) is None
+        body = next(b for p, b in k8s.deletes if p.endswith(f"/jobs/{name}"))
+        assert body["propagationPolicy"] == "Foreground"
+        root = GatewayClient(gateway.url, TOKENS["root"])
+        assert (await root.get(job.id))["state"] in ("finished", "cancelled")  # released
+    finally:
+        await manager.stop()
+        manager.runner.close()

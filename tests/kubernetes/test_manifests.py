@@ -1,0 +1,344 @@
+"""`jupyter-gpuaas kubernetes manifests`: every document validated against the Kubernetes
+OpenAPI schemas (the kubernetes-validate package, strict: unknown fields are errors), the
+ScaledObject and ProvisioningRequest against those projects' published CRD schemas
+(vendored under crds/, made strict the same way), key objects compared by dict equality,
+and bad input exiting 2 with one line. No cluster is involved: these are pure builders.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from jupyter_gpuaas.admission.config import parse_config
+from jupyter_gpuaas.cli import main
+from jupyter_gpuaas.kubernetes.manifests import rules
+from jupyter_gpuaas.kubernetes.meta import ClusterFlavor, Settings
+from jupyter_gpuaas.kubernetes.scaleup import nodes_wanted_query, provisioning_request
+
+CRDS = Path(__file__).parent / "crds"
+K8S_VERSION = "1.30"
+QUOTAS = """\
+# the lab's GPUs
+flavors:
+  a100: {nodes: 2, gpus_per_node: 8}
+  mig: {nodes: 1, gpus_per_node: 7}
+tenants:
+  vision: {cohort: lab, quota: {a100: 8, mig: 7}}
+  nlp: {cohort: lab, quota: {a100: 8}}
+policy:
+  autoscale:
+    a100: {max_nodes: 6, provision: false}
+"""
+SELECTOR = "a100=nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB,cloud.google.com/gke-nodepool=a100"
+
+
+def strict(schema: Any) -> Any:
+    """A CRD's structural schema as the API server applies it with strict field
+    validation: an object with `properties` and no `additionalProperties` takes no
+    other field."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items() if not k.startswith("x-kubernetes")}
+        if out.get("type") == "object" and "properties" in out:
+            out.setdefault("additionalProperties", False)
+        return out
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+CRD_SCHEMAS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_scaledobjects.v1alpha1.yaml",
+    ("autoscaling.x-k8s.io/v1", "ProvisioningRequest"): (
+        "autoscaling.x-k8s.io_provisioningrequests.v1.yaml"
+    ),
+}
+
+
+def validate(doc: dict[str, Any]) -> None:
+    crd = CRD_SCHEMAS.get((doc["apiVersion"], doc["kind"]))
+    if crd is None:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        return
+    schema = yaml.safe_load((CRDS / crd).read_text())["openAPIV3Schema"]
+    jsonschema.validate(doc, strict(schema))
+
+
+@pytest.fixture
+def run_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Any:
+    """`jupyter-gpuaas kubernetes manifests --quotas FILE ARGS`: (exit code, stdout, stderr)."""
+
+    def run(*args: str, quotas: str = QUOTAS) -> tuple[int, str, str]:
+        q = tmp_path / "quotas.yaml"
+        q.write_text(quotas)
+        capsys.readouterr()
+        code = main(["kubernetes", "manifests", "--quotas", str(q), *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.mark.parametrize("scale_up", ["keda", "provisioning-request", "placeholders", "none"])
+def test_every_document_validates(run_cli: Any, scale_up: str) -> None:
+    code, out, err = run_cli(
+        "--namespace",
+        "lab",
+        "--image",
+        "registry.example/gpuaas:1",
+        "--scale-up",
+        scale_up,
+        "--flavor-selector",
+        SELECTOR,
+        "--flavor-resource",
+        "mig=nvidia.com/mig-1g.10gb",
+    )
+    assert (code, err) == (0, "")
+    docs = list(yaml.safe_load_all(out))
+    kinds = [d["kind"] for d in docs]
+    for doc in docs:
+        validate(doc)
+        assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "jupyter-gpuaas"
+        if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding", "PriorityClass"):
+            assert doc["metadata"]["namespace"] == "lab"
+    base = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+    gateway = ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget"]
+    pr = ["PodTemplate", "ProvisioningRequest"]
+    role = ["Role", "RoleBinding"]
+    expected = {
+        "keda": [*base, *gateway, "PriorityClass", "Deployment", "ScaledObject"],
+        "placeholders": [*base, *role, *gateway, "PriorityClass", "Deployment"],
+        "provisioning-request": [*base, *role, *gateway, *pr],
+        "none": [*base, *gateway],
+    }[scale_up]
+    assert kinds == expected
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert config_map["data"]["quotas.yaml"] == QUOTAS  # the admin's file, comments kept
+    assert parse_config(yaml.safe_load(config_map["data"]["quotas.yaml"]))
+    config = yaml.safe_load(config_map["data"]["gpuaas_config.json"])
+    assert config["ClusterInventory"]["flavors"] == {
+        "a100": {
+            "node_selector": {
+                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                "cloud.google.com/gke-nodepool": "a100",
+            },
+            "resource": "nvidia.com/gpu",
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+        },
+        "mig": {
+            "node_selector": {"gpuaas.jupyter.org/flavor": "mig"},
+            "resource": "nvidia.com/mig-1g.10gb",
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+        },
+    }
+
+
+def test_the_validation_can_fail() -> None:
+    """The checks above are not vacuous: a misspelt field fails each kind of schema."""
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "x"},
+                "spec": {"prots": []},
+            }
+        )
+    bad = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "x"},
+        "spec": {"scaleTargetRef": {"name": "d"}, "triggers": [{"type": "prometheus"}]},
+    }
+    with pytest.raises(jsonschema.ValidationError, match="metadata"):
+        validate(bad)
+    bad_pr = provisioning_request("x", "Bad_Name", 0, Settings())
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad_pr)
+
+
+def test_gateway_deployment(run_cli: Any) -> None:
+    code, out, _ = run_cli("--scale-up", "none")
+    assert code == 0
+    (dep,) = [d for d in yaml.safe_load_all(out) if d["kind"] == "Deployment"]
+    spec = dep["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    (c,) = spec["template"]["spec"]["containers"]
+    probe = {
+        "httpGet": {"path": "/services/gpuaas/api/health", "port": "http"},
+        "timeoutSeconds": 5,
+    }
+    assert c["readinessProbe"] == {**probe, "periodSeconds": 10, "failureThreshold": 3}
+    assert c["livenessProbe"] == {
+        **probe,
+        "initialDelaySeconds": 15,
+        "periodSeconds": 20,
+        "failureThreshold": 6,
+    }
+    assert "--devices=kubernetes" in c["args"] and "--db-url=$(GPUAAS_DB_URL)" in c["args"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["GPUAAS_DB_URL"] == {
+        "name": "GPUAAS_DB_URL",
+        "valueFrom": {"secretKeyRef": {"name": "jupyter-gpuaas-db", "key": "url"}},
+    }
+    assert env["JUPYTERHUB_SERVICE_PREFIX"]["value"] == "/services/gpuaas/"
+    assert spec["template"]["spec"]["serviceAccountName"] == "jupyter-gpuaas"
+
+
+def test_rbac_holds_only_the_verbs_used() -> None:
+    nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    assert rules("keda") == ([nodes], [])
+    assert rules("none") == ([nodes], [])
+    assert rules("placeholders") == (
+        [nodes],
+        [{"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch"]}],
+    )
+    assert rules("provisioning-request") == (
+        [nodes],
+        [
+            {
+                "apiGroups": ["autoscaling.x-k8s.io"],
+                "resources": ["provisioningrequests"],
+                "verbs": ["create", "delete"],
+            },
+            {
+                "apiGroups": [""],
+                "resources": ["podtemplates"],
+                "verbs": ["create", "delete"],
+            },
+        ],
+    )
+
+
+def test_scaled_object_reads_the_nodes_wanted(run_cli: Any) -> None:
+    code, out, _ = run_cli("--prometheus-url", "http://prom:9090")
+    assert code == 0
+    (so,) = [d for d in yaml.safe_load_all(out) if d["kind"] == "ScaledObject"]
+    assert so["spec"] == {
+        "scaleTargetRef": {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": "jupyter-gpuaas-placeholder-a100",
+        },
+        "minReplicaCount": 0,
+        "maxReplicaCount": 4,  # max_nodes 6 minus the 2 the pool has
+        "pollingInterval": 15,
+        "cooldownPeriod": 300,
+        "triggers": [
+            {
+                "type": "prometheus",
+                "name": "gpuaas-desired-nodes-a100",
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": "http://prom:9090",
+                    "query": nodes_wanted_query("a100"),
+                    "threshold": "1",
+                    "activationThreshold": "0",
+                },
+            }
+        ],
+    }
+    assert nodes_wanted_query("a100") == (
+        'clamp_min(max(gpuaas_desired_nodes{flavor="a100"}) - '
+        '(max(gpuaas_nodes{flavor="a100"}) or vector(0)), 0)'
+    )
+    (placeholder,) = [
+        d
+        for d in yaml.safe_load_all(out)
+        if d["kind"] == "Deployment" and "placeholder" in d["metadata"]["name"]
+    ]
+    pod = placeholder["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "jupyter-gpuaas-placeholder"
+    assert pod["containers"][0]["resources"] == {
+        "requests": {"nvidia.com/gpu": "8"},
+        "limits": {"nvidia.com/gpu": "8"},
+    }
+
+
+def test_provisioning_request_classes() -> None:
+    flavor = ClusterFlavor("a100", 8, {"pool": "a100"})
+    assert flavor.growth == 0
+    got = provisioning_request(
+        "r", "t", 2, Settings(provisioning_class="best-effort-atomic-scale-up.autoscaling.x-k8s.io")
+    )
+    assert got["spec"] == {
+        "provisioningClassName": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+        "podSets": [{"count": 2, "podTemplateRef": {"name": "t"}}],
+        "parameters": {"ValidUntilSeconds": "3600"},
+    }
+    validate(got)
+
+
+@pytest.mark.parametrize(
+    ("args", "quotas", "message"),
+    [
+        (
+            ["--flavor-selector", "h100=pool=h100"],
+            QUOTAS,
+            "--flavor-selector h100: unknown flavor 'h100' (the quota file's flavors: a100, mig)",
+        ),
+        (
+            ["--flavor-resource", "t4=nvidia.com/gpu"],
+            QUOTAS,
+            "--flavor-resource t4: unknown flavor 't4' (the quota file's flavors: a100, mig)",
+        ),
+        (
+            ["--flavor-selector", "a100=bad key!=x"],
+            QUOTAS,
+            "--flavor-selector a100: 'bad key!' is not a valid Kubernetes label name",
+        ),
+        (["--flavor-selector", "a100"], QUOTAS, "--flavor-selector a100: expected FLAVOR=VALUE"),
+        (
+            [],
+            QUOTAS.replace("max_nodes: 6", "max_nodes: 2"),
+            "--scale-up keda: no flavor may grow",
+        ),
+        (
+            [],
+            QUOTAS.replace("mig: 7}", "h100: 7}"),
+            "tenants.vision.quota.h100: unknown flavor 'h100' (flavors: a100, mig)",
+        ),
+        ([], "flavors: {a100: {nodes: 1}\n", "not valid YAML"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    run_cli: Any, args: list[str], quotas: str, message: str
+) -> None:
+    code, out, err = run_cli(*args, quotas=quotas)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("jupyter-gpuaas kubernetes manifests: ")
+    assert message in err
+
+
+def test_the_console_script(tmp_path: Path) -> None:
+    """The real `jupyter-gpuaas` entry point, a missing quota file: exit 2, one line."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jupyter_gpuaas.cli",
+            "kubernetes",
+            "manifests",
+            "--quotas",
+            str(tmp_path / "nope.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"jupyter-gpuaas kubernetes manifests: --quotas {tmp_path / 'nope.yaml'}: "
+        "No such file or directory"
+    ]
