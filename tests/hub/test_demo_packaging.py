@@ -1,8 +1,8 @@
 """`pip install jupyter-gpuaas && jupyter-gpuaas demo` in an empty directory (issue 11 item 3).
 
-The wheel is built (hatchling, no build isolation: a second or two) and unpacked, not
-installed into a new venv (too slow): its contents are imported first on PYTHONPATH, in
-place of the checkout. The demo must find the JupyterHub config and the quota file inside
+The wheel's files (hatchling's selection for it) are laid out in a directory, not built
+and installed into a new venv (too slow): they are imported first on PYTHONPATH, in place
+of the checkout. The demo must find the JupyterHub config and the quota file inside
 the package (importlib.resources), and configurable-http-proxy on PATH as a pip user has
 it (`npm install -g`), with no checkout beside it.
 """
@@ -10,10 +10,10 @@ it (`npm install -g`), with no checkout beside it.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -33,32 +33,19 @@ SHIPPED = (
 
 @pytest.fixture(scope="module")
 def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("hatchling")
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--quiet",
-            "-w",
-            str(out),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = out.glob("jupyter_gpuaas-*.whl")
-    site = out / "site"
-    with zipfile.ZipFile(wheel) as z:
-        names = set(z.namelist())
-        missing = [n for n in SHIPPED if n not in names]
-        assert not missing, f"not in the wheel: {missing}"
-        z.extractall(site)
+    """The wheel's files, laid out as pip would install them: hatchling's own selection
+    for the wheel (`packages`, the hub_config link followed), without its build hooks
+    (the sidebar's JupyterLab build) or the zip."""
+    wheel = pytest.importorskip("hatchling.builders.wheel")
+    site = tmp_path_factory.mktemp("wheel") / "site"
+    names = set()
+    for f in wheel.WheelBuilder(str(REPO)).recurse_included_files():
+        target = site / f.distribution_path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f.path, target)
+        names.add(f.distribution_path)
+    missing = [n for n in SHIPPED if n not in names]
+    assert not missing, f"not in the wheel: {missing}"
     return site
 
 
