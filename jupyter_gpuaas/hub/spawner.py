@@ -159,10 +159,12 @@ class QueuedSpawnerMixin(Configurable):
 
     activity_window = Float(
         600.0,
-        help="""A server counts as busy (not to be culled) if the Hub saw activity within
-        this many seconds. The Hub's view of activity is coarse (the proxy and the server
-        report every JupyterHub.last_activity_interval, 300 s by default), so keep this
-        above that interval.""",
+        help="""For a server that does not report its own activity (no jupyter_gpuaas
+        extension in its image): it counts as busy (not to be culled) if the Hub saw
+        activity within this many seconds. A server with the extension heartbeats its
+        own busy/idle and this is not used. The Hub's view of activity is coarse (the
+        proxy and the server report every JupyterHub.last_activity_interval, 300 s by
+        default), so keep this above that interval.""",
     ).tag(config=True)
 
     refresh_interval = Float(
