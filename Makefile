@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 CHP := node_modules/.bin/configurable-http-proxy
 
-.PHONY: setup node-deps core demo test lint typecheck contracts pytest scenarios bench clean
+.PHONY: setup node-deps labextension core demo test lint typecheck contracts pytest uitest scenarios bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,22 @@ $(NODE_STAMP): package.json $(wildcard package-lock.json)
 
 node-deps: $(NODE_STAMP)
 
-setup: $(STAMP) $(NODE_STAMP)
+# The JupyterLab sidebar (labextension/), built with jlpm (JupyterLab's yarn, in the venv)
+# from labextension/yarn.lock into jupyter_gpuaas/labextension/, and linked into the venv's
+# share/jupyter/labextensions so the editable install serves the fresh build. Rebuilt only
+# when its sources change. (A wheel build runs the same through hatch-jupyter-builder.)
+LABEXT_STAMP := labextension/node_modules/.built
+LABEXT_SRC := $(wildcard labextension/src/*.ts labextension/src/components/*.ts labextension/style/*) \
+	labextension/package.json labextension/yarn.lock labextension/tsconfig.json
+$(LABEXT_STAMP): $(LABEXT_SRC) | $(STAMP)
+	cd labextension && PATH="$(CURDIR)/$(BIN):$$PATH" jlpm install --immutable
+	cd labextension && PATH="$(CURDIR)/$(BIN):$$PATH" jlpm build:prod
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter labextension develop --overwrite . >/dev/null
+	touch $(LABEXT_STAMP)
+
+labextension: $(LABEXT_STAMP)
+
+setup: $(STAMP) $(NODE_STAMP) $(LABEXT_STAMP)
 
 # The admission core compiled with mypyc, in place (scripts/build_core.py). Phony: the
 # script itself compares every compiled module with jupyter_gpuaas/admission/*.py and does
@@ -60,7 +75,13 @@ typecheck: $(STAMP)
 pytest: setup core
 	$(BIN)/python -m pytest -q
 
-test: lint contracts typecheck pytest
+test: lint contracts typecheck pytest uitest
+
+# The sidebar's tests: Jest on its model, then Galata (Playwright on Debian's Chromium)
+# against a real jupyter server and a real standalone gateway (tests/ui/run_galata.py).
+uitest: setup core
+	cd labextension && PATH="$(CURDIR)/$(BIN):$$PATH" jlpm test
+	$(BIN)/python tests/ui/run_galata.py
 
 scenarios: $(STAMP) core
 	$(BIN)/python ../shared/tools/scenario_check.py "$(BIN)/jupyter-gpuaas" tests/scenarios/*.yaml
@@ -69,5 +90,6 @@ bench: $(STAMP) core
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
+	rm -rf labextension/node_modules labextension/lib jupyter_gpuaas/labextension
 	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache build/mypyc
 	rm -f jupyter_gpuaas/admission/*.so jupyter_gpuaas/admission/*.pyd

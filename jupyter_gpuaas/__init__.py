@@ -20,3 +20,10 @@ def load_ipython_extension(ipython: object) -> None:
     from jupyter_gpuaas.magics import load_ipython_extension as load
 
     load(ipython)
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """The prebuilt JupyterLab extension `jupyter-gpuaas` (the "GPUs" sidebar), built from
+    `labextension/` into `jupyter_gpuaas/labextension/` (what `jupyter labextension develop`
+    links for an editable install; a wheel installs it under share/jupyter/labextensions)."""
+    return [{"src": "labextension", "dest": "jupyter-gpuaas"}]

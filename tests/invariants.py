@@ -167,6 +167,9 @@ class Life:
     parked_at: float | None = None
     preemptions: int = 0
     culls: int = 0
+    warned_by: str | None = None  # preempt_warning: its preemptor, and when it must go
+    evict_at: float | None = None
+    warned_t: float | None = None
 
 
 @dataclass
@@ -201,6 +204,7 @@ class Replay:
         self.lives: dict[str, Life] = {rid: Life(spec) for rid, spec in self.specs.items()}
         self.scale_ups: list[tuple[float, str]] = []
         self.missed_cancel: set[str] = set()
+        self.withdrawn_by: set[str] = set()  # preemptors that withdrew warnings this instant
 
     # ----------------------------------------------------------------- helpers
 
@@ -329,11 +333,24 @@ class Replay:
                 if life.first_admit is None:
                     life.first_admit = t
                 life.state = "admitted"
+        elif kind == "preempt_warning":
+            self.warning(t, rid, life, ev)
+        elif kind == "preempt_withdrawn":
+            if life.warned_by is None:
+                self.err(t, f"warning of {rid} withdrawn, but it was not warned")
+            elif ev.get("by") != life.warned_by:
+                self.err(t, f"{rid} warned by {life.warned_by}, withdrawn by {ev.get('by')!r}")
+            self.withdrawn_by.add(str(ev.get("by")))
+            self.unwarn(rid)
         elif kind == "preempt":
             if self.expect_state(t, rid, kind, ("admitted", "parked")):
                 by = ev.get("by")
                 if by not in self.lives or by == rid:
                     self.err(t, f"{rid} preempted by {by!r}, not another request")
+                at_once = life.warned_by is None
+                self.check_eviction(t, rid, life, by)
+                if at_once and isinstance(by, str) and by in self.lives:
+                    self.check_no_second_set(t, by)
                 self.unbind(t, rid)
                 self.release_quota(rid)
                 life.preemptions += 1
@@ -365,6 +382,7 @@ class Replay:
                 else:
                     self.release_quota(rid)
                     life.state = "culled"
+                    self.unwarn(rid)
         elif kind == "resume":
             if self.expect_state(t, rid, kind, ("parked",)) and life.flavor is not None:
                 self.bind(t, rid, ev, life.flavor, spec.gpus)
@@ -377,6 +395,7 @@ class Replay:
                     self.err(t, f"{rid} parked at {life.parked_at:g} expired after ttl {ttl:g}")
                 self.release_quota(rid)
                 life.state = "expired"
+                self.unwarn(rid)
         elif kind == "finish":
             ok = life.state in ("admitted", "parked", "culled", "expired") or (
                 life.state == "queued" and spec.kind != "job" and life.admits > 0
@@ -396,15 +415,84 @@ class Replay:
             self.unbind(t, rid)
             self.release_quota(rid)
             life.state = "finished"
+            self.unwarn(rid)
         elif kind == "cancel":
             if spec.cancel is None or abs(t - spec.cancel) > EPS:
                 self.err(t, f"{rid} cancelled at {t:g}, its cancel time is {spec.cancel}")
             self.unbind(t, rid)
             self.release_quota(rid)
             life.state = "cancelled"
+            self.unwarn(rid)
         else:
             self.err(t, f"unknown event {kind!r}")
         life.last_event, life.last_t = str(kind), t
+
+    # ----------------------------------------------------------------- preemption with grace
+
+    def grace(self, tenant: str) -> float:
+        return _tenant_setting(self.cfg, tenant, "preemption_grace")
+
+    def warning(self, t: float, rid: str, life: Life, ev: Event) -> None:
+        """A server/kernel victim is warned: it keeps its devices (still held) until `at`."""
+        spec = life.spec
+        assert spec is not None
+        by = ev.get("by")
+        self.expect_state(t, rid, "preempt_warning", ("admitted", "parked"))
+        if spec.kind == "job":
+            self.err(t, f"job {rid} warned: jobs are preempted at once")
+        grace = self.grace(spec.tenant)
+        if grace <= 0:
+            self.err(t, f"{rid} warned although its tenant's preemption_grace is 0")
+        at = ev.get("at")
+        if not isinstance(at, int | float) or abs(float(at) - (t + grace)) > EPS:
+            self.err(t, f"{rid} warned to go at {at!r}, expected t + grace = {t + grace:g}")
+        if not isinstance(by, str) or by not in self.lives or by == rid:
+            self.err(t, f"{rid} warned by {by!r}, not another request")
+        elif self.lives[by].state != "queued":
+            self.err(t, f"{rid} warned by {by}, which is {self.lives[by].state}, not queued")
+        else:
+            self.check_no_second_set(t, by)
+        if life.warned_by is not None:
+            self.err(t, f"{rid} warned twice (by {life.warned_by} and {by})")
+        life.warned_by = by if isinstance(by, str) else None
+        life.evict_at = float(at) if isinstance(at, int | float) else None
+        life.warned_t = t
+
+    def check_eviction(self, t: float, rid: str, life: Life, by: Any) -> None:
+        """A server/kernel with a grace goes only after its warning, at its deadline."""
+        spec = life.spec
+        assert spec is not None
+        if spec.kind != "job" and self.grace(spec.tenant) > 0:
+            if life.warned_by is None:
+                self.err(t, f"{rid} preempted without a preempt_warning (grace > 0)")
+            else:
+                if by != life.warned_by:
+                    self.err(t, f"{rid} warned by {life.warned_by}, preempted by {by!r}")
+                if life.evict_at is not None and abs(t - life.evict_at) > EPS:
+                    self.err(t, f"{rid} evicted at {t:g}, its warning said {life.evict_at:g}")
+        self.unwarn(rid)
+
+    def check_no_second_set(self, t: float, by: str) -> None:
+        """A preemptor whose victims are in their grace picks no other victims."""
+        for vid, other in self.lives.items():
+            if other.warned_by == by and other.warned_t is not None and other.warned_t < t - EPS:
+                self.err(t, f"{by} picks more victims while {vid} is in its grace for it")
+                return
+
+    def unwarn(self, rid: str) -> None:
+        life = self.lives[rid]
+        life.warned_by = life.evict_at = life.warned_t = None
+
+    def warned_pools(self) -> set[str]:
+        """Cohorts (or lone tenants) where a preemptor waits for warned victims."""
+        out: set[str] = set()
+        for life in self.lives.values():
+            by = self.lives.get(life.warned_by) if life.warned_by else None
+            if by is not None and by.spec is not None:
+                tenant = self.cfg.tenants.get(by.spec.tenant)
+                if tenant is not None:
+                    out.add(tenant.cohort or tenant.name)
+        return out
 
     def apply_node(self, t: float, kind: str | None, ev: Event) -> None:
         flavor = ev.get("flavor")
@@ -472,6 +560,14 @@ class Replay:
             ):
                 self.missed_cancel.add(rid)
                 self.err(t, f"{rid} is {life.state} after its cancel time {cancel:g}")
+        for rid, life in self.lives.items():
+            if life.evict_at is not None and life.evict_at <= t + EPS:
+                self.err(t, f"{rid} still runs after its eviction deadline {life.evict_at:g}")
+                self.unwarn(rid)
+        for by in self.withdrawn_by:
+            if by in self.lives and self.lives[by].state == "queued":
+                self.err(t, f"{by} withdrew its warnings but was neither admitted nor cancelled")
+        self.withdrawn_by.clear()
         self.best_effort_fifo(t)
         held: dict[str, int] = defaultdict(int)
         for life in self.lives.values():
@@ -501,6 +597,12 @@ class Replay:
         pinned by the contract.
         """
         blocked: set[str] = set()
+        # While a preemptor waits for warned victims, the room they free is kept for it
+        # (Kueue keeps a preempting workload's usage in the cycle): its cohort is skipped.
+        reclaiming = self.warned_pools()
+        for name, tenant in self.cfg.tenants.items():
+            if (tenant.cohort or name) in reclaiming:
+                blocked.add(name)
         for life in self.lives.values():
             if life.state == "parked" and life.spec is not None:
                 first = life.first_admit

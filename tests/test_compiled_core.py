@@ -14,6 +14,7 @@ Skipped when the core is not compiled (no C compiler, GPUAAS_PURE=1, `build_core
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -30,8 +31,14 @@ BENCHMARKS = HERE.parent / "benchmarks"
 SCENARIOS = {p.stem: p for p in sorted((HERE / "scenarios").glob("*.yaml"))}
 # Generated traces, small enough to replay twice in a few seconds: Kueue's baseline at
 # full size (preemption, borrowing, reclaim) and the month trace (culls, reservations,
-# expiry, rejections, cancels, fair sharing), once with kernels and servers preemptible.
-GENERATED = ("kueue-baseline", "month-20000", "month-5000-preempt-interactive")
+# expiry, rejections, cancels, fair sharing), once with kernels and servers preemptible,
+# and once more so with a preemption grace (warnings, withdrawals, kept room).
+GENERATED = (
+    "kueue-baseline",
+    "month-20000",
+    "month-5000-preempt-interactive",
+    "month-20000-preempt-interactive-grace",
+)
 PACKAGE_DIR = Path(jupyter_gpuaas.__file__).resolve().parent
 COMPILED_MODULES = [
     f"admission.{p.stem}"
@@ -107,12 +114,26 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 "month-5000-preempt-interactive",
                 lambda d: month_trace.generate(d, 5000, seed=11, preempt_interactive=True),
             ),
+            (
+                "month-20000-preempt-interactive-grace",
+                lambda d: _with_grace(
+                    month_trace.generate(d, 20000, seed=11, preempt_interactive=True), 600
+                ),
+            ),
         ):
             folder = out / name
             folder.mkdir()
             paths[name] = make(folder)
     assert set(paths) == set(GENERATED)
     return paths
+
+
+def _with_grace(path: Path, seconds: float) -> Path:
+    """The generated scenario with `policy.preemption_grace` set."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc.setdefault("policy", {})["preemption_grace"] = seconds
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -276,6 +276,20 @@ CONFIG_CASES: list[tuple[str, str, Any, str, str]] = [
         "tenants.vision.reservation_ttl",
         NON_NEG_NUM,
     ),
+    (
+        "negative-preemption-grace",
+        "policy.preemption_grace",
+        -1,
+        "policy.preemption_grace",
+        NON_NEG_NUM,
+    ),
+    (
+        "string-tenant-preemption-grace",
+        "tenants.nlp.preemption_grace",
+        "5 min",
+        "tenants.nlp.preemption_grace",
+        NON_NEG_NUM,
+    ),
 ]
 
 
@@ -295,6 +309,20 @@ def test_base_config_is_valid_and_builds_the_model() -> None:
     assert config.policy.cull_warning == 60.0
     assert config.policy.lease_ttl == 90.0
     assert config.policy.fair_sharing is True
+
+
+def test_preemption_grace_in_policy_and_per_tenant() -> None:
+    """Absent: 0 in policy and None (the policy's) per tenant; a tenant's own wins."""
+    config = parse_config(base_config())
+    assert config.policy.preemption_grace == 0.0
+    assert config.tenants["nlp"].preemption_grace is None
+    doc = base_config()
+    doc["policy"]["preemption_grace"] = 300
+    doc["tenants"]["nlp"]["preemption_grace"] = 60
+    config = parse_config(doc)
+    assert config.policy.preemption_grace == 300.0
+    assert config.tenants["nlp"].preemption_grace == 60.0
+    assert config.tenants["vision"].preemption_grace is None
 
 
 def test_quota_key_order_is_flavor_preference_order() -> None:

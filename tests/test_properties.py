@@ -76,9 +76,13 @@ def scenarios(draw: Draw) -> dict[str, Any]:
                 "reclaim_within_cohort": draw(st.sampled_from(["Never", "LowerPriority", "Any"])),
                 "borrow_within_cohort": draw(st.sampled_from(["Never", "LowerPriority"])),
             }
+        if draw(st.integers(0, 3)) == 0:
+            spec["preemption_grace"] = draw(st.sampled_from([0, 5, 30]))
         tenants[name] = spec
 
     policy: dict[str, Any] = {"fair_sharing": draw(st.booleans())}
+    if draw(st.booleans()):
+        policy["preemption_grace"] = draw(st.integers(1, 60))
     if draw(st.booleans()):
         policy["idle_timeout"] = draw(st.integers(5, 60))
         if draw(st.booleans()):

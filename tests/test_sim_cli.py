@@ -515,6 +515,37 @@ def test_result_states_waits_and_gpu_hours() -> None:
     assert result["wall_seconds"] == 0.5
 
 
+def test_rejections_carry_their_reason_in_json_and_table() -> None:
+    scenario = _scenario([_req("k1"), _req("x1", tenant="b"), _req("x2", gpus=9)], a100=1)
+    decisions = [
+        _admit(0.0, "k1"),
+        Decision(0.0, "reject", "x1", {"reason": "unknown tenant 'b'"}),
+        Decision(0.0, "reject", "x2", {"reason": "9 GPUs do not fit on one node"}),
+    ]
+    result = build_result(scenario, decisions, end=100.0, wall_seconds=0.0)
+    reqs = result["requests"]
+    assert reqs["x1"]["reason"] == "unknown tenant 'b'" and reqs["x1"]["tenant"] == "b"
+    assert reqs["x2"]["reason"] == "9 GPUs do not fit on one node"
+    assert "reason" not in reqs["k1"]
+    lines = format_table(result).splitlines()
+    section = lines[lines.index("rejected") + 1 :]
+    assert section[0].split() == ["x1", "b", "unknown", "tenant", "'b'"]
+    assert section[1].split()[:2] == ["x2", "a"]
+    assert section[1].endswith("9 GPUs do not fit on one node")
+    none = format_table(build_result(scenario, decisions[:1], 100.0, 0.0)).splitlines()
+    assert "rejected" not in none
+
+
+def test_many_rejections_are_listed_up_to_a_limit() -> None:
+    reqs = [_req(f"x{i}", tenant="b") for i in range(25)]
+    decisions = [Decision(0.0, "reject", r.id, {"reason": "no such tenant"}) for r in reqs]
+    result = build_result(_scenario(reqs, a100=1), decisions, end=10.0, wall_seconds=0.0)
+    lines = format_table(result).splitlines()
+    section = lines[lines.index("rejected") + 1 :]
+    assert sum("no such tenant" in line for line in section) == 20
+    assert "  … and 5 more (every reason is in --json)" in section
+
+
 def test_result_parked_preempted_and_still_admitted() -> None:
     scenario = _scenario([_req("k1"), _req("s1", kind="server"), _req("p1")], a100=1)
     decisions = [
@@ -656,7 +687,11 @@ def assert_result_shape(result: dict[str, Any], ids: set[str], tenants: set[str]
     assert set(result) == {"requests", "summary", "decisions", "wall_seconds"}
     assert set(result["requests"]) == ids
     for rec in result["requests"].values():
-        assert set(rec) == REQUEST_RESULT_KEYS
+        if rec["state"] == "rejected":  # SCENARIO.md: a rejected request carries `reason`
+            assert set(rec) == REQUEST_RESULT_KEYS | {"reason", "tenant"}
+            assert rec["reason"].strip()
+        else:
+            assert set(rec) == REQUEST_RESULT_KEYS
         assert rec["state"] in {
             "queued",
             "admitted",
@@ -764,6 +799,24 @@ def test_real_example_table_and_until(tmp_path: Path) -> None:
     result = json.loads(proc.stdout)
     assert result["summary"]["end"] <= 3600.0
     assert result["requests"]["vis-job-5"]["state"] in {"rejected", "queued"}
+
+
+@needs_driver
+def test_real_rejections_in_table_and_json() -> None:
+    path = ROOT / "tests" / "scenarios" / "27-rejection-reasons.yaml"
+    proc = simulate(path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    section = lines[lines.index("rejected") + 1 :]
+    rows = {line.split()[0]: line for line in section if line.startswith("  ")}
+    assert rows["no-tenant"].split()[1] == "ghost"
+    assert rows["no-tenant"].endswith("unknown tenant 'ghost'")
+    assert "do not fit on one node" in rows["too-wide"]
+    result = json.loads(simulate(path, "--json").stdout)
+    rejected = {k: v for k, v in result["requests"].items() if v["state"] == "rejected"}
+    assert set(rejected) == {"too-wide", "over-nominal", "no-tenant", "no-flavor", "not-in-quota"}
+    assert all(v["reason"] for v in rejected.values())
+    assert rejected["no-flavor"]["reason"] == "unknown flavor 'v100'"
 
 
 @needs_driver

@@ -10,11 +10,51 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
+from .ledger import Ledger
 from .model import Config, Decision
 from .nodes import Cluster, Node
+from .queues import BucketKey, TenantQueue
 from .timers import Timers
 
 READY, SCALE_DOWN = "node_ready", "scale_down"  # timer kinds
+
+
+def scale_sizes(
+    config: Config,
+    capacity_blocked: dict[tuple[str, BucketKey], str],
+    queues: Mapping[str, TenantQueue],
+    ledger: Ledger,
+    resume_blocked: Mapping[str, tuple[str, int]],
+) -> dict[str, list[int]]:
+    """Sizes of the requests that only more nodes could place, per autoscaled flavor.
+
+    Bucket heads held back by capacity (quota would admit them) count as many of their
+    bucket as quota admits together (tried on the ledger, then undone); parked requests
+    waiting to resume (`resume_blocked`: id -> flavor, gpus) count too. Buckets that are
+    gone are dropped from `capacity_blocked`.
+    """
+    sizes: dict[str, list[int]] = defaultdict(list)
+    tentative: list[tuple[str, str, int]] = []
+    for (tenant, bkey), flavor in list(capacity_blocked.items()):
+        if flavor not in config.policy.autoscale:
+            continue
+        bucket = queues[tenant].buckets.get(bkey)
+        if bucket is None:
+            del capacity_blocked[(tenant, bkey)]
+            continue
+        gpus = bkey[1]
+        n = 0
+        while n < bucket.count and ledger.fits(tenant, flavor, gpus):
+            ledger.add(tenant, flavor, gpus)
+            tentative.append((tenant, flavor, gpus))
+            n += 1
+        sizes[flavor] += [gpus] * n
+    for tenant, flavor, gpus in tentative:
+        ledger.remove(tenant, flavor, gpus)
+    for flavor, gpus in resume_blocked.values():
+        if flavor in config.policy.autoscale:
+            sizes[flavor].append(gpus)
+    return sizes
 
 
 def nodes_needed(sizes: Iterable[int], gpus_per_node: int, provisioning: int, limit: int) -> int:

@@ -50,6 +50,7 @@ TENANT_KEYS = (
     "preemption",
     "idle_timeout",
     "reservation_ttl",
+    "preemption_grace",
 )
 PREEMPTION_KEYS = ("within_tenant", "reclaim_within_cohort", "borrow_within_cohort")
 POLICY_KEYS = (
@@ -59,6 +60,7 @@ POLICY_KEYS = (
     "autoscale",
     "cull_warning",
     "lease_ttl",
+    "preemption_grace",
 )
 AUTOSCALE_KEYS = ("max_nodes", "provision_delay", "scale_down_after", "provision")
 
@@ -257,6 +259,7 @@ def _parse_tenant(name: str, value: Any, flavors: Mapping[str, Flavor], key: str
     preemption = _parse_preemption(_optional(spec, "preemption"), join_key(key, "preemption"))
     idle_raw = _optional(spec, "idle_timeout")
     ttl_raw = _optional(spec, "reservation_ttl")
+    grace_raw = _optional(spec, "preemption_grace")
     return Tenant(
         name=name,
         quota=quota,
@@ -272,6 +275,9 @@ def _parse_tenant(name: str, value: Any, flavors: Mapping[str, Flavor], key: str
         reservation_ttl=None
         if ttl_raw is None
         else want_number(ttl_raw, join_key(key, "reservation_ttl")),
+        preemption_grace=None
+        if grace_raw is None
+        else want_number(grace_raw, join_key(key, "preemption_grace")),
     )
 
 
@@ -300,7 +306,13 @@ def _parse_policy(value: Any, flavors: Mapping[str, Flavor], key: str) -> Policy
     spec = want_mapping(value, key)
     _check_keys(spec, POLICY_KEYS, key)
     numbers: dict[str, float] = {}
-    for name in ("idle_timeout", "reservation_ttl", "cull_warning", "lease_ttl"):
+    for name in (
+        "idle_timeout",
+        "reservation_ttl",
+        "cull_warning",
+        "lease_ttl",
+        "preemption_grace",
+    ):
         raw = _optional(spec, name)
         if raw is not None:
             numbers[name] = want_number(raw, join_key(key, name))

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import views
-from .autoscale import READY, SCALE_DOWN, Autoscaler
+from .autoscale import READY, SCALE_DOWN, Autoscaler, scale_sizes
+from .grace import EVICT, Graces, Reclaim, kept_for_reclaim
+from .holders import Holders
 from .ledger import Ledger
 from .model import TERMINAL, Config, Decision, Preemption, Request, State
 from .nodes import Cluster, Node
@@ -58,12 +60,10 @@ class AdmissionCore:
         self._ledger = Ledger(config)
         self._cluster = Cluster()
         self._timers = Timers()
+        self._graces = Graces()  # warned victims and the preemptors waiting for them
         self._requests: dict[str, Request] = {}
         self._queues: dict[str, TenantQueue] = {t: TenantQueue() for t in config.tenants}
-        # Device holders per (tenant, flavor), and their GPUs per priority: the candidates
-        # of a preemption search, and a quick bound on what one could achieve.
-        self._holding: dict[tuple[str, str], dict[str, Request]] = defaultdict(dict)
-        self._held_by_priority: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
+        self._holders = Holders(self._ledger, self._cluster)  # preemption candidates
         self._entries: dict[str, _Entry | None] = {}
         self._dirty: set[str] = set()
         self._strict_blocked: set[str] = set()
@@ -74,13 +74,6 @@ class AdmissionCore:
         self._cap_waiters: dict[str, set[tuple[str, BucketKey | None]]] = defaultdict(set)
         self._epoch = 0  # bumps whenever quota or devices are taken
         self._preempts: dict[str, bool] = {}  # tenants with any preemption policy
-        # Preemption bounds per (tenant, flavor, priority), with the versions of the pool
-        # they were computed at: usage (the ledger's) and holders (`_held_version`) in the
-        # tenant's cohort and that flavor. Nothing else changes them but free devices,
-        # which are added at each lookup.
-        self._bounds: dict[tuple[str, str, int], tuple[int, int, int, int, bool, list[str]]] = {}
-        self._held_version: dict[tuple[str, str], int] = defaultdict(int)
-        self._pool: dict[str, str] = {}  # tenant -> its cohort, or itself without one
         self._flavors: dict[str, tuple[str, ...]] = {}  # a tenant's flavors, in quota order
         self._index_policies()
         self._width: dict[str, int] = {}  # widest node per flavor, for rejections
@@ -102,7 +95,7 @@ class AdmissionCore:
             t.name: t.preemption != Preemption() for t in self._config.tenants.values()
         }
         self._flavors = {t.name: tuple(t.quota) for t in self._config.tenants.values()}
-        self._pool = {t.name: t.cohort or t.name for t in self._config.tenants.values()}
+        self._holders.reconfigure(self._config)
 
     def update_config(self, config: Config, now: float) -> list[Decision]:
         """Adopt new quotas and policy. Nobody is evicted; queues are looked at again."""
@@ -112,7 +105,6 @@ class AdmissionCore:
         self._config = config
         self._ledger.reconfigure(config)
         self._index_policies()
-        self._bounds.clear()
         self._width.clear()
         for t in config.tenants:
             self._queues.setdefault(t, TenantQueue())
@@ -304,11 +296,12 @@ class AdmissionCore:
                 return out
             self._cluster.bind(node, req.id, req.devices)
             self._ledger.add(req.tenant, flavor, req.gpus)
-            self._hold(req, flavor)
+            self._holders.hold(req, flavor)
             if req.idle_since is not None:
                 self._arm_cull(req)
             if req.lease_expires is not None:
                 self._timers.set(_LEASE, req.id, req.lease_expires)
+            self._restore_warning(req)
         elif req.state is State.PARKED:
             flavor = req.assigned_flavor or ""
             self._ledger.add(req.tenant, flavor, req.gpus)
@@ -318,7 +311,13 @@ class AdmissionCore:
             if req.wants_devices:
                 self._queues[req.tenant].resuming[req.id] = req
                 self._touch(req.tenant)
+            self._restore_warning(req)
         return out
+
+    def _restore_warning(self, req: Request) -> None:
+        if req.preempt_at is not None and req.preempted_by is not None:
+            self._graces.warn(req.preempted_by, req.assigned_flavor or "", None, req)
+            self._timers.set(EVICT, req.id, req.preempt_at)
 
     # ------------------------------------------------------------------ time
 
@@ -359,6 +358,12 @@ class AdmissionCore:
                 self._expire(req, t, out)
             elif kind == _LEASE and req.state is State.ADMITTED:
                 out += self._end(key, t, "finish", State.FINISHED, "lease expired")
+            elif kind == EVICT and req.holds_quota:
+                by = self._requests.get(req.preempted_by or "")
+                if by is None:  # its preemptor is gone (cannot happen but after bad data)
+                    self._victim_left(req)
+                else:
+                    self._preempt(req, by, t, out)
 
     def step(self, now: float) -> list[Decision]:
         return self.advance(now) + self.schedule(now)
@@ -394,7 +399,14 @@ class AdmissionCore:
                 best = fresh
             self._apply(best, now, out)
         if self._config.policy.autoscale:
-            self._scale_demand(now, out)
+            sizes = scale_sizes(
+                self._config,
+                self._capacity_blocked,
+                self._queues,
+                self._ledger,
+                {rid: (f, self._requests[rid].gpus) for rid, f in self._resume_blocked.items()},
+            )
+            out += self._scaler.plan(self._config, sizes, now)
         return out
 
     def _nominate(self, tenant: str) -> _Entry | None:
@@ -451,15 +463,28 @@ class AdmissionCore:
             if gap(f) < req.gpus:
                 capacity_flavors.append(f)
                 continue
+            if self._graces and kept_for_reclaim(
+                self._graces,
+                req,
+                f,
+                self._requests,
+                self._holders.pool,
+                self._order,
+                ledger,
+                self._cluster,
+            ):
+                continue
             if not ledger.borrows(tenant, f, req.gpus):
                 return self._entry(req, "fit", f, False)
             borrowing_choice = borrowing_choice or f
         if borrowing_choice is not None:
             return self._entry(req, "fit", borrowing_choice, True)
-        if not self._preempts[tenant]:
-            flavors = ()
+        if not self._preempts[tenant] or self._graces.waiting(req.id):
+            flavors = ()  # a waiting preemptor picks no second victim set
         for f in flavors:
-            holding = self._victim_pool(req, f)
+            holding = self._holders.victim_pool(req, f)
+            if self._graces:  # a warned victim is promised to its own preemptor
+                holding = [v for v in holding if not self._graces.warned(v.id)]
             if not holding:
                 continue
             spec = self._config.tenants[tenant]
@@ -492,110 +517,12 @@ class AdmissionCore:
         key = (1, borrowing, share, *order_key(req))
         return _Entry(req, mode, flavor, borrowing, victims or [], key, self._epoch)
 
-    def _hold(self, req: Request, flavor: str) -> None:
-        self._held_version[(self._pool[req.tenant], flavor)] += 1
-        self._holding[(req.tenant, flavor)][req.id] = req
-        by_prio = self._held_by_priority[(req.tenant, flavor)]
-        by_prio[req.priority] = by_prio.get(req.priority, 0) + req.gpus
-
-    def _unhold(self, req: Request, flavor: str) -> None:
-        if self._holding[(req.tenant, flavor)].pop(req.id, None) is not None:
-            self._held_version[(self._pool[req.tenant], flavor)] += 1
-            by_prio = self._held_by_priority[(req.tenant, flavor)]
-            left = by_prio[req.priority] - req.gpus
-            if left:
-                by_prio[req.priority] = left
-            else:
-                del by_prio[req.priority]
-
-    def _victim_pool(self, req: Request, flavor: str) -> list[Request]:
-        """Requests holding `flavor` that the preemption policy could ever evict for `req`:
-        its own tenant's (unless within_tenant is Never) and those of cohort members above
-        their nominal quota (unless the cohort policies are Never).
-
-        Empty when even evicting all of them could not make room: most failing searches
-        end on that bound, computed from GPUs held per priority, without a candidate list.
-        """
-        bound = self._preemption_bound(req.tenant, flavor, req.gpus, req.priority)
-        if bound is None:
-            return []
-        own, others = bound
-        pool: list[Request] = []
-        if own:
-            held = self._holding[(req.tenant, flavor)].values()
-            pool += [v for v in held if v.priority <= req.priority]
-        for name in others:
-            pool += self._holding[(name, flavor)].values()
-        return pool
-
-    def _preemption_bound(
-        self, tenant: str, flavor: str, gpus: int, prio: int
-    ) -> tuple[bool, list[str]] | None:
-        """Could evicting every candidate make room for `gpus` at priority `prio`? If so:
-        whether the tenant's own requests are candidates, and which members' are.
-
-        What bounds such an eviction is kept per (tenant, flavor, priority) until usage
-        or holders change in that cohort and flavor: between two changes, wakes and tries
-        of many heads ask the same question.
-        """
-        most, own, others = self._bound(tenant, flavor, prio)
-        if gpus > most:
-            return None
-        return own, others
-
-    def _bound(self, tenant: str, flavor: str, prio: int) -> tuple[int, bool, list[str]]:
-        """The most GPUs an eviction could make room for, and the candidates' owners."""
-        pool = (self._pool[tenant], flavor)
-        usage_v = self._ledger.pool_version[pool]
-        held_v = self._held_version[pool]
-        key = (tenant, flavor, prio)
-        cached = self._bounds.get(key)
-        if cached is None or cached[0] != usage_v or cached[1] != held_v:
-            cached = (usage_v, held_v, *self._preemption_room(tenant, flavor, prio))
-            self._bounds[key] = cached
-        # Victims' devices plus the free ones, and no more than quota allows.
-        return min(cached[2] + self._cluster.free_in(flavor), cached[3]), cached[4], cached[5]
-
-    def _preemption_room(
-        self, tenant: str, flavor: str, prio: int
-    ) -> tuple[int, int, bool, list[str]]:
-        """GPUs held by every candidate, room in quota once they are gone, whether any
-        candidate is the tenant's own, and which members' are candidates."""
-        spec = self._config.tenants[tenant]
-        p = spec.preemption
-        ledger = self._ledger
-        own_gpus = 0
-        if p.within_tenant != "Never":
-            equal_too = p.within_tenant == "LowerOrNewerEqualPriority"
-            for q, held in self._held_by_priority[(tenant, flavor)].items():
-                if q < prio or (q == prio and equal_too):
-                    own_gpus += held
-        others: list[str] = []
-        removed: dict[str, int] = {tenant: own_gpus}
-        if spec.cohort and (
-            p.reclaim_within_cohort != "Never" or p.borrow_within_cohort != "Never"
-        ):
-            anyone = p.reclaim_within_cohort == "Any"
-            usage = ledger.usage
-            for name in ledger.members[spec.cohort]:
-                if name == tenant or usage[(name, flavor)] <= ledger.nominal(name, flavor):
-                    continue  # not borrowing: none of its requests can be reclaimed
-                by_prio = self._held_by_priority[(name, flavor)]
-                held = sum(g for q, g in by_prio.items() if anyone or q < prio)
-                if held:
-                    # All of it, not just what it borrowed: the last victim may overshoot.
-                    others.append(name)
-                    removed[name] = held
-        if not own_gpus and not others:
-            return 0, 0, False, others
-        borrow_ok = p.borrow_within_cohort != "Never"
-        room = ledger.room(tenant, flavor, removed, borrow_ok)
-        return sum(removed.values()), room, own_gpus > 0, others
-
     def _apply(self, e: _Entry, now: float, out: list[Decision]) -> None:
         req = e.req
-        for v in e.victims:
-            self._preempt(v, req, now, out)
+        if e.victims and not self._preempt_or_warn(e, now, out):
+            return  # it waits for its warned victims
+        if self._graces.waiting(req.id):
+            self._withdraw(req, now, out)  # admitted before its victims had to go
         node = self._cluster.best_fit(e.flavor, req.gpus)
         assert node is not None, "nominated without room"
         q = self._queues[req.tenant]
@@ -642,7 +569,7 @@ class AdmissionCore:
         req.assigned_flavor = flavor
         req.state = State.ADMITTED
         req.admit_time = now
-        self._hold(req, flavor)
+        self._holders.hold(req, flavor)
         if self._config.policy.lease_ttl > 0:
             req.lease_expires = now + self._config.policy.lease_ttl
             self._timers.set(_LEASE, req.id, req.lease_expires)
@@ -655,7 +582,7 @@ class AdmissionCore:
     def _release_devices(self, req: Request, now: float) -> None:
         flavor = req.assigned_flavor or ""
         node = self._cluster.unbind(req.node or "", req.devices, now)
-        self._unhold(req, flavor)
+        self._holders.unhold(req, flavor)
         if node is not None and not node.holders:
             self._scaler.arm_scale_down(self._config, node, now)
         req.node = None
@@ -681,6 +608,12 @@ class AdmissionCore:
         req = self._get(rid)
         if req.state in TERMINAL:
             return []
+        out: list[Decision] = []
+        if self._graces:
+            if req.preempted_by is not None:
+                self._victim_left(req)  # ended by itself within its grace
+            if self._graces.waiting(rid):
+                self._withdraw(req, now, out)
         if req.state is State.QUEUED:
             self._queues[req.tenant].remove(rid)
             self._touch(req.tenant)
@@ -691,10 +624,14 @@ class AdmissionCore:
         req.state = state
         req.reason = reason
         del self._requests[rid]
-        return [Decision(now, event, rid, {"reason": reason} if reason else {})]
+        out.append(Decision(now, event, rid, {"reason": reason} if reason else {}))
+        return out
 
     def _preempt(self, victim: Request, by: Request, now: float, out: list[Decision]) -> None:
-        self._release_devices(victim, now)
+        if victim.preempted_by is not None:
+            self._victim_left(victim)
+        if victim.state is State.ADMITTED:
+            self._release_devices(victim, now)
         self._release_quota(victim)
         victim.preemptions += 1
         out.append(Decision(now, "preempt", victim.id, {"by": by.id}))
@@ -727,12 +664,16 @@ class AdmissionCore:
         else:
             self._release_quota(req)
             req.state = State.CULLED
+            if req.preempted_by is not None:
+                self._victim_left(req)
         out.append(Decision(now, "cull", req.id, {"parked": ttl > 0}))
 
     def _expire(self, req: Request, now: float, out: list[Decision]) -> None:
         wanted = req.wants_devices
         self._release_quota(req)
         req.state = State.CULLED
+        if req.preempted_by is not None:
+            self._victim_left(req)
         out.append(Decision(now, "expire", req.id))
         if wanted:
             self._requeue(req, now, now, out)
@@ -763,12 +704,76 @@ class AdmissionCore:
         req.resumed_from = old.id
         if req.park_expires is not None:
             self._timers.set(_EXPIRE, req.id, req.park_expires)
+        if old.preempted_by is not None:
+            self._victim_left(old)
         old.state = State.FINISHED
         old.reason = f"reservation claimed by {req.id}"
         del self._requests[old.id]
         out.append(Decision(now, "finish", old.id, {"reason": old.reason}))
         q.resuming[req.id] = req
         self._touch(req.tenant)
+
+    # ------------------------------------------------------------------ grace (grace.py)
+
+    def _preempt_or_warn(self, e: _Entry, now: float, out: list[Decision]) -> bool:
+        """Preempt jobs (and victims without grace) at once, warn the others: True when
+        none was warned, so the preemptor can be admitted now."""
+        by = e.req
+        warned = False
+        for v in e.victims:
+            grace = 0.0 if v.kind == "job" else self._tenant_setting(v.tenant, "preemption_grace")
+            if grace <= 0:
+                self._preempt(v, by, now, out)
+                continue
+            warned = True
+            v.preempt_at, v.preempted_by = now + grace, by.id
+            self._graces.warn(by.id, e.flavor, e.key, v)
+            self._timers.set(EVICT, v.id, v.preempt_at)
+            out.append(Decision(now, "preempt_warning", v.id, {"by": by.id, "at": v.preempt_at}))
+        if warned:
+            self._epoch += 1
+            self._touch(by.tenant)
+        return not warned
+
+    def _victim_left(self, victim: Request) -> None:
+        """A warned victim is going (evicted, ended, culled): its preemptor looks again."""
+        self._timers.clear(EVICT, victim.id)
+        victim.preempt_at = victim.preempted_by = None
+        rc = self._graces.victim_gone(victim.id)
+        if rc is not None:
+            self._wake_reclaim(rc)
+
+    def _withdraw(self, by: Request, now: float, out: list[Decision]) -> None:
+        """The preemptor was cancelled or admitted elsewhere: its victims keep running."""
+        rc = self._graces.reclaims.get(by.id)
+        for v in self._graces.withdraw(by.id):
+            self._timers.clear(EVICT, v.id)
+            v.preempt_at = v.preempted_by = None
+            out.append(Decision(now, "preempt_withdrawn", v.id, {"by": by.id}))
+        if rc is not None:
+            self._wake_reclaim(rc)
+
+    def _wake_reclaim(self, rc: Reclaim) -> None:
+        by = self._requests.get(rc.preemptor)
+        if by is not None and by.state is State.QUEUED:
+            bucket = self._queues[by.tenant].buckets.get((by.flavor, by.gpus))
+            if bucket is not None:
+                bucket.inadmissible = False
+            self._strict_blocked.discard(by.tenant)
+            self._dirty.add(by.tenant)
+        if rc.preemptor not in self._graces.reclaims and by is not None:
+            # Its room is no longer kept: who was held back for it looks again.
+            cohort = self._config.tenants[by.tenant].cohort
+            self._wake(self._ledger.members[cohort] if cohort else (by.tenant,))
+
+    def _order(self, req: Request, flavor: str) -> tuple[Any, ...]:
+        """The admission-order key `req` would have if it fit `flavor` now."""
+        borrowing = self._ledger.borrows(req.tenant, flavor, req.gpus)
+        return self._entry(req, "fit", flavor, borrowing).key
+
+    def reclaiming(self, rid: str) -> list[Request]:
+        """The warned victims a queued preemptor waits for (empty if none)."""
+        return self._graces.victims(rid)
 
     # ------------------------------------------------------------------ who to wake
 
@@ -861,7 +866,7 @@ class AdmissionCore:
             return False
         bound = most.get(head.priority)
         if bound is None:
-            bound = most[head.priority] = self._bound(tenant, flavor, head.priority)[0]
+            bound = most[head.priority] = self._holders.bound(tenant, flavor, head.priority)[0]
         return head.gpus <= bound
 
     # ------------------------------------------------------------------ idle policy
@@ -883,30 +888,6 @@ class AdmissionCore:
             self._timers.set(_WARN, req.id, cull_at - lead)
 
     # ------------------------------------------------------------------ autoscale
-
-    def _scale_demand(self, now: float, out: list[Decision]) -> None:
-        sizes: dict[str, list[int]] = defaultdict(list)
-        tentative: list[tuple[str, str, int]] = []
-        for (tenant, bkey), flavor in list(self._capacity_blocked.items()):
-            if flavor not in self._config.policy.autoscale:
-                continue
-            bucket = self._queues[tenant].buckets.get(bkey)
-            if bucket is None:
-                del self._capacity_blocked[(tenant, bkey)]
-                continue
-            gpus = bkey[1]
-            n = 0
-            while n < bucket.count and self._ledger.fits(tenant, flavor, gpus):
-                self._ledger.add(tenant, flavor, gpus)
-                tentative.append((tenant, flavor, gpus))
-                n += 1
-            sizes[flavor] += [gpus] * n
-        for tenant, flavor, gpus in tentative:
-            self._ledger.remove(tenant, flavor, gpus)
-        for rid, flavor in self._resume_blocked.items():
-            if flavor in self._config.policy.autoscale:
-                sizes[flavor].append(self._requests[rid].gpus)
-        out += self._scaler.plan(self._config, sizes, now)
 
     # ------------------------------------------------------------------ queries
 

@@ -69,6 +69,9 @@ class Tenant:
     preemption: Preemption = field(default_factory=Preemption)
     idle_timeout: float | None = None
     reservation_ttl: float | None = None
+    # Seconds a `server`/`kernel` of THIS tenant keeps running once chosen as a preemption
+    # victim (the victim's tenant decides: it is its users who are interrupted).
+    preemption_grace: float | None = None
 
     def lendable(self, flavor: str) -> int:
         nominal = self.quota.get(flavor, 0)
@@ -104,6 +107,9 @@ class Policy:
     # Seconds an admitted holder may go without a heartbeat (0 = no leases, as in the
     # simulator where holders cannot crash).
     lease_ttl: float = 0.0
+    # Seconds a `server`/`kernel` victim keeps its devices after `preempt_warning`
+    # (0 = preempted at once, as jobs always are).
+    preemption_grace: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,8 @@ class Request:
     culls: int = 0
     reason: str = ""
     resumed_from: str | None = None  # the parked reservation this request took over
+    preempt_at: float | None = None  # warned victim: evicted then, unless withdrawn
+    preempted_by: str | None = None  # ... to make room for this request
 
     @property
     def holds_quota(self) -> bool:

@@ -12,7 +12,7 @@ then minimised by putting back every victim the request can do without.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .ledger import Ledger
 from .model import Request, Tenant
@@ -133,3 +133,42 @@ def _minimal(
             removed[v.tenant] += v.gpus
             freed[v.node or ""] += v.gpus
     return targets
+
+
+def preemption_room(
+    spec: Tenant,
+    ledger: Ledger,
+    held_by_priority: Mapping[tuple[str, str], Mapping[int, int]],
+    flavor: str,
+    prio: int,
+) -> tuple[int, int, bool, list[str]]:
+    """For a head of `spec`'s tenant at priority `prio` on `flavor`: GPUs held by every
+    candidate, room in quota once they are gone, whether any candidate is the tenant's
+    own, and which members' are candidates (the core caches it per pool version)."""
+    tenant = spec.name
+    p = spec.preemption
+    own_gpus = 0
+    if p.within_tenant != "Never":
+        equal_too = p.within_tenant == "LowerOrNewerEqualPriority"
+        for q, held in held_by_priority.get((tenant, flavor), {}).items():
+            if q < prio or (q == prio and equal_too):
+                own_gpus += held
+    others: list[str] = []
+    removed: dict[str, int] = {tenant: own_gpus}
+    if spec.cohort and (p.reclaim_within_cohort != "Never" or p.borrow_within_cohort != "Never"):
+        anyone = p.reclaim_within_cohort == "Any"
+        usage = ledger.usage
+        for name in ledger.members[spec.cohort]:
+            if name == tenant or usage[(name, flavor)] <= ledger.nominal(name, flavor):
+                continue  # not borrowing: none of its requests can be reclaimed
+            by_prio = held_by_priority.get((name, flavor), {})
+            held = sum(g for q, g in by_prio.items() if anyone or q < prio)
+            if held:
+                # All of it, not just what it borrowed: the last victim may overshoot.
+                others.append(name)
+                removed[name] = held
+    if not own_gpus and not others:
+        return 0, 0, False, others
+    borrow_ok = p.borrow_within_cohort != "Never"
+    room = ledger.room(tenant, flavor, removed, borrow_ok)
+    return sum(removed.values()), room, own_gpus > 0, others

@@ -56,6 +56,7 @@ from jupyter_gpuaas.admission.model import (
 from ..devices import DeviceSample, Inventory, NodeInfo
 from . import waits
 from .events import Event, EventBus
+from .grace import grace_of, preempt_reason, preemption_fields, reclaim_wait
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
 from .positions import QueueIndex
 from .scalers import Scaler
@@ -878,6 +879,7 @@ class Arbiter:
             }
         elif state == State.PARKED.value:
             out["parked"] = {"flavor": req.assigned_flavor, "expires": req.park_expires}
+        out.update(self._preemption_of(req))
         if state == State.QUEUED.value and live is not None:
             # The index answers by bisection; the core's scan if it ever disagrees.
             pos = self.index.position(live) or self.core.position(live.id)
@@ -891,7 +893,17 @@ class Arbiter:
                 wait, why = self._wait(live, pos.overall_position)
                 out["estimated_wait"], out["waiting_for"] = wait, why
             out["scaling"] = self._scaling_for(live)
+            reclaim = reclaim_wait(live, self.core.reclaiming(live.id), time.time())
+            if reclaim is not None:  # a preemptor waiting out its victims' grace
+                out["estimated_wait"] = reclaim
+                out["waiting_for"] = {"kind": "quota", "message": f"waiting: {reclaim['basis']}"}
         return out
+
+    def _preemption_of(self, req: Request | RequestRow) -> dict[str, Any]:
+        """A warned victim's pending eviction: when, for whom, and why in words."""
+        by = self.requests.get(req.preempted_by or "") if req.preempt_at is not None else None
+        reason = preempt_reason(req.tenant, req.gpus, by.tenant if by is not None else None)
+        return preemption_fields(req.preempt_at, req.preempted_by, reason)
 
     def _flavors_for(self, req: Request) -> list[str]:
         if req.flavor:
@@ -974,6 +986,7 @@ class Arbiter:
                     "weight": t.weight,
                     "queueing": t.queueing,
                     "idle_timeout": self._idle_timeout(name),
+                    "preemption_grace": grace_of(self.config, name),
                     "usage": usage.get(name, []),
                 }
             )

@@ -134,6 +134,10 @@ SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "properties": {"flavor": NULLSTR, "expires": NULLNUM},
             },
+            # A warned preemption victim (preemption_grace): evicted at preempt_at.
+            "preempt_at": NULLNUM,
+            "preempted_by": NULLSTR,
+            "preempt_reason": NULLSTR,
         },
         "additionalProperties": False,
     },
@@ -254,6 +258,10 @@ SCHEMAS: dict[str, Any] = {
             "weight": NUM,
             "queueing": {"type": "string"},
             "idle_timeout": NUM,
+            "preemption_grace": {
+                **NUM,
+                "description": "seconds its servers and kernels keep running once warned",
+            },
             "usage": {"type": "array", "items": _ref("Usage")},
             "simulated": {"type": "boolean"},
         },

@@ -60,6 +60,9 @@ class RequestRow(Base):
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     culls: Mapped[int] = mapped_column(Integer, default=0)
     utilization: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # A warned preemption victim: evicted at preempt_at for preempted_by (migration 0003).
+    preempt_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    preempted_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
@@ -133,6 +136,8 @@ _COPIED = (
     "preemptions",
     "culls",
     "reason",
+    "preempt_at",
+    "preempted_by",
 )
 
 

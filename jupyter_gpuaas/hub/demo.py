@@ -79,13 +79,14 @@ def quotas_for(flavor: str, gpus: int) -> str:
     """A quota file like the shipped one, for this machine's real GPUs: half each team."""
     vision = max(1, gpus - gpus // 2)
     nlp = max(0, gpus - vision)
+    reclaim = "preemption: {reclaim_within_cohort: Any}"  # as hub_config/local/quotas.yaml
     return (
         "# Written by `jupyter-gpuaas demo` for this machine's GPUs\n"
         f"flavors:\n  {flavor}: {{nodes: 1, gpus_per_node: {gpus}}}\n"
         "tenants:\n"
-        f"  vision: {{cohort: demo, quota: {{{flavor}: {vision}}}}}\n"
-        f"  nlp: {{cohort: demo, quota: {{{flavor}: {nlp}}}}}\n"
-        "policy:\n  idle_timeout: 1800\n  reservation_ttl: 900\n"
+        f"  vision: {{cohort: demo, quota: {{{flavor}: {vision}}}, {reclaim}}}\n"
+        f"  nlp: {{cohort: demo, quota: {{{flavor}: {nlp}}}, {reclaim}}}\n"
+        "policy:\n  idle_timeout: 1800\n  reservation_ttl: 900\n  preemption_grace: 300\n"
     )
 
 

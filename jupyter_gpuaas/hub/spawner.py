@@ -499,6 +499,8 @@ class QueuedSpawnerMixin(Configurable):
             data = event.get("data") or {}
             if data.get("id") != rid or rid != self._gp["rid"]:
                 return
+            if event.get("event") in ("preempt_warning", "preempt_withdrawn"):
+                self._preempt_notice(str(event["event"]), data)
             if event.get("event") in ("cull", "preempt", "finish", "expire"):
                 # Kept until done: the loop holds only weak references to tasks.
                 self._gp["ending"] = asyncio.ensure_future(
@@ -507,6 +509,25 @@ class QueuedSpawnerMixin(Configurable):
 
         self._unsubscribe()
         self._subscribe(on_event)
+
+    def _preempt_notice(self, name: str, data: dict[str, Any]) -> None:
+        """Preemption with grace: the server keeps its GPUs until `at`, then is stopped."""
+        if name == "preempt_withdrawn":
+            self._gp["preempt_warning"] = None
+            self.log.info("gpuaas: the GPUs of %s are no longer reclaimed", self._log_name)
+            return
+        why = (data.get("request") or {}).get("preempt_reason") or "its GPUs are reclaimed"
+        self._gp["preempt_warning"] = {"rid": data.get("id"), "at": data.get("at"), "why": why}
+        self.log.warning("gpuaas: %s: %s", self._log_name, self.gpuaas_notice())
+
+    def gpuaas_notice(self) -> str | None:
+        """What the user should know about this server now, e.g. "your server will be
+        stopped in 5 min: nlp is reclaiming its GPU" (None: nothing)."""
+        w = self._gp.get("preempt_warning")
+        if not w or w["rid"] != self._gp["rid"] or not w["at"]:
+            return None
+        left = format_duration(max(0.0, float(w["at"]) - time.time()))
+        return f"your server will be stopped in {left}: {w['why']}"
 
     def _busy(self) -> bool:
         if not self._gp["running"] or getattr(self, "_spawn_pending", False):

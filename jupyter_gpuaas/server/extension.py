@@ -7,9 +7,8 @@ It ties the `gpuaas` kernel provisioner to the server:
   request that can never be admitted fails the call at once with the reason);
 - shutting down or interrupting a waiting kernel cancels its request;
 - a heartbeat loop reports each GPU kernel's activity as lease renewals, and notices dead
-  kernels; each round also judges the whole server (idle.py): its `current_activity()`,
-  the `gpuaas_last_activity` setting jupyter_server and the Hub read, and the heartbeat of
-  the server's own gateway request; our widgets' comm traffic is no activity (activity.py);
+  kernels; each round also judges the whole server for jupyter_server, the Hub and its
+  own gateway request (idle.py); our widgets' comm traffic is no activity (activity.py);
 - an event loop listens to the gateway (admit, cull_warning, cull, preempt, finish) and
   acts: wakes a waiting kernel, warns the user, shuts a culled kernel down;
 - on server shutdown every grant is released and every wait cancelled.
@@ -38,7 +37,8 @@ from jupyter_gpuaas.client import GatewayClient, GatewayError, gateway_from_env
 from jupyter_gpuaas.jobs import server_hook as jobs_hook
 from jupyter_gpuaas.words import format_duration as human_duration
 
-from .activity import GpuUsage, Holder, OwnComms, decide_busy, process_tree
+from . import sidebar
+from .activity import GpuUsage, decide_busy
 from .idle import SERVER_KEY, ServerActivity
 from .kernels import GpuKernel, KernelTable, Notification, is_gpu_spec, set_table
 from .provisioner import GpuaasProvisioner
@@ -146,7 +146,6 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
     _tasks: list[asyncio.Task[None]]
     _last_beat: dict[str, datetime]
     activity: ServerActivity
-    own_comms: OwnComms
     _idle_timeouts: dict[str, float] | None = None
 
     def initialize_settings(self) -> None:
@@ -165,7 +164,6 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         set_table(self.table)
         self.gpu_usage = GpuUsage()
         self.activity = ServerActivity(self)
-        self.own_comms = OwnComms()
         self._tasks = []
         self._last_beat = {}
         self.settings["gpuaas"] = self
@@ -186,6 +184,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
         self.handlers.extend(routes())
         self.handlers.extend(jobs_hook.handlers())  # /gpuaas/jobs
+        self.handlers.extend(sidebar.routes())  # /gpuaas/sidebar: the JupyterLab panel
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Start the heartbeat and event loops once the server's loop runs."""
@@ -326,9 +325,9 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
                 return None
             return orig_interrupt(kernel_id)
 
-        def start_watching_activity(kernel_id: str) -> None:
-            orig_watch(kernel_id)  # at every start and restart: filter the new stream
-            self.own_comms.watch(mkm.get_kernel(kernel_id))
+        def start_watching_activity(kernel_id: str) -> None:  # at each start and restart
+            orig_watch(kernel_id)
+            self.activity.own_comms.watch(mkm.get_kernel(kernel_id))  # filter the new stream
 
         mkm.start_watching_activity = start_watching_activity
         mkm.start_kernel = start_kernel
@@ -383,13 +382,11 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             await asyncio.sleep(self.heartbeat_interval)
 
     def current_activity(self) -> list[str]:
-        """Why this server is busy with GPU work ([] when idle), as of the last round:
-        jupyter_server's `shutdown_no_activity_timeout` asks every extension this."""
+        """Why this server is busy ([] idle): `shutdown_no_activity_timeout` asks this."""
         return list(self.activity.reasons)
 
     async def heartbeat_once(self) -> None:
-        """One round: notice deaths, report each running GPU kernel busy or idle, then
-        judge the whole server (idle.py)."""
+        """One round: notice deaths, report each GPU kernel, then the server (idle.py)."""
         running: list[GpuKernel] = []
         for record in list(self.table.live.values()):
             prov = record.provisioner
@@ -399,20 +396,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
                 await prov.poll()  # a dead kernel releases its grant here
             if record.state == "running" and record.request_id:
                 running.append(record)
-        holders = [
-            Holder(
-                r.kernel_id,
-                r.node,
-                r.devices,
-                process_tree(int(r.provisioner.pid)),
-                list((r.grant or {}).get("uuids") or []),
-            )
-            for r in running
-            if r.provisioner.pid
-        ]
-        server = self.activity.holder()
-        if server is not None:
-            holders.append(server)
+        holders = self.activity.holders(running)  # theirs, and this server's own devices
         utilization: dict[str, float | None] = {}
         if holders and self.gpu_usage.available:
             loop = asyncio.get_running_loop()
@@ -437,7 +421,8 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         record.utilization = utilization
         if busy:
             record.idle_since = None
-            record.warning = None
+            if record.warning is None or "preempt_at" not in record.warning:
+                record.warning = None  # a busy kernel is not culled (a preemption stays)
         elif record.idle_since is None:
             record.idle_since = time.time()
         assert self.client is not None and record.request_id is not None
@@ -483,11 +468,15 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         rid = data.get("id") or request.get("id")
         record = self.table.by_request(str(rid)) if rid else None
         if record is None:
+            if rid and rid == os.environ.get("GPUAAS_REQUEST_ID") and name.startswith("preempt_"):
+                self._preempt_notice(None, name, data, request)  # this server's own GPUs
             return
         if name == "admit":
             record.apply(request)
         elif name == "cull_warning":
             self._warn(record, data.get("cull_at"))
+        elif name in ("preempt_warning", "preempt_withdrawn"):
+            self._preempt_notice(record, name, data, request)
         elif name == "cull":
             await self._end_kernel(record, "culled", await self._cull_reason(record))
         elif name == "preempt":
@@ -521,6 +510,30 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
                 "cull_warning", record.kernel_id, record.request_id, msg, data={"cull_at": cull_at}
             )
         )
+
+    def _preempt_notice(
+        self, record: GpuKernel | None, name: str, data: dict[str, Any], request: dict[str, Any]
+    ) -> None:
+        """Preemption with grace: the kernel (record) or this server (None) keeps its GPUs
+        until `at`, then is stopped. Shown at /gpuaas/kernels and /gpuaas/notifications."""
+        what = "server" if record is None else f"kernel {record.kernel_name}"
+        kid = "" if record is None else record.kernel_id
+        if name == "preempt_withdrawn":
+            if record is not None:
+                record.warning = None
+            self.log.info("gpuaas: your %s is no longer preempted", what)
+            return
+        if name != "preempt_warning":
+            return
+        at = data.get("at")
+        left = human_duration(max(0.0, float(at) - time.time())) if at else "soon"
+        why = request.get("preempt_reason") or "its GPUs are reclaimed"
+        msg = f"your {what} will be stopped in {left}: {why}"
+        if record is not None:
+            record.warning = {"message": msg, "preempt_at": at, "t": time.time()}
+        self.log.warning("gpuaas: %s", msg)
+        note = Notification("preempt_warning", kid, str(data.get("id")), msg, data={})
+        self.table.notify(note)
 
     async def _cull_reason(self, record: GpuKernel) -> str:
         """`culled: idle on GPU for 30 min`: the tenant's idle timeout, else what we saw."""

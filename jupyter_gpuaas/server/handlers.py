@@ -125,6 +125,7 @@ class EventsHandler(GpuaasHandler):
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-store")
         self.set_header("X-Accel-Buffering", "no")
+        self.flush()  # the headers now: a browser's EventSource opens before the first event
         pending: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._pending = pending
 

@@ -29,7 +29,7 @@ from traitlets.config import LoggingConfigurable
 
 from jupyter_gpuaas.client import GatewayError
 
-from .activity import Holder, decide_busy, process_tree, visible_uuids
+from .activity import Holder, OwnComms, decide_busy, process_tree, visible_uuids
 
 #: The web-app setting jupyter_server's `last_activity()` collects (any key ending so).
 SETTING = "gpuaas_last_activity"
@@ -65,6 +65,8 @@ class ServerActivity(LoggingConfigurable):
         self.since: datetime | None = None  # the previous round
         self.server_busy: bool | None = None  # the last heartbeat's verdict
         self._request_ended = False
+        # Our widgets' comms, kept out of jupyter_server's kernel activity (activity.py).
+        self.own_comms = OwnComms()
 
     @property
     def reports(self) -> bool:
@@ -75,12 +77,24 @@ class ServerActivity(LoggingConfigurable):
             and not self._request_ended
         )
 
-    def holder(self) -> Holder | None:
-        """This server's own devices, for NVML: its process tree on its granted UUIDs."""
+    def holders(self, running: list[Any]) -> list[Holder]:
+        """For NVML: each running GPU kernel's process tree on its grant's devices, and
+        this server's own process tree on its granted UUIDs (CUDA_VISIBLE_DEVICES)."""
+        out = [
+            Holder(
+                r.kernel_id,
+                r.node,
+                r.devices,
+                process_tree(int(r.provisioner.pid)),
+                list((r.grant or {}).get("uuids") or []),
+            )
+            for r in running
+            if r.provisioner.pid
+        ]
         uuids = visible_uuids()
-        if not self.reports or not uuids:
-            return None
-        return Holder(SERVER_KEY, None, [], process_tree(os.getpid()), uuids)
+        if self.reports and uuids:
+            out.append(Holder(SERVER_KEY, None, [], process_tree(os.getpid()), uuids))
+        return out
 
     def judge(
         self, now: datetime, gpu_busy: dict[str, bool], server_utilization: float | None

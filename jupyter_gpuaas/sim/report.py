@@ -74,6 +74,7 @@ def build_result(
     preemptions: dict[str, int] = {}
     culls: dict[str, int] = {}
     cancelled_at: dict[str, float] = {}
+    reasons: dict[str, str] = {}  # rejected request -> why, as its reject event said
     gpus_of: dict[str, int] = {}
     bound_since: dict[str, float] = {}
     alloc: dict[str, float] = {}  # GPU-seconds bound to devices
@@ -151,6 +152,7 @@ def build_result(
             state[rid] = "culled"
         elif ev == "reject":
             state[rid] = "rejected"
+            reasons[rid] = str(d.fields.get("reason") or "")
     for rid in list(bound_since):
         unbind(rid, end)
     for node, began in node_start.items():
@@ -218,6 +220,10 @@ def build_result(
             "preemptions": preemptions.get(rid, 0),
             "culls": culls.get(rid, 0),
         }
+        if s == "rejected":
+            # SCENARIO.md: a rejected request carries `reason`; its tenant for the table.
+            requests[rid]["reason"] = reasons.get(rid, "")
+            requests[rid]["tenant"] = req.tenant
 
     all_waits.sort()
     allocated = sum(alloc.values()) / _HOUR
@@ -267,8 +273,33 @@ def _r(x: float) -> float:
     return round(x, 6)
 
 
+#: Rejections listed one per line in the human table; the rest are counted.
+REJECTIONS_SHOWN = 20
+
+
+def format_rejections(requests: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The "rejected" section: id, tenant and the reason sentence of each rejection."""
+    rows = [
+        (rid, str(r.get("tenant") or ""), str(r.get("reason") or "no reason recorded"))
+        for rid, r in requests.items()
+        if r.get("state") == "rejected"
+    ]
+    if not rows:
+        return []
+    shown = rows[:REJECTIONS_SHOWN]
+    wid = max(len(r[0]) for r in shown)
+    wt = max(len(r[1]) for r in shown)
+    out = ["", "rejected"]
+    out += [f"  {rid.ljust(wid)}  {tenant.ljust(wt)}  {why}" for rid, tenant, why in shown]
+    if len(rows) > len(shown):
+        more = len(rows) - len(shown)
+        out.append(f"  … and {more} more (every reason is in --json)")
+    return out
+
+
 def format_table(result: Mapping[str, Any]) -> str:
-    """A human summary of a result: a per-tenant table, then overall lines."""
+    """A human summary of a result: a per-tenant table, the rejections with their
+    reasons, then overall lines."""
     summary = result["summary"]
     per_tenant: Mapping[str, Mapping[str, Any]] = summary.get("per_tenant", {})
     headers = (
@@ -305,6 +336,7 @@ def format_table(result: Mapping[str, Any]) -> str:
 
     out = [line(headers), line(["-" * w for w in widths])]
     out.extend(line(r) for r in rows)
+    out += format_rejections(result.get("requests", {}))
     capacity = summary.get("gpu_hours_capacity", 0.0)
     end = summary.get("end")
     clock = f" to t={end:.0f}s ({format_duration(end)})" if isinstance(end, (int, float)) else ""

@@ -26,7 +26,7 @@ def test_upgrade_is_idempotent_and_creates_tables(db_url: str) -> None:
         tables = set(inspect(store.engine).get_table_names())
         assert {"requests", "decisions", "nodes", "tenant_overrides", "alembic_version"} <= tables
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0003"
         indexes = {
             i["name"]: i["column_names"] for i in inspect(store.engine).get_indexes("requests")
         }
@@ -49,13 +49,22 @@ def test_upgrade_from_0001_keeps_rows(sqlite_url: str) -> None:
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "0001")
-    store = Store(engine)
-    req = Request("r-00000000000000aa", "vision", "alice", "job", 1, 1.0)
-    store.write(Batch([(req, {})], [Decision(1.0, "submit", req.id)]), 1.0)
-    store.close()
+    # The first release's columns only (today's Store writes columns added since).
+    rid = "r-00000000000000aa"
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO requests (id, tenant, user, kind, gpus, priority, busy, state,"
+                " submit_time, queue_time, seq, devices, wants_devices, preemptions, culls,"
+                " reason, created, updated) VALUES (:id, 'vision', 'alice', 'job', 1, 0, 1,"
+                " 'queued', 1.0, 1.0, 1, '[]', 0, 0, 0, '', 1.0, 1.0)"
+            ),
+            {"id": rid},
+        )
+    engine.dispose()
     store = Store.open(sqlite_url)
     try:
-        assert [r.id for r in store.query(user="alice")] == [req.id]
+        assert [r.id for r in store.query(user="alice")] == [rid]
         indexes = {i["name"] for i in inspect(store.engine).get_indexes("requests")}
         assert "ix_requests_user_created" in indexes
     finally:

@@ -178,7 +178,7 @@ async def test_a_kernel_showing_only_a_live_status_widget_is_idle_and_culled(
         # refreshes' HTTP polls of /gpuaas/api/*, which say no_track_activity).
         assert km.last_activity == kernel_mark
         assert await last_activity(jp_fetch) == mark
-        assert ext.own_comms.dropped >= 4
+        assert ext.activity.own_comms.dropped >= 4
     finally:
         kc.stop_channels()
     # The gateway hears "idle" and culls the kernel after the tenant's 8 idle seconds.

@@ -1,0 +1,91 @@
+"""Who holds devices of each flavor, for the preemption search.
+
+Device holders per (tenant, flavor), and their GPUs per priority: the candidates of a
+preemption search, and a quick bound on what one could achieve. The bound per (tenant,
+flavor, priority) is kept with the versions of the pool it was computed at: usage (the
+ledger's) and holders (`held_version`) in the tenant's cohort and that flavor. Nothing
+else changes it but free devices, which are added at each lookup.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+
+from .ledger import Ledger
+from .model import Config, Request, Tenant
+from .nodes import Cluster
+from .preemption import preemption_room
+
+_Bound = tuple[int, int, int, int, bool, list[str]]
+
+
+class Holders:
+    def __init__(self, ledger: Ledger, cluster: Cluster) -> None:
+        self._ledger = ledger
+        self._cluster = cluster
+        self.holding: dict[tuple[str, str], dict[str, Request]] = defaultdict(dict)
+        self.held_by_priority: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
+        self.held_version: dict[tuple[str, str], int] = defaultdict(int)
+        self._bounds: dict[tuple[str, str, int], _Bound] = {}
+        self.pool: dict[str, str] = {}  # tenant -> its cohort, or itself without one
+        self._tenants: Mapping[str, Tenant] = {}
+
+    def reconfigure(self, config: Config) -> None:
+        self._tenants = config.tenants
+        self.pool = {t.name: t.cohort or t.name for t in config.tenants.values()}
+        self._bounds.clear()
+
+    def hold(self, req: Request, flavor: str) -> None:
+        self.held_version[(self.pool[req.tenant], flavor)] += 1
+        self.holding[(req.tenant, flavor)][req.id] = req
+        by_prio = self.held_by_priority[(req.tenant, flavor)]
+        by_prio[req.priority] = by_prio.get(req.priority, 0) + req.gpus
+
+    def unhold(self, req: Request, flavor: str) -> None:
+        if self.holding[(req.tenant, flavor)].pop(req.id, None) is not None:
+            self.held_version[(self.pool[req.tenant], flavor)] += 1
+            by_prio = self.held_by_priority[(req.tenant, flavor)]
+            left = by_prio[req.priority] - req.gpus
+            if left:
+                by_prio[req.priority] = left
+            else:
+                del by_prio[req.priority]
+
+    def victim_pool(self, req: Request, flavor: str) -> list[Request]:
+        """Requests holding `flavor` that the preemption policy could ever evict for `req`:
+        its own tenant's (unless within_tenant is Never) and those of cohort members above
+        their nominal quota (unless the cohort policies are Never).
+
+        Empty when even evicting all of them could not make room: most failing searches
+        end on that bound, computed from GPUs held per priority, without a candidate list.
+        """
+        most, own, others = self.bound(req.tenant, flavor, req.priority)
+        if req.gpus > most:
+            return []
+        pool: list[Request] = []
+        if own:
+            held = self.holding[(req.tenant, flavor)].values()
+            pool += [v for v in held if v.priority <= req.priority]
+        for name in others:
+            pool += self.holding[(name, flavor)].values()
+        return pool
+
+    def bound(self, tenant: str, flavor: str, prio: int) -> tuple[int, bool, list[str]]:
+        """The most GPUs an eviction could make room for, and the candidates' owners.
+
+        Kept per (tenant, flavor, priority) until usage or holders change in that cohort
+        and flavor: between two changes, wakes and tries of many heads ask the same."""
+        pool = (self.pool[tenant], flavor)
+        usage_v = self._ledger.pool_version[pool]
+        held_v = self.held_version[pool]
+        key = (tenant, flavor, prio)
+        cached = self._bounds.get(key)
+        if cached is None or cached[0] != usage_v or cached[1] != held_v:
+            room = preemption_room(
+                self._tenants[tenant], self._ledger, self.held_by_priority, flavor, prio
+            )
+            cached = (usage_v, held_v, *room)
+            self._bounds[key] = cached
+        # Victims' devices plus the free ones, and no more than quota allows.
+        return min(cached[2] + self._cluster.free_in(flavor), cached[3]), cached[4], cached[5]

@@ -1,0 +1,192 @@
+/** "My work": every request of mine, with its place and reason while queued, its devices
+ * and idle time while running, and the notebook that holds a kernel. */
+
+import {
+  bytes,
+  duration,
+  formatPosition,
+  formatWait,
+  gpuWords,
+  percent,
+  stateWords,
+  waitReason
+} from '../format';
+import { GpuModel, kindWord } from '../model';
+import type { GpuRequest } from '../types';
+import { Actions, runAction } from './actions';
+import { button, h, Rows, section } from './dom';
+
+export class MyWorkSection {
+  readonly root: HTMLElement;
+  private list: HTMLElement;
+  private empty: HTMLElement;
+  private summary: HTMLElement;
+  private rows: Rows<GpuRequest>;
+
+  constructor(
+    private readonly model: GpuModel,
+    private readonly actions: Actions
+  ) {
+    const s = section('work', 'My work');
+    this.root = s.root;
+    this.summary = s.summary;
+    this.list = h('ul', { class: 'jp-gpuaas-list', 'aria-label': 'My GPU requests' });
+    this.empty = h('p', {
+      class: 'jp-gpuaas-empty',
+      text: 'Nothing of mine on GPUs. Start a GPU kernel, or run a notebook as a job.'
+    });
+    s.body.append(this.list, this.empty);
+    this.rows = new Rows(this.list, (r, row) => this.renderRow(r, row));
+  }
+
+  update(keys?: string[]): void {
+    const items = this.model.workRows();
+    this.rows.sync(
+      items.map(r => [r.id, r]),
+      keys && keys.length ? new Set(keys) : undefined
+    );
+    this.empty.hidden = items.length > 0;
+    const queued = items.filter(r => r.state === 'queued').length;
+    const running = items.filter(r => r.state === 'admitted').length;
+    this.summary.textContent = items.length ? ` · ${running} running, ${queued} queued` : '';
+  }
+
+  private renderRow(r: GpuRequest, row: HTMLElement): void {
+    const model = this.model;
+    const kernel = model.kernelOf(r.id);
+    const notebook = kernel ? model.notebooks.get(kernel.kernel_id) : undefined;
+    const job = r.kind === 'job' ? model.jobs.get(r.id) : undefined;
+    row.className = `jp-gpuaas-row jp-gpuaas-state-${r.state}`;
+    row.dataset.state = r.state;
+    row.replaceChildren();
+    const error = h('p', { class: 'jp-gpuaas-error', role: 'alert' });
+
+    // Title: what it is, and which notebook holds a kernel (a link to open it).
+    let title: HTMLElement;
+    if (notebook) {
+      const link = h('a', {
+        href: '#',
+        class: 'jp-gpuaas-link',
+        'aria-label': `Open notebook ${notebook}`,
+        title: notebook,
+        text: notebook.split('/').pop() ?? notebook
+      });
+      link.addEventListener('click', ev => {
+        ev.preventDefault();
+        this.actions.openPath(notebook);
+      });
+      title = h('span', { class: 'jp-gpuaas-title' }, `${kindWord(r.kind)} · `, link);
+    } else {
+      const name = job?.name || job?.source || r.name || (kernel ? kernel.kernel_name : '');
+      title = h('span', {
+        class: 'jp-gpuaas-title',
+        text: `${kindWord(r.kind)}${name ? ` · ${name}` : ''}`
+      });
+    }
+    const badge = h('span', {
+      class: `jp-gpuaas-badge jp-gpuaas-badge-${r.state}`,
+      text: stateWords(r.state)
+    });
+    row.append(h('div', { class: 'jp-gpuaas-row-head' }, title, badge));
+    const what = `${gpuWords(r.gpus, r.grant?.flavor ?? r.flavor)} for ${r.tenant}`;
+    row.append(h('p', { class: 'jp-gpuaas-line', text: what }));
+
+    const buttons = h('div', { class: 'jp-gpuaas-actions' });
+    if (r.state === 'queued') {
+      row.append(
+        h('p', { class: 'jp-gpuaas-line jp-gpuaas-position', text: formatPosition(r.position, r.tenant) }),
+        h('p', { class: 'jp-gpuaas-line jp-gpuaas-reason', text: waitReason(r) }),
+        h('p', {
+          class: 'jp-gpuaas-line jp-gpuaas-wait',
+          text: `Estimated wait: ${formatWait(r.estimated_wait)}`
+        })
+      );
+      const b = button('Cancel', `Cancel the queued ${kindWord(r.kind)} ${r.id}`, () =>
+        runAction(b, error, () => this.actions.cancel(r))
+      );
+      buttons.append(b);
+    } else if (r.state === 'admitted' && r.grant) {
+      const devs = r.grant.devices;
+      row.append(
+        h('p', {
+          class: 'jp-gpuaas-line jp-gpuaas-node',
+          text: `On ${r.grant.node}, ${devs.length === 1 ? 'device' : 'devices'} ${devs.join(', ')}`
+        })
+      );
+      for (const index of devs) {
+        const d = model.devices.find(x => x.node === r.grant!.node && x.index === index);
+        if (d) {
+          const mem =
+            d.memory_total !== undefined
+              ? `${bytes(d.memory_used)} of ${bytes(d.memory_total)}`
+              : bytes(d.memory_used);
+          row.append(
+            h('p', {
+              class: 'jp-gpuaas-line jp-gpuaas-util',
+              text: `GPU ${index}: ${percent(d.utilization)} busy, memory ${mem}`
+            })
+          );
+        }
+      }
+      const now = Date.now() / 1000;
+      if (kernel && kernel.idle_since !== null && kernel.ended === null) {
+        row.append(
+          h('p', {
+            class: 'jp-gpuaas-line jp-gpuaas-idle',
+            text: `Idle for ${duration(now - kernel.idle_since)}`
+          })
+        );
+      } else if (r.grant.busy === false && !kernel) {
+        row.append(h('p', { class: 'jp-gpuaas-line jp-gpuaas-idle', text: 'Idle' }));
+      }
+      const warning = model.warnings.get(r.id);
+      if (warning) {
+        const when = warning.cullAt ? `in ${duration(warning.cullAt - now)}` : 'soon';
+        row.append(
+          h('p', {
+            class: 'jp-gpuaas-line jp-gpuaas-warning',
+            role: 'status',
+            text: warning.kept
+              ? 'Kept: its idle clock started again.'
+              : `⚠ Idle: it will be shut down ${when} to free its GPU.`
+          })
+        );
+        if (!warning.kept) {
+          const keep = button('Keep my GPU', `Keep the GPU of ${kindWord(r.kind)} ${r.id}`, () =>
+            runAction(keep, error, () => this.actions.keep(r.id))
+          , 'jp-mod-accept');
+          buttons.append(keep);
+        }
+      }
+      if (kernel && kernel.ended === null) {
+        const rel = button('Release', `Release the GPU: shut down kernel ${kernel.kernel_name}`, () =>
+          runAction(rel, error, () => this.actions.release(kernel.kernel_id))
+        );
+        buttons.append(rel);
+      } else if (r.kind === 'job' && job) {
+        const c = button('Cancel', `Cancel job ${job.name || job.id}`, () =>
+          runAction(c, error, () => this.actions.cancelJob(job))
+        );
+        buttons.append(c);
+      }
+    } else if (r.state === 'parked') {
+      row.append(
+        h('p', {
+          class: 'jp-gpuaas-line',
+          text: "Its quota is kept for a while: starting it again gets the GPU at once."
+        })
+      );
+    } else if (r.reason) {
+      row.append(h('p', { class: 'jp-gpuaas-line jp-gpuaas-reason', text: sentence(r.reason) }));
+    }
+    if (buttons.childElementCount) {
+      row.append(buttons);
+    }
+    row.append(error);
+  }
+}
+
+function sentence(text: string): string {
+  const t = text[0].toUpperCase() + text.slice(1);
+  return /[.!?]$/.test(t) ? t : `${t}.`;
+}

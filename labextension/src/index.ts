@@ -1,0 +1,250 @@
+/**
+ * jupyter-gpuaas: the JupyterLab sidebar "GPUs" (my work, my team's quota, the devices and
+ * my jobs, live), a status-bar item for the current notebook's GPU kernel, notifications,
+ * and "Run on GPU as a job…" from the file browser and the notebook toolbar.
+ */
+
+import {
+  ILabShell,
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { Notification, ToolbarButton } from '@jupyterlab/apputils';
+import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+
+import { GpuApi } from './api';
+import { Actions } from './components/actions';
+import { GpuPanel } from './components/panel';
+import { runOnGpuDialog } from './components/rundialog';
+import { GpuStatus } from './components/statusbar';
+import { GpuController } from './controller';
+import { GpuModel, Notice } from './model';
+import { formatParameters, RunSpec } from './params';
+import type { Job } from './types';
+import gpuSvg from '../style/gpu.svg';
+
+export const gpuIcon = new LabIcon({ name: 'jupyter-gpuaas:gpu', svgstr: gpuSvg });
+
+const CMD_RUN = 'gpuaas:run-as-job';
+const CMD_OPEN = 'gpuaas:open-panel';
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'jupyter-gpuaas:plugin',
+  description: 'The GPUs sidebar: my GPU work, team quota, devices and jobs, live.',
+  autoStart: true,
+  optional: [ILayoutRestorer, IStatusBar, INotebookTracker, IDefaultFileBrowser, ILabShell],
+  activate: (
+    app: JupyterFrontEnd,
+    restorer: ILayoutRestorer | null,
+    statusBar: IStatusBar | null,
+    notebooks: INotebookTracker | null,
+    fileBrowser: IDefaultFileBrowser | null
+  ) => {
+    const api = new GpuApi(app.serviceManager.serverSettings);
+    const model = new GpuModel();
+    const sessions = app.serviceManager.sessions;
+    const notebookPaths = (): Map<string, string> => {
+      const out = new Map<string, string>();
+      for (const s of sessions.running()) {
+        if (s.kernel) {
+          out.set(s.kernel.id, s.path);
+        }
+      }
+      return out;
+    };
+
+    const notify = (n: Notice): void => {
+      switch (n.kind) {
+        case 'admitted':
+          Notification.success(n.message, { autoClose: 8000 });
+          break;
+        case 'cull_warning':
+          Notification.warning(n.message, {
+            autoClose: false,
+            actions: [
+              {
+                label: 'Keep',
+                caption: 'Report it busy once: its idle clock starts again',
+                callback: () => void actions.keep(n.requestId).catch(e => Notification.error((e as Error).message))
+              }
+            ]
+          });
+          break;
+        case 'job_done':
+        case 'job_failed': {
+          const job = model.jobs.get(n.requestId);
+          const open = job?.output_path;
+          const options = {
+            autoClose: 10000 as number | false,
+            actions: open ? [{ label: 'Open result', callback: () => actions.openPath(open) }] : []
+          };
+          if (n.kind === 'job_done') {
+            Notification.success(n.message, options);
+          } else {
+            Notification.error(n.message, options);
+          }
+          break;
+        }
+        default:
+          Notification.info(n.message, { autoClose: 8000 });
+      }
+    };
+
+    const controller = new GpuController({ api, model, notebooks: notebookPaths, notify });
+
+    const refreshJob = async (id: string): Promise<void> => {
+      const result = model.setJob(await api.job(id));
+      controller.emit(result.changes);
+    };
+
+    const submit = async (spec: RunSpec): Promise<Job> => {
+      const job = await api.submitJob(spec as unknown as Record<string, unknown>);
+      controller.emit(model.setJob(job).changes); // in the Jobs section at once
+      return job;
+    };
+
+    const runDialog = async (path: string, job?: Job): Promise<void> => {
+      if (!model.me) {
+        await controller.reload().catch(() => undefined);
+      }
+      const initial = job
+        ? {
+            tenant: job.tenant,
+            flavor: job.flavor ?? '',
+            gpus: String(job.gpus),
+            priority: String(job.priority),
+            parameters: formatParameters(job.parameters || {})
+          }
+        : undefined;
+      const created = await runOnGpuDialog(path, model.me, model.tenants, submit, initial);
+      if (created) {
+        app.shell.activateById(panel.id);
+      }
+    };
+
+    const actions: Actions = {
+      cancel: async req => {
+        const kernel = model.kernelOf(req.id);
+        if (kernel && kernel.ended === null) {
+          await app.serviceManager.kernels.shutdown(kernel.kernel_id); // cancels its request
+        } else if (model.jobs.has(req.id)) {
+          await api.cancelJob(req.id);
+          await refreshJob(req.id);
+        } else {
+          await api.cancelRequest(req.id);
+        }
+      },
+      release: async kernelId => {
+        await app.serviceManager.kernels.shutdown(kernelId);
+        await controller.refreshLocal();
+      },
+      keep: async requestId => {
+        await api.keep(requestId);
+        controller.emit(model.markKept(requestId));
+      },
+      openPath: path => {
+        void app.commands.execute('docmanager:open', { path });
+      },
+      cancelJob: async job => {
+        await api.cancelJob(job.id);
+        await refreshJob(job.id);
+      },
+      runAgain: async job => {
+        if (job.source_path) {
+          await runDialog(job.source_path, job);
+        }
+      }
+    };
+
+    const panel = new GpuPanel(model, actions, visible => controller.setPanelVisible(visible));
+    panel.title.icon = gpuIcon;
+    panel.title.caption = 'GPUs: my work, team quota, devices and jobs';
+    panel.title.label = '';
+    app.shell.add(panel, 'left', { rank: 150 });
+    if (restorer) {
+      restorer.add(panel, 'jupyter-gpuaas');
+    }
+    sessions.runningChanged.connect(() => controller.emit(model.setNotebooks(notebookPaths())));
+
+    // Run on GPU as a job…: from the file browser (a .ipynb or .py) or a notebook.
+    app.commands.addCommand(CMD_RUN, {
+      label: 'Run on GPU as a job…',
+      caption: 'Run this notebook or script as a batch job on its own GPUs',
+      icon: gpuIcon,
+      execute: async args => {
+        let path = typeof args.path === 'string' ? args.path : '';
+        if (!path && fileBrowser) {
+          const item = fileBrowser.selectedItems().next();
+          path = item && !item.done ? item.value.path : '';
+        }
+        if (!path && notebooks?.currentWidget) {
+          path = notebooks.currentWidget.context.path;
+        }
+        if (!path.endsWith('.ipynb') && !path.endsWith('.py')) {
+          Notification.error('Run on GPU takes a notebook (.ipynb) or a Python script (.py).');
+          return;
+        }
+        await runDialog(path);
+      }
+    });
+    app.commands.addCommand(CMD_OPEN, {
+      label: 'Show the GPUs panel',
+      execute: () => app.shell.activateById(panel.id)
+    });
+    for (const type of ['notebook', 'python']) {
+      app.contextMenu.addItem({
+        command: CMD_RUN,
+        selector: `.jp-DirListing-item[data-file-type="${type}"]`,
+        rank: 3
+      });
+    }
+    app.docRegistry.addWidgetExtension('Notebook', {
+      createNew: (nb: NotebookPanel) => {
+        const btn = new ToolbarButton({
+          icon: gpuIcon,
+          label: 'Run on GPU',
+          tooltip: 'Run this notebook on GPU as a job…',
+          onClick: () => void app.commands.execute(CMD_RUN, { path: nb.context.path })
+        });
+        nb.toolbar.insertAfter('cellType', 'gpuaas-run', btn);
+        return btn;
+      }
+    });
+
+    // The status-bar item follows the current notebook's kernel.
+    if (statusBar) {
+      const status = new GpuStatus(model);
+      status.node.addEventListener('click', () => app.shell.activateById(panel.id));
+      const follow = (): void => {
+        const ctx = notebooks?.currentWidget?.sessionContext;
+        status.setKernel(ctx?.session?.kernel?.id ?? null);
+      };
+      if (notebooks) {
+        const followed = new WeakSet<NotebookPanel>();
+        notebooks.currentChanged.connect((_, nb) => {
+          follow();
+          if (nb && !followed.has(nb)) {
+            followed.add(nb);
+            nb.sessionContext.kernelChanged.connect(follow);
+            nb.sessionContext.statusChanged.connect(follow);
+          }
+        });
+        void app.restored.then(follow);
+      }
+      statusBar.registerStatusItem('jupyter-gpuaas:status', {
+        item: status,
+        align: 'left',
+        rank: 5,
+        isActive: () => true
+      });
+    }
+
+    void app.restored.then(() => controller.start());
+  }
+};
+
+export default plugin;

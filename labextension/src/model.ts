@@ -1,0 +1,417 @@
+/**
+ * The sidebar's state: my requests, this server's GPU kernels, my tenants, the devices and
+ * my jobs, kept current from snapshots (REST) and the gateway's events (SSE).
+ *
+ * Pure TypeScript (no DOM, no JupyterLab): `applyEvent` is a function of the state and one
+ * event, returning what changed (keys of rows, so each view redraws only those rows) and
+ * what to tell the user (notifications). Unit-tested in node.
+ */
+
+import { duration, gpuWords, isEnded, ordinal } from './format';
+import type {
+  Device,
+  GatewayEvent,
+  GpuKernelInfo,
+  GpuRequest,
+  Job,
+  Me,
+  Tenant
+} from './types';
+
+export type Section = 'work' | 'quota' | 'devices' | 'jobs' | 'connection';
+
+/** What changed: a section and the keys of its rows (empty: redraw the whole section). */
+export interface Change {
+  section: Section;
+  keys: string[];
+}
+
+export interface Notice {
+  kind: 'admitted' | 'cull_warning' | 'culled' | 'preempted' | 'job_done' | 'job_failed';
+  requestId: string;
+  message: string;
+  /** For a cull warning: when the cull happens (epoch seconds). */
+  cullAt?: number | null;
+}
+
+export type Connection = 'connecting' | 'live' | 'polling' | 'unreachable';
+
+export interface Warning {
+  cullAt: number | null;
+  t: number;
+  kept: boolean;
+}
+
+/** How many ended requests of mine "My work" keeps showing. */
+export const ENDED_KEPT = 5;
+
+export class GpuModel {
+  me: Me | null = null;
+  requests = new Map<string, GpuRequest>();
+  /** This server's GPU kernels by request id (kernels without one yet: by kernel id). */
+  kernels = new Map<string, GpuKernelInfo>();
+  /** Notebook path of each kernel id (from the sessions API). */
+  notebooks = new Map<string, string>();
+  tenants: Tenant[] = [];
+  devices: Device[] = [];
+  simulated = false;
+  jobs = new Map<string, Job>();
+  warnings = new Map<string, Warning>();
+  /** The log tail of each job (read while it runs, once more after it ended). */
+  logs = new Map<string, string>();
+  connection: Connection = 'connecting';
+  error = '';
+
+  private listeners: Array<(changes: Change[]) => void> = [];
+
+  onChange(listener: (changes: Change[]) => void): () => void {
+    this.listeners.push(listener);
+    return () => {
+      this.listeners = this.listeners.filter(l => l !== listener);
+    };
+  }
+
+  emit(changes: Change[]): void {
+    if (!changes.length) {
+      return;
+    }
+    for (const listener of [...this.listeners]) {
+      listener(changes);
+    }
+  }
+
+  // ------------------------------------------------------------------ snapshots
+
+  setMe(me: Me): void {
+    this.me = me;
+  }
+
+  /** My requests from `GET api/requests` (replaces what was known). */
+  setRequests(list: GpuRequest[]): Change[] {
+    const mine = list.filter(r => this.isMine(r));
+    const before = new Set(this.requests.keys());
+    const next = new Map<string, GpuRequest>();
+    for (const r of mine) {
+      next.set(r.id, r);
+    }
+    // Requests that ended since, and are no longer listed, stay as ended rows.
+    for (const [id, r] of this.requests) {
+      if (!next.has(id) && isEnded(r.state)) {
+        next.set(id, r);
+      }
+    }
+    this.requests = next;
+    this.trimEnded();
+    for (const id of before) {
+      if (!this.requests.has(id)) {
+        this.warnings.delete(id);
+      }
+    }
+    return [{ section: 'work', keys: [] }];
+  }
+
+  setKernels(list: GpuKernelInfo[]): Change[] {
+    const keys: string[] = [];
+    const next = new Map<string, GpuKernelInfo>();
+    for (const k of list) {
+      const key = k.request_id ?? k.kernel_id;
+      if (next.has(key)) {
+        continue; // the live record comes first; older ones of the same request follow
+      }
+      next.set(key, k);
+      const old = this.kernels.get(key);
+      if (!old || JSON.stringify(old) !== JSON.stringify(k)) {
+        keys.push(key);
+      }
+      if (k.warning && k.request_id && !this.warnings.has(k.request_id)) {
+        this.warnings.set(k.request_id, { cullAt: k.warning.cull_at, t: k.warning.t, kept: false });
+      }
+      if (!k.warning && k.request_id && k.idle_since === null) {
+        this.warnings.delete(k.request_id); // busy again: the warning is over
+      }
+    }
+    for (const key of this.kernels.keys()) {
+      if (!next.has(key)) {
+        keys.push(key);
+      }
+    }
+    this.kernels = next;
+    return keys.length ? [{ section: 'work', keys }] : [];
+  }
+
+  setNotebooks(paths: Map<string, string>): Change[] {
+    const changed: string[] = [];
+    for (const [key, k] of this.kernels) {
+      if (this.notebooks.get(k.kernel_id) !== paths.get(k.kernel_id)) {
+        changed.push(key);
+      }
+    }
+    this.notebooks = paths;
+    return changed.length ? [{ section: 'work', keys: changed }] : [];
+  }
+
+  setTenants(tenants: Tenant[], simulated = false): Change[] {
+    const mine = this.me ? new Set(this.me.tenants) : null;
+    this.tenants = tenants.filter(t => !mine || mine.has(t.name));
+    this.simulated = simulated || this.simulated;
+    return [{ section: 'quota', keys: [] }];
+  }
+
+  setDevices(devices: Device[], simulated = false): Change[] {
+    this.devices = devices;
+    this.simulated = simulated || this.simulated;
+    return [{ section: 'devices', keys: [] }];
+  }
+
+  setJobs(jobs: Job[]): { changes: Change[]; notices: Notice[] } {
+    const notices: Notice[] = [];
+    const keys: string[] = [];
+    const next = new Map<string, Job>();
+    for (const job of jobs) {
+      next.set(job.id, job);
+      const old = this.jobs.get(job.id);
+      if (!old || JSON.stringify(old) !== JSON.stringify(job)) {
+        keys.push(job.id);
+      }
+      if (old && old.state !== job.state) {
+        const notice = jobNotice(job);
+        if (notice) {
+          notices.push(notice);
+        }
+      }
+    }
+    for (const id of this.jobs.keys()) {
+      if (!next.has(id)) {
+        keys.push(id);
+      }
+    }
+    this.jobs = next;
+    return { changes: keys.length ? [{ section: 'jobs', keys }] : [], notices };
+  }
+
+  setJob(job: Job): { changes: Change[]; notices: Notice[] } {
+    const old = this.jobs.get(job.id);
+    const all = [job, ...[...this.jobs.values()].filter(j => j.id !== job.id)];
+    all.sort((a, b) => b.created - a.created);
+    const notices: Notice[] = [];
+    if (old && old.state !== job.state) {
+      const notice = jobNotice(job);
+      if (notice) {
+        notices.push(notice);
+      }
+    }
+    const next = new Map<string, Job>();
+    for (const j of all) {
+      next.set(j.id, j);
+    }
+    this.jobs = next;
+    return { changes: [{ section: 'jobs', keys: [job.id] }], notices };
+  }
+
+  setConnection(state: Connection, error = ''): Change[] {
+    if (state === this.connection && error === this.error) {
+      return [];
+    }
+    this.connection = state;
+    this.error = error;
+    return [{ section: 'connection', keys: [] }];
+  }
+
+  // ------------------------------------------------------------------ events
+
+  /**
+   * One gateway event: update the row it is about. Returns the changes, the notices for
+   * the user, and whether the whole state must be read again (`reset`).
+   */
+  applyEvent(event: GatewayEvent): { changes: Change[]; notices: Notice[]; reload: boolean } {
+    const notices: Notice[] = [];
+    const changes: Change[] = [];
+    if (event.name === 'reset') {
+      return { changes, notices, reload: true };
+    }
+    const req = event.data.request;
+    const id = event.data.id ?? req?.id;
+    if (!id) {
+      // About no request (scale_up, node_ready...): quotas and devices may have moved.
+      changes.push({ section: 'devices', keys: [] });
+      return { changes, notices, reload: false };
+    }
+    const old = this.requests.get(id);
+    if (req && !this.isMine(req)) {
+      return { changes, notices, reload: false };
+    }
+    if (req) {
+      const next: GpuRequest = { ...req };
+      if (event.name === 'cancel' && next.state !== 'cancelled') {
+        next.state = 'cancelled';
+      }
+      this.requests.set(id, next);
+    } else if (!old) {
+      return { changes, notices, reload: false };
+    }
+    const current = this.requests.get(id)!;
+    switch (event.name) {
+      case 'admit': {
+        this.warnings.delete(id);
+        if (old && old.state === 'queued') {
+          notices.push({
+            kind: 'admitted',
+            requestId: id,
+            message: `Your ${kindWord(current.kind)} got ${gpuWords(
+              current.gpus,
+              current.grant?.flavor ?? current.flavor
+            )} on ${current.grant?.node ?? 'a node'}.`
+          });
+        }
+        break;
+      }
+      case 'cull_warning': {
+        const cullAt = typeof event.data.cull_at === 'number' ? event.data.cull_at : null;
+        this.warnings.set(id, { cullAt, t: event.data.t ?? 0, kept: false });
+        notices.push({
+          kind: 'cull_warning',
+          requestId: id,
+          cullAt,
+          message: `Your ${kindWord(current.kind)} is idle on its GPU and will be shut down ${
+            cullAt && event.data.t ? `in ${duration(cullAt - event.data.t)}` : 'soon'
+          } to free it. Keep it?`
+        });
+        break;
+      }
+      case 'cull':
+        this.warnings.delete(id);
+        notices.push({
+          kind: 'culled',
+          requestId: id,
+          message: `Your ${kindWord(current.kind)} was idle and gave back its GPU.`
+        });
+        break;
+      case 'preempt':
+        this.warnings.delete(id);
+        notices.push({
+          kind: 'preempted',
+          requestId: id,
+          message: `Your ${kindWord(current.kind)} was preempted: a request with a better claim needed its GPU.`
+        });
+        break;
+      case 'finish':
+      case 'cancel':
+      case 'reject':
+      case 'expire':
+        this.warnings.delete(id);
+        break;
+      default:
+        break;
+    }
+    this.trimEnded();
+    changes.push({ section: 'work', keys: [id] });
+    // Every decision about a request moves some tenant's usage.
+    changes.push({ section: 'quota', keys: [] });
+    if (['admit', 'finish', 'cancel', 'cull', 'preempt', 'expire'].includes(event.name)) {
+      changes.push({ section: 'devices', keys: [] });
+    }
+    if (current.kind === 'job') {
+      changes.push({ section: 'jobs', keys: [id] });
+    }
+    return { changes, notices, reload: false };
+  }
+
+  setLog(id: string, text: string): Change[] {
+    if (this.logs.get(id) === text) {
+      return [];
+    }
+    this.logs.set(id, text);
+    return [{ section: 'jobs', keys: [id] }];
+  }
+
+  /** A Keep answered: the warning stays shown as kept until the next one. */
+  markKept(requestId: string): Change[] {
+    const w = this.warnings.get(requestId);
+    if (w) {
+      w.kept = true;
+    }
+    return [{ section: 'work', keys: [requestId] }];
+  }
+
+  // ------------------------------------------------------------------ views
+
+  /** My requests, live first (queued before running), then recently ended. */
+  workRows(): GpuRequest[] {
+    const rank = (r: GpuRequest): number =>
+      r.state === 'queued' ? 0 : r.state === 'admitted' ? 1 : r.state === 'parked' ? 2 : 3;
+    return [...this.requests.values()].sort(
+      (a, b) => rank(a) - rank(b) || (b.submit_time ?? 0) - (a.submit_time ?? 0)
+    );
+  }
+
+  kernelOf(requestId: string): GpuKernelInfo | undefined {
+    return this.kernels.get(requestId);
+  }
+
+  kernelById(kernelId: string): GpuKernelInfo | undefined {
+    for (const k of this.kernels.values()) {
+      if (k.kernel_id === kernelId && k.ended === null) {
+        return k;
+      }
+    }
+    return undefined;
+  }
+
+  idleTimeout(tenant: string | null): number | null {
+    const t = this.tenants.find(x => x.name === tenant);
+    return t?.idle_timeout ?? null;
+  }
+
+  /** Whose a device is, from my point of view. */
+  ownerOf(device: Device): 'mine' | 'team' | 'other' | 'free' {
+    const h = device.holder;
+    if (!h) {
+      return 'free';
+    }
+    if (this.requests.has(h.id) || (this.me && h.user === this.me.name)) {
+      return 'mine';
+    }
+    if (this.me && this.me.tenants.includes(h.tenant)) {
+      return 'team';
+    }
+    return 'other';
+  }
+
+  isMine(r: GpuRequest): boolean {
+    return !this.me || r.user === this.me.name;
+  }
+
+  private trimEnded(): void {
+    const ended = [...this.requests.values()]
+      .filter(r => isEnded(r.state))
+      .sort((a, b) => (b.submit_time ?? 0) - (a.submit_time ?? 0));
+    for (const r of ended.slice(ENDED_KEPT)) {
+      this.requests.delete(r.id);
+      this.warnings.delete(r.id);
+    }
+  }
+}
+
+export function kindWord(kind: string): string {
+  return kind === 'kernel' ? 'GPU kernel' : kind === 'server' ? 'GPU server' : 'GPU job';
+}
+
+function jobNotice(job: Job): Notice | null {
+  const name = job.name || job.source || job.id.slice(0, 8);
+  if (job.state === 'succeeded') {
+    return { kind: 'job_done', requestId: job.id, message: `Job ${name} finished.` };
+  }
+  if (job.state === 'failed') {
+    return {
+      kind: 'job_failed',
+      requestId: job.id,
+      message: `Job ${name} failed${job.reason ? `: ${job.reason}` : ''}.`
+    };
+  }
+  return null;
+}
+
+/** "3rd in vision": the short place of a queued request. */
+export function shortPlace(r: GpuRequest): string {
+  return r.position ? `${ordinal(r.position.tenant)} in ${r.tenant}` : 'queued';
+}

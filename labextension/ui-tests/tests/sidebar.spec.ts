@@ -1,0 +1,267 @@
+/**
+ * The GPUs sidebar in a real browser, against a real jupyter server (with the
+ * jupyter_gpuaas server extension) and a real standalone gateway with simulated devices.
+ * The tests run in order on one server: each leaves the GPUs free for the next.
+ */
+import { expect, galata, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
+import type { APIRequestContext, Locator } from '@playwright/test';
+import * as path from 'path';
+
+const ARTIFACTS = process.env.GPUAAS_ARTIFACTS || path.resolve(__dirname, '../../../test-artifacts/ui');
+const GATEWAY = process.env.GPUAAS_GATEWAY_URL || '';
+const ADMIN = process.env.GPUAAS_ADMIN_TOKEN || '';
+
+// mockUser off: Galata's mock of `**/api/me` would also answer the gateway's `gpuaas/api/me`.
+// sessions/kernels null: Galata would otherwise show the page only the sessions it started
+// itself, and these tests start GPU kernels through the REST API as well.
+test.use({
+  autoGoto: true,
+  mockUser: false,
+  sessions: null,
+  kernels: null,
+  mockSettings: { ...galata.DEFAULT_SETTINGS }
+});
+test.describe.configure({ mode: 'serial' });
+
+async function xsrf(page: IJupyterLabPageFixture): Promise<Record<string, string>> {
+  const cookies = await page.context().cookies();
+  const token = cookies.find(c => c.name === '_xsrf')?.value;
+  return token ? { 'X-XSRFToken': token } : {};
+}
+
+/** A notebook session on a GPU kernel, as JupyterLab would start it (REST, same origin). */
+async function startSession(page: IJupyterLabPageFixture, name: string, kernel: string): Promise<string> {
+  const resp = await page.request.post('api/sessions', {
+    headers: await xsrf(page),
+    data: { path: name, name, type: 'notebook', kernel: { name: kernel } }
+  });
+  expect(resp.ok()).toBeTruthy();
+  return (await resp.json()).kernel.id as string;
+}
+
+async function kernelRecord(request: APIRequestContext, kernelId: string): Promise<any> {
+  for (let i = 0; i < 100; i++) {
+    const resp = await request.get('gpuaas/kernels');
+    const rec = (await resp.json()).find((k: any) => k.kernel_id === kernelId && k.request_id);
+    if (rec) {
+      return rec;
+    }
+    await new Promise(r => setTimeout(r, 200));
+  }
+  throw new Error(`kernel ${kernelId} has no GPU request`);
+}
+
+async function gateway(request: APIRequestContext, rid: string): Promise<any> {
+  const resp = await request.get(`${GATEWAY}api/requests/${rid}`, {
+    headers: { Authorization: `token ${ADMIN}` }
+  });
+  return resp.json();
+}
+
+async function openPanel(page: IJupyterLabPageFixture): Promise<Locator> {
+  const panel = page.locator('#jp-gpuaas-panel');
+  if (!(await panel.isVisible())) {
+    await page.locator('.jp-SideBar [data-id="jp-gpuaas-panel"]').click();
+  }
+  await expect(panel).toBeVisible();
+  return panel;
+}
+
+function row(panel: Locator, rid: string): Locator {
+  return panel.locator(`.jp-gpuaas-work li[data-key="${rid}"]`);
+}
+
+async function shutdownAll(page: IJupyterLabPageFixture): Promise<void> {
+  const sessions = await (await page.request.get('api/sessions')).json();
+  for (const s of sessions) {
+    await page.request.delete(`api/sessions/${s.id}`, { headers: await xsrf(page) });
+  }
+}
+
+test.beforeEach(async ({ page }) => {
+  // The browser's errors in the test's output: a failing UI test says why.
+  page.on('console', msg => {
+    if (msg.type() === 'error' || msg.type() === 'warning') {
+      console.log(`[browser ${msg.type()}] ${msg.text()}`);
+    }
+  });
+  page.on('pageerror', err => console.log(`[browser exception] ${err.message}`));
+});
+
+test.afterEach(async ({ page }) => {
+  await shutdownAll(page);
+});
+
+test('opens the GPUs panel with its four sections', async ({ page }) => {
+  const tab = page.locator('.jp-SideBar [data-id="jp-gpuaas-panel"]');
+  await expect(tab).toHaveAttribute('title', /GPUs/);
+  const panel = await openPanel(page);
+  for (const name of ['My work', 'Team quota', 'Devices', 'Jobs']) {
+    await expect(panel.getByRole('region', { name })).toBeVisible();
+  }
+  await expect(panel.locator('.jp-gpuaas-device')).toHaveCount(2);
+  await expect(panel.locator('.jp-gpuaas-device').first()).toContainText('free');
+  await expect(panel.getByText('Simulated devices')).toBeVisible();
+  const quota = panel.locator('.jp-gpuaas-quota-row', { hasText: 'vision · a100' });
+  await expect(quota).toContainText('0 / 1');
+  await expect(quota.getByRole('meter')).toHaveAttribute('aria-valuemax', '1');
+  await expect(panel.locator('.jp-gpuaas-quota-row', { hasText: 'scratch · a100' })).toBeVisible();
+  await expect(panel.locator('.jp-gpuaas-banner')).toBeHidden(); // live, no error
+  // Nothing in the panel is a raw JSON dump.
+  expect(await panel.innerText()).not.toMatch(/[{[]"/);
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-empty.png` });
+});
+
+test('a second GPU kernel queues, then is admitted when the first is shut down', async ({ page, tmpPath }) => {
+  const panel = await openPanel(page);
+  await page.contents.uploadFile(path.resolve(__dirname, 'train.ipynb'), `${tmpPath}/first.ipynb`);
+  const first = await startSession(page, `${tmpPath}/first.ipynb`, 'gpu1');
+  const r1 = (await kernelRecord(page.request, first)).request_id;
+  await expect(row(panel, r1)).toHaveAttribute('data-state', 'admitted');
+  await expect(row(panel, r1)).toContainText('On a100-0');
+  await expect(row(panel, r1).getByRole('link')).toHaveAttribute('title', `${tmpPath}/first.ipynb`);
+  await expect(row(panel, r1).getByRole('link')).toHaveText('first.ipynb');
+
+  await page.contents.uploadFile(path.resolve(__dirname, 'train.ipynb'), `${tmpPath}/second.ipynb`);
+  const second = await startSession(page, `${tmpPath}/second.ipynb`, 'gpu1');
+  const r2 = (await kernelRecord(page.request, second)).request_id;
+  const queued = row(panel, r2);
+  await expect(queued).toHaveAttribute('data-state', 'queued');
+  await expect(queued).toContainText('1st of 1 in vision');
+  await expect(queued).toContainText('Estimated wait:');
+  await expect(queued.locator('.jp-gpuaas-reason')).not.toBeEmpty();
+  await expect(panel.locator('.jp-gpuaas-quota-row', { hasText: 'vision · a100' })).toContainText(
+    '1 request waiting'
+  );
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-queued.png` });
+
+  // The status bar of the open notebook follows its kernel.
+  await row(panel, r1).getByRole('link').click();
+  await expect(page.locator('.jp-gpuaas-status')).toHaveText(/GPU: a100 ×1/);
+  await page.evaluate(p => (window as any).jupyterapp.commands.execute('docmanager:open', { path: p }), `${tmpPath}/second.ipynb`);
+  await expect(page.locator('.jp-gpuaas-status')).toHaveText('GPU: queued 1st (quota)');
+
+  // Release the first: the second's row changes in place, without a reload.
+  const handle = await queued.elementHandle();
+  await row(panel, r1).getByRole('button', { name: /Release the GPU/ }).click();
+  await expect(row(panel, r2)).toHaveAttribute('data-state', 'admitted', { timeout: 30000 });
+  await expect(page.locator('.Toastify__toast', { hasText: 'Your GPU kernel got 1 a100 GPU on a100-0.' })).toBeVisible();
+  expect(await handle!.evaluate(el => el.isConnected)).toBe(true); // the same row element
+  await expect(row(panel, r1)).toHaveAttribute('data-state', 'finished');
+  expect((await gateway(page.request, r2)).state).toBe('admitted');
+  // The status bar of the (second) notebook follows too.
+  await expect(page.locator('.jp-gpuaas-status')).toHaveText(/GPU: a100 ×1/);
+});
+
+test('cancel a queued GPU kernel', async ({ page, tmpPath }) => {
+  const panel = await openPanel(page);
+  const holder = await startSession(page, `${tmpPath}/holder.ipynb`, 'gpu1');
+  const rh = (await kernelRecord(page.request, holder)).request_id;
+  await expect(row(panel, rh)).toHaveAttribute('data-state', 'admitted');
+  const waiting = await startSession(page, `${tmpPath}/waiting.ipynb`, 'gpu1');
+  const rw = (await kernelRecord(page.request, waiting)).request_id;
+  await expect(row(panel, rw)).toHaveAttribute('data-state', 'queued');
+  // By keyboard: the button takes the focus and Enter presses it.
+  const cancel = row(panel, rw).getByRole('button', { name: /Cancel the queued/ });
+  await cancel.focus();
+  await expect(cancel).toBeFocused();
+  await page.keyboard.press('Enter');
+  await expect(row(panel, rw)).toHaveAttribute('data-state', 'cancelled');
+  expect((await gateway(page.request, rw)).state).toBe('cancelled');
+  expect((await gateway(page.request, rh)).state).toBe('admitted'); // the other one stays
+});
+
+test('a cull warning offers Keep, and Keep saves the GPU', async ({ page, tmpPath }) => {
+  const panel = await openPanel(page);
+  const idle = await startSession(page, `${tmpPath}/idle.ipynb`, 'gpu-scratch');
+  const rid = (await kernelRecord(page.request, idle)).request_id;
+  await expect(row(panel, rid)).toHaveAttribute('data-state', 'admitted');
+  await expect(row(panel, rid)).toContainText('Idle for');
+  // The warning comes a few seconds after the kernel went idle: in the row and as a toast.
+  const warning = row(panel, rid).locator('.jp-gpuaas-warning');
+  await expect(warning).toContainText('it will be shut down in', { timeout: 30000 });
+  await expect(page.locator('.Toastify__toast', { hasText: 'Keep it?' })).toBeVisible();
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-cull-warning.png` });
+  const before = await gateway(page.request, rid);
+  expect(before.state).toBe('admitted');
+  const cullAt: number = (await kernelRecord(page.request, idle)).warning.cull_at;
+  expect(cullAt).toBeGreaterThan(Date.now() / 1000);
+  // By keyboard, while the countdown redraws the row: the button keeps the focus.
+  const keep = row(panel, rid).getByRole('button', { name: /Keep the GPU/ });
+  await keep.focus();
+  await page.waitForTimeout(6000);
+  await expect(keep).toBeFocused();
+  await page.keyboard.press('Enter');
+  await expect(warning).toHaveText('Kept: its idle clock started again.');
+  // Past the time it would have been culled at, it still holds its GPU.
+  await page.waitForTimeout(Math.max(0, cullAt + 2 - Date.now() / 1000) * 1000);
+  expect((await gateway(page.request, rid)).state).toBe('admitted');
+  await expect(row(panel, rid)).toHaveAttribute('data-state', 'admitted');
+});
+
+test('Run on GPU as a job from the file browser, through to the executed notebook', async ({ page, tmpPath }) => {
+  const panel = await openPanel(page);
+  await page.contents.uploadFile(path.resolve(__dirname, 'train.ipynb'), `${tmpPath}/train.ipynb`);
+  await page.sidebar.openTab('filebrowser');
+  await page.filebrowser.refresh();
+  await page.locator('.jp-DirListing-item[data-file-type="notebook"]', { hasText: 'train.ipynb' }).click({ button: 'right' });
+  await page.getByRole('menuitem', { name: 'Run on GPU as a job…' }).click();
+  const dialog = page.locator('.jp-Dialog');
+  await expect(dialog).toContainText('Run on GPU as a job');
+
+  // A request that can never be admitted: the server's reason, inline; the form stays.
+  await dialog.getByLabel('GPUs').fill('5');
+  await dialog.getByLabel('Parameters (papermill)').fill('lr = 0.5');
+  await dialog.getByRole('button', { name: 'Run on GPU' }).click();
+  const refusal = page.locator('.jp-Dialog .jp-gpuaas-error:not(:empty)');
+  await expect(refusal).toHaveCount(1);
+  console.log(`refusal shown: ${await refusal.innerText()}`);
+  await expect(refusal).toContainText(/never|cannot|quota|at most|more/i);
+  await page.locator('.jp-Dialog').screenshot({ path: `${ARTIFACTS}/run-dialog-refused.png` });
+  await expect(page.locator('.jp-Dialog').getByLabel('Parameters (papermill)')).toHaveValue('lr = 0.5');
+
+  await page.locator('.jp-Dialog').getByLabel('GPUs').fill('1');
+  await page.locator('.jp-Dialog').getByRole('button', { name: 'Run on GPU' }).click();
+  await expect(page.locator('.jp-Dialog')).toHaveCount(0);
+  const job = panel.locator('.jp-gpuaas-job', { hasText: 'train.ipynb' }).first();
+  await expect(job).toBeVisible();
+  await expect(job).toContainText('lr=0.5');
+  await expect(job).toHaveAttribute('data-state', 'succeeded', { timeout: 90000 });
+  await expect(job.locator('.jp-gpuaas-log')).not.toBeEmpty();
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-job.png` });
+  await expect(page.locator('.Toastify__toast', { hasText: 'Job train.ipynb finished.' })).toBeVisible();
+  // Run again: the same file and parameters in the dialog.
+  await job.getByRole('button', { name: /Run job .* again/ }).click();
+  await expect(page.locator('.jp-Dialog').getByLabel('Parameters (papermill)')).toHaveValue('lr = 0.5');
+  await page.locator('.jp-Dialog').getByRole('button', { name: 'Cancel' }).click();
+  await expect(page.locator('.jp-Dialog')).toHaveCount(0);
+  await job.getByRole('button', { name: /Open the executed notebook/ }).click();
+  const output = page.locator('.jp-NotebookPanel .jp-OutputArea-output', { hasText: 'trained with lr=0.5' });
+  await expect(output).toBeVisible({ timeout: 30000 });
+  // The notebook toolbar offers the same.
+  await expect(page.locator('.jp-NotebookPanel-toolbar').getByText('Run on GPU')).toBeVisible();
+});
+
+test('the dark theme', async ({ page }) => {
+  const panel = await openPanel(page);
+  await page.theme.setDarkTheme();
+  await expect(page.locator('body')).toHaveAttribute('data-jp-theme-light', 'false');
+  const bg = await panel.evaluate(el => getComputedStyle(el).backgroundColor);
+  const [r, g, b] = bg.match(/\d+/g)!.map(Number);
+  expect(r + g + b).toBeLessThan(3 * 80); // dark, from JupyterLab's own variables
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-dark.png` });
+  await page.theme.setLightTheme();
+});
+
+test('a gateway that is down: the panel says so and keeps retrying', async ({ page }) => {
+  const panel = await openPanel(page);
+  await expect(panel.locator('.jp-gpuaas-device')).toHaveCount(2);
+  const pid = Number(process.env.GPUAAS_GATEWAY_PID);
+  expect(pid).toBeGreaterThan(0);
+  process.kill(pid, 'SIGTERM'); // the real gateway process this run started: the last test
+  const banner = panel.locator('.jp-gpuaas-banner');
+  await expect(banner).toHaveText('GPU service unreachable — retrying.', { timeout: 45000 });
+  await expect(panel.getByRole('region', { name: 'Devices' })).toBeVisible(); // not blank
+  expect(await panel.innerText()).not.toMatch(/[{[]"|Traceback|Error:/);
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-unreachable.png` });
+});
