@@ -65,6 +65,8 @@ def line_parser() -> _Parser:
                            parser_class=_Parser)  # fmt: skip
     s = sub.add_parser("status", help="my requests, my tenants' quota and usage, devices")
     s.add_argument("--text", action="store_true", help="plain text, not a live widget")
+    s.add_argument("--every", type=_seconds, default=5.0, metavar="SECONDS",
+                   help="seconds between refreshes of the live view (default 5)")  # fmt: skip
     s = sub.add_parser("submit", help="run a notebook as a GPU job (papermill parameters)")
     s.add_argument("notebook", help="the notebook (.ipynb) to run")
     _request_options(s)
@@ -202,7 +204,7 @@ class GpuMagics(Magics):
 
             from jupyter_gpuaas.widgets import StatusWidget
 
-            display(StatusWidget(client))  # type: ignore[no-untyped-call]
+            display(StatusWidget(client, interval=args.every))  # type: ignore[no-untyped-call]
             return
         print(StatusView.from_status(client.status()).text())
 
@@ -234,6 +236,16 @@ class GpuMagics(Magics):
     def _cancel(self, args: argparse.Namespace) -> None:
         job = ServerClient.from_env().cancel(args.id)
         print(JobView.from_job(job).text())
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} s is not between 0.1 s and an hour")
+    return value
 
 
 def _request(args: argparse.Namespace) -> dict[str, Any]:

@@ -29,8 +29,11 @@ What the mixin adds
   gateway's event stream (events.py) says something changed, not on a timer;
 - admitted: `_apply_grant()` hands the devices to the wrapped spawner (CUDA_VISIBLE_DEVICES
   for local processes, `nvidia.com/gpu` limits and the flavor's node selector for pods);
-- running: a heartbeat task renews the lease and reports busy/idle from the Hub's
-  last-activity; a gateway `cull` (or preemption, or lease loss) stops the server through
+- running: the server's own `jupyter_gpuaas` extension heartbeats the request with busy
+  or idle from its kernels' GPU use and its jobs (server/idle.py), not the Hub's HTTP
+  activity; the spawner's heartbeat task only renews a lease nobody else renews (a server
+  image without the extension), with busy from the Hub's last-activity, and watches the
+  request's state; a gateway `cull` (or preemption, or lease loss) stops the server through
   the Hub's REST API, keeping a parked reservation so a restart within the reservation TTL
   is admitted at once;
 - release: stop, the server's death (seen by `poll()`) and a cancelled spawn release or
@@ -160,10 +163,12 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
 
     activity_window = Float(
         600.0,
-        help="""A server counts as busy (not to be culled) if the Hub saw activity within
-        this many seconds. The Hub's view of activity is coarse (the proxy and the server
-        report every JupyterHub.last_activity_interval, 300 s by default), so keep this
-        above that interval.""",
+        help="""For a server that does not report its own activity (no jupyter_gpuaas
+        extension in its image): it counts as busy (not to be culled) if the Hub saw
+        activity within this many seconds. A server with the extension heartbeats its
+        own busy/idle and this is not used. The Hub's view of activity is coarse (the
+        proxy and the server report every JupyterHub.last_activity_interval, 300 s by
+        default), so keep this above that interval.""",
     ).tag(config=True)
 
     refresh_interval = Float(
@@ -551,10 +556,26 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
         return (now - last).total_seconds() < self.activity_window
 
     async def _heartbeat_loop(self) -> None:
+        """Renew the lease only when nobody else does; never speak over the server.
+
+        A server running the jupyter_gpuaas extension renews its own request (with busy
+        from its GPUs, kernels and jobs); a busy heartbeat from here would reset its idle
+        clock with the Hub's coarse HTTP activity. So each round reads the request, and
+        renews it (busy from the Hub's view) only when under two rounds of lease are left:
+        a server without the extension keeps its grant, one with it is left to speak.
+        """
         rid = self._gp["rid"]
         while rid is not None and rid == self._gp["rid"]:
             try:
-                await self._user_client().heartbeat(rid, self._busy())
+                req = await self._user_client().get(rid)
+                expires = (req.get("grant") or {}).get("lease_expires")
+                if req.get("state") != "admitted":
+                    await self._gateway_ended(f"request {req.get('state')}", {"id": rid})
+                    if self._gp.get("stopping") == rid:
+                        return
+                # No lease_expires: the gateway runs without leases, nothing to renew.
+                elif expires is not None and expires - time.time() < 2 * self.heartbeat_interval:
+                    await self._user_client().heartbeat(rid, self._busy())
             except GatewayError as e:
                 if e.status in (404, 409):  # the gateway ended it (cull, lease, preempt)
                     await self._gateway_ended("heartbeat refused", {"id": rid})

@@ -57,8 +57,13 @@ class ProxyHandler(GpuaasHandler):
         if client is None:
             return
         url = client.url + "api/" + path
-        if self.request.query:
-            url += "?" + self.request.query
+        # `no_track_activity` is jupyter_server's (a widget's refresh), not the gateway's.
+        query = "&".join(
+            part for part in self.request.query.split("&")
+            if part and part.split("=", 1)[0] != "no_track_activity"
+        )  # fmt: skip
+        if query:
+            url += "?" + query
         method = self.request.method or "GET"
         body = self.request.body if method in ("POST", "PUT") else None
         try:
