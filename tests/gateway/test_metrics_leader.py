@@ -8,14 +8,26 @@ the leader is killed the new leader exports them, from the restored store.
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
-from gwutil import GatewayProcess, call, fresh_pg_database
+import yaml
+from gwutil import QUOTAS, TOKENS, GatewayProcess, call, free_port, fresh_pg_database
 from prometheus_client.parser import text_string_to_metric_families
 from test_leader import INTERVAL, health
 from test_metrics_auth import promtool_check, scrape
 from test_store_faults import wait_until
+
+from jupyter_gpuaas.kubernetes.meta import Settings
+from jupyter_gpuaas.kubernetes.monitoring import scrape_config
+from jupyter_gpuaas.kubernetes.scaleup import nodes_wanted_query
 
 pytestmark = pytest.mark.slow
 
@@ -131,3 +143,94 @@ def test_the_leader_gauge_is_declared_on_a_standby_snapshot() -> None:
     text = m.render()[0].decode()
     assert "gpuaas_leader 1.0" in text and 'gpuaas_desired_nodes{flavor="a100"} 2.0' in text
     promtool_check(text)
+
+
+def prometheus_query(base: str, query: str) -> list[dict[str, Any]]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        answer = json.loads(resp.read())
+    assert answer["status"] == "success", answer
+    return list(answer["data"]["result"])
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus package")
+def test_prometheus_scrapes_both_replicas_with_the_token_file(
+    spawn_gateway: Callable[..., GatewayProcess], postgres_url: str, tmp_path: Path
+) -> None:
+    """A real Prometheus runs the manifests' scrape job (its token file, its path rule)
+    against a leader and a standby; KEDA's query and a sum over the pods read the
+    leader's numbers once. Debian's Prometheus has no Kubernetes discovery, so the job's
+    pod discovery and its relabelling by pod labels become the two static targets."""
+    quotas = {**QUOTAS, "policy": {"autoscale": {"a100": {"max_nodes": 3, "provision": False}}}}
+    db_url = fresh_pg_database(postgres_url)
+    a = spawn_gateway(db_url, INTERVAL, "--lease-ttl=600", quotas=quotas)
+    b = spawn_gateway(db_url, INTERVAL, "--lease-ttl=600", quotas=quotas)
+    assert health(b.url)["leader"] is False
+    for who, tenant, gpus in (("alice", "vision", 4), ("bob", "nlp", 1)):
+        status, body, _ = call(
+            a.url, "POST", "api/requests", {"tenant": tenant, "kind": "job", "gpus": gpus}, who
+        )
+        assert status == 201, body
+
+    token = tmp_path / "metrics-token"
+    token.write_text(TOKENS["carol"] + "\n")  # view scope, as the gpuaas-metrics service
+    job = scrape_config(Settings(namespace="lab"))
+    assert job["authorization"]["credentials_file"].endswith("/token")
+    assert job["metrics_path"] == "/services/gpuaas/metrics"
+    job.pop("kubernetes_sd_configs")
+    job.pop("relabel_configs")
+    targets = [urllib.parse.urlsplit(gp.url).netloc for gp in (a, b)]
+    job.update(
+        metrics_path="/metrics",  # the test gateways' base URL is /
+        scrape_interval="1s",
+        static_configs=[{"targets": targets}],
+        authorization={**job["authorization"], "credentials_file": str(token)},
+    )
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"scrape_configs": [job]}))
+    check = subprocess.run(
+        ["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "prometheus.log", "wb") as log:
+        prom = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def both_up() -> bool:
+            try:
+                up = prometheus_query(base, "up")
+            except OSError:
+                return False
+            return len(up) == 2 and all(r["value"][1] == "1" for r in up)
+
+        wait_until(both_up, 60, "Prometheus scrapes both gateways with the token")
+        wait_until(
+            lambda: len(prometheus_query(base, "gpuaas_admitted_gpus")) > 0,
+            30,
+            "the leader's gauges in Prometheus",
+        )
+        leaders = {
+            r["metric"]["instance"]: r["value"][1] for r in prometheus_query(base, "gpuaas_leader")
+        }
+        assert leaders == {targets[0]: "1", targets[1]: "0"}
+        (admitted,) = prometheus_query(base, 'sum(gpuaas_admitted_gpus{tenant="vision"})')
+        assert admitted["value"][1] == "4"  # not 8: the standby's mirror is not exported
+        (queued,) = prometheus_query(base, "sum(gpuaas_pending_requests)")
+        assert queued["value"][1] == "1"
+        # KEDA's trigger: nlp's queued a100 needs one more node than the pool has.
+        (wanted,) = prometheus_query(base, nodes_wanted_query("a100"))
+        assert wanted["value"][1] == "1", wanted
+    finally:
+        prom.terminate()
+        prom.wait(30)
