@@ -175,6 +175,48 @@ def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
 
 
+# The login cookie's key (HubOAuth) must be the same on both replicas, or a browser
+# signed in through one is signed out by the other. It lives in the hub Secret (key
+# `cookie-secret`); the gateway refuses a key file others may read, and a Secret volume's
+# files are root's, so an init container copies it, mode 0600, into a memory volume.
+COOKIE_SECRET_KEY = "cookie-secret"
+SECRET_DIR = "/etc/jupyter-gpuaas-secret"
+RUN_DIR = "/run/jupyter-gpuaas"
+COPY_SECRET = (
+    "import os, sys\n"
+    "data = open(sys.argv[1], 'rb').read()\n"
+    "fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)\n"
+    "os.write(fd, data)\n"
+    "os.close(fd)\n"
+)
+SECURE = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def cookie_secret_copier(settings: Settings) -> dict[str, Any]:
+    """The init container that puts the shared cookie key where the gateway reads it."""
+    return {
+        "name": "cookie-secret",
+        "image": settings.image,
+        "command": [
+            "python3",
+            "-c",
+            COPY_SECRET,
+            f"{SECRET_DIR}/{COOKIE_SECRET_KEY}",
+            f"{RUN_DIR}/cookie_secret",
+        ],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
+        "securityContext": SECURE,
+        "volumeMounts": [
+            {"name": "secret", "mountPath": SECRET_DIR, "readOnly": True},
+            {"name": "run", "mountPath": RUN_DIR},
+        ],
+    }
+
+
 def deployment(settings: Settings) -> dict[str, Any]:
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}, "timeoutSeconds": 5}
     container = {
@@ -191,6 +233,7 @@ def deployment(settings: Settings) -> dict[str, Any]:
             f"--scaler={SCALER_ARG[settings.scale_up]}",
             # Kubernetes expands $(VAR) from the container's env: the URL stays in the Secret.
             "--db-url=$(GPUAAS_DB_URL)",
+            f"--cookie-secret-file={RUN_DIR}/cookie_secret",
             # Replicas elect a leader on the store; a standby names (and forwards to) the
             # leader by the URL it advertises: its pod's own address, not the Service's.
             "--leader-election=on",
@@ -222,12 +265,11 @@ def deployment(settings: Settings) -> dict[str, Any]:
             "requests": {"cpu": "100m", "memory": "256Mi"},
             "limits": {"memory": "1Gi"},
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "securityContext": SECURE,
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "run", "mountPath": RUN_DIR, "readOnly": True},
+        ],
     }
     return {
         "apiVersion": "apps/v1",
@@ -279,8 +321,19 @@ def deployment(settings: Settings) -> dict[str, Any]:
                             ]
                         }
                     },
+                    "initContainers": [cookie_secret_copier(settings)],
                     "containers": [container],
-                    "volumes": [{"name": "config", "configMap": {"name": NAME}}],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": NAME}},
+                        {
+                            "name": "secret",
+                            "secret": {
+                                "secretName": settings.hub_token_secret,
+                                "items": [{"key": COOKIE_SECRET_KEY, "path": COOKIE_SECRET_KEY}],
+                            },
+                        },
+                        {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                    ],
                 },
             },
         },

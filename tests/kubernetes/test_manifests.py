@@ -394,3 +394,38 @@ def test_the_scrape_job_finds_both_gateway_pods_with_a_token(run_cli: Any) -> No
         assert meta.get(source) == rule["regex"], (source, rule)
     # Not the annotations job's: no pod of ours asks to be scraped without a token.
     assert "annotations" not in pod["metadata"]
+
+
+def test_both_replicas_sign_logins_with_the_secret_key(run_cli: Any, tmp_path: Path) -> None:
+    """The init container's own command, run here on a copy of the Secret's file: the
+    gateway's cookie key file is the Secret's key, mode 0600 (load_cookie_secret refuses
+    anything others may read), where the gateway container is told to read it."""
+    from jupyter_gpuaas.gateway.auth import load_cookie_secret
+
+    code, out, _ = run_cli("--scale-up", "none")
+    assert code == 0
+    (dep,) = [d for d in yaml.safe_load_all(out) if d["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (gateway,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["secret"]["secret"]["secretName"] == "jupyter-gpuaas-hub"
+    assert volumes["run"]["emptyDir"]["medium"] == "Memory"
+    python, flag, script, src, dst = init["command"]
+    assert (python, flag) == ("python3", "-c")
+    assert f"--cookie-secret-file={dst}" in gateway["args"]
+    mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+    assert mounts[src.rsplit("/", 1)[0]] == "secret"
+    run_dir = dst.rsplit("/", 1)[0]
+    assert mounts[run_dir] == "run"
+    assert {"name": "run", "mountPath": run_dir, "readOnly": True} in gateway["volumeMounts"]
+
+    key = "ab" * 32
+    secret_file = tmp_path / "cookie-secret"
+    secret_file.write_text(key + "\n")
+    secret_file.chmod(0o644)  # a Secret volume's file: root's, readable by all
+    copied = tmp_path / "run" / "cookie_secret"
+    copied.parent.mkdir()
+    subprocess.run([sys.executable, "-c", script, str(secret_file), str(copied)], check=True)
+    assert copied.stat().st_mode & 0o777 == 0o600
+    assert load_cookie_secret(copied) == bytes.fromhex(key)
