@@ -263,6 +263,7 @@ def test_scaled_object_reads_the_nodes_wanted(run_cli: Any) -> None:
                     "query": nodes_wanted_query("a100"),
                     "threshold": "1",
                     "activationThreshold": "0",
+                    "ignoreNullValues": "false",
                 },
             }
         ],
