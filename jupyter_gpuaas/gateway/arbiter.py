@@ -1090,6 +1090,7 @@ class Arbiter:
             rows,
             simulated=self.inventory.simulated,
             nodes=self._node_counts(),
+            leader=self.leader,
         )
 
     def _node_counts(self) -> dict[str, int]:

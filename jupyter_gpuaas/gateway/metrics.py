@@ -14,6 +14,13 @@ User names stay out of the labels by default: the device series keep their `user
 query), but it is the empty string unless the gateway runs with `--metrics-user-label`.
 A scrape can travel through the public proxy, and who computes on which GPU is not
 something every scraper should read.
+
+Replicas (leader.py): every gateway exports `gpuaas_leader` (1 on the leader, 0 on a
+standby). A standby keeps a mirror of the same queue, quotas and devices, so were it to
+export them, every `sum()` over the pods would count the queue twice; it exports none of
+the snapshot gauges (only `gpuaas_leader`, `gpuaas_devices_simulated` and its counters,
+which count only what it decided itself while it led). A query over all pods therefore
+reads the leader's series alone, and a failover moves them to the new leader.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ class _Snapshot:
     devices: tuple[DeviceRow, ...] = ()
     simulated: bool | None = None
     nodes: tuple[tuple[str, int], ...] = ()
+    leader: bool = True
 
 
 class _SnapshotCollector(Collector):
@@ -143,6 +151,16 @@ class _SnapshotCollector(Collector):
         simulated = GaugeMetricFamily(
             "gpuaas_devices_simulated", "1 if the inventory is simulated (no real GPUs)."
         )
+        leader = GaugeMetricFamily(
+            "gpuaas_leader",
+            "1 on the gateway that decides, 0 on a standby (which exports no queue, quota "
+            "or device gauges, so that sums over replicas count each once).",
+        )
+        leader.add_metric([], 1.0 if snap.leader else 0.0)
+        if snap.simulated is not None:
+            simulated.add_metric([], 1.0 if snap.simulated else 0.0)
+        if not snap.leader:
+            snap = _Snapshot()  # the families stay declared, without series
 
         for p in snap.pending:
             pending_req.add_metric([p.tenant, p.flavor, p.kind], p.count)
@@ -169,9 +187,8 @@ class _SnapshotCollector(Collector):
             if s.power is not None:
                 power.add_metric(labels, s.power)
             healthy.add_metric(labels, 1.0 if s.healthy else 0.0)
-        if snap.simulated is not None:
-            simulated.add_metric([], 1.0 if snap.simulated else 0.0)
         return [
+            leader,
             pending_req,
             pending_gpus,
             admitted,
@@ -236,11 +253,13 @@ class GatewayMetrics:
         devices: Iterable[DeviceRow],
         simulated: bool | None = None,
         nodes: Mapping[str, int] | None = None,
+        leader: bool = True,
     ) -> None:
         """Replace every gauge's series with these; series absent here are dropped.
 
         `simulated`, when given, is exported as gpuaas_devices_simulated so dashboards can
-        say that the numbers are invented.
+        say that the numbers are invented. `leader`: False on a standby, whose gauges
+        (a mirror of the leader's) are then left out; gpuaas_leader says which it is.
         """
         self._collector.snapshot = _Snapshot(
             tenants=tuple(tenants),
@@ -250,6 +269,7 @@ class GatewayMetrics:
             devices=tuple(devices),
             simulated=simulated,
             nodes=tuple((nodes or {}).items()),
+            leader=leader,
         )
 
     def render(self) -> tuple[bytes, str]:

@@ -290,7 +290,11 @@ async def test_the_gateway_command_with_the_manifests_config(
             )
             == 0
         )
-    (cm,) = [d for d in yaml.safe_load_all(buf.getvalue()) if d["kind"] == "ConfigMap"]
+    (cm,) = [
+        d
+        for d in yaml.safe_load_all(buf.getvalue())
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "jupyter-gpuaas"
+    ]
     config = tmp_path / "gpuaas_config.json"
     config.write_text(cm["data"]["gpuaas_config.json"])
     with socket.socket() as s:
