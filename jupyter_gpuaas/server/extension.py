@@ -214,7 +214,8 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         except Exception:
             return False
         meta = (getattr(spec, "metadata", None) or {}).get("kernel_provisioner") or {}
-        return bool(meta.get("provisioner_name") == "gpuaas")
+        # gpuaas-kubernetes: the same request in a pod of its own (kubernetes/kernels.py).
+        return meta.get("provisioner_name") in ("gpuaas", "gpuaas-kubernetes")
 
     def _wrap_kernel_manager(self, mkm: Any) -> None:
         orig_start = mkm.start_kernel

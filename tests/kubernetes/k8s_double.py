@@ -16,7 +16,9 @@ kubernetes_asyncio (and so KubeSpawner) to talk to it over real HTTP:
   `FailedScheduling` Event, as the real scheduler says it.
 
 Tests drive the cluster side through plain methods (`put`, `delete`, `add_node`,
-`compact`, `drop_watches`) on the same event loop. It is a double: it does not check
+`compact`, `drop_watches`, `finish_pod`) on the same event loop. A container runtime can
+hook in (`on_pod_running`, `on_pod_deleted`: kubelet.py's `LocalKubelet` runs a pod's
+container as a local process). It is a double: it does not check
 schemas, RBAC or admission, and schedules in one pass.
 """
 
@@ -27,7 +29,7 @@ import copy
 import json
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +141,10 @@ class KubernetesDouble:
         self.deletes: list[tuple[str, Any]] = []  # (path, DeleteOptions body) of each DELETE
         self.url = ""
         self._runner: web.AppRunner | None = None
+        # The container runtime's hooks: (namespace, pod) when the toy kubelet starts a
+        # pod, and when a pod is deleted.
+        self.on_pod_running: list[Callable[[str, dict[str, Any]], None]] = []
+        self.on_pod_deleted: list[Callable[[str, dict[str, Any]], None]] = []
 
     # ----------------------------------------------------------------- server
 
@@ -272,6 +278,23 @@ class KubernetesDouble:
         )
         self.put("/apis/batch/v1", "jobs", obj, namespace)
 
+    def finish_pod(self, namespace: str, name: str, exit_code: int) -> None:
+        """The pod's container exited: the pod says so, as kubelet would (restartPolicy
+        Never: it stays, Succeeded or Failed)."""
+        pod = copy.deepcopy(self.get("/api/v1", "pods", name, namespace))
+        assert pod is not None, f"no pod {name}"
+        status = pod.setdefault("status", {})
+        status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+        for cs in status.get("containerStatuses") or []:
+            cs["ready"] = False
+            cs["state"] = {
+                "terminated": {
+                    "exitCode": exit_code,
+                    "reason": "Completed" if exit_code == 0 else "Error",
+                }
+            }
+        self.put("/api/v1", "pods", pod, namespace)
+
     def delete(
         self, prefix: str, plural: str, name: str, namespace: str = ""
     ) -> dict[str, Any] | None:
@@ -281,6 +304,9 @@ class KubernetesDouble:
             self.rv += 1
             obj["metadata"]["resourceVersion"] = str(self.rv)
             self._emit("DELETED", key, obj)
+            if (prefix, plural) == ("/api/v1", "pods"):
+                for hook in list(self.on_pod_deleted):
+                    hook(namespace, obj)
         return obj
 
     def get(
@@ -475,13 +501,15 @@ class KubernetesDouble:
                     for c in new["spec"].get("containers") or []
                 ],
             }
-            self.put(key[0], "pods", new, ns)
+            new = self.put(key[0], "pods", new, ns)
             self.event(
                 ns,
                 new,
                 "Scheduled",
                 f"Successfully assigned {ns}/{new['metadata']['name']} to {name}",
             )
+            for hook in list(self.on_pod_running):
+                hook(ns, new)
 
     # ----------------------------------------------------------------- HTTP
 
