@@ -16,7 +16,7 @@ kubernetes_asyncio (and so KubeSpawner) to talk to it over real HTTP:
   `FailedScheduling` Event, as the real scheduler says it.
 
 Tests drive the cluster side through plain methods (`put`, `delete`, `add_node`,
-`compact`, `drop_watches`, `finish_pod`) on the same event loop. A container runtime can
+`compact`, `drop_watches`) on the same event loop. A container runtime can
 hook in (`on_pod_running`, `on_pod_deleted`: kubelet.py's `LocalKubelet` runs a pod's
 container as a local process). It is a double: it does not check
 schemas, RBAC or admission, and schedules in one pass.
@@ -277,23 +277,6 @@ class KubernetesDouble:
             }
         )
         self.put("/apis/batch/v1", "jobs", obj, namespace)
-
-    def finish_pod(self, namespace: str, name: str, exit_code: int) -> None:
-        """The pod's container exited: the pod says so, as kubelet would (restartPolicy
-        Never: it stays, Succeeded or Failed)."""
-        pod = copy.deepcopy(self.get("/api/v1", "pods", name, namespace))
-        assert pod is not None, f"no pod {name}"
-        status = pod.setdefault("status", {})
-        status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
-        for cs in status.get("containerStatuses") or []:
-            cs["ready"] = False
-            cs["state"] = {
-                "terminated": {
-                    "exitCode": exit_code,
-                    "reason": "Completed" if exit_code == 0 else "Error",
-                }
-            }
-        self.put("/api/v1", "pods", pod, namespace)
 
     def delete(
         self, prefix: str, plural: str, name: str, namespace: str = ""

@@ -10,6 +10,7 @@ Succeeded or Failed; when the pod is deleted the process gets SIGTERM, then SIGK
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import signal
 import subprocess
@@ -65,7 +66,7 @@ class LocalKubelet:
                 if code is not None:
                     del self.procs[(ns, name)]
                     if self.double.get("/api/v1", "pods", name, ns) is not None:
-                        self.double.finish_pod(ns, name, code)
+                        finish_pod(self.double, ns, name, code)
 
     def alive(self, name: str) -> bool:
         return any(n == name and p.poll() is None for (_, n), p in self.procs.items())
@@ -89,3 +90,21 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
+
+
+def finish_pod(double: KubernetesDouble, namespace: str, name: str, exit_code: int) -> None:
+    """The pod's container exited: the pod says so, as kubelet would (restartPolicy
+    Never: it stays, Succeeded or Failed)."""
+    pod = copy.deepcopy(double.get("/api/v1", "pods", name, namespace))
+    assert pod is not None, f"no pod {name}"
+    status = pod.setdefault("status", {})
+    status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+    for cs in status.get("containerStatuses") or []:
+        cs["ready"] = False
+        cs["state"] = {
+            "terminated": {
+                "exitCode": exit_code,
+                "reason": "Completed" if exit_code == 0 else "Error",
+            }
+        }
+    double.put("/api/v1", "pods", pod, namespace)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -383,8 +384,16 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Clust
             msg = await client.get_iopub_msg(timeout=30)
             if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
                 break
-        await km.interrupt_kernel()
-        reply = await client.get_shell_msg(timeout=30)
+        # ipykernel ignores SIGINT until the cell's code runs: a user presses again.
+        for _ in range(30):
+            await km.interrupt_kernel()
+            try:
+                reply = await client.get_shell_msg(timeout=1)
+                break
+            except queue.Empty:
+                continue
+        else:
+            raise AssertionError("no interrupt reached the kernel")
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         client.stop_channels()
@@ -443,3 +452,57 @@ async def test_a_pod_deleted_under_the_kernel_is_a_dead_kernel(cluster: Cluster)
         await km.shutdown_kernel(now=True)
     assert cluster.pod(km) is None
     assert os.environ.get("GPUAAS_TEST_SETTING")  # the fixture's, still set
+
+
+@pytest.mark.asyncio
+async def test_culling_deletes_the_pod_and_leaves_the_parked_quota(cluster: Cluster) -> None:
+    """The server extension culls a GPU kernel the gateway culled by marking its record
+    and shutting the kernel down (extension.py `_end_kernel`); done the same here: the pod
+    is deleted, and the request is not cancelled (the gateway parks its quota for the
+    user's relaunch). The kernel pod's process is a LOCAL kernel run by LocalKubelet."""
+    from jupyter_gpuaas.server.kernels import current_table
+
+    km = cluster.kernel_manager()
+    await asyncio.wait_for(km.start_kernel(cwd=str(cluster.home)), 90)
+    table = current_table()
+    record = table.get(str(km.kernel_id))
+    assert record is not None and record.state == "running"
+    name = f"alice-{km.kernel_id}"
+    assert cluster.kubelet.alive(name)
+    record.end("culled", "culled: idle on GPU for 30 min")
+    table.retire(record)
+    await km.shutdown_kernel()
+    assert cluster.pod(km) is None
+    assert not cluster.kubelet.alive(name)
+    assert record.state == "culled"
+    assert (await cluster.request(str(record.request_id)))["state"] == "admitted"
+
+
+@pytest.mark.asyncio
+async def test_a_kernel_process_that_dies_fails_its_pod_and_releases(cluster: Cluster) -> None:
+    """The kernel exits on its own (a crash): its pod turns Failed, the kernel is dead and
+    its grant released. The kernel pod's process is a LOCAL kernel run by LocalKubelet,
+    which reports its exit status in the pod."""
+    from jupyter_gpuaas.server.kernels import current_table
+
+    km = cluster.kernel_manager()
+    await asyncio.wait_for(km.start_kernel(cwd=str(cluster.home)), 90)
+    try:
+        record = current_table().get(str(km.kernel_id))
+        assert record is not None
+        client = await connect(km)
+        client.execute("import os; os._exit(3)")
+        name = f"alice-{km.kernel_id}"
+
+        async def released() -> bool:
+            return (await cluster.request(str(record.request_id)))["state"] != "admitted"
+
+        await until(released)
+        pod = cluster.pod(km)
+        assert pod is not None and pod["status"]["phase"] == "Failed"
+        assert record.reason == f"kernel pod {name} ended (Failed)"
+        assert not await km.is_alive()
+        client.stop_channels()
+    finally:
+        await km.shutdown_kernel(now=True)
+    assert cluster.pod(km) is None  # shutdown deletes the failed pod
