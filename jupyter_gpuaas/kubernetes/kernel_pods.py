@@ -36,6 +36,12 @@ DEFAULT_ENV_EXCLUDE = (
 )
 
 
+def dns_label(name: str) -> str:
+    """A pod name of at most 63 characters: a long `<user>-<kernel id>` keeps its end,
+    the kernel id, which makes it unique."""
+    return name[-63:].lstrip("-.") if len(name) > 63 else name
+
+
 def kernel_env(
     env: Mapping[str, str],
     exclude: Sequence[str] = DEFAULT_ENV_EXCLUDE,

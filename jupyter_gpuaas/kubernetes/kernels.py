@@ -39,7 +39,13 @@ from traitlets import Dict, Float, Integer, List, Unicode, default
 from jupyter_gpuaas.server.kernels import GpuKernel
 from jupyter_gpuaas.server.provisioner import GpuaasProvisioner
 
-from .kernel_pods import DEFAULT_ENV_EXCLUDE, kernel_env, kernel_pod_manifest, shared_volumes
+from .kernel_pods import (
+    DEFAULT_ENV_EXCLUDE,
+    dns_label,
+    kernel_env,
+    kernel_pod_manifest,
+    shared_volumes,
+)
 from .pods import HOSTNAME_LABEL
 
 _SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -304,6 +310,11 @@ class GpuaasKubernetesProvisioner(KubernetesProvisioner):  # type: ignore[misc]
         env.setdefault("KERNEL_USERNAME", os.environ.get("JUPYTERHUB_USER") or getpass.getuser())
         result: dict[str, Any] = await super().pre_launch(env=env, **kwargs)
         return result
+
+    def _determine_kernel_pod_name(self, **kwargs: Any) -> str:
+        name = dns_label(str(super()._determine_kernel_pod_name(**kwargs)))
+        kwargs["env"]["KERNEL_POD_NAME"] = name
+        return name
 
     def _determine_kernel_namespace(self, **kwargs: Any) -> str:
         namespace = str(kwargs["env"].get("KERNEL_NAMESPACE") or self.namespace)

@@ -29,6 +29,7 @@ from kubelet import LocalKubelet
 
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.kubernetes.kernel_pods import (
+    dns_label,
     kernel_env,
     kernel_pod_manifest,
     shared_volumes,
@@ -153,6 +154,13 @@ def test_shared_volumes_are_the_server_pods_claims() -> None:
     assert volumes == [*HOME, {"name": "data", "nfs": {"server": "nfs", "path": "/data"}}]
     assert mounts == [*MOUNTS, {"name": "data", "mountPath": "/data", "readOnly": True}]
     assert shared_volumes(None) == ([], [])
+
+
+def test_long_pod_names_keep_the_kernel_id() -> None:
+    kid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    assert dns_label(f"alice-{kid}") == f"alice-{kid}"
+    long = dns_label(f"{'a-very-long-user-name' * 2}-{kid}")
+    assert len(long) <= 63 and long.endswith(kid) and long[0].isalnum()
 
 
 def test_working_dir_only_on_a_shared_volume() -> None:
