@@ -65,6 +65,7 @@ class LocalKubelet:
                 code = proc.poll()
                 if code is not None:
                     del self.procs[(ns, name)]
+                    _kill(proc)  # what it left in its group (the launcher's listener)
                     if self.double.get("/api/v1", "pods", name, ns) is not None:
                         finish_pod(self.double, ns, name, code)
 
@@ -87,9 +88,12 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
             break
         try:
             proc.wait(wait)
-            break
         except subprocess.TimeoutExpired:
             continue
+    try:  # the group's last ones (a listener that outlived its kernel)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def finish_pod(double: KubernetesDouble, namespace: str, name: str, exit_code: int) -> None:

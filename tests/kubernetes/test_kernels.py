@@ -393,10 +393,10 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Clust
             if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
                 break
         # ipykernel ignores SIGINT until the cell's code runs: a user presses again.
-        for _ in range(30):
+        for _ in range(20):
             await km.interrupt_kernel()
             try:
-                reply = await client.get_shell_msg(timeout=1)
+                reply = await client.get_shell_msg(timeout=3)
                 break
             except queue.Empty:
                 continue
