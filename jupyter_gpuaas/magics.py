@@ -1,12 +1,12 @@
 """`%load_ext jupyter_gpuaas`: the `%gpu` line magic and the `%%gpu_job` cell magic.
 
     %gpu status                       my requests, my tenants' quota and usage, devices
-    %gpu submit NB.ipynb --gpus 1 [--tenant T] [--flavor F] [--priority P] [-p NAME VALUE]...
+    %gpu submit NB.ipynb [--gpus 1] [--tenant T] [--flavor F] [--priority P] [-p NAME VALUE]...
     %gpu jobs                         this server's jobs
     %gpu logs ID [--follow]           a job's log (--follow: until it ends)
     %gpu cancel ID                    dequeue, or stop and free the GPUs
 
-    %%gpu_job --gpus 1 [--tenant T] [--flavor F] [--name NAME]
+    %%gpu_job [--gpus 1] [--tenant T] [--flavor F] [--name NAME]
     <the cell's code runs as a script on the granted GPUs, in the notebook's directory>
 
 Everything goes to this kernel's Jupyter server (`server_client.py` says how it is found
@@ -51,7 +51,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _request_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", required=True, type=positive_int, help="how many GPUs")
+    p.add_argument("--gpus", default=1, type=positive_int, help="how many GPUs (default 1)")
     p.add_argument("--tenant", help="the tenant (team) to charge (default: yours)")
     p.add_argument("--flavor", help="a GPU flavor, e.g. a100 (default: any of the tenant's)")
     p.add_argument("--priority", type=whole_number, default=0, help="higher runs first in a tenant")
@@ -65,6 +65,8 @@ def line_parser() -> _Parser:
                            parser_class=_Parser)  # fmt: skip
     s = sub.add_parser("status", help="my requests, my tenants' quota and usage, devices")
     s.add_argument("--text", action="store_true", help="plain text, not a live widget")
+    s.add_argument("--every", type=_seconds, default=5.0, metavar="SECONDS",
+                   help="seconds between refreshes of the live view (default 5)")  # fmt: skip
     s = sub.add_parser("submit", help="run a notebook as a GPU job (papermill parameters)")
     s.add_argument("notebook", help="the notebook (.ipynb) to run")
     _request_options(s)
@@ -202,7 +204,7 @@ class GpuMagics(Magics):
 
             from jupyter_gpuaas.widgets import StatusWidget
 
-            display(StatusWidget(client))  # type: ignore[no-untyped-call]
+            display(StatusWidget(client, interval=args.every))  # type: ignore[no-untyped-call]
             return
         print(StatusView.from_status(client.status()).text())
 
@@ -234,6 +236,16 @@ class GpuMagics(Magics):
     def _cancel(self, args: argparse.Namespace) -> None:
         job = ServerClient.from_env().cancel(args.id)
         print(JobView.from_job(job).text())
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} s is not between 0.1 s and an hour")
+    return value
 
 
 def _request(args: argparse.Namespace) -> dict[str, Any]:

@@ -12,6 +12,11 @@ Not the gateway's events: a job's state lives in the server's JobManager (starti
 running, exit status), not in the gateway; the log tail needs a poll anyway; and one
 long-lived SSE connection per widget per kernel would outlive forgotten cells. A poll a
 second per live job view is cheap, stops by itself, and survives a server restart.
+
+A refresh is not activity: the polls ask the server not to count them
+(`no_track_activity`), and the widgets carry the `WIDGET_CLASS` DOM class, by which the
+server extension keeps their comm updates out of the kernel's activity (server/activity.py).
+A kernel that only shows `%gpu status` is idle, and is culled on time.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpuaas.words import format_duration, plural, usage_sentence_of
+
+#: The DOM class of our live widgets: the server extension ignores their comm traffic.
+WIDGET_CLASS = "jupyter-gpuaas-live"
 
 #: Colour per job state (the Jupyter palette's).
 COLOURS = {
@@ -236,11 +244,11 @@ class JobWidget:
                  tail_bytes: int = 2000) -> None:  # fmt: skip
         import ipywidgets as w  # type: ignore[import-untyped]
 
-        self.client = client
+        self.client = _quiet(client)
         self.job = job
         self.tail_bytes = tail_bytes
-        self.header = w.HTML()
-        self.log = w.HTML()
+        self.header = w.HTML(_dom_classes=[WIDGET_CLASS])
+        self.log = w.HTML(_dom_classes=[WIDGET_CLASS])
         self.cancel_button = w.Button(description="Cancel", button_style="warning")
         self.cancel_button.on_click(self._cancel)
         self.box = w.VBox([w.HBox([self.header, self.cancel_button]), self.log])
@@ -289,9 +297,9 @@ class StatusWidget:
     def __init__(self, client: Any, interval: float = 5.0, duration: float = 600.0) -> None:
         import ipywidgets as w
 
-        self.client = client
+        self.client = _quiet(client)
         self.until = time.monotonic() + duration
-        self.body = w.HTML()
+        self.body = w.HTML(_dom_classes=[WIDGET_CLASS])
         self.refresh()
         self.poller = _Poller(self.refresh, interval)
         self.poller.start()
@@ -312,3 +320,9 @@ class StatusWidget:
         from IPython.display import display
 
         display(self.body)  # type: ignore[no-untyped-call]
+
+
+def _quiet(client: Any) -> Any:
+    """The client for refreshes: its polls do not count as the server's activity."""
+    quiet = getattr(client, "quiet", None)
+    return quiet() if callable(quiet) else client

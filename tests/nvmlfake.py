@@ -38,6 +38,7 @@ class FakeGpu:
     migs: list[FakeMig] = field(default_factory=list)
     utilization: int = 0  # percent
     pids: list[int] = field(default_factory=list)
+    process_utilization: dict[int, int] = field(default_factory=dict)  # pid → SM percent
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class FakeNvml:
     def __init__(self, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
         self.shutdowns = 0
+        self.clock = 0  # timestamps of per-process samples
 
     # --- the library ---------------------------------------------------------------
 
@@ -153,7 +155,16 @@ class FakeNvml:
         return [argparse.Namespace(pid=p, usedGpuMemory=GiB) for p in self._gpu(h).pids]
 
     def nvmlDeviceGetProcessUtilization(self, h: Handle, since: int) -> list[Any]:
-        raise pynvml.NVMLError_NotFound()  # no samples since `since`
+        gpu = self._gpu(h)
+        if h.mig_slot is not None:
+            raise pynvml.NVMLError_NotSupported()  # as on real MIG instances
+        if not gpu.process_utilization:
+            raise pynvml.NVMLError_NotFound()  # no samples since `since`
+        self.clock += 1  # every call sees a new window, as a sampling loop would
+        return [
+            argparse.Namespace(pid=pid, smUtil=util, memUtil=0, timeStamp=self.clock)
+            for pid, util in gpu.process_utilization.items()
+        ]
 
 
 def mixed_host() -> FakeNvml:

@@ -190,6 +190,31 @@ def test_nodes_joining_and_leaving() -> None:
     assert [n.name for n in core.nodes()] == ["extra-0"]
 
 
+def test_a_job_on_a_node_that_leaves_is_requeued_by_submit_time() -> None:
+    core = AdmissionCore(
+        parse_config(
+            {
+                "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
+                "tenants": {"vision": {"quota": {"a100": 4}}},
+            }
+        )
+    )
+    core.submit(req("job", kind="job", t=0.0), 0.0)
+    core.submit(req("kern", kind="kernel", t=0.0), 0.0)
+    core.schedule(0.0)
+    core.submit(req("late", kind="job", t=5.0), 5.0)
+    core.schedule(5.0)  # no room: queued behind the capacity
+    out = core.remove_node("a100-0", 10.0)
+    assert events(out) == [("requeue", "job"), ("finish", "kern")]
+    assert out[1].fields["reason"] == "node a100-0 left"
+    job = core.get("job")
+    assert (job.state, job.node, job.devices, job.queue_time) == (State.QUEUED, None, (), 0.0)
+    # A new node: the requeued job goes first, by its submit time, not the later job.
+    core.add_node("a100", "a100-1", 1, 11.0)
+    assert [(d.event, d.id) for d in core.schedule(11.0)] == [("admit", "job")]
+    assert core.get("late").state is State.QUEUED
+
+
 def test_update_config_refuses_to_drop_tenants_with_requests() -> None:
     core = make_core()
     core.submit(req("r1"), 0.0)

@@ -195,12 +195,20 @@ class AdmissionCore(Nominating):
         return []
 
     def remove_node(self, name: str, now: float) -> list[Decision]:
-        """A node left: whoever held its devices loses them."""
+        """A node left: whoever held its devices loses them. A job is requeued, as a
+        preempted job is (it runs again from the start, keeping its place by submit
+        time); servers and kernels end."""
         out: list[Decision] = []
         node = self._cluster.nodes.get(name)
         if node is None:
             return out
         for rid in sorted(set(node.holders.values())):
+            req = self._get(rid)
+            if req.kind == "job" and req.state is State.ADMITTED:
+                self._release_devices(req, now)
+                self._release_quota(req)
+                self._requeue(req, now, req.submit_time, out)
+                continue
             out += self._end(rid, now, "finish", State.FINISHED, f"node {name} left")
         self._cluster.remove(name)
         self._width.pop(node.flavor, None)

@@ -57,6 +57,7 @@ from ..devices import DeviceSample, Inventory, NodeInfo
 from . import waits
 from .events import Event, EventBus
 from .grace import grace_of, preempt_reason, preemption_fields, reclaim_wait
+from .leader import NotLeader
 from .metrics import GatewayMetrics, PendingCount, TenantUsage
 from .positions import QueueIndex
 from .scalers import Scaler
@@ -151,6 +152,10 @@ class Arbiter:
         self.retention = retention
         # Why memory was dropped (the store could not be read back), or None.
         self.broken: str | None = None
+        # Two gateways, one leader (leader.py): a standby mirrors the store and decides
+        # nothing; `leader_url` is who leads, when known. One gateway: always the leader.
+        self.leader = True
+        self.leader_url: str | None = None
         self._last_rebuild = 0.0
         self._busy_since: float | None = None
         self._retry: asyncio.TimerHandle | None = None
@@ -224,6 +229,15 @@ class Arbiter:
 
         Its decisions are committed waiting up to `lock_wait` seconds for a lock held
         elsewhere (`lock_timeout` at start; a rebuild on the event loop does not wait)."""
+        decisions = self._load(now)
+        wait = self.lock_timeout if lock_wait is None else lock_wait
+        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now), wait)
+        log.info(
+            "restored %d live requests on %d nodes", len(self.requests), len(self.core.nodes())
+        )
+
+    def _load(self, now: float) -> list[Decision]:
+        """Load nodes and live requests into the core; the decisions it made doing so."""
         decisions: list[Decision] = []
         known = set(self.config.flavors)
         # Nodes the simulated scaler added are in the store (and, when this is a rebuild
@@ -259,11 +273,41 @@ class Arbiter:
             self.index.sync(req)
         for flavor, seconds in self.store.ended_hold_times():
             self.hold_times.setdefault(flavor, []).append(seconds)
-        wait = self.lock_timeout if lock_wait is None else lock_wait
-        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now), wait)
-        log.info(
-            "restored %d live requests on %d nodes", len(self.requests), len(self.core.nodes())
-        )
+        return decisions
+
+    # --- leadership (leader.py) -----------------------------------------------------------
+
+    def follow(self, leader_url: str | None) -> None:
+        """Be a standby: decide nothing, refuse changes, mirror the store for reads."""
+        self.leader, self.leader_url = False, leader_url
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._fail_queued(NotLeader(leader_url))
+        self.refresh_mirror()
+
+    def refresh_mirror(self) -> None:
+        """A standby's view: the store as it is now, loaded as `restore` loads it, but
+        nothing is committed or announced (its own decisions, if any, are the leader's
+        to make)."""
+        if self.leader:
+            return
+        self._reset_memory()
+        try:
+            self.overrides = self.store.tenant_overrides()
+            self.config = self.make_config(self.quotas, self.overrides)
+            self.core = AdmissionCore(self.config)
+            self._load(time.time())
+            self.broken = None
+        except Exception as e:
+            self._reset_memory()
+            self.broken = f"the standby cannot read the store: {describe(e)}"
+
+    def take_over(self) -> None:
+        """Leadership won: restore from the store exactly as at start-up, then decide."""
+        self.leader, self.leader_url = True, None
+        self._rebuild("this gateway took over as the leader")
+        self.wake()
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -307,7 +351,7 @@ class Arbiter:
             self.commit(self.core.add_node(node.flavor, node.name, node.gpus, now), now)
             self.commit(self.core.step(now), now)
 
-        await self._run(join)
+        await self._run_if_leader(join)
 
     async def node_left(self, name: str, why: str) -> None:
         """A node stopped counting (gone, NotReady, cordoned): its holders lose their grants."""
@@ -318,7 +362,15 @@ class Arbiter:
             self.commit(self.core.step(now), now)
 
         log.warning("node %s left (%s): releasing its grants", name, why)
-        await self._run(leave)
+        await self._run_if_leader(leave)
+
+    async def _run_if_leader(self, fn: Callable[[], None]) -> None:
+        # A standby leaves nodes to the leader: its mirror (and a take-over's restore)
+        # reads the inventory, which follows the joins and leaves itself.
+        try:
+            await self._run(fn)
+        except NotLeader:
+            pass
 
     async def _admission_loop(self) -> None:
         """Wake at the core's next deadline (or every `tick`) and step it."""
@@ -330,7 +382,8 @@ class Arbiter:
             except Exception:
                 log.exception("admission step failed")
             self._maybe_prune()
-            deadline = self.core.next_deadline()
+            # A standby's mirror has deadlines only the leader acts on: no busy wake-ups.
+            deadline = self.core.next_deadline() if self.leader else None
             delay = self.tick
             if deadline is not None:
                 delay = min(delay, max(0.0, deadline - time.time()))
@@ -348,6 +401,8 @@ class Arbiter:
         """History retention: delete ended and rejected rows older than `retention`, a
         batch at a time (each a short transaction that never waits for a lock)."""
         if self.retention <= 0 or self.broken is not None or time.monotonic() < self._next_prune:
+            return
+        if not self.leader:
             return
         try:
             gone = self.store.prune(time.time() - self.retention)
@@ -378,6 +433,8 @@ class Arbiter:
     async def _run(self, fn: Callable[[], T]) -> T:
         """Run `fn` (which calls the core and `commit`) in the next cycle; its value once
         everything it staged is committed and announced. Its exception as is."""
+        if not self.leader:
+            raise NotLeader(self.leader_url)
         op = _Op(fn, asyncio.get_running_loop().create_future())
         self._ops.append(op)
         self._schedule_cycle()
@@ -1033,6 +1090,7 @@ class Arbiter:
             rows,
             simulated=self.inventory.simulated,
             nodes=self._node_counts(),
+            leader=self.leader,
         )
 
     def _node_counts(self) -> dict[str, int]:

@@ -8,6 +8,19 @@ as they happen. State (queues, quotas, devices) is a snapshot the gateway hands 
 each admission cycle and sampling tick; a custom collector renders the latest snapshot at
 scrape time, so a series whose tenant, flavor or device disappeared disappears with it, and
 a scrape never sees half of an old snapshot and half of a new one.
+
+User names stay out of the labels by default: the device series keep their `user` label
+(so the label set is the same whether or not it is filled, and dashboards need no second
+query), but it is the empty string unless the gateway runs with `--metrics-user-label`.
+A scrape can travel through the public proxy, and who computes on which GPU is not
+something every scraper should read.
+
+Replicas (leader.py): every gateway exports `gpuaas_leader` (1 on the leader, 0 on a
+standby). A standby keeps a mirror of the same queue, quotas and devices, so were it to
+export them, every `sum()` over the pods would count the queue twice; it exports none of
+the snapshot gauges (only `gpuaas_leader`, `gpuaas_devices_simulated` and its counters,
+which count only what it decided itself while it led). A query over all pods therefore
+reads the leader's series alone, and a failover moves them to the new leader.
 """
 
 from __future__ import annotations
@@ -62,13 +75,15 @@ class _Snapshot:
     devices: tuple[DeviceRow, ...] = ()
     simulated: bool | None = None
     nodes: tuple[tuple[str, int], ...] = ()
+    leader: bool = True
 
 
 class _SnapshotCollector(Collector):
     """Renders the gauges from whatever snapshot is current at scrape time."""
 
-    def __init__(self) -> None:
+    def __init__(self, user_label: bool = False) -> None:
         self.snapshot = _Snapshot()
+        self.user_label = user_label
 
     def describe(self) -> list[Metric]:
         # Declared so the registry does not call collect() at registration, and so that
@@ -76,10 +91,10 @@ class _SnapshotCollector(Collector):
         return list(self._families(_Snapshot()))
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self._families(self.snapshot))
+        return iter(self._families(self.snapshot, self.user_label))
 
     @staticmethod
-    def _families(snap: _Snapshot) -> list[Metric]:
+    def _families(snap: _Snapshot, user_label: bool = False) -> list[Metric]:
         tf = ["tenant", "flavor"]
         pending_req = GaugeMetricFamily(
             "gpuaas_pending_requests",
@@ -136,6 +151,16 @@ class _SnapshotCollector(Collector):
         simulated = GaugeMetricFamily(
             "gpuaas_devices_simulated", "1 if the inventory is simulated (no real GPUs)."
         )
+        leader = GaugeMetricFamily(
+            "gpuaas_leader",
+            "1 on the gateway that decides, 0 on a standby (which exports no queue, quota "
+            "or device gauges, so that sums over replicas count each once).",
+        )
+        leader.add_metric([], 1.0 if snap.leader else 0.0)
+        if snap.simulated is not None:
+            simulated.add_metric([], 1.0 if snap.simulated else 0.0)
+        if not snap.leader:
+            snap = _Snapshot()  # the families stay declared, without series
 
         for p in snap.pending:
             pending_req.add_metric([p.tenant, p.flavor, p.kind], p.count)
@@ -153,7 +178,8 @@ class _SnapshotCollector(Collector):
         for tenant, n in snap.idle_gpus:
             idle.add_metric([tenant], n)
         for s, dev_flavor, holder_tenant, holder_user in snap.devices:
-            labels = [s.node, str(s.index), dev_flavor, holder_tenant or "", holder_user or ""]
+            user = (holder_user or "") if user_label else ""
+            labels = [s.node, str(s.index), dev_flavor, holder_tenant or "", user]
             util.add_metric(labels, s.utilization)
             mem.add_metric(labels, s.memory_used)
             if s.temperature is not None:
@@ -161,9 +187,8 @@ class _SnapshotCollector(Collector):
             if s.power is not None:
                 power.add_metric(labels, s.power)
             healthy.add_metric(labels, 1.0 if s.healthy else 0.0)
-        if snap.simulated is not None:
-            simulated.add_metric([], 1.0 if snap.simulated else 0.0)
         return [
+            leader,
             pending_req,
             pending_gpus,
             admitted,
@@ -185,9 +210,10 @@ class _SnapshotCollector(Collector):
 class GatewayMetrics:
     """All of one gateway's metrics and their rendering."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, user_label: bool = False) -> None:
+        """`user_label`: name the holder in the device series' `user` label (else "")."""
         self.registry = CollectorRegistry()
-        self._collector = _SnapshotCollector()
+        self._collector = _SnapshotCollector(user_label)
         self.registry.register(self._collector)
         self.admission_wait = Histogram(
             "gpuaas_admission_wait_seconds",
@@ -227,11 +253,13 @@ class GatewayMetrics:
         devices: Iterable[DeviceRow],
         simulated: bool | None = None,
         nodes: Mapping[str, int] | None = None,
+        leader: bool = True,
     ) -> None:
         """Replace every gauge's series with these; series absent here are dropped.
 
         `simulated`, when given, is exported as gpuaas_devices_simulated so dashboards can
-        say that the numbers are invented.
+        say that the numbers are invented. `leader`: False on a standby, whose gauges
+        (a mirror of the leader's) are then left out; gpuaas_leader says which it is.
         """
         self._collector.snapshot = _Snapshot(
             tenants=tuple(tenants),
@@ -241,6 +269,7 @@ class GatewayMetrics:
             devices=tuple(devices),
             simulated=simulated,
             nodes=tuple((nodes or {}).items()),
+            leader=leader,
         )
 
     def render(self) -> tuple[bytes, str]:

@@ -29,8 +29,11 @@ What the mixin adds
   gateway's event stream (events.py) says something changed, not on a timer;
 - admitted: `_apply_grant()` hands the devices to the wrapped spawner (CUDA_VISIBLE_DEVICES
   for local processes, `nvidia.com/gpu` limits and the flavor's node selector for pods);
-- running: a heartbeat task renews the lease and reports busy/idle from the Hub's
-  last-activity; a gateway `cull` (or preemption, or lease loss) stops the server through
+- running: the server's own `jupyter_gpuaas` extension heartbeats the request with busy
+  or idle from its kernels' GPU use and its jobs (server/idle.py), not the Hub's HTTP
+  activity; the spawner's heartbeat task only renews a lease nobody else renews (a server
+  image without the extension), with busy from the Hub's last-activity, and watches the
+  request's state; a gateway `cull` (or preemption, or lease loss) stops the server through
   the Hub's REST API, keeping a parked reservation so a restart within the reservation TTL
   is admitted at once;
 - release: stop, the server's death (seen by `poll()`) and a cancelled spawn release or
@@ -40,6 +43,8 @@ What the mixin adds
 The spawner talks to the gateway as the user, with a token it mints for the request
 (scopes: `custom:gpuaas:use`, access to the gateway service, and stopping this one server)
 and revokes on release, so ownership and tenant membership are the gateway's own checks.
+The token expires and is replaced at half its life; the spawner state keeps its id (not
+the token) so that a restarted Hub revokes it (tokens.py).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -57,7 +63,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from jupyter_gpuaas.client import GatewayClient, GatewayError
+from jupyter_gpuaas.client import GatewayClient, GatewayError, ssl_context
 from jupyter_gpuaas.words import format_duration
 
 from .events import forget_stream, stream_for
@@ -71,12 +77,13 @@ from .options import (
     tenant_choices,
 )
 from .status import QueueStatus, StatusBoard, progress_event
+from .tokens import MintedToken, RequestTokenMixin
 
 #: Request states after which the gateway holds nothing for us any more.
 ENDED = ("finished", "cancelled", "rejected", "preempted", "culled")
 
 
-class QueuedSpawnerMixin(Configurable):
+class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
     """Queue GPU spawns at the gpuaas gateway before the wrapped spawner starts them."""
 
     gateway_url = Unicode(
@@ -156,10 +163,12 @@ class QueuedSpawnerMixin(Configurable):
 
     activity_window = Float(
         600.0,
-        help="""A server counts as busy (not to be culled) if the Hub saw activity within
-        this many seconds. The Hub's view of activity is coarse (the proxy and the server
-        report every JupyterHub.last_activity_interval, 300 s by default), so keep this
-        above that interval.""",
+        help="""For a server that does not report its own activity (no jupyter_gpuaas
+        extension in its image): it counts as busy (not to be culled) if the Hub saw
+        activity within this many seconds. A server with the extension heartbeats its
+        own busy/idle and this is not used. The Hub's view of activity is coarse (the
+        proxy and the server report every JupyterHub.last_activity_interval, 300 s by
+        default), so keep this above that interval.""",
     ).tag(config=True)
 
     refresh_interval = Float(
@@ -256,7 +265,9 @@ class QueuedSpawnerMixin(Configurable):
             state = self.__dict__["_gpuaas"] = {
                 "rid": None,  # the gateway request while we hold or wait for one
                 "grant": None,  # the request object once admitted
-                "token": None,  # the user token minted for the request
+                "token": None,  # the MintedToken of the request (tokens.py)
+                "stale_tokens": [],  # ids of tokens a previous Hub minted: to revoke
+                "callback": None,  # of the event stream, resubscribed when tokens rotate
                 "keep": False,  # the gateway parked it: do not cancel on stop
                 "running": False,  # the real start finished
                 "hb": None,  # heartbeat task
@@ -268,8 +279,12 @@ class QueuedSpawnerMixin(Configurable):
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = super().get_state()  # type: ignore[misc]
         gp = self._gp
-        if gp["rid"]:
-            state["gpuaas"] = {"request": gp["rid"], "grant": gp["grant"]}
+        token: MintedToken | None = gp["token"]
+        ids = [token.id] if token else []
+        ids += gp["stale_tokens"]
+        if gp["rid"] or ids:
+            # The token's id, never the token: the next Hub revokes it (tokens.py).
+            state["gpuaas"] = {"request": gp["rid"], "grant": gp["grant"], "tokens": ids}
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -277,6 +292,13 @@ class QueuedSpawnerMixin(Configurable):
         saved = state.get("gpuaas") or {}
         if saved.get("request"):
             self._gp.update(rid=saved["request"], grant=saved.get("grant"), running=True)
+        # Minted by a Hub before this one: unusable (we do not have them), so revoked
+        # as soon as this Hub mints a token or ends the request.
+        stale = [int(i) for i in saved.get("tokens") or [] if isinstance(i, int)]
+        known = self._gp["stale_tokens"]
+        known += [i for i in stale if i not in known]
+        if not self._gp["rid"]:
+            self._revoke_stale_tokens()
 
     def clear_state(self) -> None:
         super().clear_state()  # type: ignore[misc]
@@ -286,61 +308,57 @@ class QueuedSpawnerMixin(Configurable):
 
     # ----------------------------------------------------------------- clients
 
-    def _user_token(self) -> str:
-        """A token of this user for the request's life: submit, heartbeat, stop itself."""
-        gp = self._gp
-        if not gp["token"]:
-            server = f"{self.user.name}/{self.name}"
-            gp["token"] = self.user.new_api_token(
-                note=f"gpuaas request of server {server or 'default'}",
-                scopes=[
-                    "custom:gpuaas:use",
-                    f"access:services!service={self.gateway_service_name}",
-                    f"servers!server={server}",
-                ],
-            )
-        return str(gp["token"])
-
-    def _revoke_user_token(self) -> None:
-        token = self._gp["token"]
-        self._gp["token"] = None
-        if not token:
-            return
-        forget_stream(self.gateway_url, token)
-        try:
-            from jupyterhub import orm
-
-            db = self.user.db
-            found = orm.APIToken.find(db, token)
-            if found is not None:
-                db.delete(found)
-                db.commit()
-        except Exception:
-            self.log.exception("could not revoke the gpuaas token of %s", self._log_name)
-
     def _check_gateway(self) -> None:
         if not self.gateway_url:
             raise web.HTTPError(
                 500, "the GPU gateway is not configured (set QueuedSpawnerMixin.gateway_url)"
             )
 
-    def _user_client(self) -> GatewayClient:
+    def _gateway_ssl(self, url: str | None = None) -> ssl.SSLContext | None:
+        """Under the Hub's internal SSL, the Hub's own certificate and trust bundle (the
+        Hub process has no JUPYTERHUB_SSL_* of its own); None: the client's defaults."""
+        settings = getattr(self.user, "settings", None) or {}
+        https = (url or self.gateway_url).startswith("https:")
+        if not settings.get("internal_ssl") or not https:
+            return None
+        return ssl_context(
+            settings.get("internal_ssl_key"),
+            settings.get("internal_ssl_cert"),
+            settings.get("internal_ssl_ca"),
+        )
+
+    def _client(self, token: str) -> GatewayClient:
         self._check_gateway()
-        return GatewayClient(self.gateway_url, self._user_token())
+        return GatewayClient(self.gateway_url, token, ssl_context=self._gateway_ssl())
+
+    def _user_client(self) -> GatewayClient:
+        return self._client(self._user_token())
 
     def _reader_client(self) -> GatewayClient:
         """For reads that need no ownership: the Hub's token when configured."""
-        self._check_gateway()
-        return GatewayClient(self.gateway_url, self.gateway_token or self._user_token())
+        return self._client(self.gateway_token or self._user_token())
 
     def _subscribe(self, callback: Any) -> None:
         gp = self._gp
+        gp["callback"] = callback
         if gp["unsubscribe"] is None:
+            tls = self._gateway_ssl()
             if self.gateway_token:
-                stream = stream_for(self.gateway_url, self.gateway_token, shared=True)
+                stream = stream_for(
+                    self.gateway_url, self.gateway_token, shared=True, ssl_context=tls
+                )
             else:
-                stream = stream_for(self.gateway_url, self._user_token())
+                stream = stream_for(self.gateway_url, self._user_token(), ssl_context=tls)
             gp["unsubscribe"] = stream.subscribe(callback)
+
+    def _resubscribe(self, old_token: str) -> None:
+        """A per-user stream follows its token: the old one is about to be revoked."""
+        gp = self._gp
+        if self.gateway_token or gp["unsubscribe"] is None:
+            return  # the Hub's shared stream keeps its own token
+        self._unsubscribe()
+        forget_stream(self.gateway_url, old_token)
+        self._subscribe(gp["callback"])
 
     def _unsubscribe(self) -> None:
         unsubscribe = self._gp["unsubscribe"]
@@ -538,10 +556,26 @@ class QueuedSpawnerMixin(Configurable):
         return (now - last).total_seconds() < self.activity_window
 
     async def _heartbeat_loop(self) -> None:
+        """Renew the lease only when nobody else does; never speak over the server.
+
+        A server running the jupyter_gpuaas extension renews its own request (with busy
+        from its GPUs, kernels and jobs); a busy heartbeat from here would reset its idle
+        clock with the Hub's coarse HTTP activity. So each round reads the request, and
+        renews it (busy from the Hub's view) only when under two rounds of lease are left:
+        a server without the extension keeps its grant, one with it is left to speak.
+        """
         rid = self._gp["rid"]
         while rid is not None and rid == self._gp["rid"]:
             try:
-                await self._user_client().heartbeat(rid, self._busy())
+                req = await self._user_client().get(rid)
+                expires = (req.get("grant") or {}).get("lease_expires")
+                if req.get("state") != "admitted":
+                    await self._gateway_ended(f"request {req.get('state')}", {"id": rid})
+                    if self._gp.get("stopping") == rid:
+                        return
+                # No lease_expires: the gateway runs without leases, nothing to renew.
+                elif expires is not None and expires - time.time() < 2 * self.heartbeat_interval:
+                    await self._user_client().heartbeat(rid, self._busy())
             except GatewayError as e:
                 if e.status in (404, 409):  # the gateway ended it (cull, lease, preempt)
                     await self._gateway_ended("heartbeat refused", {"id": rid})
@@ -584,7 +618,10 @@ class QueuedSpawnerMixin(Configurable):
         )
         url = self.hub.api_url.rstrip("/") + "/" + path
         request = HTTPRequest(
-            url, method="DELETE", headers={"Authorization": f"token {self._user_token()}"}
+            url,
+            method="DELETE",
+            headers={"Authorization": f"token {self._user_token()}"},
+            ssl_options=self._gateway_ssl(url),  # the Hub's API, under internal SSL too
         )
         try:
             await AsyncHTTPClient().fetch(request)

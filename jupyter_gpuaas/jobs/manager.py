@@ -246,6 +246,21 @@ class JobManager(LoggingConfigurable):
     def list(self) -> list[Job]:
         return sorted(self.jobs.values(), key=lambda j: j.created, reverse=True)
 
+    def activity(self, since: float | None = None) -> list[str]:
+        """The server's activity hook (server/idle.py): why jobs keep this server busy.
+
+        A starting or running job is GPU work of this server, and so is one that ran
+        after `since` (it ended between two rounds of the caller). A queued job is not:
+        it holds no GPU yet, and waiting is not work."""
+        out = []
+        for job in self.jobs.values():
+            if job.state in (model.STARTING, model.RUNNING):
+                out.append(f"job {job.id} is {job.state}")
+            elif since is not None and job.started and (job.ended or 0) > since:
+                ended = time.strftime("%H:%M:%S", time.localtime(job.ended))
+                out.append(f"job {job.id} ran until {ended}")
+        return out
+
     # ------------------------------------------------------------------ submit
 
     async def submit(self, spec: Mapping[str, Any]) -> Job:

@@ -61,10 +61,19 @@ def server_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
 class ServerClient:
     """Blocking calls to one Jupyter server's `/gpuaas/` routes."""
 
-    def __init__(self, url: str, token: str = "", timeout: float = 30.0) -> None:
+    def __init__(
+        self, url: str, token: str = "", timeout: float = 30.0, track_activity: bool = True
+    ) -> None:
         self.url = url.rstrip("/") + "/"
         self.token = token
         self.timeout = timeout
+        # False: calls say `no_track_activity`, so jupyter_server (and the Hub after it)
+        # does not count them as the user's activity: a live widget's refreshes.
+        self.track_activity = track_activity
+
+    def quiet(self) -> ServerClient:
+        """The same server, for polls that must not count as activity."""
+        return ServerClient(self.url, self.token, self.timeout, track_activity=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> ServerClient:
@@ -78,6 +87,8 @@ class ServerClient:
     ) -> urllib.request.Request:
         url = self.url + path.lstrip("/")
         q = {k: v for k, v in (query or {}).items() if v is not None}
+        if not self.track_activity:
+            q["no_track_activity"] = 1
         if q:
             url += "?" + urlencode(q)
         headers = {"Content-Type": "application/json"}

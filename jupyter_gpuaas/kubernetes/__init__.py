@@ -6,7 +6,10 @@
 - `scaleup.py`: placeholders, KEDA ScaledObjects and ProvisioningRequests, built and, for
   the gateway's cluster scalers, created and removed;
 - `jobs.py`: batch jobs as Kubernetes Jobs (`KubernetesJobRunner`);
-- `meta.py`, `manifests.py`, `cli.py`: `jupyter-gpuaas kubernetes manifests`.
+- `kernels.py`, `kernel_pods.py`, `kernel_launcher.py`: GPU kernels in pods of their own
+  (the `gpuaas-kubernetes` kernel provisioner, on gateway_provisioners');
+- `meta.py`, `manifests.py`, `cli.py`: `jupyter-gpuaas kubernetes manifests`;
+- `monitoring.py`: the Prometheus scrape job of the gateway replicas (a token file).
 
 Every object is built by a pure function from plain values and tested by dict equality
 (the way KubeSpawner's objects.py builds its pods). This package never imports `gateway`

@@ -5,8 +5,13 @@
 
 - a ServiceAccount, a ClusterRole for the Node inventory (get, list, watch: nothing else),
   and a Role in the namespace only when the chosen scale-up needs one;
-- the gateway Deployment (one replica, Recreate: the store has one writer; readiness and
-  liveness on `api/health`), its Service and a PodDisruptionBudget;
+- the gateway Deployment: two replicas electing a leader on the PostgreSQL store
+  (`--leader-election=on`, gateway/leader.py), each advertising its pod IP; the standby
+  answers reads and forwards changes, so both are Ready (`api/health` answers 200 on
+  either) and a rolling update is safe (the fence refuses a deposed leader's writes);
+  its Service, and a PodDisruptionBudget keeping one up;
+- the Prometheus scrape job for the replicas (`monitoring.py`: a Hub token with the
+  view scope read from a file, not an open route);
 - a ConfigMap with the quota file and the gateway's config (the flavors' node selectors);
   the database URL comes from a Secret the admin creates (PostgreSQL is the store here);
 - the scale-up objects, as chosen (`scaleup.py`).
@@ -34,6 +39,7 @@ from .meta import (
     meta,
     selector_labels,
 )
+from .monitoring import scrape_config_map
 from .scaleup import scale_up_objects
 
 # --------------------------------------------------------------------- access
@@ -169,6 +175,48 @@ def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
 
 
+# The login cookie's key (HubOAuth) must be the same on both replicas, or a browser
+# signed in through one is signed out by the other. It lives in the hub Secret (key
+# `cookie-secret`); the gateway refuses a key file others may read, and a Secret volume's
+# files are root's, so an init container copies it, mode 0600, into a memory volume.
+COOKIE_SECRET_KEY = "cookie-secret"
+SECRET_DIR = "/etc/jupyter-gpuaas-secret"
+RUN_DIR = "/run/jupyter-gpuaas"
+COPY_SECRET = (
+    "import os, sys\n"
+    "data = open(sys.argv[1], 'rb').read()\n"
+    "fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)\n"
+    "os.write(fd, data)\n"
+    "os.close(fd)\n"
+)
+SECURE = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def cookie_secret_copier(settings: Settings) -> dict[str, Any]:
+    """The init container that puts the shared cookie key where the gateway reads it."""
+    return {
+        "name": "cookie-secret",
+        "image": settings.image,
+        "command": [
+            "python3",
+            "-c",
+            COPY_SECRET,
+            f"{SECRET_DIR}/{COOKIE_SECRET_KEY}",
+            f"{RUN_DIR}/cookie_secret",
+        ],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
+        "securityContext": SECURE,
+        "volumeMounts": [
+            {"name": "secret", "mountPath": SECRET_DIR, "readOnly": True},
+            {"name": "run", "mountPath": RUN_DIR},
+        ],
+    }
+
+
 def deployment(settings: Settings) -> dict[str, Any]:
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}, "timeoutSeconds": 5}
     container = {
@@ -185,8 +233,14 @@ def deployment(settings: Settings) -> dict[str, Any]:
             f"--scaler={SCALER_ARG[settings.scale_up]}",
             # Kubernetes expands $(VAR) from the container's env: the URL stays in the Secret.
             "--db-url=$(GPUAAS_DB_URL)",
+            f"--cookie-secret-file={RUN_DIR}/cookie_secret",
+            # Replicas elect a leader on the store; a standby names (and forwards to) the
+            # leader by the URL it advertises: its pod's own address, not the Service's.
+            "--leader-election=on",
+            f"--advertise-url=http://$(POD_IP):{PORT}{SERVICE_PREFIX}",
         ],
         "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             _secret_env("GPUAAS_DB_URL", settings.db_secret, "url"),
             {"name": "JUPYTERHUB_SERVICE_NAME", "value": "gpuaas"},
             {"name": "JUPYTERHUB_SERVICE_PREFIX", "value": SERVICE_PREFIX},
@@ -196,8 +250,10 @@ def deployment(settings: Settings) -> dict[str, Any]:
             {"name": "JUPYTERHUB_OAUTH_CALLBACK_URL", "value": SERVICE_PREFIX + "oauth_callback"},
         ],
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-        # Ready: the store answers. Live: the same route, given two minutes of store
-        # trouble before a restart (a restart rebuilds the queue from the store anyway).
+        # Ready: the store answers. A standby is Ready too: it answers reads from its
+        # mirror and forwards changes to the leader, so the Service may send it anything.
+        # Live: the same route, given two minutes of store trouble before a restart (a
+        # restart rebuilds the queue from the store anyway).
         "readinessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
         "livenessProbe": {
             **probe,
@@ -209,21 +265,26 @@ def deployment(settings: Settings) -> dict[str, Any]:
             "requests": {"cpu": "100m", "memory": "256Mi"},
             "limits": {"memory": "1Gi"},
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "securityContext": SECURE,
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "run", "mountPath": RUN_DIR, "readOnly": True},
+        ],
     }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": meta(NAME, "gateway", settings),
         "spec": {
-            # One writer of the queue at a time: never two gateways during a rollout.
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
+            # A leader and a standby: when the leader's pod goes (a drain, a crash), the
+            # standby takes the lock within seconds and restores the queue from the store.
+            # A rollout adds the new pod before removing an old one: two gateways at once
+            # are safe, one decides and every write is fenced on the lock (leader.py).
+            "replicas": 2,
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
             "selector": {"matchLabels": selector_labels("gateway")},
             "template": {
                 "metadata": {
@@ -233,11 +294,8 @@ def deployment(settings: Settings) -> dict[str, Any]:
                         **labels("gateway", settings),
                         "hub.jupyter.org/network-access-hub": "true",
                     },
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(PORT),
-                        "prometheus.io/path": SERVICE_PREFIX + "metrics",
-                    },
+                    # No prometheus.io/scrape annotations: that job scrapes without a
+                    # token and `metrics` answers it 401; see monitoring.py's job.
                 },
                 "spec": {
                     "serviceAccountName": NAME,
@@ -247,8 +305,35 @@ def deployment(settings: Settings) -> dict[str, Any]:
                         "runAsGroup": 1000,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
+                    # Leader and standby on different nodes where the cluster can.
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "weight": 100,
+                                    "podAffinityTerm": {
+                                        "labelSelector": {
+                                            "matchLabels": selector_labels("gateway")
+                                        },
+                                        "topologyKey": "kubernetes.io/hostname",
+                                    },
+                                }
+                            ]
+                        }
+                    },
+                    "initContainers": [cookie_secret_copier(settings)],
                     "containers": [container],
-                    "volumes": [{"name": "config", "configMap": {"name": NAME}}],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": NAME}},
+                        {
+                            "name": "secret",
+                            "secret": {
+                                "secretName": settings.hub_token_secret,
+                                "items": [{"key": COOKIE_SECRET_KEY, "path": COOKIE_SECRET_KEY}],
+                            },
+                        },
+                        {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                    ],
                 },
             },
         },
@@ -269,8 +354,8 @@ def service(settings: Settings) -> dict[str, Any]:
 
 
 def disruption_budget(settings: Settings) -> dict[str, Any]:
-    # As zero-to-jupyterhub's hub: a drain waits for the admin rather than silently
-    # stopping every queue wait and lease renewal of the cluster.
+    # Of the two replicas, one stays through a drain: a node drain evicts one pod at a
+    # time, and the other (leader, or standby taking over) keeps the queue answering.
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -287,5 +372,6 @@ def manifests(flavors: Sequence[ClusterFlavor], settings: Settings) -> list[dict
         )
     docs = [service_account(settings), *access(settings), config_map(flavors, settings)]
     docs += [deployment(settings), service(settings), disruption_budget(settings)]
+    docs.append(scrape_config_map(settings))
     docs += scale_up_objects(flavors, settings)
     return docs

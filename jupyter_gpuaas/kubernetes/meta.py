@@ -69,7 +69,8 @@ class Settings:
     hub_api_url: str = "http://hub:8081/hub/api"
     prometheus_url: str = "http://prometheus-server.monitoring.svc:80"
     db_secret: str = "jupyter-gpuaas-db"  # key `url`: postgresql+psycopg://...
-    hub_token_secret: str = "jupyter-gpuaas-hub"  # key `token`: hub.services.gpuaas.apiToken
+    # keys `token` (the gpuaas service's API token) and `cookie-secret` (the login key)
+    hub_token_secret: str = "jupyter-gpuaas-hub"
     provisioning_class: str = "check-capacity.autoscaling.x-k8s.io"
     placeholder_image: str = "registry.k8s.io/pause:3.10"
     quotas_text: str = ""

@@ -102,7 +102,12 @@ def placeholder_deployment(flavor: ClusterFlavor, settings: Settings) -> dict[st
 
 
 def nodes_wanted_query(flavor: str) -> str:
-    """PromQL: the flavor's nodes wanted beyond those the gateway already places on."""
+    """PromQL: the flavor's nodes wanted beyond those the gateway already places on.
+
+    Only the leader exports these gauges (a standby exports none, gateway/metrics.py), so
+    `max` over every scraped replica is the leader's value, and stays so while a failover
+    briefly leaves the old leader's last sample next to the new leader's.
+    """
     want = f'max(gpuaas_desired_nodes{{flavor="{flavor}"}})'
     have = f'max(gpuaas_nodes{{flavor="{flavor}"}})'
     return f"clamp_min({want} - ({have} or vector(0)), 0)"
@@ -134,6 +139,10 @@ def scaled_object(flavor: ClusterFlavor, settings: Settings) -> dict[str, Any]:
                         # AverageValue 1: one placeholder replica per node wanted.
                         "threshold": "1",
                         "activationThreshold": "0",
+                        # No series at all means the scrape failed (the gateway or the
+                        # Hub checking its token is down), not "no demand": an error
+                        # keeps the placeholders as they are rather than reading 0.
+                        "ignoreNullValues": "false",
                     },
                 }
             ],

@@ -7,7 +7,8 @@ It ties the `gpuaas` kernel provisioner to the server:
   request that can never be admitted fails the call at once with the reason);
 - shutting down or interrupting a waiting kernel cancels its request;
 - a heartbeat loop reports each GPU kernel's activity as lease renewals, and notices dead
-  kernels;
+  kernels; each round also judges the whole server for jupyter_server, the Hub and its
+  own gateway request (idle.py); our widgets' comm traffic is no activity (activity.py);
 - an event loop listens to the gateway (admit, cull_warning, cull, preempt, finish) and
   acts: wakes a waiting kernel, warns the user, shuts a culled kernel down;
 - on server shutdown every grant is released and every wait cancelled.
@@ -37,7 +38,8 @@ from jupyter_gpuaas.jobs import server_hook as jobs_hook
 from jupyter_gpuaas.words import format_duration as human_duration
 
 from . import sidebar
-from .activity import GpuUsage, Holder, decide_busy, process_tree
+from .activity import GpuUsage, decide_busy
+from .idle import SERVER_KEY, ServerActivity
 from .kernels import GpuKernel, KernelTable, Notification, is_gpu_spec, set_table
 from .provisioner import GpuaasProvisioner
 from .waiting import one_session_per_path
@@ -143,6 +145,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
     gpu_usage: GpuUsage
     _tasks: list[asyncio.Task[None]]
     _last_beat: dict[str, datetime]
+    activity: ServerActivity
     _idle_timeouts: dict[str, float] | None = None
 
     def initialize_settings(self) -> None:
@@ -160,6 +163,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         self.table.reporting = True
         set_table(self.table)
         self.gpu_usage = GpuUsage()
+        self.activity = ServerActivity(self)
         self._tasks = []
         self._last_beat = {}
         self.settings["gpuaas"] = self
@@ -269,6 +273,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         orig_shutdown = mkm.shutdown_kernel
         orig_interrupt = mkm.interrupt_kernel
         orig_restart = mkm.restart_kernel
+        orig_watch = mkm.start_watching_activity
         # The server's own choice, for every kernel that is not a GPU kernel.
         resting = bool(getattr(mkm, "use_pending_kernels", False))
         table = self.table
@@ -320,6 +325,11 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
                 return None
             return orig_interrupt(kernel_id)
 
+        def start_watching_activity(kernel_id: str) -> None:  # at each start and restart
+            orig_watch(kernel_id)
+            self.activity.own_comms.watch(mkm.get_kernel(kernel_id))  # filter the new stream
+
+        mkm.start_watching_activity = start_watching_activity
         mkm.start_kernel = start_kernel
         mkm.shutdown_kernel = shutdown_kernel
         mkm.interrupt_kernel = interrupt_kernel
@@ -371,8 +381,12 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
                 self.log.exception("gpuaas: heartbeat round failed")
             await asyncio.sleep(self.heartbeat_interval)
 
+    def current_activity(self) -> list[str]:
+        """Why this server is busy ([] idle): `shutdown_no_activity_timeout` asks this."""
+        return list(self.activity.reasons)
+
     async def heartbeat_once(self) -> None:
-        """One round: notice deaths, then report each running GPU kernel busy or idle."""
+        """One round: notice deaths, report each GPU kernel, then the server (idle.py)."""
         running: list[GpuKernel] = []
         for record in list(self.table.live.values()):
             prov = record.provisioner
@@ -382,24 +396,20 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
                 await prov.poll()  # a dead kernel releases its grant here
             if record.state == "running" and record.request_id:
                 running.append(record)
-        if not running:
-            return
-        holders = [
-            Holder(r.kernel_id, r.node, r.devices, process_tree(int(r.provisioner.pid)))
-            for r in running
-            if r.provisioner.pid
-        ]
+        holders = self.activity.holders(running)  # theirs, and this server's own devices
         utilization: dict[str, float | None] = {}
         if holders and self.gpu_usage.available:
             loop = asyncio.get_running_loop()
             utilization = await loop.run_in_executor(None, self.gpu_usage.utilization, holders)
         now = datetime.now(timezone.utc)
-        await asyncio.gather(
+        verdicts = await asyncio.gather(
             *(self._beat(r, utilization.get(r.kernel_id), now) for r in running),
             return_exceptions=True,
         )
+        busy = {r.kernel_id: v is True for r, v in zip(running, verdicts, strict=True)}
+        await self.activity.round(now, busy, utilization.get(SERVER_KEY))
 
-    async def _beat(self, record: GpuKernel, utilization: float | None, now: datetime) -> None:
+    async def _beat(self, record: GpuKernel, utilization: float | None, now: datetime) -> bool:
         km = record.provisioner.parent
         busy = decide_busy(
             getattr(km, "execution_state", None),
@@ -423,10 +433,11 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
                 await self._grant_gone(record)
             else:
                 self.log.warning("gpuaas: heartbeat of %s failed: %s", record.request_id, e)
-            return
+            return busy
         self._last_beat[record.kernel_id] = now
         grant = obj.get("grant") or {}
         record.lease_expires = grant.get("lease_expires", record.lease_expires)
+        return busy
 
     async def _grant_gone(self, record: GpuKernel) -> None:
         """A heartbeat found the grant ended (an event we missed): find out why, act."""

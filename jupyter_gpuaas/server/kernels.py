@@ -180,9 +180,11 @@ class GpuKernel:
 
 
 def is_gpu_spec(spec: Any) -> bool:
-    """Whether a kernelspec starts through the `gpuaas` provisioner."""
+    """Whether a kernelspec starts through a gpuaas provisioner: `gpuaas` (a local
+    process), or `gpuaas-kubernetes` (the same request, in a pod of its own:
+    kubernetes/kernels.py)."""
     meta = (getattr(spec, "metadata", None) or {}).get("kernel_provisioner") or {}
-    return bool(meta.get("provisioner_name") == "gpuaas")
+    return meta.get("provisioner_name") in ("gpuaas", "gpuaas-kubernetes")
 
 
 def gpu_words(gpus: int, flavor: str | None) -> str:

@@ -2,10 +2,14 @@
 
     jupyter-gpuaas kernelspec install --gpus 1 [--flavor a100] [--tenant vision]
         [--name NAME] [--display-name "Python 3 (1 GPU)"] [--user | --sys-prefix | --prefix P]
+        [--kubernetes [--image IMAGE]]
 
 It writes ipykernel's spec for the running interpreter (argv, logos, metadata) with
 `metadata.kernel_provisioner = {"provisioner_name": "gpuaas", "config": {...}}`, so the
 kernel starts through the gpuaas provisioner: queued, then launched on granted devices.
+With `--kubernetes` the spec names `gpuaas-kubernetes` instead (kubernetes/kernels.py): the
+kernel runs in a pod of its own on the granted node, and its argv is what that pod runs,
+gateway_provisioners' kernel launcher.
 """
 
 from __future__ import annotations
@@ -19,23 +23,49 @@ from typing import Any
 NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
 
 
-def default_name(gpus: int, flavor: str | None) -> str:
-    return f"python3-{gpus}gpu" + (f"-{flavor}" if flavor else "")
+#: The argv of a `--kubernetes` spec: the command of the kernel's pod. The provisioner fills
+#: in gateway_provisioners' launch parameters.
+POD_ARGV = [
+    "python",
+    "-m",
+    "jupyter_gpuaas.kubernetes.kernel_launcher",
+    "--kernel-id",
+    "{kernel_id}",
+    "--port-range",
+    "{port_range}",
+    "--response-address",
+    "{response_address}",
+    "--public-key",
+    "{public_key}",
+]
 
 
-def default_display_name(gpus: int, flavor: str | None) -> str:
+def default_name(gpus: int, flavor: str | None, kubernetes: bool = False) -> str:
+    return f"python3-{gpus}gpu" + (f"-{flavor}" if flavor else "") + ("-pod" if kubernetes else "")
+
+
+def default_display_name(gpus: int, flavor: str | None, kubernetes: bool = False) -> str:
     what = f"{gpus} {flavor.upper() if flavor else 'GPU'}"
     plural = "s" if gpus != 1 and not flavor else ""
-    return f"Python 3 ({what}{plural})"
+    return f"Python 3 ({what}{plural}{', own pod' if kubernetes else ''})"
 
 
-def provisioner_metadata(gpus: int, flavor: str | None, tenant: str | None) -> dict[str, Any]:
+def provisioner_metadata(
+    gpus: int,
+    flavor: str | None,
+    tenant: str | None,
+    kubernetes: bool = False,
+    image: str | None = None,
+) -> dict[str, Any]:
     config: dict[str, Any] = {"gpus": gpus}
     if flavor:
         config["flavor"] = flavor
     if tenant:
         config["tenant"] = tenant
-    return {"provisioner_name": "gpuaas", "config": config}
+    if kubernetes and image:
+        config["image_name"] = image
+    name = "gpuaas-kubernetes" if kubernetes else "gpuaas"
+    return {"provisioner_name": name, "config": config}
 
 
 def write_spec(
@@ -44,16 +74,20 @@ def write_spec(
     flavor: str | None = None,
     tenant: str | None = None,
     display_name: str | None = None,
+    kubernetes: bool = False,
+    image: str | None = None,
 ) -> Path:
     """Write kernel.json (and ipykernel's logos) for this Python into `path`."""
     from ipykernel.kernelspec import get_kernel_dict, write_kernel_spec
 
     metadata = dict(get_kernel_dict().get("metadata") or {})
-    metadata["kernel_provisioner"] = provisioner_metadata(gpus, flavor, tenant)
-    overrides = {
-        "display_name": display_name or default_display_name(gpus, flavor),
+    metadata["kernel_provisioner"] = provisioner_metadata(gpus, flavor, tenant, kubernetes, image)
+    overrides: dict[str, Any] = {
+        "display_name": display_name or default_display_name(gpus, flavor, kubernetes),
         "metadata": metadata,
     }
+    if kubernetes:
+        overrides["argv"] = list(POD_ARGV)
     return Path(write_kernel_spec(path, overrides=overrides))
 
 
@@ -66,6 +100,15 @@ def add_parser(subparsers: Any) -> None:
     inst.add_argument("--tenant", help="tenant (team) charged; default: the user's first")
     inst.add_argument("--name", help="kernelspec name (default: python3-<N>gpu[-<flavor>])")
     inst.add_argument("--display-name", help='shown in the launcher, e.g. "Python 3 (1 GPU)"')
+    inst.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="run the kernel in a pod of its own on the granted node (provisioner "
+        "gpuaas-kubernetes); the server's pod stays CPU-only",
+    )
+    inst.add_argument(
+        "--image", help="the kernel pod's image (--kubernetes; default: the server's own)"
+    )
     where = inst.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for this user only")
     where.add_argument(
@@ -80,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus < 1:
         print("jupyter-gpuaas kernelspec: --gpus must be at least 1", file=sys.stderr)
         return 2
-    name = args.name or default_name(args.gpus, args.flavor)
+    if args.image and not args.kubernetes:
+        print("jupyter-gpuaas kernelspec: --image needs --kubernetes", file=sys.stderr)
+        return 2
+    name = args.name or default_name(args.gpus, args.flavor, args.kubernetes)
     if not NAME_RE.match(name):
         print(
             f"jupyter-gpuaas kernelspec: bad --name {name!r}: use letters, digits, . _ -",
@@ -93,7 +139,15 @@ def run(args: argparse.Namespace) -> int:
 
     prefix = sys.prefix if args.sys_prefix else args.prefix
     with tempfile.TemporaryDirectory() as tmp:
-        src = write_spec(Path(tmp) / name, args.gpus, args.flavor, args.tenant, args.display_name)
+        src = write_spec(
+            Path(tmp) / name,
+            args.gpus,
+            args.flavor,
+            args.tenant,
+            args.display_name,
+            kubernetes=args.kubernetes,
+            image=args.image,
+        )
         try:
             dest = KernelSpecManager().install_kernel_spec(
                 str(src), name, user=bool(args.user), prefix=prefix

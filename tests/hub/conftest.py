@@ -68,6 +68,8 @@ c.JupyterHub.log_level = "DEBUG"
 c.QueuedSpawnerMixin.max_gpus = 8
 c.QueuedSpawnerMixin.heartbeat_interval = 1.0
 c.QueuedSpawnerMixin.activity_window = 1.0
+# Servers judge and report their own activity (server/idle.py) every second here too.
+c.Spawner.args.append("--GpuaasExtension.heartbeat_interval=1")
 c.Spawner.start_timeout = 60
 c.Spawner.poll_interval = 2
 c.Spawner.http_timeout = 60

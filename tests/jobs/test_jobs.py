@@ -13,6 +13,7 @@ import psutil
 import pytest
 from jobutil import BIN, TOKEN, Gateway, Server, clean_env, notebook, start_server, wait_for
 
+from jupyter_gpuaas.magics import line_parser
 from jupyter_gpuaas.widgets import JobView
 
 
@@ -192,8 +193,9 @@ def test_refusals_fail_at_once_with_the_reason(
         assert result is None
         return capsys.readouterr().err
 
-    out = err(f"submit {nb.name}")  # no --gpus
-    assert "usage: %gpu submit" in out and "--gpus" in out
+    out = err("submit")  # no notebook
+    assert "usage: %gpu submit" in out and "notebook" in out
+    assert line_parser().parse_args(["submit", nb.name]).gpus == 1  # --gpus defaults to 1
     out = err("frobnicate")
     assert "usage: %gpu" in out and "invalid choice" in out
     out = err(f"submit {nb.name} --gpus 1 --bogus")

@@ -16,7 +16,9 @@ kubernetes_asyncio (and so KubeSpawner) to talk to it over real HTTP:
   `FailedScheduling` Event, as the real scheduler says it.
 
 Tests drive the cluster side through plain methods (`put`, `delete`, `add_node`,
-`compact`, `drop_watches`) on the same event loop. It is a double: it does not check
+`compact`, `drop_watches`) on the same event loop. A container runtime can
+hook in (`on_pod_running`, `on_pod_deleted`: kubelet.py's `LocalKubelet` runs a pod's
+container as a local process). It is a double: it does not check
 schemas, RBAC or admission, and schedules in one pass.
 """
 
@@ -27,7 +29,7 @@ import copy
 import json
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +141,10 @@ class KubernetesDouble:
         self.deletes: list[tuple[str, Any]] = []  # (path, DeleteOptions body) of each DELETE
         self.url = ""
         self._runner: web.AppRunner | None = None
+        # The container runtime's hooks: (namespace, pod) when the toy kubelet starts a
+        # pod, and when a pod is deleted.
+        self.on_pod_running: list[Callable[[str, dict[str, Any]], None]] = []
+        self.on_pod_deleted: list[Callable[[str, dict[str, Any]], None]] = []
 
     # ----------------------------------------------------------------- server
 
@@ -281,6 +287,9 @@ class KubernetesDouble:
             self.rv += 1
             obj["metadata"]["resourceVersion"] = str(self.rv)
             self._emit("DELETED", key, obj)
+            if (prefix, plural) == ("/api/v1", "pods"):
+                for hook in list(self.on_pod_deleted):
+                    hook(namespace, obj)
         return obj
 
     def get(
@@ -475,13 +484,15 @@ class KubernetesDouble:
                     for c in new["spec"].get("containers") or []
                 ],
             }
-            self.put(key[0], "pods", new, ns)
+            new = self.put(key[0], "pods", new, ns)
             self.event(
                 ns,
                 new,
                 "Scheduled",
                 f"Successfully assigned {ns}/{new['metadata']['name']} to {name}",
             )
+            for hook in list(self.on_pod_running):
+                hook(ns, new)
 
     # ----------------------------------------------------------------- HTTP
 

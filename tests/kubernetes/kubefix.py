@@ -39,8 +39,9 @@ class Group:
 
 class HubUser:
     """What a spawner uses of JupyterHub's User: name, groups, url, and a token minted
-    for the request (here: the user's token in the gateway's token file; the revoke step
-    finds it in no Hub database and so deletes nothing)."""
+    for the request (here: the user's token in the gateway's token file, recorded in this
+    user's own in-memory Hub database, as JupyterHub records the tokens it mints, so the
+    spawner can find its id and revoke it)."""
 
     def __init__(self, name: str, groups: list[str]) -> None:
         from jupyterhub import orm
@@ -65,5 +66,23 @@ class HubUser:
         return row
 
     def new_api_token(self, **kw: Any) -> str:
+        from jupyterhub import orm
+
         self.minted.append(kw.get("note", ""))
-        return TOKENS[self.name]
+        token = TOKENS[self.name]
+        if orm.APIToken.find(self.db, token) is None:  # revoked before: record it again
+            # The row alone (APIToken.new also wants the Hub's roles), issued by the Hub's
+            # own OAuth client as JupyterHub's tokens are (find() drops client-less ones).
+            if self.db.query(orm.OAuthClient).filter_by(identifier="jupyterhub").first() is None:
+                self.db.add(orm.OAuthClient(identifier="jupyterhub"))
+            row = orm.APIToken(
+                user=self.orm_user,
+                client_id="jupyterhub",
+                note=kw.get("note", ""),
+                scopes=list(kw.get("scopes") or []),
+                generated=False,
+            )
+            row.token = token
+            self.db.add(row)
+            self.db.commit()
+        return token

@@ -109,7 +109,7 @@ def test_every_document_validates(run_cli: Any, scale_up: str) -> None:
         if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding", "PriorityClass"):
             assert doc["metadata"]["namespace"] == "lab"
     base = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
-    gateway = ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget"]
+    gateway = ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "ConfigMap"]
     pr = ["PodTemplate", "ProvisioningRequest"]
     role = ["Role", "RoleBinding"]
     expected = {
@@ -119,7 +119,9 @@ def test_every_document_validates(run_cli: Any, scale_up: str) -> None:
         "none": [*base, *gateway],
     }[scale_up]
     assert kinds == expected
-    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (config_map,) = [
+        d for d in docs if d["metadata"]["name"] == "jupyter-gpuaas" and d["kind"] == "ConfigMap"
+    ]
     assert config_map["data"]["quotas.yaml"] == QUOTAS  # the admin's file, comments kept
     assert parse_config(yaml.safe_load(config_map["data"]["quotas.yaml"]))
     config = yaml.safe_load(config_map["data"]["gpuaas_config.json"])
@@ -173,8 +175,24 @@ def test_gateway_deployment(run_cli: Any) -> None:
     assert code == 0
     (dep,) = [d for d in yaml.safe_load_all(out) if d["kind"] == "Deployment"]
     spec = dep["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # A leader and a standby (leader.py); a rollout adds a pod before it removes one.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     (c,) = spec["template"]["spec"]["containers"]
+    assert "--leader-election=on" in c["args"]
+    assert "--advertise-url=http://$(POD_IP):8765/services/gpuaas/" in c["args"]
+    # $(POD_IP) expands only from a variable defined in the container's env.
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
+    # No annotation-driven scrape: it would carry no token and get 401.
+    assert not any(
+        k.startswith("prometheus.io/") for k in spec["template"]["metadata"].get("annotations", {})
+    )
+    anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     probe = {
         "httpGet": {"path": "/services/gpuaas/api/health", "port": "http"},
         "timeoutSeconds": 5,
@@ -245,6 +263,7 @@ def test_scaled_object_reads_the_nodes_wanted(run_cli: Any) -> None:
                     "query": nodes_wanted_query("a100"),
                     "threshold": "1",
                     "activationThreshold": "0",
+                    "ignoreNullValues": "false",
                 },
             }
         ],
@@ -342,3 +361,72 @@ def test_the_console_script(tmp_path: Path) -> None:
         f"jupyter-gpuaas kubernetes manifests: --quotas {tmp_path / 'nope.yaml'}: "
         "No such file or directory"
     ]
+
+
+def test_the_scrape_job_finds_both_gateway_pods_with_a_token(run_cli: Any) -> None:
+    """The shipped Prometheus job: the view-scoped token from a file (metrics refuses a
+    scrape without one), the gateway's metrics path, and relabelling that keeps exactly
+    the Deployment's pods on their `http` port. Tests/gateway/test_metrics_leader.py runs
+    its token and path with a real Prometheus against a leader and a standby."""
+    code, out, _ = run_cli("--namespace", "lab", "--scale-up", "none")
+    assert code == 0
+    docs = list(yaml.safe_load_all(out))
+    (cm,) = [d for d in docs if d["metadata"]["name"] == "jupyter-gpuaas-prometheus"]
+    (job,) = yaml.safe_load(cm["data"]["scrape-configs.yaml"])
+    assert job["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": "/etc/secrets/jupyter-gpuaas-metrics/token",
+    }
+    assert job["metrics_path"] == "/services/gpuaas/metrics"
+    assert job["kubernetes_sd_configs"] == [{"role": "pod", "namespaces": {"names": ["lab"]}}]
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]
+    meta = {
+        "__meta_kubernetes_pod_label_" + k.replace(".", "_").replace("/", "_").replace("-", "_"): v
+        for k, v in pod["metadata"]["labels"].items()
+    }
+    meta["__meta_kubernetes_pod_container_port_name"] = pod["spec"]["containers"][0]["ports"][0][
+        "name"
+    ]
+    keeps = [r for r in job["relabel_configs"] if r.get("action") == "keep"]
+    assert len(keeps) == 3
+    for rule in keeps:
+        (source,) = rule["source_labels"]
+        assert meta.get(source) == rule["regex"], (source, rule)
+    # Not the annotations job's: no pod of ours asks to be scraped without a token.
+    assert "annotations" not in pod["metadata"]
+
+
+def test_both_replicas_sign_logins_with_the_secret_key(run_cli: Any, tmp_path: Path) -> None:
+    """The init container's own command, run here on a copy of the Secret's file: the
+    gateway's cookie key file is the Secret's key, mode 0600 (load_cookie_secret refuses
+    anything others may read), where the gateway container is told to read it."""
+    from jupyter_gpuaas.gateway.auth import load_cookie_secret
+
+    code, out, _ = run_cli("--scale-up", "none")
+    assert code == 0
+    (dep,) = [d for d in yaml.safe_load_all(out) if d["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (gateway,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["secret"]["secret"]["secretName"] == "jupyter-gpuaas-hub"
+    assert volumes["run"]["emptyDir"]["medium"] == "Memory"
+    python, flag, script, src, dst = init["command"]
+    assert (python, flag) == ("python3", "-c")
+    assert f"--cookie-secret-file={dst}" in gateway["args"]
+    mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+    assert mounts[src.rsplit("/", 1)[0]] == "secret"
+    run_dir = dst.rsplit("/", 1)[0]
+    assert mounts[run_dir] == "run"
+    assert {"name": "run", "mountPath": run_dir, "readOnly": True} in gateway["volumeMounts"]
+
+    key = "ab" * 32
+    secret_file = tmp_path / "cookie-secret"
+    secret_file.write_text(key + "\n")
+    secret_file.chmod(0o644)  # a Secret volume's file: root's, readable by all
+    copied = tmp_path / "run" / "cookie_secret"
+    copied.parent.mkdir()
+    subprocess.run([sys.executable, "-c", script, str(secret_file), str(copied)], check=True)
+    assert copied.stat().st_mode & 0o777 == 0o600
+    assert load_cookie_secret(copied) == bytes.fromhex(key)

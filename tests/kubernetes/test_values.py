@@ -15,6 +15,7 @@ from traitlets.config import Config
 from jupyter_gpuaas.cli import main
 from jupyter_gpuaas.hub.k8s import validate_flavors
 from jupyter_gpuaas.hub.kube import profile_gpus
+from jupyter_gpuaas.kubernetes.meta import NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "hub_config" / "kubernetes" / "values.yaml"
@@ -32,6 +33,7 @@ def readme_manifest_args() -> list[str]:
 def hub_config(monkeypatch: pytest.MonkeyPatch) -> Config:
     values = yaml.safe_load(VALUES.read_text())
     monkeypatch.setenv("GPUAAS_SERVICE_TOKEN", "t0ken")
+    monkeypatch.setenv("GPUAAS_METRICS_TOKEN", "scr4pe")
     c = Config()
     exec(compile(values["hub"]["extraConfig"]["gpuaas"], str(VALUES), "exec"), {"c": c})
     return c
@@ -40,8 +42,19 @@ def hub_config(monkeypatch: pytest.MonkeyPatch) -> Config:
 def test_the_hub_config_runs_and_validates(monkeypatch: pytest.MonkeyPatch) -> None:
     c = hub_config(monkeypatch)
     assert c.JupyterHub.spawner_class == "jupyter_gpuaas.hub.QueuedKubeSpawner"
-    (service,) = c.JupyterHub.services.get_value([])
+    service, scraper = c.JupyterHub.services.get_value([])
     assert service["name"] == "gpuaas" and service["api_token"] == "t0ken"
+    # Prometheus's token: the view scope on the gateway and nothing else (metrics).
+    assert scraper == {"name": "gpuaas-metrics", "api_token": "scr4pe"}
+    roles = {r["name"]: r for r in c.JupyterHub.load_roles.get_value([])}
+    assert roles["gpuaas-metrics"] == {
+        "name": "gpuaas-metrics",
+        "scopes": ["access:services!service=gpuaas", "custom:gpuaas:view"],
+        "services": ["gpuaas-metrics"],
+    }
+    values = yaml.safe_load(VALUES.read_text())
+    env = values["hub"]["extraEnv"]["GPUAAS_METRICS_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert env == {"name": "jupyter-gpuaas-metrics", "key": "token"}
     assert set(c.JupyterHub.custom_scopes) == {
         "custom:gpuaas:use",
         "custom:gpuaas:view",
@@ -76,7 +89,7 @@ def test_the_flavors_match_the_readme_manifests(
     args[i + 1] = str(quotas)
     assert main(args) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == NAME]
     gateway: dict[str, Any] = yaml.safe_load(cm["data"]["gpuaas_config.json"])
     spawner = {
         name: {k: v for k, v in spec.items() if k != "display_name"}

@@ -1,0 +1,102 @@
+"""A GPU server's idleness is its own verdict (server/idle.py), in a real JupyterHub.
+
+The server's extension heartbeats the server's own gateway request with busy or idle
+from its kernels; the queued spawner in the Hub only renews a lease nobody renewed, so the
+Hub's HTTP activity never speaks over the server. The kernel is driven as JupyterLab
+drives it: the REST API and the kernel's websocket, through the proxy, with the server's
+own token (read from its environment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+import pytest
+import requests
+from conftest import Hub
+
+pytestmark = pytest.mark.slow
+
+
+def _server_request(hub: Hub, rid: str) -> dict[str, Any]:
+    return next(r for r in hub.requests_of("alice") if r["id"] == rid)
+
+
+def _last_activity(hub: Hub, token: str) -> datetime:
+    resp = requests.get(
+        f"{hub.url}/user/alice/api/status", headers={"Authorization": f"token {token}"}, timeout=10
+    )
+    resp.raise_for_status()
+    return datetime.fromisoformat(resp.json()["last_activity"].replace("Z", "+00:00"))
+
+
+async def _execute(ws_url: str, token: str, code: str) -> None:
+    """Send one execute_request on the kernel's websocket; return once it is sent."""
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
+    header = {
+        "msg_id": uuid.uuid4().hex,
+        "msg_type": "execute_request",
+        "username": "alice",
+        "session": uuid.uuid4().hex,
+        "date": "",
+        "version": "5.3",
+    }
+    content = {
+        "code": code,
+        "silent": False,
+        "store_history": False,
+        "user_expressions": {},
+        "allow_stdin": False,
+        "stop_on_error": True,
+    }
+    message = {"header": header, "parent_header": {}, "metadata": {}, "content": content,
+               "channel": "shell", "buffers": []}  # fmt: skip
+    conn.write_message(json.dumps(message))
+    # Wait for the kernel to say busy, then leave it computing.
+    while True:
+        raw = await asyncio.wait_for(conn.read_message(), 30)
+        assert raw is not None, "the kernel's websocket closed"
+        msg = json.loads(raw)
+        if msg.get("msg_type") == "status" and msg["content"]["execution_state"] == "busy":
+            break
+    conn.close()
+
+
+def test_the_server_reports_its_own_idleness_and_busyness(clean_hub: Hub) -> None:
+    hub = clean_hub
+    assert hub.spawn("alice", {"tenant": "vision", "gpus": 1}).status_code in (201, 202)
+    hub.wait_ready("alice")
+    env = hub.environ("alice")
+    rid, token = env["GPUAAS_REQUEST_ID"], env["JUPYTERHUB_API_TOKEN"]
+    busy = lambda: (_server_request(hub, rid).get("grant") or {}).get("busy")  # noqa: E731
+    # No kernel: the server says idle (the Hub's spawner says nothing over it).
+    hub.wait_for(lambda: busy() is False, 20, "the server's idle heartbeat")
+
+    headers = {"Authorization": f"token {token}"}
+    resp = requests.post(
+        f"{hub.url}/user/alice/api/kernels", headers=headers, json={"name": "python3"}, timeout=30
+    )
+    assert resp.status_code == 201, resp.text
+    kid = resp.json()["id"]
+    hub.wait_for(lambda: busy() is False, 20, "idle after the kernel started")
+    ws_url = f"ws://127.0.0.1:{hub.port}/user/alice/api/kernels/{kid}/channels"
+    asyncio.run(_execute(ws_url, token, "import time; time.sleep(60)"))
+    hub.wait_for(busy, 10, "the server's busy heartbeat while its kernel computes")
+    # What jupyterhub-singleuser reports to the Hub moves while the kernel's iopub is
+    # silent (jupyter_server alone saw only the execution's start).
+    before = _last_activity(hub, token)
+    hub.wait_for(lambda: _last_activity(hub, token) > before, 10, "last_activity to move")
+    assert busy() is True
+    # Interrupted: nothing computes any more, and the server says so.
+    resp = requests.post(
+        f"{hub.url}/user/alice/api/kernels/{kid}/interrupt", headers=headers, timeout=30
+    )
+    assert resp.status_code == 204, resp.text
+    hub.wait_for(lambda: busy() is False, 30, "idle again once the computation stopped")

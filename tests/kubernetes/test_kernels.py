@@ -1,0 +1,510 @@
+"""GPU kernels as pods (`gpuaas-kubernetes`): the pure pod builder by dict equality, then
+the real provisioner under jupyter_client's own AsyncKernelManager, against the real
+gateway (in-process) and the Kubernetes API DOUBLE (k8s_double.py: no API server can run
+here).
+
+The kernel pod's process is played by a LOCAL kernel: when the double schedules a kernel
+pod, kubelet.py's LocalKubelet runs the pod's container command (gateway_provisioners'
+own kernel launcher, with the response address and public key the provisioner put in
+it) on this machine, with the pod's env and working directory; the launcher sends the
+kernel's connection info back to the server's response address, as it would from a pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from k8s_double import KubernetesDouble
+from kubefix import FLAVORS, TOKENS
+from kubelet import LocalKubelet
+
+from jupyter_gpuaas.client import GatewayClient
+from jupyter_gpuaas.kubernetes.kernel_pods import (
+    dns_label,
+    kernel_env,
+    kernel_pod_manifest,
+    shared_volumes,
+    working_dir,
+)
+
+REQUEST = {
+    "id": "r-77",
+    "tenant": "vision",
+    "gpus": 1,
+    "grant": {"flavor": "a100", "node": "a100-0", "devices": [0]},
+}
+HOME = [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]
+MOUNTS = [{"name": "home", "mountPath": "/home/jovyan"}]
+
+
+def test_kernel_pod_manifest() -> None:
+    got = kernel_pod_manifest(
+        name="alice-k1",
+        kernel_id="k1",
+        user="alice",
+        command=["python", "-m", "jupyter_gpuaas.kubernetes.kernel_launcher"],
+        image="quay.io/jupyter/pytorch-notebook:2026-11",
+        request=REQUEST,
+        flavors=FLAVORS,
+        env={"MY_VAR": "1"},
+        cwd="/home/jovyan/proj",
+        volumes=HOME,
+        volume_mounts=MOUNTS,
+    )
+    assert got == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "alice-k1",
+            "labels": {
+                "app": "gateway-provisioners",
+                "component": "kernel",
+                "kernel_id": "k1",
+                "app.kubernetes.io/name": "jupyter-gpuaas",
+                "app.kubernetes.io/component": "gpu-kernel",
+            },
+            "annotations": {
+                "gpuaas.jupyter.org/user": "alice",
+                "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+                "gpuaas.jupyter.org/request": "r-77",
+                "gpuaas.jupyter.org/tenant": "vision",
+            },
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "kernel",
+                    "image": "quay.io/jupyter/pytorch-notebook:2026-11",
+                    "command": ["python", "-m", "jupyter_gpuaas.kubernetes.kernel_launcher"],
+                    "env": [
+                        {"name": "MY_VAR", "value": "1"},
+                        {"name": "GPUAAS_REQUEST_ID", "value": "r-77"},
+                        {"name": "GPUAAS_TENANT", "value": "vision"},
+                        {"name": "GPUAAS_FLAVOR", "value": "a100"},
+                        {"name": "GPUAAS_NODE", "value": "a100-0"},
+                    ],
+                    "volumeMounts": MOUNTS,
+                    "workingDir": "/home/jovyan/proj",
+                    "resources": {
+                        "limits": {"nvidia.com/gpu": "1"},
+                        "requests": {"nvidia.com/gpu": "1"},
+                    },
+                }
+            ],
+            "volumes": HOME,
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": ["a100-0"],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+        },
+    }
+
+
+def test_shared_volumes_are_the_server_pods_claims() -> None:
+    server = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "notebook",
+                    "volumeMounts": [
+                        *MOUNTS,
+                        {"name": "kube-api-access-x", "mountPath": "/var/run/secrets"},
+                        {"name": "scratch", "mountPath": "/tmp"},
+                        {"name": "data", "mountPath": "/data", "readOnly": True},
+                    ],
+                }
+            ],
+            "volumes": [
+                *HOME,
+                {"name": "kube-api-access-x", "projected": {"sources": []}},
+                {"name": "scratch", "emptyDir": {}},
+                {"name": "data", "nfs": {"server": "nfs", "path": "/data"}},
+                {"name": "unused", "persistentVolumeClaim": {"claimName": "other"}},
+            ],
+        }
+    }
+    volumes, mounts = shared_volumes(server)
+    assert volumes == [*HOME, {"name": "data", "nfs": {"server": "nfs", "path": "/data"}}]
+    assert mounts == [*MOUNTS, {"name": "data", "mountPath": "/data", "readOnly": True}]
+    assert shared_volumes(None) == ([], [])
+
+
+def test_long_pod_names_keep_the_kernel_id() -> None:
+    kid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    assert dns_label(f"alice-{kid}") == f"alice-{kid}"
+    long = dns_label(f"{'a-very-long-user-name' * 2}-{kid}")
+    assert len(long) <= 63 and long.endswith(kid) and long[0].isalnum()
+
+
+def test_working_dir_only_on_a_shared_volume() -> None:
+    assert working_dir("/home/jovyan", MOUNTS) == "/home/jovyan"
+    assert working_dir("/home/jovyan/a/b", MOUNTS) == "/home/jovyan/a/b"
+    assert working_dir("/home/jovyanother", MOUNTS) is None
+    assert working_dir("/srv", MOUNTS) is None
+    assert working_dir(None, MOUNTS) is None
+
+
+def test_kernel_env_is_the_users_less_the_pods_own() -> None:
+    env = {
+        "HOSTNAME": "jupyter-alice",
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+        "PATH": "/opt/conda/bin",
+        "CUDA_VISIBLE_DEVICES": "",
+        "NVIDIA_VISIBLE_DEVICES": "void",
+        "JUPYTERHUB_USER": "alice",
+        "MY_VAR": "1",
+    }
+    assert kernel_env(env, extra={"EXTRA": "2"}) == {
+        "JUPYTERHUB_USER": "alice",
+        "MY_VAR": "1",
+        "EXTRA": "2",
+    }
+
+
+def test_kernelspec_for_pods(tmp_path: Path) -> None:
+    from jupyter_gpuaas.server.kernelspec_cli import POD_ARGV, write_spec
+
+    path = write_spec(tmp_path / "k", 1, "a100", kubernetes=True, image="img:1")
+    spec = json.loads((path / "kernel.json").read_text())
+    assert spec["argv"] == POD_ARGV
+    assert spec["display_name"] == "Python 3 (1 A100, own pod)"
+    assert spec["metadata"]["kernel_provisioner"] == {
+        "provisioner_name": "gpuaas-kubernetes",
+        "config": {"gpus": 1, "flavor": "a100", "image_name": "img:1"},
+    }
+
+
+# ---------------------------------------------------------------------- against the double
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def until(check: Any, timeout: float = 30.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        got = check()
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return got
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("not reached in time")
+        await asyncio.sleep(0.05)
+
+
+SERVER_POD = {
+    "metadata": {"name": "jupyter-alice", "labels": {"component": "singleuser-server"}},
+    "spec": {
+        "nodeName": "cpu-0",
+        "containers": [{"name": "notebook", "image": "img", "resources": {}}],
+        "volumes": HOME,
+    },
+    "status": {"phase": "Running", "podIP": "127.0.0.1"},
+}
+
+
+class Cluster:
+    def __init__(self, k8s: KubernetesDouble, gateway: Any, home: Path, kubelet: Any) -> None:
+        self.k8s, self.gateway, self.home, self.kubelet = k8s, gateway, home, kubelet
+        self.root = GatewayClient(gateway.url, TOKENS["root"])
+
+    def kernel_manager(self) -> Any:
+        from jupyter_client.kernelspec import KernelSpecManager
+        from jupyter_client.manager import AsyncKernelManager
+        from traitlets.config import Config
+
+        config = Config(
+            {
+                "GpuaasKubernetesProvisioner": {
+                    "namespace": "jhub",
+                    "flavors": FLAVORS,
+                    "server_pod_name": "jupyter-alice",
+                    "image_name": "quay.io/jupyter/pytorch-notebook:2026-11",
+                    "poll_interval": 0.2,
+                    "pod_poll_interval": 0.1,
+                    "launch_timeout": 60,
+                }
+            }
+        )
+        ksm = KernelSpecManager(kernel_dirs=[str(self.home.parent / "kernels")])
+        return AsyncKernelManager(kernel_name="gpu-pod", kernel_spec_manager=ksm, config=config)
+
+    def pod(self, km: Any) -> dict[str, Any] | None:
+        return self.k8s.get("/api/v1", "pods", f"alice-{km.kernel_id}", "jhub")
+
+    async def request(self, rid: str) -> dict[str, Any]:
+        return await self.root.get(rid)
+
+
+@pytest_asyncio.fixture
+async def cluster(
+    k8s: KubernetesDouble, gateway: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Cluster]:
+    import gateway_provisioners.response_manager as rm
+
+    from jupyter_gpuaas.server.kernels import KernelTable, set_table
+    from jupyter_gpuaas.server.kernelspec_cli import write_spec
+
+    # gateway_provisioners' response address: a free port, not its fixed 8877.
+    monkeypatch.setattr(rm, "desired_response_port", free_port())
+    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    monkeypatch.setenv("GPUAAS_TEST_SETTING", "from the user's environment")
+    set_table(KernelTable(GatewayClient(gateway.url, TOKENS["alice"]), tenant="vision"))
+    k8s.add_node(
+        "a100-0",
+        labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        allocatable={"nvidia.com/gpu": "2"},
+        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+    )
+    k8s.add_node("cpu-0")
+    home = tmp_path / "home"
+    (home / "proj").mkdir(parents=True)
+    server = {**SERVER_POD, "spec": {**SERVER_POD["spec"]}}
+    server["spec"]["containers"] = [
+        {
+            "name": "notebook",
+            "image": "img",
+            "volumeMounts": [{"name": "home", "mountPath": str(home)}],
+        }
+    ]
+    k8s.put("/api/v1", "pods", server, "jhub")
+    write_spec(tmp_path / "kernels" / "gpu-pod", 1, "a100", kubernetes=True)
+    kubelet = LocalKubelet(k8s, "component=kernel", tmp_path)
+    try:
+        yield Cluster(k8s, gateway, home, kubelet)
+    finally:
+        kubelet.close()
+        set_table(None)
+        if rm.ResponseManager.initialized():
+            manager = rm.ResponseManager.instance()
+            sock = manager._response_socket
+            manager.stop_response_manager()
+            if sock is not None:
+                sock.close()
+            rm.ResponseManager.clear_instance()
+
+
+async def run_cell(client: Any, code: str, timeout: float = 30.0) -> dict[str, Any]:
+    """Execute `code`; its stdout and its reply."""
+    msg_id = client.execute(code)
+    out = ""
+    while True:
+        msg = await client.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out += msg["content"]["text"]
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = await client.get_shell_msg(timeout=timeout)
+    return {"out": out, "reply": reply["content"]}
+
+
+async def connect(km: Any) -> Any:
+    client = km.client()
+    client.start_channels()
+    await client.wait_for_ready(timeout=60)
+    return client
+
+
+@pytest.mark.asyncio
+async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Cluster) -> None:
+    """queued → admitted → a pod on the granted node with the GPU → a cell runs → an
+    interrupt reaches it → restart keeps the grant → shutdown deletes the pod and releases
+    the grant. The kernel pod's process is a LOCAL kernel run by LocalKubelet."""
+    from jupyter_gpuaas.server.kernels import current_table
+
+    k8s = cluster.k8s
+    bob = GatewayClient(cluster.gateway.url, TOKENS["bob"])
+    blocker = await bob.submit("vision", "kernel", 2, flavor="a100", name="bob's kernel")
+    assert blocker["state"] == "admitted"
+    km = cluster.kernel_manager()
+    start = asyncio.ensure_future(km.start_kernel(cwd=str(cluster.home / "proj")))
+    try:
+        record = await until(
+            lambda: (r := current_table().get(str(km.kernel_id))) and r.state == "queued" and r
+        )
+        assert record.tenant == "vision" and record.flavor == "a100"
+        assert cluster.pod(km) is None  # no pod while queued
+        await bob.cancel(blocker["id"])
+        await asyncio.wait_for(start, 90)
+        pod = cluster.pod(km)
+        assert pod is not None
+        assert pod["spec"]["nodeName"] == "a100-0"
+        (container,) = pod["spec"]["containers"]
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        assert container["image"] == "quay.io/jupyter/pytorch-notebook:2026-11"
+        assert pod["spec"]["volumes"] == HOME  # the server pod's home claim
+        assert container["volumeMounts"] == [{"name": "home", "mountPath": str(cluster.home)}]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["GPUAAS_REQUEST_ID"] == record.request_id
+        assert "HOSTNAME" not in env
+        rid = record.request_id
+        assert (await cluster.request(rid))["state"] == "admitted"
+        # The user's server pod stays CPU-only and where it was.
+        server = k8s.get("/api/v1", "pods", "jupyter-alice", "jhub")
+        assert server is not None and server["spec"]["nodeName"] == "cpu-0"
+        assert "resources" not in server["spec"]["containers"][0]
+
+        client = await connect(km)
+        got = await run_cell(
+            client,
+            "import os; open('made-by-the-kernel.txt', 'w').write('x')\n"
+            "print(os.environ['GPUAAS_NODE'], os.environ['GPUAAS_TEST_SETTING'], os.getcwd())",
+        )
+        assert got["out"] == f"a100-0 from the user's environment {cluster.home / 'proj'}\n"
+        assert (cluster.home / "proj" / "made-by-the-kernel.txt").exists()  # relative paths
+
+        # Interrupt: through the launcher's listener, as gateway_provisioners does.
+        # Interrupt once the cell runs: a SIGINT that reaches ipykernel between the
+        # execute_input and the cell's code is caught by its main loop, and the request
+        # then gets no reply at all.
+        msg_id = client.execute("import time; print('sleeping', flush=True); time.sleep(120)")
+        while True:
+            msg = await client.get_iopub_msg(timeout=30)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                break
+        await km.interrupt_kernel()
+        reply = await client.get_shell_msg(timeout=30)
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        client.stop_channels()
+
+        # Restart: a new pod, the same grant.
+        first_uid = pod["metadata"]["uid"]
+        await km.restart_kernel()
+        pod2 = cluster.pod(km)
+        assert pod2 is not None and pod2["metadata"]["uid"] != first_uid
+        assert pod2["spec"]["nodeName"] == "a100-0"
+        assert record.request_id == rid and record.state == "running"
+        assert (await cluster.request(rid))["state"] == "admitted"
+        client = await connect(km)
+        assert (await run_cell(client, "print(6 * 7)"))["out"] == "42\n"
+        client.stop_channels()
+
+        # Shutdown: the pod goes, the grant is released.
+        await km.shutdown_kernel()
+        assert cluster.pod(km) is None
+        assert not cluster.kubelet.procs
+        assert (await cluster.request(rid))["state"] in ("finished", "cancelled")
+        assert record.state == "released"
+    finally:
+        if not start.done():
+            start.cancel()
+        if km.has_kernel:
+            await km.shutdown_kernel(now=True)
+
+
+@pytest.mark.asyncio
+async def test_a_pod_deleted_under_the_kernel_is_a_dead_kernel(cluster: Cluster) -> None:
+    """A kernel pod deleted by someone else (kubectl, an eviction, a node drain): the
+    kernel is dead and its grant released at once. The kernel pod's process is a LOCAL
+    kernel run by LocalKubelet."""
+    from jupyter_gpuaas.server.kernels import current_table
+
+    km = cluster.kernel_manager()
+    await asyncio.wait_for(km.start_kernel(cwd=str(cluster.home)), 90)
+    try:
+        record = current_table().get(str(km.kernel_id))
+        assert record is not None and record.state == "running"
+        rid = record.request_id
+        pod = cluster.pod(km)
+        assert pod is not None
+        assert cluster.kubelet.alive(pod["metadata"]["name"])
+        cluster.k8s.delete("/api/v1", "pods", pod["metadata"]["name"], "jhub")
+
+        async def released() -> bool:
+            return (await cluster.request(rid))["state"] in ("finished", "cancelled")
+
+        await until(released)
+        assert record.state == "released"
+        assert record.reason == f"kernel pod {pod['metadata']['name']} deleted"
+        assert not await km.is_alive()
+    finally:
+        await km.shutdown_kernel(now=True)
+    assert cluster.pod(km) is None
+    assert os.environ.get("GPUAAS_TEST_SETTING")  # the fixture's, still set
+
+
+@pytest.mark.asyncio
+async def test_culling_deletes_the_pod_and_leaves_the_parked_quota(cluster: Cluster) -> None:
+    """The server extension culls a GPU kernel the gateway culled by marking its record
+    and shutting the kernel down (extension.py `_end_kernel`); done the same here: the pod
+    is deleted, and the request is not cancelled (the gateway parks its quota for the
+    user's relaunch). The kernel pod's process is a LOCAL kernel run by LocalKubelet."""
+    from jupyter_gpuaas.server.kernels import current_table
+
+    km = cluster.kernel_manager()
+    await asyncio.wait_for(km.start_kernel(cwd=str(cluster.home)), 90)
+    table = current_table()
+    record = table.get(str(km.kernel_id))
+    assert record is not None and record.state == "running"
+    name = f"alice-{km.kernel_id}"
+    assert cluster.kubelet.alive(name)
+    record.end("culled", "culled: idle on GPU for 30 min")
+    table.retire(record)
+    await km.shutdown_kernel()
+    assert cluster.pod(km) is None
+    assert not cluster.kubelet.alive(name)
+    assert record.state == "culled"
+    assert (await cluster.request(str(record.request_id)))["state"] == "admitted"
+
+
+@pytest.mark.asyncio
+async def test_a_kernel_process_that_dies_fails_its_pod_and_releases(cluster: Cluster) -> None:
+    """The kernel exits on its own (a crash): its pod turns Failed, the kernel is dead and
+    its grant released. The kernel pod's process is a LOCAL kernel run by LocalKubelet,
+    which reports its exit status in the pod."""
+    from jupyter_gpuaas.server.kernels import current_table
+
+    km = cluster.kernel_manager()
+    await asyncio.wait_for(km.start_kernel(cwd=str(cluster.home)), 90)
+    try:
+        record = current_table().get(str(km.kernel_id))
+        assert record is not None
+        client = await connect(km)
+        client.execute("import os; os._exit(3)")
+        name = f"alice-{km.kernel_id}"
+
+        async def released() -> bool:
+            return (await cluster.request(str(record.request_id)))["state"] != "admitted"
+
+        await until(released)
+        pod = cluster.pod(km)
+        assert pod is not None and pod["status"]["phase"] == "Failed"
+        assert record.reason == f"kernel pod {name} ended (Failed)"
+        assert not await km.is_alive()
+        client.stop_channels()
+    finally:
+        await km.shutdown_kernel(now=True)
+    assert cluster.pod(km) is None  # shutdown deletes the failed pod
