@@ -595,7 +595,3 @@ class AdmissionCore(Nominating):
         if rc.preemptor not in self._graces.reclaims and by is not None:
             # Its room is no longer kept: who was held back for it looks again.
             self._wake(self._ledger.tree(by.tenant))
-
-    def reclaiming(self, rid: str) -> list[Request]:
-        """The warned victims a queued preemptor waits for (empty if none)."""
-        return self._graces.victims(rid)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from . import views
 from .autoscale import Autoscaler
+from .grace import Graces
 from .ledger import Ledger
 from .model import Config, Request, State
 from .nodes import Cluster
@@ -30,6 +31,7 @@ class Queries:
     _requests: dict[str, Request]
     _queues: dict[str, TenantQueue]
     _width: dict[str, int]
+    _graces: Graces
 
     # ------------------------------------------------------------------ rejections
 
@@ -146,3 +148,7 @@ class Queries:
             ):
                 return other
         return None
+
+    def reclaiming(self, rid: str) -> list[Request]:
+        """The warned victims a queued preemptor waits for (empty if none)."""
+        return self._graces.victims(rid)
