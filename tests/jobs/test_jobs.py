@@ -13,7 +13,7 @@ import psutil
 import pytest
 from jobutil import BIN, TOKEN, Gateway, Server, clean_env, notebook, start_server, wait_for
 
-from jupyter_gpuaas.widgets import JobView
+from jupyter_gpuaas.jobs.views import JobView
 
 
 def hold_gpu(gateway: Gateway) -> str:
