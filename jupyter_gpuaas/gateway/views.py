@@ -73,8 +73,9 @@ class Views:
             out["parked"] = {"flavor": req.assigned_flavor, "expires": req.park_expires}
         out.update(self._preemption_of(req))
         if state == State.QUEUED.value and live is not None:
-            # The index answers by bisection; the core's scan if it ever disagrees.
-            pos = self.index.position(live) or self.core.position(live.id)
+            # One source: the index (by bisection; the core's `position` scans every queue).
+            # tests/gateway/test_positions.py checks that both agree under random load.
+            pos = self.index.position(live)
             if pos is not None:
                 out["position"] = {
                     "tenant": pos.tenant_position,

@@ -11,7 +11,8 @@ from typing import Any
 import nbformat
 import psutil
 import pytest
-from jobutil import BIN, TOKEN, Gateway, Server, clean_env, notebook, start_server, wait_for
+from helpers import wait_for
+from jobutil import BIN, TOKEN, Gateway, Server, clean_env, notebook, start_server
 
 from jupyter_gpuaas.jobs.views import JobView
 
