@@ -313,6 +313,7 @@ class Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.used = time.monotonic()  # when it last answered (or was opened)
 
     async def call(
         self, method: str, path: str, token: str, body: bytes = b""
@@ -338,10 +339,16 @@ class Conn:
 
 
 class Pool:
-    def __init__(self, port: int) -> None:
+    """Keep-alive connections, the most recently used first. One left idle longer than
+    `max_idle` seconds is closed rather than reused: the gateway closes idle connections
+    after `--GatewayApp.header_timeout` (60 s), and a request sent on one it just closed
+    would fail for no fault of the gateway's."""
+
+    def __init__(self, port: int, max_idle: float = 30.0) -> None:
         self.port = port
         self.idle: deque[Conn] = deque()
         self.opened = 0
+        self.max_idle = max_idle
 
     async def _open(self) -> Conn:
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -356,12 +363,21 @@ class Pool:
     async def call(
         self, method: str, path: str, token: str, body: bytes = b""
     ) -> tuple[int, bytes]:
-        conn = self.idle.pop() if self.idle else await self._open()
+        conn = None
+        while self.idle:
+            conn = self.idle.pop()
+            if time.monotonic() - conn.used < self.max_idle:
+                break
+            conn.close()
+            conn = None
+        if conn is None:
+            conn = await self._open()
         try:
             result = await conn.call(method, path, token, body)
         except BaseException:
             conn.close()
             raise
+        conn.used = time.monotonic()
         self.idle.append(conn)
         return result
 

@@ -55,8 +55,10 @@ def build(
     scale: float = 1.0,
     nodes: int | None = None,
     gpus_per_node: int = 20,
+    classes: tuple[tuple[str, int, int, float, int, float], ...] = CLASSES,
 ) -> dict[str, Any]:
-    """The scenario document. `scale` shrinks the per-tenant counts (for smoke tests)."""
+    """The scenario document. `scale` shrinks the per-tenant counts (for smoke tests);
+    `classes` are the per-tenant request classes (kueue_large.py passes its own)."""
     tenants: dict[str, Any] = {}
     requests: list[dict[str, Any]] = []
     for c in range(cohorts):
@@ -71,7 +73,7 @@ def build(
                     "reclaim_within_cohort": "Any",
                 },
             }
-            for cls, count, gpus, runtime, priority, every in CLASSES:
+            for cls, count, gpus, runtime, priority, every in classes:
                 for i in range(max(1, round(count * scale))):
                     requests.append(
                         {

@@ -101,6 +101,29 @@ def table(k: dict[str, Any], m: dict[str, Any], c: dict[str, Any]) -> list[list[
     return rows
 
 
+def issue15_rows(lg: dict[str, Any], gr: dict[str, Any]) -> list[list[str]]:
+    """Rows for kueue_large.py (flat in tenants) and gateway_replay.py (real time)."""
+    b, g = lg["baseline"], lg["large"]
+    return [
+        [
+            f"Kueue large-scale ({g['requests']:,} requests, 2,000 tenants)",
+            "µs per request, whole process, best of runs, vs the baseline in the same run",
+            f"{g['us_per_request']:.0f} µs vs {b['us_per_request']:.0f} µs"
+            f" (ratio {lg['ratio']}; CPU ratio {lg['cpu_ratio']})",
+            f"ratio <= {lg['target_ratio']}",
+            _yes(lg["pass"]),
+        ],
+        [
+            f"gateway replay of the baseline ({gr['requests']:,} requests)",
+            "wall clock / quota-bound floor, real gateway (SQLite, REST, SSE)",
+            f"{gr['wall_s']:.1f} s / {gr['floor_s']:.1f} s = {gr['ratio']}; lost {gr['lost']};"
+            f" submit p99 {gr['submit_p99_ms']:.0f} ms",
+            f"ratio <= {gr['target_ratio']}, 0 lost (Kueue: {gr['kueue_ratio']})",
+            _yes(gr["pass"]),
+        ],
+    ]
+
+
 def print_table(rows: list[list[str]]) -> str:
     headers = ["benchmark", "measure", "result", "target", ""]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
@@ -132,6 +155,8 @@ def results_md(
     m: dict[str, Any],
     c: dict[str, Any],
     rows: list[list[str]],
+    lg: dict[str, Any] | None = None,
+    gr: dict[str, Any] | None = None,
 ) -> str:
     mach = meta["machine"]
     ms = m["summary"]
@@ -187,6 +212,8 @@ tests: nothing in `tests/` depends on them.
 {commands["kueue_baseline"]}
 {commands["month_trace"]}
 {commands["cycle_rate"]}
+{commands.get("kueue_large", "")}
+{commands.get("gateway_replay", "")}
 ```
 
 Each benchmark script generates its input (into `benchmarks/generated/`, git-ignored),
@@ -309,7 +336,50 @@ Ratio largest/smallest queue: finish+schedule **{c["finish_ratio"]}**, arrival's
 counts the same function calls at 1,000 and 100,000 queued), but the submit inserts into a
 heap and dicts of 100,000 (O(log N), mostly cache misses), as the admission pops the
 admitted head from its heap (O(log N)).
+{issue15_md(lg, gr)}"""
+
+
+def issue15_md(lg: dict[str, Any] | None, gr: dict[str, Any] | None) -> str:
+    """Sections 4 and 5: kueue_large.py and gateway_replay.py (their own docstrings say
+    the shapes and where they come from)."""
+    out = ""
+    if lg is not None:
+        b, g = lg["baseline"], lg["large"]
+        out += f"""
+### 4. Kueue's large-scale shape: flat in tenants?
+
+Kueue's `test/performance/scheduler/configs/large-scale`: 20 cohorts x 100 tenants, 30
+requests each (20 small, 7 medium, 3 large), 60,000 requests on 2,000 nodes x 20 GPUs;
+timed beside the baseline, interleaved, whole `simulate` processes.
+
+| shape | requests | µs/request (best) | median | CPU µs/request | core+driver µs/request |
+|---|---|---|---|---|---|
+| baseline | {b["requests"]:,} | {b["us_per_request"]} | {b["us_per_request_median"]} | {
+            b["cpu_us_per_request"]
+        } | {b["core_us_per_request"]} |
+| large-scale | {g["requests"]:,} | {g["us_per_request"]} | {g["us_per_request_median"]} | {
+            g["cpu_us_per_request"]
+        } | {g["core_us_per_request"]} |
+
+Ratio **{lg["ratio"]}** (CPU {lg["cpu_ratio"]}); target <= {lg["target_ratio"]}: **{
+            _yes(lg["pass"])
+        }**.
 """
+    if gr is not None:
+        out += f"""
+### 5. The baseline in real time through a gateway
+
+`benchmarks/gateway_replay.py`: the 15,000 requests submitted open loop at their trace
+times to a real gateway (SQLite, REST, 600 simulated GPUs), each released by its holder
+once it ran its duration after the admission it heard of on SSE. Wall {gr["wall_s"]} s,
+quota-bound floor {gr["floor_s"]} s: ratio **{gr["ratio"]}** (target <= {
+            gr["target_ratio"]
+        }, Kueue {gr["kueue_ratio"]}); admitted {gr["admitted"]:,}, lost **{gr["lost"]}**;
+submit p50 {gr["submit_p50_ms"]} ms, p99 {gr["submit_p99_ms"]} ms; admit to holder p99 {
+            gr["admit_notify_p99_ms"]
+        } ms; gateway CPU {gr["gateway_cpu_s"]} s; machine CPU share {gr["machine_cpu_share"]}.
+"""
+    return out
 
 
 BEGIN = "<!-- benchmarks/run_all.py: begin (generated, do not edit by hand) -->"
@@ -344,16 +414,20 @@ def main(argv: list[str] | None = None) -> int:
             k_cmd, k = run_one("kueue_baseline", [*out_args, "--repeat", "1"])
             m_cmd, m = run_one("month_trace", [*out_args, "--requests", "5000", "--repeat", "1"])
             c_cmd, c = run_one("cycle_rate", ["--sizes", "100,1000", "--cycles", "200"])
+            lg_cmd, lg = run_one("kueue_large", [*out_args, "--repeat", "1", "--scale", "0.1"])
+            gr_cmd, gr = run_one("gateway_replay", ["--scale", "0.05"])
         else:
             k_cmd, k = run_one("kueue_baseline", out_args)
             m_cmd, m = run_one("month_trace", out_args)
             c_cmd, c = run_one("cycle_rate", [])
+            lg_cmd, lg = run_one("kueue_large", out_args)
+            gr_cmd, gr = run_one("gateway_replay", [])
     finally:
         if tmp is not None:
             tmp.cleanup()
-    rows = table(k, m, c)
+    rows = table(k, m, c) + issue15_rows(lg, gr)
     sys.stdout.write(print_table(rows))
-    ok = k["pass"] and m["pass"] and c["pass"]
+    ok = k["pass"] and m["pass"] and c["pass"] and lg["pass"] and gr["pass"]
     if args.write:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -368,8 +442,14 @@ def main(argv: list[str] | None = None) -> int:
             "load_end": _load(),
             "commit": commit or "unknown",
         }
-        commands = {"kueue_baseline": k_cmd, "month_trace": m_cmd, "cycle_rate": c_cmd}
-        write_section(results_md(meta, commands, k, m, c, rows))
+        commands = {
+            "kueue_baseline": k_cmd,
+            "month_trace": m_cmd,
+            "cycle_rate": c_cmd,
+            "kueue_large": lg_cmd,
+            "gateway_replay": gr_cmd,
+        }
+        write_section(results_md(meta, commands, k, m, c, rows, lg, gr))
         print("wrote benchmarks/RESULTS.md", file=sys.stderr)
     return 0 if ok else 1
 

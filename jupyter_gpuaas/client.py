@@ -7,14 +7,23 @@ have the same methods and raise `GatewayError(status, error, field)` on a 4xx/5x
 
 `from_env()` finds the gateway: GPUAAS_URL and GPUAAS_TOKEN, else (inside JupyterHub)
 `<hub origin>/services/gpuaas/` from JUPYTERHUB_API_URL and JUPYTERHUB_API_TOKEN.
+
+HTTPS: under JupyterHub's internal SSL (`c.JupyterHub.internal_ssl = True`) every server
+and service gets JUPYTERHUB_SSL_KEYFILE, JUPYTERHUB_SSL_CERTFILE and
+JUPYTERHUB_SSL_CLIENT_CA. A client of an https gateway then presents that certificate and
+trusts that CA (and the system's), for its calls and its event stream alike; the context
+is built once per set of files (`ssl_context`). Callers outside such an environment (the
+Hub's spawner, with the Hub's own certificate) pass `ssl_context=` themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -29,6 +38,8 @@ __all__ = [
     "SyncGatewayClient",
     "gateway_from_env",
     "launch_environment",
+    "ssl_context",
+    "ssl_context_from_env",
 ]
 
 SERVICE_PREFIX = "/services/gpuaas/"
@@ -72,6 +83,37 @@ def gateway_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
     if not token:
         raise GatewayError(0, f"no token for the gateway at {url}: set GPUAAS_TOKEN")
     return url.rstrip("/") + "/", token
+
+
+@functools.lru_cache(maxsize=8)
+def ssl_context(keyfile: str | None, certfile: str | None, cafile: str | None) -> ssl.SSLContext:
+    """A client context for an https gateway, built once per set of files.
+
+    As JupyterHub's own `make_ssl_context` for internal SSL: the server's certificate is
+    verified (against `cafile` and the system's CAs) with its host name, and the client
+    presents `certfile`/`keyfile` when given (internal SSL asks every client for one).
+    """
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cafile or None)
+    if certfile:
+        context.load_cert_chain(certfile, keyfile or None)
+    return context
+
+
+def ssl_context_from_env(env: Mapping[str, str] | None = None) -> ssl.SSLContext | None:
+    """The context of JUPYTERHUB_SSL_{KEYFILE,CERTFILE,CLIENT_CA}; None when none is set
+    (the system's CAs then verify an https gateway)."""
+    env = os.environ if env is None else env
+    files = [env.get(f"JUPYTERHUB_SSL_{k}") or None for k in ("KEYFILE", "CERTFILE", "CLIENT_CA")]
+    if not any(files):
+        return None
+    try:
+        return ssl_context(*files)
+    except (OSError, ssl.SSLError) as e:
+        raise GatewayError(
+            0,
+            "cannot use JupyterHub's internal SSL files (JUPYTERHUB_SSL_KEYFILE, "
+            f"JUPYTERHUB_SSL_CERTFILE, JUPYTERHUB_SSL_CLIENT_CA): {e}",
+        ) from None
 
 
 def launch_environment(grant: Mapping[str, Any] | None) -> dict[str, str]:
@@ -143,10 +185,26 @@ def _error_from(status: int, raw: bytes) -> GatewayError:
 
 
 class _Base:
-    def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        timeout: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.url = url.rstrip("/") + "/"
         self.token = token
         self.timeout = timeout
+        self._ssl_context = ssl_context
+
+    @property
+    def ssl(self) -> ssl.SSLContext | None:
+        """The context for an https gateway: the one given, else internal SSL's (env)."""
+        if not self.url.startswith("https:"):
+            return None
+        if self._ssl_context is None:
+            self._ssl_context = ssl_context_from_env()
+        return self._ssl_context
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
@@ -174,7 +232,7 @@ class SyncGatewayClient(_Base):
             self._url(path, query), data=data, method=method, headers=self._headers()
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.ssl) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as e:
             raise _error_from(e.code, e.read()) from None
@@ -237,6 +295,7 @@ class GatewayClient(_Base):
                 body=None if body is None else json.dumps(body),
                 allow_nonstandard_methods=True,
                 request_timeout=self.timeout,
+                ssl_options=self.ssl,
             )
         except HTTPClientError as e:
             if e.response is not None and e.code != 599:
@@ -287,20 +346,22 @@ class GatewayClient(_Base):
             body["utilization"] = utilization
         return await self._call("POST", f"api/requests/{rid}/heartbeat", body)  # type: ignore[no-any-return]
 
-    async def events(self, *, comments: bool = False) -> AsyncIterator[dict[str, Any]]:
-        """Yield `{"event": name, "data": {...}}` per SSE event (and `{"comment": text}`
-        for keepalives when `comments`). Ends when the server closes the stream.
+    async def events(
+        self, *, comments: bool = False, last_event_id: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Yield `{"event": name, "data": {...}, "id": id}` per SSE event (and
+        `{"comment": text}`, with the stream's current `id` on `connected`, when
+        `comments`). Ends when the server closes the stream. `last_event_id` resumes: the
+        gateway first sends what happened after that event, or a `reset` event.
 
         A plain HTTP/1.0 request on an asyncio connection, so that a consumer who stops
         iterating closes the connection at once (tornado's client cannot be hung up on
         without raising into its own callbacks), and the body arrives unchunked.
         """
-        import ssl
-
         url = urlparse(self._url("api/events"))
         secure = url.scheme == "https"
         port = url.port or (443 if secure else 80)
-        context = ssl.create_default_context() if secure else None
+        context = (self.ssl or ssl.create_default_context()) if secure else None
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(url.hostname, port, ssl=context), self.timeout
@@ -311,6 +372,8 @@ class GatewayClient(_Base):
             target = url.path + (f"?{url.query}" if url.query else "")
             head = [f"GET {target} HTTP/1.0", f"Host: {url.netloc}", "Accept: text/event-stream"]
             head += [f"{k}: {v}" for k, v in self._headers().items()]
+            if last_event_id:
+                head.append(f"Last-Event-ID: {last_event_id}")
             writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
             status_line = await reader.readline()
             try:
@@ -347,14 +410,36 @@ class GatewayClient(_Base):
     ) -> None:
         """Hand every event to `on_event(name, data)` forever, reconnecting after
         `reconnect_delay` when the stream drops. A failing handler is logged and the
-        stream goes on; cancel the task to stop."""
+        stream goes on; cancel the task to stop.
+
+        A reconnection sends the last id heard (`Last-Event-ID`), so the events missed
+        meanwhile arrive first, in order. When the gateway cannot replay them (`reset`:
+        it restarted, or too much happened), the requests are listed again and each is
+        handed over as `on_event("sync", {"id": ..., "request": {...}})`.
+        """
+        last_id: str | None = None
         while True:
             try:
-                async for event in self.events():
+                async for event in self.events(comments=True, last_event_id=last_id):
+                    last_id = event.get("id") or last_id
+                    if "comment" in event:
+                        continue
+                    name = str(event["event"])
                     try:
-                        await on_event(str(event["event"]), dict(event["data"]))
+                        if name == "reset":
+                            log.info(
+                                "gpuaas: %s stream reset: %s", what, event["data"].get("reason")
+                            )
+                            for request in await self.list():
+                                await on_event(
+                                    "sync", {"id": request.get("id"), "request": request}
+                                )
+                        else:
+                            await on_event(name, dict(event["data"]))
+                    except GatewayError as e:
+                        log.warning("gpuaas: relisting after a %s reset failed: %s", what, e)
                     except Exception:
-                        log.exception("gpuaas: handling %s %s failed", what, event.get("event"))
+                        log.exception("gpuaas: handling %s %s failed", what, name)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -363,7 +448,7 @@ class GatewayClient(_Base):
 
 
 def _parse_sse(block: str) -> dict[str, Any] | None:
-    name, data, comment = "message", [], []
+    name, data, comment, event_id = "message", [], [], None
     for line in block.splitlines():
         if line.startswith(":"):
             comment.append(line[1:].strip())
@@ -371,8 +456,11 @@ def _parse_sse(block: str) -> dict[str, Any] | None:
             name = line[6:].strip()
         elif line.startswith("data:"):
             data.append(line[5:].strip())
+        elif line.startswith("id:"):
+            event_id = line[3:].strip()
+    out: dict[str, Any] = {"id": event_id} if event_id else {}
     if data:
-        return {"event": name, "data": json.loads("\n".join(data))}
-    if comment:
-        return {"comment": " ".join(comment)}
+        return {"event": name, "data": json.loads("\n".join(data)), **out}
+    if comment or out:  # a comment, or an id alone (it moves the stream's last id)
+        return {"comment": " ".join(comment), **out}
     return None

@@ -23,7 +23,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("submit", help="run a notebook or script as a GPU job, or ask "
                               "the gateway for GPUs")  # fmt: skip
     p.add_argument("--tenant", help="the tenant (team) to charge (required for a raw request)")
-    p.add_argument("--gpus", required=True, type=positive_int, help="how many GPUs")
+    p.add_argument("--gpus", default=1, type=positive_int, help="how many GPUs (default 1)")
     p.add_argument("--kind", default="job", choices=("server", "kernel", "job"))
     p.add_argument("--flavor", help="a GPU flavor (default: the tenant's, in quota order)")
     p.add_argument(

@@ -3,7 +3,9 @@
 #   - postgresql: the server binaries (initdb, pg_ctl) for the store's PostgreSQL tests
 #     (tests/pg.py);
 #   - chromium: /usr/bin/chromium for the browser tests of the spawn page (tests/hub/),
-#     driven by Playwright's Python API (`playwright install` cannot download here).
+#     driven by Playwright's Python API (`playwright install` cannot download here);
+#   - prometheus: its `promtool check metrics` lints the gateway's `metrics` answer
+#     (tests/gateway/test_metrics_auth.py); the server itself is not started.
 # Each package is checked on its own, and `apt-get update` runs once, only when something
 # is missing. Idempotent and quiet: a no-op when everything is present. Only acts as root
 # on Debian/Ubuntu (apt-get); elsewhere it says what is missing and exits 0, and the tests
@@ -26,10 +28,15 @@ have_chromium() {
     [ -x /usr/bin/chromium ]
 }
 
+have_promtool() {
+    command -v promtool >/dev/null 2>&1
+}
+
 # `package:why` for each missing package, space-separated (names have no spaces).
 missing=""
 have_postgres || missing="$missing postgresql:the-PostgreSQL-tests"
 have_chromium || missing="$missing chromium:the-browser-tests"
+have_promtool || missing="$missing prometheus:the-metrics-lint"
 
 if [ -z "$missing" ]; then
     exit 0
@@ -65,6 +72,12 @@ esac
 case "$packages" in *chromium*)
     have_chromium || {
         echo "ensure-system-deps: chromium installed but /usr/bin/chromium not found" >&2
+        status=1
+    } ;;
+esac
+case "$packages" in *prometheus*)
+    have_promtool || {
+        echo "ensure-system-deps: prometheus installed but promtool still not found" >&2
         status=1
     } ;;
 esac

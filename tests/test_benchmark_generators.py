@@ -77,3 +77,46 @@ def test_run_all_parses_args() -> None:
     import run_all
 
     assert run_all.parse_args(["--quick"]).quick
+
+
+def test_kueue_large_generator(tmp_path: Path) -> None:
+    import kueue_large
+
+    doc = kueue_large.build()
+    assert len(doc["tenants"]) == 2000
+    assert len(doc["requests"]) == 60_000
+    f = doc["flavors"]["gpu"]
+    assert f["nodes"] * f["gpus_per_node"] == 2000 * 20
+    path = kueue_large.generate(tmp_path, cohorts=2, tenants_per_cohort=3, scale=0.1)
+    scenario = load_scenario(path)
+    assert len(scenario.config.tenants) == 6
+    run = run_scenario(scenario)
+    admitted = {d.id for d in run.decisions if d.event == "admit"}
+    assert admitted == {r.id for r in scenario.requests}
+
+
+def test_gateway_replay_smoke() -> None:
+    """The replay at a tiny scale through a real gateway: every request admitted and
+    released by its holder (a behaviour check, not a timing one)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gateway_replay.py"), "--scale", "0.01", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.stdout, proc.stderr
+    result = json.loads(proc.stdout)
+    for key in ("wall_s", "floor_s", "ratio", "admitted", "lost", "submit_p99_ms"):
+        assert key in result
+    assert result["lost"] == 0, result
+    assert result["errors"] == {}, result
+    import kueue_baseline
+
+    assert result["admitted"] == result["requests"]
+    assert result["requests"] == len(kueue_baseline.build(scale=0.01)["requests"])
+    assert result["store_decisions"]["finish"] == result["requests"]
+    assert result["floor_s"] > 0

@@ -5,7 +5,10 @@
 #
 #   GPUAAS_DEMO_IP, GPUAAS_DEMO_PORT           public address (127.0.0.1:8000)
 #   GPUAAS_DEMO_HUB_PORT, GPUAAS_DEMO_PROXY_API_PORT, GPUAAS_DEMO_GATEWAY_PORT
-#                                              internal ports (8081, 8001, 8765)
+#                                              internal ports (the demo picks free ones;
+#                                              8081, 8001, 8765 without it)
+#   GPUAAS_DEMO_PROXY                          configurable-http-proxy (node_modules/, PATH)
+#   GPUAAS_DEMO_CONTROL_TOKEN                  the demo's own token: stops the servers first
 #   GPUAAS_DEMO_PASSWORD                       the users' shared password (>= 8 chars)
 #   GPUAAS_DEMO_ADMIN_PASSWORD                 admin's password (>= 32 chars)
 #   GPUAAS_DEMO_DEVICES                        gateway --devices (simulated:a100=1x4)
@@ -52,7 +55,9 @@ c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{proxy_api_port}"
 c.ConfigurableHTTPProxy.pid_file = str(state / "jupyterhub-proxy.pid")
 # configurable-http-proxy from npm, installed by `make` into node_modules/ (package.json).
 chp = repo / "node_modules" / ".bin" / "configurable-http-proxy"
-c.ConfigurableHTTPProxy.command = [str(chp) if chp.exists() else "configurable-http-proxy"]
+c.ConfigurableHTTPProxy.command = [
+    env("GPUAAS_DEMO_PROXY") or (str(chp) if chp.exists() else "configurable-http-proxy")
+]
 # Queued GPU spawns are pending spawns: don't let the Hub's throttle refuse the queue.
 c.JupyterHub.concurrent_spawn_limit = 0
 
@@ -170,3 +175,20 @@ c.Spawner.server_token_scopes = [
     "custom:gpuaas:use",
     "access:services!service=gpuaas",
 ]
+
+# --- the demo's control token ------------------------------------------------------------
+# `jupyter-gpuaas demo` stops every user server through the API before the Hub itself,
+# whose cleanup stops managed services (the gateway) before servers: a server stopped
+# after the gateway could not hand its GPUs back.
+if env("GPUAAS_DEMO_CONTROL_TOKEN"):
+    c.JupyterHub.services.append(
+        {"name": "gpuaas-demo", "api_token": env("GPUAAS_DEMO_CONTROL_TOKEN")}
+    )
+    c.JupyterHub.load_roles.append(
+        {
+            "name": "gpuaas-demo",
+            "description": "The demo command: stops the user servers before the Hub.",
+            "scopes": ["list:users", "read:users", "admin:servers"],
+            "services": ["gpuaas-demo"],
+        }
+    )

@@ -64,10 +64,16 @@ class NvmlInventory(Inventory):
     container's own when the gateway runs in a separate PID namespace.
 
     `nvml` is the NVML module to use (`pynvml` by default): tests pass a fake one.
+    `quiet`: a host without the NVML library is expected (the servers' probe for GPU
+    utilization on a CPU-only host), so its absence is said at debug level, not warned.
     """
 
     def __init__(
-        self, flavor: str | None = None, node: str | None = None, nvml: Any = None
+        self,
+        flavor: str | None = None,
+        node: str | None = None,
+        nvml: Any = None,
+        quiet: bool = False,
     ) -> None:
         if nvml is None:
             # nvidia-ml-py is a dependency, but the C library it loads may be absent.
@@ -87,7 +93,7 @@ class NvmlInventory(Inventory):
             nvml.nvmlInit()
         except nvml.NVMLError_LibraryNotFound:
             self.message = "no NVML library found: this gateway sees 0 GPUs"
-            log.warning(
+            (log.debug if quiet else log.warning)(
                 "%s (install the NVIDIA driver, or use --devices simulated:…)", self.message
             )
             return

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from urllib.parse import urlparse
 
 import yaml
 from tornado import httpserver, netutil, web
-from traitlets import Bool, Float, Integer, Unicode, default, validate
+from traitlets import Bool, Enum, Float, Integer, Unicode, default, validate
 from traitlets.config import Application
 
 from jupyter_gpuaas._version import __version__
@@ -52,10 +53,24 @@ class GatewayApp(Application):
         "scaler": "GatewayApp.scaler",
         "config": "GatewayApp.config_file",
         "cookie-secret-file": "GatewayApp.cookie_secret_file",
+        "ssl-keyfile": "GatewayApp.ssl_keyfile",
+        "ssl-certfile": "GatewayApp.ssl_certfile",
+        "ssl-client-ca": "GatewayApp.ssl_client_ca",
+        "leader-election": "GatewayApp.leader_election",
+        "leader-check-interval": "GatewayApp.leader_check_interval",
+        "advertise-url": "GatewayApp.advertise_url",
         "log-level": "Application.log_level",
     }
     flags = {
         "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log at debug level."),
+        "metrics-public": (
+            {"GatewayApp": {"metrics_public": True}},
+            "Let anyone scrape GET metrics, without a token.",
+        ),
+        "metrics-user-label": (
+            {"GatewayApp": {"metrics_user_label": True}},
+            "Name the holder of each device in the metrics' `user` label.",
+        ),
     }
 
     config_file = Unicode(
@@ -164,8 +179,82 @@ class GatewayApp(Application):
         config=True
     )
 
-    metrics_require_auth = Bool(
-        False, help="Require a gpuaas token for GET metrics (default: anyone may scrape)."
+    event_replay_window = Integer(
+        10_000,
+        min=0,
+        help="Events the gateway keeps (as sent, a few hundred bytes each) so that an event "
+        "stream reconnecting with Last-Event-ID gets exactly what it missed. A client that "
+        "missed more, or reconnects to a restarted gateway, gets a `reset` event and "
+        "relists instead. 0: no replay, every reconnect is a reset.",
+    ).tag(config=True)
+
+    metrics_public = Bool(
+        False,
+        help="Let anyone scrape GET metrics. By default a scrape needs a token with the "
+        "view scope (custom:gpuaas:view, or `view: true` in the token file), as "
+        "JupyterHub's own /metrics does unless authenticate_prometheus is off: the series "
+        "name tenants and the queue's shape, and the gateway may be behind the public proxy.",
+    ).tag(config=True)
+
+    metrics_user_label = Bool(
+        False,
+        help="Fill the `user` label of the gpuaas_device_* series with the holder's user "
+        "name. Off by default: the label stays, empty, so that user names never reach a "
+        "scraper (or a long-term metrics store) unless asked for.",
+    ).tag(config=True)
+
+    ssl_keyfile = Unicode(
+        help="Serve HTTPS with this private key (with ssl_certfile). Default: "
+        "JUPYTERHUB_SSL_KEYFILE, which JupyterHub's internal SSL gives a managed service.",
+    ).tag(config=True)
+
+    @default("ssl_keyfile")
+    def _ssl_keyfile_default(self) -> str:
+        return os.environ.get("JUPYTERHUB_SSL_KEYFILE", "")
+
+    ssl_certfile = Unicode(
+        help="Serve HTTPS with this certificate (with ssl_keyfile). Default: "
+        "JUPYTERHUB_SSL_CERTFILE.",
+    ).tag(config=True)
+
+    @default("ssl_certfile")
+    def _ssl_certfile_default(self) -> str:
+        return os.environ.get("JUPYTERHUB_SSL_CERTFILE", "")
+
+    ssl_client_ca = Unicode(
+        help="With HTTPS: accept only clients presenting a certificate this CA (bundle) "
+        "signed, as JupyterHub's internal SSL verifies both ends. Empty: any client may "
+        "connect (tokens still decide what it may do). Default: JUPYTERHUB_SSL_CLIENT_CA.",
+    ).tag(config=True)
+
+    @default("ssl_client_ca")
+    def _ssl_client_ca_default(self) -> str:
+        return os.environ.get("JUPYTERHUB_SSL_CLIENT_CA", "")
+
+    def _server_ssl(self) -> ssl.SSLContext | None:
+        if not (self.ssl_keyfile or self.ssl_certfile):
+            return None
+        if not (self.ssl_keyfile and self.ssl_certfile):
+            raise StartupError("--ssl-keyfile and --ssl-certfile go together: give both")
+        try:
+            context = ssl.create_default_context(
+                ssl.Purpose.CLIENT_AUTH, cafile=self.ssl_client_ca or None
+            )
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        except (OSError, ssl.SSLError) as e:
+            raise StartupError(f"--ssl-certfile/--ssl-keyfile/--ssl-client-ca: {e}") from None
+        if self.ssl_client_ca:
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    hub_auth_cache_max_age = Integer(
+        60,
+        min=1,
+        help="As a Hub service: seconds the gateway trusts the Hub's answer about a token "
+        "or login cookie before asking again (HubAuth.cache_max_age; 0 would mean forever "
+        "there, so 1 is the least). A token the Hub revoked, or that expired, keeps working "
+        "here for at most this long: lower it for quicker revocation, at one Hub API call "
+        "per token and period.",
     ).tag(config=True)
 
     service_name = Unicode(
@@ -240,6 +329,42 @@ class GatewayApp(Application):
         help="Seconds a client may take to send a request's body.",
     ).tag(config=True)
 
+    # --- two gateways, one leader (leader.py) ---
+
+    leader_election = Enum(
+        ["auto", "on", "off"],
+        "auto",
+        help="Elect one leader among replicas sharing the store (a PostgreSQL advisory "
+        "lock): the others are standbys that answer reads from the store and refuse "
+        "changes with 503. auto: on with PostgreSQL, off with SQLite (one gateway, always "
+        "the leader; `on` is refused there). off: this gateway assumes it is the only one.",
+    ).tag(config=True)
+
+    leader_check_interval = Float(
+        1.0,
+        min=0.1,
+        max=60.0,
+        help="Seconds between a standby's attempts to take the leader's lock (and "
+        "refreshes of its read-only mirror of the store), and between the leader's checks "
+        "that it still holds the lock. A killed leader is replaced within about this "
+        "interval plus the time a restore takes.",
+    ).tag(config=True)
+
+    forward_writes = Bool(
+        True,
+        help="A standby sends each change (submit, cancel, heartbeat, quota) to the "
+        "leader and answers with the leader's answer, so clients may call any replica "
+        "(a Kubernetes Service). False: a standby refuses changes with 503 and "
+        "Retry-After, naming the leader.",
+    ).tag(config=True)
+
+    advertise_url = Unicode(
+        "",
+        help="The URL other replicas name as the leader's in their 503 answers (at most "
+        "63 bytes: PostgreSQL's application_name). Default: http://<ip>:<port><base_url>; "
+        "in Kubernetes, the pod's own address.",
+    ).tag(config=True)
+
     # ------------------------------------------------------------------ lifecycle
 
     def initialize(self, argv: Any = None) -> None:
@@ -305,9 +430,9 @@ class GatewayApp(Application):
                 quotas=quotas,
                 store=self.store,
                 inventory=self.inventory,
-                metrics=GatewayMetrics(),
+                metrics=GatewayMetrics(user_label=self.metrics_user_label),
                 scaler=self.scaler_obj,
-                bus=EventBus(),
+                bus=EventBus(replay_window=self.event_replay_window),
                 lease_ttl=self.lease_ttl,
                 tick=self.tick_interval,
                 sample_interval=self.sample_interval,
@@ -338,9 +463,10 @@ class GatewayApp(Application):
             "tokens": self.token_table,
             "base_url": self.base_url,
             "keepalive_interval": self.keepalive_interval,
-            "metrics_require_auth": self.metrics_require_auth,
+            "metrics_public": self.metrics_public,
             "service_name": self.service_name,
             "max_body_size": self.max_body_size,
+            "forward_writes": self.forward_writes,
             "default_handler_class": NotFoundHandler,
         }
         handlers: list[Any] = list(routes(self.base_url)) + page_routes(self.base_url)
@@ -350,7 +476,9 @@ class GatewayApp(Application):
             from jupyterhub.services.auth import HubOAuth  # type: ignore[import-untyped]
 
             hub_auth = HubOAuth(
-                api_token=os.environ["JUPYTERHUB_API_TOKEN"], cache_max_age=60, parent=self
+                api_token=os.environ["JUPYTERHUB_API_TOKEN"],
+                cache_max_age=self.hub_auth_cache_max_age,
+                parent=self,
             )
             settings["hub_auth"] = hub_auth
             settings["cookie_secret"] = self._cookie_secret()
@@ -359,6 +487,7 @@ class GatewayApp(Application):
 
     async def start_server(self) -> int:
         """Build, restore the core from the store, listen. Returns the bound port."""
+        tls = self._server_ssl()  # bad certificate files: refused before the store opens
         self.build()
         prepare = getattr(self.inventory, "prepare", None)
         if prepare is not None:  # a watched inventory lists its nodes before the restore
@@ -368,11 +497,15 @@ class GatewayApp(Application):
                 raise StartupError(f"--devices {self.devices}: cannot list the nodes: {e}") from e
         from .store import StoreUnavailable
 
+        self.leadership = self._leadership()
         try:
-            self.arbiter.restore(time.time())
+            if self.leadership is None or self.leadership.start_sync():
+                self.arbiter.restore(time.time())
         except StoreUnavailable as e:
             raise StartupError(f"--db-url: cannot restore from the store: {e.message}") from None
         self.arbiter.start()
+        if self.leadership is not None:
+            self.leadership.start()
         self.http_server = httpserver.HTTPServer(
             self.make_app(),
             idle_connection_timeout=self.header_timeout,
@@ -380,14 +513,21 @@ class GatewayApp(Application):
             # The outer bound; the API's routes refuse past max_body_size themselves, with
             # a JSON 413, before reading (handlers.BodyHandler).
             max_body_size=2 * self.max_body_size,
+            ssl_options=tls,
         )
         sockets = netutil.bind_sockets(self.port, self.ip, family=socket.AF_INET)
         self.http_server.add_sockets(sockets)
         self.bound_port = sockets[0].getsockname()[1]
+        if self.leadership is not None and not self.advertise_url:  # --port 0: now known
+            scheme = "https" if tls else "http"
+            self.leadership.election.advertise(
+                f"{scheme}://{self.ip}:{self.bound_port}{self.base_url}"
+            )
         mode = "JupyterHub service" if self.hub_service else "standalone"
         self.log.info(
-            "gpuaas gateway (%s) on http://%s:%d%s, store %s, %d nodes",
+            "gpuaas gateway (%s) on %s://%s:%d%s, store %s, %d nodes",
             mode,
+            "https" if tls else "http",
             self.ip,
             self.bound_port,
             self.base_url,
@@ -396,9 +536,28 @@ class GatewayApp(Application):
         )
         return int(self.bound_port)
 
+    def _leadership(self) -> Any:
+        """The election of leader.py, when replicas may share this store (else None)."""
+        from .leader import AdvisoryLockElection, Leadership
+
+        postgres = self.db_url.startswith("postgresql")
+        if self.leader_election == "off" or (self.leader_election == "auto" and not postgres):
+            return None
+        if not postgres:
+            raise StartupError("--leader-election=on needs a PostgreSQL store (--db-url)")
+        url = self.advertise_url or f"http://{self.ip}:{self.port}{self.base_url}"
+        election = AdvisoryLockElection(self.db_url, url)
+        self.store.fence = election.fence
+        return Leadership(self.arbiter, election, self.leader_check_interval)
+
     async def stop_server(self) -> None:
         self.http_server.stop()
+        leadership = getattr(self, "leadership", None)
+        if leadership is not None:
+            await leadership.stop()  # no take-over while stopping
         await self.arbiter.stop()
+        if leadership is not None:
+            leadership.election.release()  # after the last commit: the lock goes last
         await self.scaler_close()
         self.store.close()
         self.inventory.close()

@@ -37,6 +37,7 @@ from jupyter_gpuaas.admission.model import (
 
 from ..devices import DeviceSample, Inventory, NodeInfo
 from .events import Event, EventBus
+from .leader import NotLeader
 from .loops import Conflict, Loops, _Op, _Staged
 from .metrics import GatewayMetrics
 from .positions import QueueIndex
@@ -46,6 +47,7 @@ from .store import (
     Store,
     StoreUnavailable,
     check_snapshot,
+    describe,
     row_to_request,
     snapshot,
 )
@@ -90,6 +92,10 @@ class Arbiter(Loops, Views):
         self.retention = retention
         # Why memory was dropped (the store could not be read back), or None.
         self.broken: str | None = None
+        # Two gateways, one leader (leader.py): a standby mirrors the store and decides
+        # nothing; `leader_url` is who leads, when known. One gateway: always the leader.
+        self.leader = True
+        self.leader_url: str | None = None
         self._last_rebuild = 0.0
         self._busy_since: float | None = None
         self._retry: asyncio.TimerHandle | None = None
@@ -163,6 +169,15 @@ class Arbiter(Loops, Views):
 
         Its decisions are committed waiting up to `lock_wait` seconds for a lock held
         elsewhere (`lock_timeout` at start; a rebuild on the event loop does not wait)."""
+        decisions = self._load(now)
+        wait = self.lock_timeout if lock_wait is None else lock_wait
+        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now), wait)
+        log.info(
+            "restored %d live requests on %d nodes", len(self.requests), len(self.core.nodes())
+        )
+
+    def _load(self, now: float) -> list[Decision]:
+        """Load nodes and live requests into the core; the decisions it made doing so."""
         decisions: list[Decision] = []
         known = set(self.config.flavors)
         # Nodes the simulated scaler added are in the store (and, when this is a rebuild
@@ -198,11 +213,41 @@ class Arbiter(Loops, Views):
             self.index.sync(req)
         for flavor, seconds in self.store.ended_hold_times():
             self.hold_times.setdefault(flavor, []).append(seconds)
-        wait = self.lock_timeout if lock_wait is None else lock_wait
-        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now), wait)
-        log.info(
-            "restored %d live requests on %d nodes", len(self.requests), len(self.core.nodes())
-        )
+        return decisions
+
+    # --- leadership (leader.py) -----------------------------------------------------------
+
+    def follow(self, leader_url: str | None) -> None:
+        """Be a standby: decide nothing, refuse changes, mirror the store for reads."""
+        self.leader, self.leader_url = False, leader_url
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._fail_queued(NotLeader(leader_url))
+        self.refresh_mirror()
+
+    def refresh_mirror(self) -> None:
+        """A standby's view: the store as it is now, loaded as `restore` loads it, but
+        nothing is committed or announced (its own decisions, if any, are the leader's
+        to make)."""
+        if self.leader:
+            return
+        self._reset_memory()
+        try:
+            self.overrides = self.store.tenant_overrides()
+            self.config = self.make_config(self.quotas, self.overrides)
+            self.core = AdmissionCore(self.config)
+            self._load(time.time())
+            self.broken = None
+        except Exception as e:
+            self._reset_memory()
+            self.broken = f"the standby cannot read the store: {describe(e)}"
+
+    def take_over(self) -> None:
+        """Leadership won: restore from the store exactly as at start-up, then decide."""
+        self.leader, self.leader_url = True, None
+        self._rebuild("this gateway took over as the leader")
+        self.wake()
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -246,7 +291,7 @@ class Arbiter(Loops, Views):
             self.commit(self.core.add_node(node.flavor, node.name, node.gpus, now), now)
             self.commit(self.core.step(now), now)
 
-        await self._run(join)
+        await self._run_if_leader(join)
 
     async def node_left(self, name: str, why: str) -> None:
         """A node stopped counting (gone, NotReady, cordoned): its holders lose their grants."""
@@ -257,7 +302,15 @@ class Arbiter(Loops, Views):
             self.commit(self.core.step(now), now)
 
         log.warning("node %s left (%s): releasing its grants", name, why)
-        await self._run(leave)
+        await self._run_if_leader(leave)
+
+    async def _run_if_leader(self, fn: Callable[[], None]) -> None:
+        # A standby leaves nodes to the leader: its mirror (and a take-over's restore)
+        # reads the inventory, which follows the joins and leaves itself.
+        try:
+            await self._run(fn)
+        except NotLeader:
+            pass
 
     # --- operations (each: core, stage; answered once committed and announced) ------------
 

@@ -69,6 +69,22 @@ class Identity:
         }
 
 
+METRICS_FORBIDDEN = (
+    "scraping metrics needs the view scope (custom:gpuaas:view, or view: true in the token "
+    "file); start the gateway with --metrics-public to let anyone scrape"
+)
+
+
+def may_scrape(identity: Identity) -> bool:
+    """Whether `GET metrics` answers this caller, when metrics are not public.
+
+    The view scope, as JupyterHub's `authenticate_prometheus` asks `read:metrics`: the
+    series show every tenant's usage and the whole queue, which a plain user's token may
+    not read through the API either.
+    """
+    return identity.can_view
+
+
 class TokenError(ValueError):
     """A token file that breaks its format; str() is one line naming the key."""
 

@@ -9,14 +9,26 @@ so publishing an event costs the listeners that get it, not all of them. An even
 encoded once, whoever hears it. A listener that falls too far behind is dropped rather than
 letting memory grow without bound — it reconnects and re-reads state from
 `GET api/requests`.
+
+Every event carries an SSE `id:` (`<boot>-<sequence>`; `boot` is random per gateway
+process). The bus keeps the last `replay_window` events, as their encoded bytes and owner
+only (no objects for the collector to walk). A client reconnecting with `Last-Event-ID`
+gets exactly the events it missed that it may see, in order, before anything new; when
+they are no longer all in the window (or the id is of another gateway process, or
+unknown), it gets one `reset` event instead, telling it to relist. A fresh stream's
+`: connected` block carries the current id, so even a client that has heard nothing yet
+can resume.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
+import secrets
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +43,20 @@ class Event:
     name: str
     data: dict[str, Any]
     user: str | None = None  # owner of the request it is about; None: about no request
+    id: str = ""  # the SSE id, given by the bus when it publishes the event
 
     @functools.cached_property
     def wire(self) -> bytes:
         """The event as sent (encoded once however many listeners hear it)."""
-        return f"event: {self.name}\ndata: {json.dumps(self.data)}\n\n".encode()
+        head = f"id: {self.id}\n" if self.id else ""
+        return f"{head}event: {self.name}\ndata: {json.dumps(self.data)}\n\n".encode()
+
+    @classmethod
+    def replayed(cls, name: str, user: str | None, event_id: str, wire: bytes) -> Event:
+        """An event of the replay window: its bytes as first sent, without its data."""
+        event = cls(name, {}, user, event_id)
+        event.__dict__["wire"] = wire  # the cached_property's slot
+        return event
 
     def encode(self) -> bytes:
         return self.wire
@@ -113,10 +134,20 @@ class EventBus:
     divides the writes to 500 streams several times over for a few ms of delay.
     """
 
-    def __init__(self, maxsize: int = 1000, coalesce: float = 0.01, chunk: int = 50) -> None:
+    def __init__(
+        self,
+        maxsize: int = 1000,
+        coalesce: float = 0.01,
+        chunk: int = 50,
+        replay_window: int = 10_000,
+    ) -> None:
         self.maxsize = maxsize
         self.coalesce = coalesce
         self.chunk = chunk
+        self.boot = secrets.token_hex(4)
+        self.seq = 0
+        # (seq, name, owner, wire) of the last `replay_window` events
+        self.window: deque[tuple[int, str, str | None, bytes]] = deque(maxlen=replay_window)
         self.listeners: set[Listener] = set()
         self._everything: set[Listener] = set()  # no owner: filtered by `allow`
         self._by_owner: dict[str, set[Listener]] = {}
@@ -129,10 +160,13 @@ class EventBus:
         allow: Filter | None = None,
         *,
         owner: str | None = None,
+        last_event_id: str | None = None,
     ) -> Listener:
         """A listener: bound to `owner`'s requests, or to everything `allow` passes.
 
-        `deliver()` is called (on the loop) when events are pending for it.
+        `deliver()` is called (on the loop) when events are pending for it. With
+        `last_event_id` (a reconnecting client's Last-Event-ID) the events it missed are
+        pending at once, or a `reset` event when they cannot all be replayed.
         """
         listener = Listener(deliver, allow, self.maxsize, owner)
         self.listeners.add(listener)
@@ -140,7 +174,43 @@ class EventBus:
             self._everything.add(listener)
         else:
             self._by_owner.setdefault(owner, set()).add(listener)
+        if last_event_id is not None:
+            self._replay(listener, last_event_id)
         return listener
+
+    @property
+    def last_id(self) -> str:
+        """The id of the last event published (what a new stream resumes from)."""
+        return f"{self.boot}-{self.seq}"
+
+    def _replay(self, listener: Listener, last_event_id: str) -> None:
+        """Queue what `listener` missed since `last_event_id`, or a `reset`."""
+        boot, _, seq_text = last_event_id.strip().partition("-")
+        seq = int(seq_text) if seq_text.isascii() and seq_text.isdigit() else -1
+        oldest = self.window[0][0] if self.window else self.seq + 1
+        why = None
+        if boot != self.boot or not 0 <= seq <= self.seq:
+            why = "the gateway restarted, or the id is not one of its events"
+        elif seq + 1 < oldest:
+            why = f"more events happened than the gateway keeps ({self.window.maxlen})"
+        elif listener.allow is not None:
+            why = "this stream filters events, which the window cannot"
+        missed: list[Event] = []
+        if why is None:
+            owner = listener.owner
+            for n, name, user, wire in self.window:
+                if n > seq and (owner is None or user is None or user == owner):
+                    missed.append(Event.replayed(name, user, f"{self.boot}-{n}", wire))
+            if len(missed) > listener.maxsize:
+                why = f"more than {listener.maxsize} events were missed"
+        if why is not None:
+            reason = f"cannot replay the events after {last_event_id[:40]!r}: {why}"
+            data = {"reason": reason + "; list the requests again", "id": None}
+            missed = [Event("reset", data, None, self.last_id)]
+        listener.pending.extend(missed)
+        if missed:
+            self._to_deliver[listener] = None
+            self._schedule()
 
     def unsubscribe(self, listener: Listener) -> None:
         self.listeners.discard(listener)
@@ -154,6 +224,10 @@ class EventBus:
                     del self._by_owner[listener.owner]
 
     def publish(self, event: Event) -> None:
+        self.seq += 1
+        event = dataclasses.replace(event, id=f"{self.boot}-{self.seq}")
+        if self.window.maxlen:
+            self.window.append((self.seq, event.name, event.user, event.wire))
         if event.user is None:
             targets: Iterable[Listener] = list(self.listeners)
         else:
@@ -167,6 +241,9 @@ class EventBus:
                 log.warning("dropping a slow event listener (%d events behind)", self.maxsize)
                 self.unsubscribe(listener)
                 listener.end(dropped=True)
+        self._schedule()
+
+    def _schedule(self) -> None:
         if self._to_deliver and not self._scheduled:
             try:
                 asyncio.get_running_loop().call_later(self.coalesce, self.flush)

@@ -11,8 +11,6 @@ cannot be reached the answer is 503 with `Retry-After` and the same JSON body.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import re
@@ -29,18 +27,31 @@ from jupyter_gpuaas.admission.model import KINDS, State
 from jupyter_gpuaas.words import about_field
 
 from .arbiter import Arbiter, Conflict
-from .auth import Identity, TokenTable, identity_from_hub_model, token_from_header
+from .auth import (
+    METRICS_FORBIDDEN,
+    Identity,
+    TokenTable,
+    identity_from_hub_model,
+    may_scrape,
+    token_from_header,
+)
 from .events import Listener
+from .leader import LeaderUnreachable, forward
 from .openapi import build_openapi
 from .store import StoreUnavailable, describe
 from .validate import (
     INT32_MAX,
+    LIMIT_DEFAULT,
+    LIMIT_MAX,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    QUERY_MAX,
     InputError,
     check_int,
     check_name,
     check_text,
+    format_cursor,
+    parse_cursor,
     parse_json_object,
     parse_limit,
 )
@@ -48,8 +59,6 @@ from .validate import (
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
 STATES = tuple(s.value for s in State)
-MAX_NAME = 255
-LIMIT_DEFAULT, LIMIT_MAX = 1000, 10000
 REQUEST_ID = re.compile(r"r-[0-9a-f]{16}")
 
 
@@ -168,6 +177,8 @@ class BaseHandler(web.RequestHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, InputError):
             status_code = 400
+        elif isinstance(exc, LeaderUnreachable):
+            status_code = 502
         elif isinstance(exc, (StoreUnavailable, SQLAlchemyError)):
             status_code = 503
         super().send_error(status_code, **kwargs)
@@ -176,6 +187,8 @@ class BaseHandler(web.RequestHandler):
         if isinstance(value, (StoreUnavailable, SQLAlchemyError)):
             why = value.message if isinstance(value, StoreUnavailable) else describe(value)
             log.warning("%s %s: 503: %s", self.request.method, self.request.path, why)
+        elif isinstance(value, LeaderUnreachable):
+            log.warning("%s %s: 502: %s", self.request.method, self.request.path, value)
         elif isinstance(value, InputError):
             log.info("%s %s: 400: %s", self.request.method, self.request.path, value.message)
         else:
@@ -183,11 +196,15 @@ class BaseHandler(web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        if status_code == 405:  # RFC 9110: say which methods the route has
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
         body: dict[str, Any] = {"error": self._reason, "field": None}
         if isinstance(exc, ApiError):
             body = {"error": exc.error, "field": exc.field, **exc.extra}
         elif isinstance(exc, InputError):
             body = {"error": exc.message, "field": exc.field}
+        elif isinstance(exc, LeaderUnreachable):
+            body = {"error": str(exc), "field": None}
         elif isinstance(exc, (StoreUnavailable, SQLAlchemyError)):
             retry = exc.retry_after if isinstance(exc, StoreUnavailable) else 2
             self.set_header("Retry-After", str(retry))
@@ -200,6 +217,27 @@ class BaseHandler(web.RequestHandler):
     def json_body(self) -> dict[str, Any]:
         return parse_json_object(self.request.body)
 
+    def raw_body(self) -> bytes:
+        return self.request.body or b""
+
+    async def forwarded(self) -> bool:
+        """On a standby: send this change to the leader and answer with its answer
+        (leader.py); True once answered. The leader checks everything again."""
+        if self.arbiter.leader or not self.settings.get("forward_writes", True):
+            return False
+        await forward(self, self.raw_body())
+        return True
+
+    @classmethod
+    def allowed_methods(cls) -> list[str]:
+        """The methods this route implements (tornado answers the others 405)."""
+        base = web.RequestHandler
+        return [
+            m
+            for m in cls.SUPPORTED_METHODS
+            if getattr(cls, m.lower()) is not getattr(base, m.lower())
+        ]
+
     def query(self, allowed: tuple[str, ...]) -> dict[str, str]:
         out: dict[str, str] = {}
         for key, values in self.request.query_arguments.items():
@@ -210,9 +248,9 @@ class BaseHandler(web.RequestHandler):
                     key,
                 )
             value = values[-1].decode("utf-8", "replace")
-            if len(value) > MAX_NAME or "\x00" in value:
+            if len(value) > QUERY_MAX or "\x00" in value:
                 raise ApiError(
-                    400, f"{key} must be at most {MAX_NAME} characters, without NUL", key
+                    400, f"{key} must be at most {QUERY_MAX} characters, without NUL", key
                 )
             out[key] = value
         return out
@@ -258,6 +296,12 @@ class BodyHandler(BaseHandler):
             self._too_big, self._chunks = True, []
         else:
             self._chunks.append(chunk)
+
+    def raw_body(self) -> bytes:
+        if self._too_big:
+            limit = int(self.settings.get("max_body_size", 64 * 1024))
+            raise ApiError(413, f"the body is larger than {limit // 1024} KiB")
+        return b"".join(self._chunks)
 
     def json_body(self) -> dict[str, Any]:
         if self._too_big:
@@ -306,6 +350,8 @@ class TenantHandler(BodyHandler):
         who = self.require()
         if not who.admin:
             raise ApiError(403, "changing quotas needs custom:gpuaas:admin")
+        if await self.forwarded():
+            return
         check_name(name, "name")
         spec = self.json_body()
         if spec.get("cohort") is not None:
@@ -334,7 +380,7 @@ class RequestsHandler(BodyHandler):
         if "kind" in q and q["kind"] not in KINDS:
             raise ApiError(400, f"kind must be one of {', '.join(KINDS)}", "kind")
         limit = parse_limit(q["limit"], maximum=LIMIT_MAX) if "limit" in q else LIMIT_DEFAULT
-        after = _parse_cursor(q["cursor"]) if "cursor" in q else None
+        after = parse_cursor(q["cursor"]) if "cursor" in q else None
         if not who.can_view:
             if q.get("user", who.name) != who.name:
                 raise ApiError(403, "seeing other users' requests needs custom:gpuaas:view", "user")
@@ -350,7 +396,7 @@ class RequestsHandler(BodyHandler):
         if len(rows) > limit:  # more exist: RFC 8288 says where (the list is never cut)
             rows = rows[:limit]
             nxt = {k: v for k, v in q.items() if k != "cursor"}
-            nxt["cursor"] = _cursor_of(rows[-1].created, rows[-1].id)
+            nxt["cursor"] = format_cursor(rows[-1].created, rows[-1].id)
             url = f"{self.settings['base_url']}api/requests?{urlencode(sorted(nxt.items()))}"
             self.set_header("Link", f'<{url}>; rel="next"')
         out = []
@@ -361,6 +407,8 @@ class RequestsHandler(BodyHandler):
 
     async def post(self) -> None:
         who = self.require()
+        if await self.forwarded():
+            return
         data = self.json_body()
         _check_keys(data, SUBMIT_KEYS)
         for key in ("tenant", "kind", "gpus"):
@@ -403,21 +451,6 @@ class RequestsHandler(BodyHandler):
         self.send(obj, 201)
 
 
-def _cursor_of(created: float, rid: str) -> str:
-    raw = json.dumps([created, rid]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _parse_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        created, rid = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if isinstance(created, (int, float)) and isinstance(rid, str) and REQUEST_ID.fullmatch(rid):
-            return float(created), rid
-    except (ValueError, TypeError, binascii.Error):
-        pass
-    raise ApiError(400, "cursor is not one this gateway gave (follow the Link header)", "cursor")
-
-
 class RequestHandler(BaseHandler):
     def _find(self, rid: str) -> dict[str, Any]:
         self.arbiter.check_available()
@@ -437,6 +470,8 @@ class RequestHandler(BaseHandler):
 
     async def delete(self, rid: str) -> None:
         who = self.require()
+        if await self.forwarded():
+            return
         owner = self._owner(rid)
         if owner != who.name and not who.admin:
             raise ApiError(403, "not your request (cancelling it needs custom:gpuaas:admin)")
@@ -453,6 +488,8 @@ HEARTBEAT_KEYS = ("busy", "utilization")
 class HeartbeatHandler(BodyHandler):
     async def post(self, rid: str) -> None:
         who = self.require()
+        if await self.forwarded():
+            return
         data = self.json_body()
         _check_keys(data, HEARTBEAT_KEYS)
         if not isinstance(data.get("busy"), bool):
@@ -493,9 +530,13 @@ class EventsHandler(BaseHandler):
         bus = self.arbiter.bus
         # Viewers hear everything; a user, what is about their own requests (indexed).
         owner = None if who.can_view else who.name
-        listener = self._listener = bus.subscribe(self._deliver, owner=owner)
+        # A reconnecting client names the last event it heard: it gets what it missed
+        # (or a `reset`). A new stream learns the current id, to resume from (events.py).
+        last = self.request.headers.get("Last-Event-ID")
+        listener = self._listener = bus.subscribe(self._deliver, owner=owner, last_event_id=last)
         try:
-            self._send(b": connected\n\n")
+            resume = "" if last is not None else f"id: {bus.last_id}\n"
+            self._send(f": connected\n{resume}\n".encode())
             while not await listener.wait(keepalive):
                 if time.monotonic() - self._last_write >= keepalive * 0.9:
                     self._send(b": keepalive\n\n")
@@ -551,8 +592,11 @@ class HealthHandler(BaseHandler):
         except StoreUnavailable as e:
             store, status, code = e.state, "unavailable", 503
             self.set_header("Retry-After", str(e.retry_after))
-        # One gateway per store today: it leads (replicas with an election: issue 11.9).
-        self.send({"status": status, "store": store, "leader": True}, code)
+        # A standby is healthy too (it answers reads); `leader_url` says who decides.
+        body = {"status": status, "store": store, "leader": arbiter.leader}
+        if not arbiter.leader:
+            body["leader_url"] = arbiter.leader_url
+        self.send(body, code)
 
 
 class OpenAPIHandler(BaseHandler):
@@ -560,17 +604,19 @@ class OpenAPIHandler(BaseHandler):
         return
 
     def get(self) -> None:
-        self.send(build_openapi(self.settings["base_url"]))
+        self.send(build_openapi(self.settings["base_url"], self.arbiter.config.flavors))
 
 
 class MetricsHandler(BaseHandler):
+    """Prometheus text; a token with the view scope unless --metrics-public (auth.py)."""
+
     async def prepare(self) -> None:
-        if self.settings.get("metrics_require_auth"):
+        if not self.settings.get("metrics_public"):
             await super().prepare()
 
     def get(self) -> None:
-        if self.settings.get("metrics_require_auth"):
-            self.require()
+        if not self.settings.get("metrics_public") and not may_scrape(self.require()):
+            raise ApiError(403, METRICS_FORBIDDEN)
         self.arbiter.snapshot_metrics()
         body, content_type = self.arbiter.metrics.render()
         self.set_header("Content-Type", content_type)

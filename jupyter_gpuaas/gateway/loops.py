@@ -37,6 +37,7 @@ from jupyter_gpuaas.admission.config import SpecError
 from jupyter_gpuaas.admission.core import AdmissionCore
 
 from .events import Event
+from .leader import NotLeader
 from .positions import QueueIndex
 from .store import (
     RowError,
@@ -104,7 +105,8 @@ class Loops:
             except Exception:
                 log.exception("admission step failed")
             self._maybe_prune()
-            deadline = self.core.next_deadline()
+            # A standby's mirror has deadlines only the leader acts on: no busy wake-ups.
+            deadline = self.core.next_deadline() if self.leader else None
             delay = self.tick
             if deadline is not None:
                 delay = min(delay, max(0.0, deadline - time.time()))
@@ -122,6 +124,8 @@ class Loops:
         """History retention: delete ended and rejected rows older than `retention`, a
         batch at a time (each a short transaction that never waits for a lock)."""
         if self.retention <= 0 or self.broken is not None or time.monotonic() < self._next_prune:
+            return
+        if not self.leader:
             return
         try:
             gone = self.store.prune(time.time() - self.retention)
@@ -152,6 +156,8 @@ class Loops:
     async def _run(self, fn: Callable[[], T]) -> T:
         """Run `fn` (which calls the core and `commit`) in the next cycle; its value once
         everything it staged is committed and announced. Its exception as is."""
+        if not self.leader:
+            raise NotLeader(self.leader_url)
         op = _Op(fn, asyncio.get_running_loop().create_future())
         self._ops.append(op)
         self._schedule_cycle()

@@ -8,6 +8,12 @@ as they happen. State (queues, quotas, devices) is a snapshot the gateway hands 
 each admission cycle and sampling tick; a custom collector renders the latest snapshot at
 scrape time, so a series whose tenant, flavor or device disappeared disappears with it, and
 a scrape never sees half of an old snapshot and half of a new one.
+
+User names stay out of the labels by default: the device series keep their `user` label
+(so the label set is the same whether or not it is filled, and dashboards need no second
+query), but it is the empty string unless the gateway runs with `--metrics-user-label`.
+A scrape can travel through the public proxy, and who computes on which GPU is not
+something every scraper should read.
 """
 
 from __future__ import annotations
@@ -67,8 +73,9 @@ class _Snapshot:
 class _SnapshotCollector(Collector):
     """Renders the gauges from whatever snapshot is current at scrape time."""
 
-    def __init__(self) -> None:
+    def __init__(self, user_label: bool = False) -> None:
         self.snapshot = _Snapshot()
+        self.user_label = user_label
 
     def describe(self) -> list[Metric]:
         # Declared so the registry does not call collect() at registration, and so that
@@ -76,10 +83,10 @@ class _SnapshotCollector(Collector):
         return list(self._families(_Snapshot()))
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self._families(self.snapshot))
+        return iter(self._families(self.snapshot, self.user_label))
 
     @staticmethod
-    def _families(snap: _Snapshot) -> list[Metric]:
+    def _families(snap: _Snapshot, user_label: bool = False) -> list[Metric]:
         tf = ["tenant", "flavor"]
         pending_req = GaugeMetricFamily(
             "gpuaas_pending_requests",
@@ -153,7 +160,8 @@ class _SnapshotCollector(Collector):
         for tenant, n in snap.idle_gpus:
             idle.add_metric([tenant], n)
         for s, dev_flavor, holder_tenant, holder_user in snap.devices:
-            labels = [s.node, str(s.index), dev_flavor, holder_tenant or "", holder_user or ""]
+            user = (holder_user or "") if user_label else ""
+            labels = [s.node, str(s.index), dev_flavor, holder_tenant or "", user]
             util.add_metric(labels, s.utilization)
             mem.add_metric(labels, s.memory_used)
             if s.temperature is not None:
@@ -185,9 +193,10 @@ class _SnapshotCollector(Collector):
 class GatewayMetrics:
     """All of one gateway's metrics and their rendering."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, user_label: bool = False) -> None:
+        """`user_label`: name the holder in the device series' `user` label (else "")."""
         self.registry = CollectorRegistry()
-        self._collector = _SnapshotCollector()
+        self._collector = _SnapshotCollector(user_label)
         self.registry.register(self._collector)
         self.admission_wait = Histogram(
             "gpuaas_admission_wait_seconds",

@@ -8,12 +8,32 @@ lists each status it answers (tests/gateway/test_edge.py checks both).
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable
 from typing import Any
 
 from jupyter_gpuaas._version import __version__
-from jupyter_gpuaas.admission.model import KINDS, State
+from jupyter_gpuaas.admission.model import (
+    BORROW_WITHIN_COHORT,
+    KINDS,
+    QUEUEING,
+    RECLAIM_WITHIN_COHORT,
+    WITHIN_TENANT,
+    State,
+)
 
-from .validate import INT32_MAX, NAME_MAX, NAME_RE, PRIORITY_MAX, PRIORITY_MIN, TEXT_MAX
+from .validate import (
+    CURSOR_RE,
+    INT32_MAX,
+    LIMIT_DEFAULT,
+    LIMIT_MAX,
+    NAME_MAX,
+    NAME_RE,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    QUERY_MAX,
+    TEXT_MAX,
+)
 
 NUM = {"type": "number"}
 NULLNUM = {"type": ["number", "null"]}
@@ -27,6 +47,8 @@ TEXT = {
     "pattern": "^[^\\x00-\\x1f\\x7f]*$",
 }
 STATES = [s.value for s in State]
+# A free query filter (tenant, user): what `BaseHandler.query` accepts.
+QUERY = {"type": "string", "maxLength": QUERY_MAX, "pattern": "^[^\\x00]*$"}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -35,6 +57,14 @@ def _ref(name: str) -> dict[str, str]:
 
 def _nullable(name: str) -> dict[str, Any]:
     return {"oneOf": [{"type": "null"}, _ref(name)]}
+
+
+def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """An optional key of the quota format: null means "the default"."""
+    return {"anyOf": [{"type": "null"}, schema]}
+
+
+COUNTS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
 
 
 SCHEMAS: dict[str, Any] = {
@@ -276,12 +306,33 @@ SCHEMAS: dict[str, Any] = {
     },
     "TenantSpec": {
         "type": "object",
-        "description": "A tenant of the quota file's `tenants` block (SCENARIO.md).",
+        "description": "A tenant of the quota file's `tenants` block (SCENARIO.md). Rules "
+        "across fields (limits need a cohort and stay within the quota) are answered 400 "
+        "with a sentence naming the key.",
         "required": ["quota"],
         "properties": {
-            "cohort": {"oneOf": [{"type": "null"}, NAME]},
-            "quota": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+            "cohort": _or_null(NAME),
+            "quota": COUNTS,
+            "borrowing_limit": _or_null(COUNTS),
+            "lending_limit": _or_null(COUNTS),
+            "weight": _or_null({"type": "number", "exclusiveMinimum": 0}),
+            "queueing": _or_null({"enum": list(QUEUEING)}),
+            "preemption": _or_null(
+                {
+                    "type": "object",
+                    "properties": {
+                        "within_tenant": _or_null({"enum": list(WITHIN_TENANT)}),
+                        "reclaim_within_cohort": _or_null({"enum": list(RECLAIM_WITHIN_COHORT)}),
+                        "borrow_within_cohort": _or_null({"enum": list(BORROW_WITHIN_COHORT)}),
+                    },
+                    "additionalProperties": False,
+                }
+            ),
+            "idle_timeout": _or_null({"type": "number", "minimum": 0}),
+            "reservation_ttl": _or_null({"type": "number", "minimum": 0}),
+            "preemption_grace": _or_null({"type": "number", "minimum": 0}),
         },
+        "additionalProperties": False,
     },
     "Health": {
         "type": "object",
@@ -289,7 +340,11 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "status": {"enum": ["ok", "unavailable"]},
             "store": {"enum": ["ok", "unavailable", "locked"]},
-            "leader": {"type": "boolean"},
+            "leader": {
+                "type": "boolean",
+                "description": "false: a standby (leader.py), which answers reads only",
+            },
+            "leader_url": {**NULLSTR, "description": "a standby's leader, when known"},
         },
         "additionalProperties": False,
     },
@@ -332,7 +387,10 @@ def _errors(*codes: str) -> dict[str, Any]:
         "409": "the request's state does not allow it",
         "413": "the body is larger than the limit (64 KiB by default)",
         "422": "valid, but can never be admitted; stored as rejected",
-        "503": "the store is unavailable (nothing was changed): retry after Retry-After",
+        "502": "a standby forwarded this change and the leader did not answer: it may or "
+        "may not have been recorded (look before sending it again)",
+        "503": "the store is unavailable, or this gateway is a standby and the leader "
+        "decides (nothing was changed): retry after Retry-After",
     }
     out = {code: _resp(what[code], _ref("Error")) for code in (*codes, "401", "403", "503")}
     out["503"]["headers"] = RETRY_AFTER
@@ -352,7 +410,29 @@ LINK = {
 }
 
 
-def build_openapi(base_url: str = "/") -> dict[str, Any]:
+# What a 201 from POST api/requests leads to (the fuzzer's stateful phase follows these).
+_BY_ID = {"id": "$response.body#/id"}
+SUBMIT_LINKS = {
+    "GetRequest": {"operationId": "getRequest", "parameters": _BY_ID},
+    "CancelRequest": {"operationId": "cancelRequest", "parameters": _BY_ID},
+    "Heartbeat": {"operationId": "heartbeat", "parameters": _BY_ID},
+}
+
+
+def _schemas(flavors: Iterable[str] | None) -> dict[str, Any]:
+    """The schemas; with this gateway's flavors, quota keys are those flavors."""
+    if flavors is None:
+        return SCHEMAS
+    schemas = copy.deepcopy(SCHEMAS)
+    props = schemas["TenantSpec"]["properties"]
+    names = {"enum": sorted(flavors)}
+    props["quota"]["propertyNames"] = names
+    for key in ("borrowing_limit", "lending_limit"):
+        props[key]["anyOf"][1]["propertyNames"] = names
+    return schemas
+
+
+def build_openapi(base_url: str = "/", flavors: Iterable[str] | None = None) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {
@@ -362,7 +442,7 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
         },
         "servers": [{"url": base_url}],
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": _schemas(flavors),
             "securitySchemes": {
                 "token": {
                     "type": "apiKey",
@@ -403,7 +483,7 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
                     "requestBody": _body("TenantSpec"),
                     "responses": {
                         "200": _resp("the tenant", _ref("Tenant")),
-                        **_errors("400", "409", "413"),
+                        **_errors("400", "409", "413", "502"),
                     },
                 }
             },
@@ -412,23 +492,24 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
                     "parameters": [
                         {"name": "state", "in": "query", "schema": {"enum": STATES}},
                         {"name": "kind", "in": "query", "schema": {"enum": list(KINDS)}},
-                        {"name": "tenant", "in": "query", "schema": {"type": "string"}},
-                        {"name": "user", "in": "query", "schema": {"type": "string"}},
+                        {"name": "tenant", "in": "query", "schema": QUERY},
+                        {"name": "user", "in": "query", "schema": QUERY},
                         {
                             "name": "limit",
                             "in": "query",
                             "schema": {
                                 "type": "integer",
                                 "minimum": 1,
-                                "maximum": 10000,
-                                "default": 1000,
+                                "maximum": LIMIT_MAX,
+                                "default": LIMIT_DEFAULT,
                             },
                         },
                         {
                             "name": "cursor",
                             "in": "query",
-                            "description": "from the Link header of the previous page",
-                            "schema": {"type": "string"},
+                            "description": "from the Link header of the previous page: "
+                            "`<created>_<id>` of the last row seen",
+                            "schema": {"type": "string", "pattern": f"^{CURSOR_RE.pattern}$"},
                         },
                     ],
                     "responses": {
@@ -445,13 +526,17 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
                 "post": {
                     "requestBody": _body("SubmitRequest"),
                     "responses": {
-                        "201": _resp("accepted (queued or admitted)", _ref("Request")),
-                        **_errors("400", "413", "422"),
+                        "201": {
+                            **_resp("accepted (queued or admitted)", _ref("Request")),
+                            "links": SUBMIT_LINKS,
+                        },
+                        **_errors("400", "413", "422", "502"),
                     },
                 },
             },
             "/api/requests/{id}": {
                 "get": {
+                    "operationId": "getRequest",
                     "parameters": RID,
                     "responses": {
                         "200": _resp("the request", _ref("Request")),
@@ -459,27 +544,41 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
                     },
                 },
                 "delete": {
+                    "operationId": "cancelRequest",
                     "parameters": RID,
                     "responses": {
                         "200": _resp("cancelled or released", _ref("Request")),
-                        **_errors("404", "409"),
+                        **_errors("404", "409", "502"),
                     },
                 },
             },
             "/api/requests/{id}/heartbeat": {
                 "post": {
+                    "operationId": "heartbeat",
                     "parameters": RID,
                     "requestBody": _body("Heartbeat"),
                     "responses": {
                         "200": _resp("lease renewed", _ref("Request")),
-                        **_errors("400", "404", "409", "413"),
+                        **_errors("400", "404", "409", "413", "502"),
                     },
                 }
             },
             "/api/events": {
                 "get": {
                     "description": "Server-Sent Events; data is the decision's JSON plus "
-                    "`request` (a Request) when it is about one.",
+                    "`request` (a Request) when it is about one. Every event has an `id:`; "
+                    "the `: connected` comment carries the current one.",
+                    "parameters": [
+                        {
+                            "name": "Last-Event-ID",
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "string"},
+                            "description": "Resume after this event: the missed events "
+                            "come first, or one `reset` event (relist the requests) when "
+                            "the gateway no longer has them all.",
+                        }
+                    ],
                     "responses": {"200": {"description": "text/event-stream"}, **_errors()},
                 }
             },
@@ -503,7 +602,12 @@ def build_openapi(base_url: str = "/") -> dict[str, Any]:
                 "get": {"security": [], "responses": {"200": _resp("this document")}}
             },
             "/metrics": {
-                "get": {"security": [], "responses": {"200": {"description": "Prometheus text"}}}
+                "get": {
+                    "description": "Prometheus text. Needs the view scope unless the "
+                    "gateway runs with --metrics-public (then no token is needed).",
+                    "security": [{"token": []}, {}],
+                    "responses": {"200": {"description": "Prometheus text"}, **_errors()},
+                }
             },
         },
     }

@@ -27,6 +27,7 @@ from tornado import web
 from tornado.httputil import url_concat
 
 from jupyter_gpuaas.admission.model import State
+from jupyter_gpuaas.words import about, format_duration, plural, usage_sentence_of
 
 from .auth import Identity
 from .handlers import ApiError, BaseHandler, RequestHandler, TenantHandler
@@ -42,21 +43,6 @@ _NUMBER = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 # --- words ---------------------------------------------------------------------------
 
 
-def duration(seconds: float) -> str:
-    """`less than a minute`, `about 4 min`, `about 2 h 10 min`: never `0.0 seconds`."""
-    if seconds < 60:
-        return "less than a minute"
-    minutes = round(seconds / 60)
-    if minutes < 90:
-        return f"about {minutes} min"
-    hours, rest = divmod(minutes, 60)
-    return f"about {hours} h" + (f" {rest} min" if rest else "")
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def wait_sentence(obj: dict[str, Any]) -> str:
     """What a queued request waits for, and for how long, from its API object."""
     parts = []
@@ -67,7 +53,7 @@ def wait_sentence(obj: dict[str, Any]) -> str:
     seconds = estimate.get("seconds")
     basis = str(estimate.get("basis") or "").strip()
     if seconds is not None:
-        parts.append(f"expected in {duration(float(seconds))}" + (f" ({basis})" if basis else ""))
+        parts.append(f"expected in {about(float(seconds))}" + (f" ({basis})" if basis else ""))
     else:
         parts.append("no estimate yet")
     return "; ".join(parts) + "."
@@ -83,19 +69,9 @@ def position_sentence(obj: dict[str, Any]) -> str:
 
 
 def usage_sentence(tenant: str, row: dict[str, Any]) -> str:
-    """`vision uses 3 a100: 1 of its own and 2 borrowed; 1 parked; 2 requests wait for 3`."""
-    flavor, used, borrowed = row["flavor"], row["admitted"], row["borrowed"]
-    if used == 0 and not row["quota"]:
-        text = f"{tenant} has no {flavor} of its own and uses none"
-    elif used == 0:
-        text = f"{tenant} uses none of its {row['quota']} {flavor}"
-    elif borrowed:
-        own = max(0, used - borrowed)
-        text = f"{tenant} uses {used} {flavor}: {own} of its own and {borrowed} borrowed"
-    else:
-        text = f"{tenant} uses {used} of its {row['quota']} {flavor}"
-    if row["parked"]:
-        text += f"; {row['parked']} kept parked for a returning user"
+    """`vision uses 4 a100: 2 of its own and 2 borrowed from nlp; 2 requests wait for 3 GPUs`
+    (the usage in words.py's words, as every other place says it)."""
+    text = usage_sentence_of(tenant, row)
     if row["pending_requests"]:
         n = row["pending_requests"]
         verb = "waits" if n == 1 else "wait"
@@ -106,7 +82,7 @@ def usage_sentence(tenant: str, row: dict[str, Any]) -> str:
 def since(timestamp: Any, now: float) -> str:
     if not isinstance(timestamp, (int, float)):
         return ""
-    return duration(max(0.0, now - float(timestamp))).replace("about ", "") + " ago"
+    return format_duration(max(0.0, now - float(timestamp))) + " ago"
 
 
 # --- the handlers ----------------------------------------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -222,6 +222,9 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._upserts: dict[tuple[str, tuple[str, ...]], Any] = {}
+        # Checked first in every write transaction (leader.py: "do I still lead?"); it
+        # raises StoreUnavailable (NotLeader) to refuse the write. None: one gateway.
+        self.fence: Callable[[Connection], None] | None = None
 
     @classmethod
     def open(cls, url: str) -> Store:
@@ -269,7 +272,14 @@ class Store:
             conn = None
             try:
                 conn = self.engine.connect().execution_options(gpuaas_write=True)
-                return WriteTx(self, conn)
+                tx = WriteTx(self, conn)
+                if self.fence is not None:
+                    try:
+                        self.fence(tx.conn)
+                    except StoreUnavailable:
+                        tx.rollback()
+                        raise
+                return tx
             except SQLAlchemyError as e:
                 if conn is not None:
                     conn.close()

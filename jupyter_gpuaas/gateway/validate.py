@@ -10,8 +10,9 @@ characters. That is what Kueue accepts for ClusterQueue, cohort and ResourceFlav
 and at 63 characters it is also a valid Kubernetes label value and a harmless Prometheus
 label. The dot is allowed because MIG flavors are named like `a100-mig-1g.10gb`.
 
-Integers are 32-bit signed (`priority` in ±2^31-1, the range of a Kubernetes
-PriorityClass value and of a PostgreSQL `integer` column). Free text (`name`) is valid
+Integers are JSON Schema's (2.0 is 2; 2.5 is refused) and 32-bit signed (`priority` in
+±2^31-1, the range of a Kubernetes PriorityClass value and of a PostgreSQL `integer`
+column). Free text (`name`) is valid
 UTF-8 (no lone surrogates), has no control characters, and is at most 255 characters.
 """
 
@@ -31,6 +32,13 @@ NAME_RULE = (
     "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, "
     f"at most {NAME_MAX} characters"
 )
+# Query strings of GET api/requests: `limit`, free filters and the page cursor.
+LIMIT_DEFAULT, LIMIT_MAX = 1000, 10000
+QUERY_MAX = 255
+# A page cursor is the (created, id) of the last row of the previous page, in the order of
+# the list: `<created>_<id>`. Any such pair is a valid place to resume from, so the
+# document can state the whole format (and a fuzzer's cursors are answered 200).
+CURSOR_RE = re.compile(r"([0-9]{1,12}(\.[0-9]{1,17})?)_(r-[0-9a-f]{16})")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ASCII_DIGITS = re.compile(r"[0-9]{1,9}")
 # json.loads would parse 4,300-digit integers and NaN; neither is ever meaningful here.
@@ -82,6 +90,9 @@ def check_unicode(value: str, field: str | None) -> None:
 
 
 def check_int(value: Any, field: str, *, minimum: int, maximum: int) -> int:
+    # 2.0 is an integer to JSON Schema (and so to the OpenAPI document): take it as 2.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(f"{field} must be an integer", field)
     # The side that was crossed, in the words a person typing -1 or 9999999999 expects.
@@ -97,6 +108,19 @@ def parse_limit(raw: str, *, maximum: int) -> int:
     if not _ASCII_DIGITS.fullmatch(raw) or not 1 <= int(raw) <= maximum:
         raise InputError(f"limit must be an integer from 1 to {maximum}", "limit")
     return int(raw)
+
+
+def format_cursor(created: float, rid: str) -> str:
+    # repr() of a float reads back as the same float: no row is skipped or repeated.
+    text = repr(float(created))
+    return f"{text}_{rid}" if "e" not in text else f"{created:.9f}_{rid}"
+
+
+def parse_cursor(raw: str) -> tuple[float, str]:
+    match = CURSOR_RE.fullmatch(raw)
+    if match is None:
+        raise InputError("cursor is not one this gateway gave (follow the Link header)", "cursor")
+    return float(match.group(1)), match.group(3)
 
 
 def _number(text: str) -> int | float:

@@ -8,13 +8,16 @@ Without such a token each spawner streams with its user's token, which sees only
 user's own requests; the spawner then also re-reads its position every `refresh_interval`.
 
 The stream reconnects with backoff, and tells subscribers `{"event": "connected"}` after
-every (re)connection: events sent while it was down are lost, so they re-read state.
+every (re)connection, so they re-read state. It reconnects with the last event id it
+heard (`Last-Event-ID`): the gateway replays what it missed (a cull, a preemption) before
+anything new, or says `reset`, which subscribers also hear as `connected`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -29,9 +32,15 @@ class EventStream:
     """A reconnecting SSE consumer that runs while it has subscribers."""
 
     def __init__(
-        self, url: str, token: str, max_backoff: float = 10.0, shared: bool = False
+        self,
+        url: str,
+        token: str,
+        max_backoff: float = 10.0,
+        shared: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self.client = GatewayClient(url, token)
+        self.client = GatewayClient(url, token, ssl_context=ssl_context)
+        self.last_id: str | None = None
         self.shared = shared  # the Hub's own stream: kept open between spawns
         self.max_backoff = max_backoff
         self.callbacks: set[Callback] = set()
@@ -64,9 +73,13 @@ class EventStream:
         backoff = 0.5
         while self.callbacks or self.shared:
             try:
-                async for event in self.client.events(comments=True):
+                async for event in self.client.events(comments=True, last_event_id=self.last_id):
+                    self.last_id = event.get("id") or self.last_id
                     if not self.callbacks and not self.shared:
                         return
+                    if event.get("event") == "reset":  # missed too much: re-read
+                        self._dispatch({"event": "connected"})
+                        continue
                     if "comment" in event:
                         if event["comment"] == "connected" or not self.connected:
                             self.connected = True
@@ -88,12 +101,14 @@ class EventStream:
 _streams: dict[tuple[str, str], EventStream] = {}
 
 
-def stream_for(url: str, token: str, shared: bool = False) -> EventStream:
+def stream_for(
+    url: str, token: str, shared: bool = False, ssl_context: ssl.SSLContext | None = None
+) -> EventStream:
     """The Hub-wide stream for this gateway and token (created on first use)."""
     key = (url, token)
     stream = _streams.get(key)
     if stream is None:
-        stream = _streams[key] = EventStream(url, token, shared=shared)
+        stream = _streams[key] = EventStream(url, token, shared=shared, ssl_context=ssl_context)
     return stream
 
 

@@ -40,6 +40,8 @@ What the mixin adds
 The spawner talks to the gateway as the user, with a token it mints for the request
 (scopes: `custom:gpuaas:use`, access to the gateway service, and stopping this one server)
 and revokes on release, so ownership and tenant membership are the gateway's own checks.
+The token expires and is replaced at half its life; the spawner state keeps its id (not
+the token) so that a restarted Hub revokes it (tokens.py).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -57,7 +60,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from jupyter_gpuaas.client import GatewayClient, GatewayError
+from jupyter_gpuaas.client import GatewayClient, GatewayError, ssl_context
 from jupyter_gpuaas.words import format_duration
 
 from .events import forget_stream, stream_for
@@ -71,12 +74,13 @@ from .options import (
     tenant_choices,
 )
 from .status import QueueStatus, StatusBoard, progress_event
+from .tokens import MintedToken, RequestTokenMixin
 
 #: Request states after which the gateway holds nothing for us any more.
 ENDED = ("finished", "cancelled", "rejected", "preempted", "culled")
 
 
-class QueuedSpawnerMixin(Configurable):
+class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
     """Queue GPU spawns at the gpuaas gateway before the wrapped spawner starts them."""
 
     gateway_url = Unicode(
@@ -256,7 +260,9 @@ class QueuedSpawnerMixin(Configurable):
             state = self.__dict__["_gpuaas"] = {
                 "rid": None,  # the gateway request while we hold or wait for one
                 "grant": None,  # the request object once admitted
-                "token": None,  # the user token minted for the request
+                "token": None,  # the MintedToken of the request (tokens.py)
+                "stale_tokens": [],  # ids of tokens a previous Hub minted: to revoke
+                "callback": None,  # of the event stream, resubscribed when tokens rotate
                 "keep": False,  # the gateway parked it: do not cancel on stop
                 "running": False,  # the real start finished
                 "hb": None,  # heartbeat task
@@ -268,8 +274,12 @@ class QueuedSpawnerMixin(Configurable):
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = super().get_state()  # type: ignore[misc]
         gp = self._gp
-        if gp["rid"]:
-            state["gpuaas"] = {"request": gp["rid"], "grant": gp["grant"]}
+        token: MintedToken | None = gp["token"]
+        ids = [token.id] if token else []
+        ids += gp["stale_tokens"]
+        if gp["rid"] or ids:
+            # The token's id, never the token: the next Hub revokes it (tokens.py).
+            state["gpuaas"] = {"request": gp["rid"], "grant": gp["grant"], "tokens": ids}
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -277,6 +287,13 @@ class QueuedSpawnerMixin(Configurable):
         saved = state.get("gpuaas") or {}
         if saved.get("request"):
             self._gp.update(rid=saved["request"], grant=saved.get("grant"), running=True)
+        # Minted by a Hub before this one: unusable (we do not have them), so revoked
+        # as soon as this Hub mints a token or ends the request.
+        stale = [int(i) for i in saved.get("tokens") or [] if isinstance(i, int)]
+        known = self._gp["stale_tokens"]
+        known += [i for i in stale if i not in known]
+        if not self._gp["rid"]:
+            self._revoke_stale_tokens()
 
     def clear_state(self) -> None:
         super().clear_state()  # type: ignore[misc]
@@ -286,61 +303,57 @@ class QueuedSpawnerMixin(Configurable):
 
     # ----------------------------------------------------------------- clients
 
-    def _user_token(self) -> str:
-        """A token of this user for the request's life: submit, heartbeat, stop itself."""
-        gp = self._gp
-        if not gp["token"]:
-            server = f"{self.user.name}/{self.name}"
-            gp["token"] = self.user.new_api_token(
-                note=f"gpuaas request of server {server or 'default'}",
-                scopes=[
-                    "custom:gpuaas:use",
-                    f"access:services!service={self.gateway_service_name}",
-                    f"servers!server={server}",
-                ],
-            )
-        return str(gp["token"])
-
-    def _revoke_user_token(self) -> None:
-        token = self._gp["token"]
-        self._gp["token"] = None
-        if not token:
-            return
-        forget_stream(self.gateway_url, token)
-        try:
-            from jupyterhub import orm
-
-            db = self.user.db
-            found = orm.APIToken.find(db, token)
-            if found is not None:
-                db.delete(found)
-                db.commit()
-        except Exception:
-            self.log.exception("could not revoke the gpuaas token of %s", self._log_name)
-
     def _check_gateway(self) -> None:
         if not self.gateway_url:
             raise web.HTTPError(
                 500, "the GPU gateway is not configured (set QueuedSpawnerMixin.gateway_url)"
             )
 
-    def _user_client(self) -> GatewayClient:
+    def _gateway_ssl(self, url: str | None = None) -> ssl.SSLContext | None:
+        """Under the Hub's internal SSL, the Hub's own certificate and trust bundle (the
+        Hub process has no JUPYTERHUB_SSL_* of its own); None: the client's defaults."""
+        settings = getattr(self.user, "settings", None) or {}
+        https = (url or self.gateway_url).startswith("https:")
+        if not settings.get("internal_ssl") or not https:
+            return None
+        return ssl_context(
+            settings.get("internal_ssl_key"),
+            settings.get("internal_ssl_cert"),
+            settings.get("internal_ssl_ca"),
+        )
+
+    def _client(self, token: str) -> GatewayClient:
         self._check_gateway()
-        return GatewayClient(self.gateway_url, self._user_token())
+        return GatewayClient(self.gateway_url, token, ssl_context=self._gateway_ssl())
+
+    def _user_client(self) -> GatewayClient:
+        return self._client(self._user_token())
 
     def _reader_client(self) -> GatewayClient:
         """For reads that need no ownership: the Hub's token when configured."""
-        self._check_gateway()
-        return GatewayClient(self.gateway_url, self.gateway_token or self._user_token())
+        return self._client(self.gateway_token or self._user_token())
 
     def _subscribe(self, callback: Any) -> None:
         gp = self._gp
+        gp["callback"] = callback
         if gp["unsubscribe"] is None:
+            tls = self._gateway_ssl()
             if self.gateway_token:
-                stream = stream_for(self.gateway_url, self.gateway_token, shared=True)
+                stream = stream_for(
+                    self.gateway_url, self.gateway_token, shared=True, ssl_context=tls
+                )
             else:
-                stream = stream_for(self.gateway_url, self._user_token())
+                stream = stream_for(self.gateway_url, self._user_token(), ssl_context=tls)
             gp["unsubscribe"] = stream.subscribe(callback)
+
+    def _resubscribe(self, old_token: str) -> None:
+        """A per-user stream follows its token: the old one is about to be revoked."""
+        gp = self._gp
+        if self.gateway_token or gp["unsubscribe"] is None:
+            return  # the Hub's shared stream keeps its own token
+        self._unsubscribe()
+        forget_stream(self.gateway_url, old_token)
+        self._subscribe(gp["callback"])
 
     def _unsubscribe(self) -> None:
         unsubscribe = self._gp["unsubscribe"]
@@ -584,7 +597,10 @@ class QueuedSpawnerMixin(Configurable):
         )
         url = self.hub.api_url.rstrip("/") + "/" + path
         request = HTTPRequest(
-            url, method="DELETE", headers={"Authorization": f"token {self._user_token()}"}
+            url,
+            method="DELETE",
+            headers={"Authorization": f"token {self._user_token()}"},
+            ssl_options=self._gateway_ssl(url),  # the Hub's API, under internal SSL too
         )
         try:
             await AsyncHTTPClient().fetch(request)

@@ -1,12 +1,12 @@
 """`%load_ext jupyter_gpuaas`: the `%gpu` line magic and the `%%gpu_job` cell magic.
 
     %gpu status                       my requests, my tenants' quota and usage, devices
-    %gpu submit NB.ipynb --gpus 1 [--tenant T] [--flavor F] [--priority P] [-p NAME VALUE]...
+    %gpu submit NB.ipynb [--gpus 1] [--tenant T] [--flavor F] [--priority P] [-p NAME VALUE]...
     %gpu jobs                         this server's jobs
     %gpu logs ID [--follow]           a job's log (--follow: until it ends)
     %gpu cancel ID                    dequeue, or stop and free the GPUs
 
-    %%gpu_job --gpus 1 [--tenant T] [--flavor F] [--name NAME]
+    %%gpu_job [--gpus 1] [--tenant T] [--flavor F] [--name NAME]
     <the cell's code runs as a script on the granted GPUs, in the notebook's directory>
 
 Everything goes to this kernel's Jupyter server (`server_client.py` says how it is found
@@ -51,7 +51,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _request_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", required=True, type=positive_int, help="how many GPUs")
+    p.add_argument("--gpus", default=1, type=positive_int, help="how many GPUs (default 1)")
     p.add_argument("--tenant", help="the tenant (team) to charge (default: yours)")
     p.add_argument("--flavor", help="a GPU flavor, e.g. a100 (default: any of the tenant's)")
     p.add_argument("--priority", type=whole_number, default=0, help="higher runs first in a tenant")

@@ -84,7 +84,7 @@ class GpuUsage:
         try:
             from jupyter_gpuaas.devices import NvmlInventory
 
-            inventory = NvmlInventory()
+            inventory = NvmlInventory(quiet=True)  # no NVML library: no utilization, no alarm
         except Exception as e:  # nvidia-ml-py missing or broken
             self.message = f"no NVML: {e}"
             return

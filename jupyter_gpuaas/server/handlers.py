@@ -73,6 +73,7 @@ class ProxyHandler(GpuaasHandler):
                 allow_nonstandard_methods=True,
                 raise_error=False,
                 request_timeout=client.timeout,
+                ssl_options=client.ssl,  # JupyterHub's internal SSL (client.py)
             )
         except OSError as e:
             self.send_error_json(502, f"cannot reach the gpuaas gateway: {e}")
@@ -130,9 +131,14 @@ class EventsHandler(GpuaasHandler):
                 raise StreamClosedError()
             pending.put_nowait(chunk)
 
+        headers = {"Authorization": f"token {client.token}", "Accept": "text/event-stream"}
+        last = self.request.headers.get("Last-Event-ID")
+        if last is not None:  # a browser's EventSource resuming: the gateway replays
+            headers["Last-Event-ID"] = last
         fetch = httpclient.AsyncHTTPClient().fetch(
             client.url + "api/events",
-            headers={"Authorization": f"token {client.token}", "Accept": "text/event-stream"},
+            headers=headers,
+            ssl_options=client.ssl,
             streaming_callback=on_chunk,
             request_timeout=0,
             connect_timeout=client.timeout,

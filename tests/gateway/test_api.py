@@ -226,7 +226,7 @@ async def test_simulated_scale_up_tells_waiters(make_gateway: Any) -> None:
 async def test_metrics_and_openapi(gw: Gateway) -> None:
     alice = gw.client("alice")
     await alice.submit("vision", "kernel", 1)
-    status, text = await gw.raw("GET", "metrics", who=None)
+    status, text = await gw.raw("GET", "metrics", who="carol")  # view scope
     assert status == 200
     assert 'gpuaas_admitted_gpus{flavor="a100",tenant="vision"} 1.0' in text
     assert "gpuaas_admission_wait_seconds_count" in text

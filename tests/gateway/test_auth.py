@@ -83,12 +83,16 @@ async def test_auth_matrix(make_gateway: Any) -> None:
                 failures.append(f"{method} {path} as {who}: {status} (want {code}) {answer}")
             if status >= 400:
                 jsonschema.validate(answer, ERROR)
-    # anyone: the OpenAPI document and (by default) metrics
+    # anyone: the OpenAPI document; metrics: the view scope (by default)
     for who in WHO:
-        for path in ("api/openapi.json", "metrics"):
-            status, _ = await gw.raw("GET", path, who=who)
-            if status != 200:
-                failures.append(f"GET {path} as {who}: {status}")
+        status, _ = await gw.raw("GET", "api/openapi.json", who=who)
+        if status != 200:
+            failures.append(f"GET api/openapi.json as {who}: {status}")
+    scrapers = expect_row(alice=403, bob=403, carol=200, root=200, eve=403)
+    for who, code in zip(WHO, scrapers, strict=True):
+        status, _ = await gw.raw("GET", "metrics", who=who)
+        if status != code:
+            failures.append(f"GET metrics as {who}: {status} (want {code})")
     # events: refused before streaming
     for who in (None, "bad-token-xyz"):
         status, _ = await gw.raw("GET", "api/events", who=who)
@@ -110,9 +114,9 @@ async def test_auth_matrix(make_gateway: Any) -> None:
 
 
 @pytest.mark.asyncio
-async def test_metrics_can_require_auth(make_gateway: Any) -> None:
-    gw: Gateway = await make_gateway(metrics_require_auth=True)
-    assert (await gw.raw("GET", "metrics", who=None))[0] == 401
+async def test_metrics_can_be_public(make_gateway: Any) -> None:
+    gw: Gateway = await make_gateway(metrics_public=True)
+    assert (await gw.raw("GET", "metrics", who=None))[0] == 200
     assert (await gw.raw("GET", "metrics", who="bob"))[0] == 200
 
 

@@ -52,7 +52,7 @@ def _snapshot(metrics: GatewayMetrics, *, with_t4: bool) -> None:
 
 
 def test_names_and_labels_of_interfaces_md() -> None:
-    m = GatewayMetrics()
+    m = GatewayMetrics(user_label=True)  # --metrics-user-label (test_metrics_auth.py: off)
     _snapshot(m, with_t4=True)
     m.observe_wait("vision", "server", 42.0)
     m.inc_culled("vision", "kernel")

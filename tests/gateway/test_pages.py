@@ -74,7 +74,7 @@ async def test_a_user_sees_her_requests_and_counts_of_the_others(gw: Gateway) ->
     # Her place in line and its wait, in words; the team's usage in words.
     assert "1 of 3; 1 of 2 in vision" in words
     assert "no estimate yet" in words or "expected in" in words
-    assert "vision uses 4 of its 4 a100; 2 requests wait for 3 GPUs." in words
+    assert "vision uses all 4 of its a100; 2 requests wait for 3 GPUs." in words
     # Cancel only on her own requests; no admin form.
     assert set(cancel_buttons(page)) == {r["held"]["id"], r["alice"]["id"]}
     assert 'class="tenant-form"' not in page

@@ -15,6 +15,7 @@ from helpers import wait_for
 from jobutil import BIN, TOKEN, Gateway, Server, clean_env, notebook, start_server
 
 from jupyter_gpuaas.jobs.views import JobView
+from jupyter_gpuaas.notebook.magics import line_parser
 
 
 def hold_gpu(gateway: Gateway) -> str:
@@ -193,8 +194,9 @@ def test_refusals_fail_at_once_with_the_reason(
         assert result is None
         return capsys.readouterr().err
 
-    out = err(f"submit {nb.name}")  # no --gpus
-    assert "usage: %gpu submit" in out and "--gpus" in out
+    out = err("submit")  # no notebook
+    assert "usage: %gpu submit" in out and "notebook" in out
+    assert line_parser().parse_args(["submit", nb.name]).gpus == 1  # --gpus defaults to 1
     out = err("frobnicate")
     assert "usage: %gpu" in out and "invalid choice" in out
     out = err(f"submit {nb.name} --gpus 1 --bogus")

@@ -165,7 +165,9 @@ async def test_nodes_join_and_leave_the_gateway(
 
     # Quota admits it, capacity does not: the gateway asks for one more a100 node.
     async def wants_two() -> bool:
-        resp = await AsyncHTTPClient().fetch(gw.url + "metrics")
+        # A scrape needs the view scope (root is admin): metrics are not public by default.
+        headers = {"Authorization": f"token {TOKENS['root']}"}
+        resp = await AsyncHTTPClient().fetch(gw.url + "metrics", headers=headers)
         text = resp.body.decode()
         return 'gpuaas_desired_nodes{flavor="a100"} 2.0' in text and (
             'gpuaas_nodes{flavor="a100"} 1.0' in text

@@ -315,3 +315,18 @@ async def test_events_pass_through(
     await wait_for(lambda: b"event: admit" in b"".join(chunks), 10, "an admit event")
     assert rid.encode() in b"".join(chunks)
     del fetch
+    # A browser's EventSource resumes with Last-Event-ID: the gateway replays through us.
+    blocks = b"".join(chunks).decode().split("\n\n")
+    submit = next(b for b in blocks if "event: submit" in b and rid in b)
+    submit_id = next(line[3:].strip() for line in submit.splitlines() if line.startswith("id:"))
+    again: list[bytes] = []
+    resumed = AsyncHTTPClient().fetch(
+        url,
+        headers={**jp_auth_header, "Last-Event-ID": submit_id},
+        streaming_callback=again.append,
+        request_timeout=0,
+        raise_error=False,
+    )
+    await wait_for(lambda: b"event: admit" in b"".join(again), 10, "the replayed admit")
+    assert b"event: submit" not in b"".join(again)  # only what came after submit_id
+    del resumed

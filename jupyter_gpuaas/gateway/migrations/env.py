@@ -1,7 +1,8 @@
 """Alembic environment for the gateway's store.
 
-The gateway runs migrations programmatically (`store.upgrade`), handing over an open
-connection in `config.attributes["connection"]`; `alembic -x url=...` from a shell works too.
+The gateway runs migrations itself at start (`store.upgrade`), handing over an open
+connection in `config.attributes["connection"]`: starting the gateway on a store upgrades
+it. No alembic.ini is shipped; the `-x url=` branch below serves an ini of one's own.
 """
 
 from __future__ import annotations
