@@ -11,26 +11,8 @@ import json
 import sys
 from typing import Any
 
+from jupyter_gpuaas.jobs.cli import positive_int, whole_number
 from jupyter_gpuaas.words import about, plural, usage_sentence_of
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (GPU counts)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def whole_number(text: str) -> int:
-    """An argparse type: a whole number (priorities)."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
 
 
 def add_parser(subparsers: Any) -> None:

@@ -5,28 +5,11 @@ and the request rows they changed in one transaction, commit, and only then tell
 (the HTTP answer, SSE listeners, metrics, the scaler). The core is rebuilt from the store
 on start (`restore`), so a crash at any instant leaves a state the core was really in.
 
-Group commit. Operations (submit, cancel, heartbeat, a quota change, an admission step)
-are queued and run together by one `_cycle` on the event loop's thread, scheduled once per
-loop iteration: it runs every queued operation against the core in arrival order (each
-staging a copy of its batch), writes the whole group in ONE transaction, and once that
-committed announces every batch in order and answers every operation. Under load one
-commit (one fsync) covers every request that arrived in the same loop iteration. The
-write is done inline, not in a thread: a writer thread would hand the GIL back and forth
-with the busy loop (each handover up to the 5 ms switch interval) and the cycle, not the
-disk, would become the bottleneck. The core never holds a decision the store has not
-committed once a cycle returns, so readers need no lock.
-
-Failures (the store is the truth). A cycle first takes the store's write lock
-(`Store.begin_write`): when another process holds it, or the database is unreachable, the
-cycle touches nothing and is retried shortly without blocking the loop (answering 503
-once `lock_timeout` has passed). Each operation's rows are checked on their own
-(`check_snapshot`, and the new request's row before the core sees it): a bad one fails
-alone with a 400, the batches before it are committed, and the core is rebuilt from the
-store before the next operation runs. When the group write itself fails (a full disk, a
-server gone mid-transaction), every operation of the group is answered 503 and the core
-is rebuilt from the store (`_rebuild`) before anything else is answered; while the store
-cannot be read, the arbiter is `broken`: memory is dropped and every route answers 503
-until a rebuild succeeds. Any decision kind staged through `commit` gets all of this.
+The driver is one class in three modules: this one (configuration, start and stop,
+operations, and staging their decisions: `commit`, announcements), `loops.py` (the admission
+and sampling loops, the group commit cycle and what happens when the store refuses) and
+`views.py` (the API's and the metrics' views of the core: `request_json`, `estimate_wait`,
+`devices_json`, `tenants_json`, `snapshot_metrics`).
 """
 
 from __future__ import annotations
@@ -38,8 +21,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from jupyter_gpuaas.admission.config import SpecError, parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
@@ -54,74 +36,32 @@ from jupyter_gpuaas.admission.model import (
 )
 
 from ..devices import DeviceSample, Inventory, NodeInfo
-from . import waits
 from .events import Event, EventBus
-from .grace import grace_of, preempt_reason, preemption_fields, reclaim_wait
 from .leader import NotLeader
-from .metrics import GatewayMetrics, PendingCount, TenantUsage
+from .loops import Conflict, Loops, _Op, _Staged
+from .metrics import GatewayMetrics
 from .positions import QueueIndex
 from .scalers import Scaler
 from .store import (
     Batch,
-    RequestRow,
-    RowError,
-    Snapshot,
     Store,
-    StoreBusy,
     StoreUnavailable,
-    WriteTx,
     check_snapshot,
     describe,
     row_to_request,
     snapshot,
 )
-from .validate import NAME_RULE, InputError, is_name
+from .validate import NAME_RULE, is_name
+from .views import Views, meta_of
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
-
-
-class Conflict(Exception):
-    """The request is in a state where the operation makes no sense (HTTP 409)."""
-
-
-# What an operation may raise having decided nothing (its answer stands as is). Anything
-# else may have left the core half-changed: the core is rebuilt from the store.
-_CLEAN_ERRORS = (Conflict, SpecError, InputError)
 
 
 def new_request_id() -> str:
     return "r-" + uuid.uuid4().hex[:16]
 
 
-T = TypeVar("T")
-
-
-@dataclass
-class _Staged:
-    """One decided batch, waiting for its group's commit before it is announced."""
-
-    snap: Snapshot
-    events: list[Event]
-    accounts: list[Callable[[], None]]
-    nodes_added: list[tuple[str, str, int]]
-    nodes_removed: list[str]
-    ended: list[str]
-
-
-@dataclass
-class _Op:
-    fn: Callable[[], Any]
-    future: asyncio.Future[Any]
-    outcome: tuple[bool, Any] = (False, None)  # (ok, value or exception)
-
-
-@dataclass
-class _Group:
-    ops: list[_Op] = field(default_factory=list)
-    staged: list[_Staged] = field(default_factory=list)
-
-
-class Arbiter:
+class Arbiter(Loops, Views):
     """Owns the core, the store and the announcements of one gateway."""
 
     def __init__(
@@ -262,7 +202,7 @@ class Arbiter:
                 )
         for row in self.store.live_requests():
             req = row_to_request(row)
-            self.meta[req.id] = _meta_of(row)
+            self.meta[req.id] = meta_of(row)
             if req.state is State.ADMITTED and self.lease_ttl > 0:
                 # Holders could not heartbeat while the gateway was down: a fresh lease.
                 req.lease_expires = max(req.lease_expires or 0.0, now + self.lease_ttl)
@@ -371,268 +311,6 @@ class Arbiter:
             await self._run(fn)
         except NotLeader:
             pass
-
-    async def _admission_loop(self) -> None:
-        """Wake at the core's next deadline (or every `tick`) and step it."""
-        while True:
-            try:
-                await self._run(self._step)
-            except StoreUnavailable as e:
-                log.debug("admission step not run: %s", e.message)
-            except Exception:
-                log.exception("admission step failed")
-            self._maybe_prune()
-            # A standby's mirror has deadlines only the leader acts on: no busy wake-ups.
-            deadline = self.core.next_deadline() if self.leader else None
-            delay = self.tick
-            if deadline is not None:
-                delay = min(delay, max(0.0, deadline - time.time()))
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=delay + 0.001)
-            except asyncio.TimeoutError:
-                pass
-
-    def _step(self) -> None:
-        now = time.time()
-        self.commit(self.core.step(now), now)
-
-    def _maybe_prune(self) -> None:
-        """History retention: delete ended and rejected rows older than `retention`, a
-        batch at a time (each a short transaction that never waits for a lock)."""
-        if self.retention <= 0 or self.broken is not None or time.monotonic() < self._next_prune:
-            return
-        if not self.leader:
-            return
-        try:
-            gone = self.store.prune(time.time() - self.retention)
-        except StoreUnavailable as e:
-            log.debug("pruning postponed: %s", e.message)
-            gone = 0
-        except Exception as e:
-            log.warning("pruning the history failed: %s", describe(e))
-            gone = 0
-        if gone:
-            log.info("pruned %d ended requests older than the retention", gone)
-        # A full batch: more are due, soon; otherwise look again in a while (a minute, or
-        # a tenth of the retention when that is shorter).
-        pause = 1.0 if gone >= 1000 else min(60.0, max(1.0, self.retention / 10))
-        self._next_prune = time.monotonic() + pause
-
-    async def _sampling_loop(self) -> None:
-        while True:
-            try:
-                loop = asyncio.get_running_loop()
-                self.samples = await loop.run_in_executor(None, self.inventory.sample)
-            except Exception:
-                log.exception("device sampling failed")
-            await asyncio.sleep(self.sample_interval)
-
-    # --- group commit ---------------------------------------------------------------------
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        """Run `fn` (which calls the core and `commit`) in the next cycle; its value once
-        everything it staged is committed and announced. Its exception as is."""
-        if not self.leader:
-            raise NotLeader(self.leader_url)
-        op = _Op(fn, asyncio.get_running_loop().create_future())
-        self._ops.append(op)
-        self._schedule_cycle()
-        result: T = await op.future
-        return result
-
-    def _schedule_cycle(self) -> None:
-        # While waiting for a lock held elsewhere, one timer retries (operations queue).
-        if not self._cycle_scheduled and self._retry is None:
-            self._cycle_scheduled = True
-            asyncio.get_running_loop().call_soon(self._cycle)
-
-    def _retry_cycle(self) -> None:
-        self._retry = None
-        self._schedule_cycle()
-
-    def _cycle(self) -> None:
-        """Run every queued operation, commit what they staged as one group, announce.
-
-        See "Failures" in the module docstring for what happens when the store refuses.
-        """
-        self._cycle_scheduled = False
-        if not self._ops:
-            return
-        if self.broken is not None and not self._try_rebuild():
-            self._fail_queued(StoreUnavailable(f"the store is unavailable: {self.broken}"))
-            return
-        try:
-            tx = self.store.begin_write()
-        except StoreBusy as e:
-            now = time.monotonic()
-            if self._busy_since is None:
-                self._busy_since = now
-            if now - self._busy_since < self.lock_timeout:
-                # Nothing touched: the operations wait, the loop serves others meanwhile.
-                self._retry = asyncio.get_running_loop().call_later(0.05, self._retry_cycle)
-                return
-            self._busy_since = None
-            self._fail_queued(e)
-            return
-        except StoreUnavailable as e:
-            log.warning("%s: %d operations answered 503", e.message, len(self._ops))
-            self._fail_queued(e)
-            return
-        self._busy_since = None
-        ops, self._ops = self._ops, []
-        self._run_group(tx, ops)
-
-    def _fail_queued(self, error: Exception) -> None:
-        ops, self._ops = self._ops, []
-        for op in ops:
-            op.outcome = (False, error)
-        self._answer(_Group(ops))
-
-    def _run_group(self, tx: WriteTx, ops: list[_Op]) -> None:
-        """Run `ops` on the core inside `tx`; commit, announce and answer them."""
-        group = _Group()
-        self._json_cache = {}
-        suspect: str | None = None  # why the core must be rebuilt after this group
-        for i, op in enumerate(ops):
-            mark = len(group.staged)
-            self._staging = group.staged
-            try:
-                op.outcome = (True, op.fn())
-            except _CLEAN_ERRORS as e:
-                op.outcome = (False, e)
-            except Exception as e:
-                log.exception("an operation failed after changing the core")
-                op.outcome = (False, StoreUnavailable(f"the gateway failed: {e}"))
-                suspect = f"operation failed: {e}"
-            finally:
-                self._staging = None
-            group.ops.append(op)
-            if suspect is None:
-                try:
-                    for st in group.staged[mark:]:
-                        check_snapshot(st.snap)
-                except RowError as e:
-                    # The core took this operation's decisions, the store cannot: drop
-                    # them, commit those before it, rebuild, and run the rest after.
-                    log.warning("refused an operation whose rows cannot be stored: %s", e)
-                    op.outcome = (False, e)
-                    suspect = f"rows of one operation refused: {e}"
-            if suspect is not None:
-                del group.staged[mark:]
-                self._ops[:0] = ops[i + 1 :]
-                break
-        self._json_cache = {}
-        committed = self._write_group(tx, group)
-        if committed:
-            for st in group.staged:
-                self._announce(st)
-            if group.staged:
-                self._maybe_scale()
-        else:
-            suspect = "a group write failed"
-        if suspect is not None:
-            self._rebuild(suspect)
-        self._answer(group)
-        if self._ops:
-            self._schedule_cycle()
-
-    def _write_group(self, tx: WriteTx, group: _Group) -> bool:
-        """Write and commit the group's batches; False (every answer a 503) if it failed."""
-        if not group.staged:
-            tx.rollback()  # nothing to write: just release the lock
-            return True
-        try:
-            tx.write([st.snap for st in group.staged])
-            tx.commit()
-            return True
-        except Exception as e:
-            tx.rollback()
-            why = describe(e)
-            log.error(
-                "the store failed to record %d batches (%s): not announced; rebuilding the "
-                "core from the store",
-                len(group.staged),
-                why,
-            )
-            err = StoreUnavailable(f"the store could not record this, nothing changed: {why}")
-            for op in group.ops:
-                if not isinstance(op.outcome[1], InputError):
-                    op.outcome = (False, err)
-            return False
-
-    def _reset_memory(self) -> None:
-        """Forget everything the core decided: what is left is what the store says."""
-        self.requests = {}
-        self.meta = {}
-        self.index = QueueIndex()
-        self.hold_times = {}
-        self._json_cache = {}
-        self._last_desired = {}
-        self.overrides = {}
-        self.config = self.make_config(self.quotas)
-        self.core = AdmissionCore(self.config)
-
-    def _rebuild(self, why: str) -> bool:
-        """Drop memory and rebuild the core from the store, as a restart would.
-
-        On failure memory stays empty and `broken` says why: every route answers 503
-        until a later attempt (each cycle, at most once a second) succeeds.
-        """
-        self.broken = why
-        self._last_rebuild = time.monotonic()
-        self._reset_memory()
-        try:
-            self.overrides = self.store.tenant_overrides()
-            self.config = self.make_config(self.quotas, self.overrides)
-            self.core = AdmissionCore(self.config)
-            self.restore(time.time(), lock_wait=0.0)
-        except Exception as e:
-            self._reset_memory()
-            self.broken = f"{why}; rebuilding from the store failed: {describe(e)}"
-            log.error("the gateway cannot rebuild from the store: %s (answering 503)", describe(e))
-            return False
-        log.warning("rebuilt the core from the store after: %s", why)
-        self.broken = None
-        return True
-
-    def _try_rebuild(self) -> bool:
-        if time.monotonic() - self._last_rebuild < 1.0:
-            return False
-        return self._rebuild(self.broken or "the store was unavailable")
-
-    def check_available(self) -> None:
-        """Raise StoreUnavailable while memory is dropped (see `_rebuild`)."""
-        if self.broken is not None:
-            raise StoreUnavailable(f"the store is unavailable: {self.broken}")
-
-    @staticmethod
-    def _answer(group: _Group) -> None:
-        for op in group.ops:
-            if op.future.done():
-                continue
-            ok, value = op.outcome
-            if ok:
-                op.future.set_result(value)
-            else:
-                op.future.set_exception(value)
-
-    def _commit_now(self, fn: Callable[[], None], wait: float = 0.0) -> None:
-        """Stage, write and announce synchronously (restore, before the loop serves)."""
-        staged: list[_Staged] = []
-        self._staging = staged
-        try:
-            fn()
-        finally:
-            self._staging = None
-            self._json_cache = {}
-        if staged:
-            for st in staged:
-                check_snapshot(st.snap)
-            self.store.write_many([st.snap for st in staged], wait=wait)
-            for st in staged:
-                self._announce(st)
-            self._maybe_scale()
 
     # --- operations (each: core, stage; answered once committed and announced) ------------
 
@@ -832,9 +510,9 @@ class Arbiter:
     def _announce(self, st: _Staged) -> None:
         """Committed: now the world may hear of it."""
         for name, flavor, gpus in st.nodes_added:
-            self.scaler.node_ready(flavor, name, gpus)  # type: ignore[attr-defined]
+            self.scaler.node_ready(flavor, name, gpus)
         for name in st.nodes_removed:
-            self.scaler.node_removed(name)  # type: ignore[attr-defined]
+            self.scaler.node_removed(name)
         for account in st.accounts:
             account()
         for event in st.events:
@@ -884,222 +562,6 @@ class Arbiter:
         except RuntimeError:  # no loop (restore before serving): the next change applies
             self._last_desired = {}
 
-    # --- views ------------------------------------------------------------------------------
-
-    def view(self, rid: str) -> dict[str, Any] | None:
-        """The request object of `rid`: live from memory, else from the store."""
-        live = self.requests.get(rid)
-        if live is not None:
-            return self.request_json(live)
-        row = self.store.get(rid)
-        return None if row is None else self.request_json(row)
-
-    def request_json(self, req: Request | RequestRow) -> dict[str, Any]:
-        """The API's request object, from a live request or a stored row."""
-        if isinstance(req, Request):
-            live: Request | None = req
-            meta = self.meta.get(req.id, {})
-            state = req.state.value
-        else:
-            live, meta, state = None, _meta_of(req), req.state
-        out: dict[str, Any] = {
-            "id": req.id,
-            "user": req.user,
-            "tenant": req.tenant,
-            "kind": req.kind,
-            "gpus": req.gpus,
-            "flavor": req.flavor,
-            "priority": req.priority,
-            "name": meta.get("name"),
-            "state": state,
-            "created": meta.get("created"),
-            "updated": meta.get("updated"),
-            "submit_time": req.submit_time,
-            "admitted_at": req.first_admit,
-            "reason": req.reason or None,
-            "position": None,
-            "estimated_wait": None,
-            "grant": None,
-            "scaling": None,
-        }
-        if state == State.ADMITTED.value:
-            devices = list(live.devices) if live else req.device_list()  # type: ignore[union-attr]
-            out["grant"] = {
-                "flavor": req.assigned_flavor,
-                "node": req.node,
-                "devices": devices,
-                "uuids": self.inventory.uuids(req.node or "", devices),
-                "lease_expires": req.lease_expires,
-                "admitted_at": req.admit_time,
-                "busy": req.busy,
-                "utilization": meta.get("utilization"),
-            }
-        elif state == State.PARKED.value:
-            out["parked"] = {"flavor": req.assigned_flavor, "expires": req.park_expires}
-        out.update(self._preemption_of(req))
-        if state == State.QUEUED.value and live is not None:
-            # The index answers by bisection; the core's scan if it ever disagrees.
-            pos = self.index.position(live) or self.core.position(live.id)
-            if pos is not None:
-                out["position"] = {
-                    "tenant": pos.tenant_position,
-                    "tenant_of": pos.tenant_queued,
-                    "overall": pos.overall_position,
-                    "of": pos.overall_queued,
-                }
-                wait, why = self._wait(live, pos.overall_position)
-                out["estimated_wait"], out["waiting_for"] = wait, why
-            out["scaling"] = self._scaling_for(live)
-            reclaim = reclaim_wait(live, self.core.reclaiming(live.id), time.time())
-            if reclaim is not None:  # a preemptor waiting out its victims' grace
-                out["estimated_wait"] = reclaim
-                out["waiting_for"] = {"kind": "quota", "message": f"waiting: {reclaim['basis']}"}
-        return out
-
-    def _preemption_of(self, req: Request | RequestRow) -> dict[str, Any]:
-        """A warned victim's pending eviction: when, for whom, and why in words."""
-        by = self.requests.get(req.preempted_by or "") if req.preempt_at is not None else None
-        reason = preempt_reason(req.tenant, req.gpus, by.tenant if by is not None else None)
-        return preemption_fields(req.preempt_at, req.preempted_by, reason)
-
-    def _flavors_for(self, req: Request) -> list[str]:
-        if req.flavor:
-            return [req.flavor]
-        tenant = self.config.tenants.get(req.tenant)
-        return list(tenant.quota) if tenant else []
-
-    def _scaling_for(self, req: Request) -> dict[str, Any] | None:
-        """Nodes being provisioned for a flavor this request waits on, and when ready."""
-        provisioning = self.core.provisioning()
-        for flavor in self._flavors_for(req):
-            coming = provisioning.get(flavor)
-            if coming:
-                return {"flavor": flavor, "nodes": len(coming), "ready_by": max(coming.values())}
-        return None
-
-    def estimate_wait(self, req: Request, position: int) -> dict[str, Any]:
-        """A rough wait (`estimated_wait`): see waits.estimate."""
-        return self._wait(req, position)[0]
-
-    def _wait(self, req: Request, position: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(`estimated_wait`, `waiting_for`) of a queued request, in words (waits.py)."""
-        flavors = waits.usable_flavors(self.config, req.tenant, self._flavors_for(req))
-        return waits.estimate(
-            req,
-            position,
-            now=time.time(),
-            flavors=flavors,
-            holders=self.index.admitted.values(),
-            nodes=self.core.nodes(),
-            hold_times=self.hold_times,
-            idle_timeout=self._idle_timeout,
-            config=self.config,
-        )
-
-    def _idle_timeout(self, tenant: str) -> float:
-        t = self.config.tenants.get(tenant)
-        if t is not None and t.idle_timeout is not None:
-            return t.idle_timeout
-        return self.config.policy.idle_timeout
-
-    def devices_json(self) -> dict[str, Any]:
-        out = self.inventory.to_json(self.samples)
-        holders: dict[tuple[str, int], str] = {}
-        for node in self.core.nodes():
-            for index, rid in node.holders.items():
-                holders[(node.name, index)] = rid
-        for d in out["devices"]:
-            holder = holders.get((d["node"], d["index"]))
-            req = self.requests.get(holder) if holder else None
-            d["holder"] = (
-                {"id": req.id, "user": req.user, "tenant": req.tenant, "kind": req.kind}
-                if req
-                else None
-            )
-        out["nodes"] = [
-            {
-                "name": n.name,
-                "flavor": n.flavor,
-                "gpus": n.gpus,
-                "autoscaled": n.autoscaled,
-                "free": n.gpus - len(n.holders),
-            }
-            for n in self.core.nodes()
-        ]
-        out["desired_nodes"] = dict(self.core.desired_nodes())
-        return out
-
-    def tenants_json(self) -> dict[str, Any]:
-        usage = waits.usage_json(self.config, self.core.tenant_usage())
-        tenants = []
-        for name, t in self.config.tenants.items():
-            tenants.append(
-                {
-                    "name": name,
-                    "cohort": t.cohort,
-                    "quota": dict(t.quota),
-                    "borrowing_limit": dict(t.borrowing_limit),
-                    "lending_limit": dict(t.lending_limit),
-                    "weight": t.weight,
-                    "queueing": t.queueing,
-                    "idle_timeout": self._idle_timeout(name),
-                    "preemption_grace": grace_of(self.config, name),
-                    "usage": usage.get(name, []),
-                }
-            )
-        return {"simulated": self.inventory.simulated, "tenants": tenants}
-
-    def snapshot_metrics(self) -> None:
-        tenants = [
-            TenantUsage(
-                u.tenant, u.flavor, u.nominal, u.admitted, u.parked, u.borrowed, u.pending_gpus
-            )
-            for u in self.core.tenant_usage()
-        ]
-        pending: dict[tuple[str, str, str], int] = {}
-        idle: dict[str, int] = {}
-        holders: dict[tuple[str, int], tuple[str, str, str, tuple[int, ...]]] = {}
-        for req in self.requests.values():
-            if req.state is State.QUEUED:
-                flavor = req.flavor or (self._flavors_for(req) or [""])[0]
-                key = (req.tenant, flavor, req.kind)
-                pending[key] = pending.get(key, 0) + 1
-            elif req.state is State.ADMITTED:
-                if not req.busy:
-                    idle[req.tenant] = idle.get(req.tenant, 0) + req.gpus
-                for index in req.devices:
-                    holders[(req.node or "", index)] = (req.id, req.user, req.tenant, ())
-        flavor_of = {(d.node, d.index): d.flavor for d in self.inventory.devices()}
-        attributed = {key: (holder[1], holder[2]) for key, holder in holders.items()}
-        rows = []
-        for s in self.samples:
-            user_tenant = attributed.get((s.node, s.index))
-            rows.append(
-                (
-                    s,
-                    flavor_of.get((s.node, s.index), ""),
-                    user_tenant[1] if user_tenant else None,
-                    user_tenant[0] if user_tenant else None,
-                )
-            )
-        self.metrics.set_snapshot(
-            tenants,
-            [PendingCount(t, f, k, n) for (t, f, k), n in pending.items()],
-            self.core.desired_nodes(),
-            idle,
-            rows,
-            simulated=self.inventory.simulated,
-            nodes=self._node_counts(),
-            leader=self.leader,
-        )
-
-    def _node_counts(self) -> dict[str, int]:
-        """Nodes per flavor in the core (every configured flavor, 0 included)."""
-        counts = dict.fromkeys(self.config.flavors, 0)
-        for node in self.core.nodes():
-            counts[node.flavor] = counts.get(node.flavor, 0) + 1
-        return counts
-
 
 def check_names(config: Config) -> None:
     """Tenant, cohort and flavor names follow validate.py's one rule (SpecError if not)."""
@@ -1111,15 +573,6 @@ def check_names(config: Config) -> None:
             raise SpecError(f"tenants.{name}", f"is not a valid name: {NAME_RULE}")
         if tenant.cohort is not None and not is_name(tenant.cohort):
             raise SpecError(f"tenants.{name}.cohort", f"is not a valid name: {NAME_RULE}")
-
-
-def _meta_of(row: RequestRow) -> dict[str, Any]:
-    return {
-        "name": row.name,
-        "created": row.created,
-        "updated": row.updated,
-        "utilization": row.utilization,
-    }
 
 
 __all__ = ["Arbiter", "Conflict", "SpecError", "new_request_id"]

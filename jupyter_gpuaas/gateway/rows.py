@@ -141,14 +141,6 @@ _COPIED = (
 )
 
 
-def request_to_row(req: Request, row: RequestRow, now: float) -> None:
-    for name in _COPIED:
-        setattr(row, name, getattr(req, name))
-    row.state = req.state.value
-    row.devices = json.dumps(list(req.devices))
-    row.updated = now
-
-
 def row_to_request(row: RequestRow) -> Request:
     req = Request(
         id=row.id,

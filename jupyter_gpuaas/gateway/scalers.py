@@ -47,6 +47,15 @@ class Scaler(LoggingConfigurable):
     async def apply(self, desired: Mapping[str, int], ready: Mapping[str, int]) -> None:
         """Called whenever the desired node count of some flavor changes. Never raises."""
 
+    def node_ready(self, flavor: str, name: str, gpus: int | None = None) -> NodeInfo | None:
+        """The core declared node `name` ready (only when `manages_provisioning`); the
+        node it now stands for, if the scaler keeps an inventory. A no-op by default."""
+        return None
+
+    def node_removed(self, name: str) -> None:
+        """The core scaled node `name` down (only when `manages_provisioning`). A no-op
+        by default."""
+
     def changed(self, desired: Mapping[str, int]) -> dict[str, int]:
         """Flavors whose desired count differs from what was last applied successfully."""
         return {f: n for f, n in desired.items() if self.last_applied.get(f) != n}

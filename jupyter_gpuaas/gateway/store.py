@@ -61,7 +61,6 @@ from .rows import (
     Snapshot,
     TenantOverrideRow,
     check_snapshot,
-    request_to_row,
     row_to_request,
     snapshot,
 )
@@ -523,7 +522,6 @@ __all__ = [
     "check_snapshot",
     "describe",
     "make_engine",
-    "request_to_row",
     "row_to_request",
     "snapshot",
     "upgrade",

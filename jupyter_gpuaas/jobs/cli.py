@@ -21,6 +21,25 @@ import time
 from typing import Any
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (GPU counts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def whole_number(text: str) -> int:
+    """An argparse type: a whole number (priorities)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+
+
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("jobs", help="my GPU jobs, from my Jupyter server")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -105,16 +124,15 @@ def run_submit_job(args: argparse.Namespace) -> int:
 
 
 def describe(job: dict[str, Any]) -> str:
-    from jupyter_gpuaas.widgets import JobView
+    from .views import JobView
 
     return JobView.from_job(job).text()
 
 
 def run_jobs(args: argparse.Namespace) -> int:
     def go(args: argparse.Namespace) -> int:
-        from jupyter_gpuaas.widgets import format_jobs
-
         from .server_client import ServerClient
+        from .views import format_jobs
 
         jobs = ServerClient.from_env().jobs()
         print(json.dumps(jobs) if args.json else format_jobs(jobs))

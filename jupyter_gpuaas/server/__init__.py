@@ -1,5 +1,8 @@
-"""Single-user side of jupyter-gpuaas: the jupyter_server extension `jupyter_gpuaas`, the
-`gpuaas` kernel provisioner, activity reporting, culling and the `/gpuaas/` routes.
+"""Single-user side of jupyter-gpuaas: the jupyter_server extension, the `gpuaas` kernel
+provisioner, activity reporting, culling and the `/gpuaas/` routes.
+
+The extension is enabled by this module's name, `jupyter_gpuaas.server` (the packaged
+jupyter-config file); the package face's `jupyter_gpuaas` (INTERFACES.md) leads here too.
 
 Only the CLI-facing `kernelspec_cli` may be imported without jupyter_server's weight; the
 rest is imported on demand by jupyter_server and jupyter_client.

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from jupyter_gpuaas.widgets import WIDGET_CLASS
+from jupyter_gpuaas.jobs.views import WIDGET_CLASS
 
 log = logging.getLogger("jupyter_gpuaas.server")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from helpers import stop
 from tornado.httpclient import AsyncHTTPClient
 
 from jupyter_gpuaas.client import GatewayClient
@@ -131,13 +132,7 @@ class GatewayProcess:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop(self.proc, 10)
 
 
 def gateway_argv(

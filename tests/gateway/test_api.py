@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 from gwutil import QUOTAS, Gateway
+from helpers import wait_until as wait_for
 
 from jupyter_gpuaas.client import GatewayError
 from jupyter_gpuaas.gateway.openapi import build_openapi
@@ -25,17 +26,6 @@ def check(schema: str, value: Any) -> None:
         value,
         {"$ref": f"#/components/schemas/{schema}", "components": DOC["components"]},
     )
-
-
-async def wait_for(predicate: Any, timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 async def test_submit_admit_queue_cancel(make_gateway: Any, db_url: str) -> None:

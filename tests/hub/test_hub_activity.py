@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import Hub
+from hubutil import Hub
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Hub
+from hubutil import REPO, Hub
 
 pytestmark = pytest.mark.slow
 

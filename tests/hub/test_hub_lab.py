@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, Hub
+from hubutil import REPO, Hub
 
 pytestmark = pytest.mark.slow
 

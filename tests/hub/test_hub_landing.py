@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 import requests
-from conftest import REPO, Hub
+from hubutil import REPO, Hub
 
 pytestmark = pytest.mark.slow
 

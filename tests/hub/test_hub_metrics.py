@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import requests
-from conftest import Hub
+from hubutil import Hub
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.slow

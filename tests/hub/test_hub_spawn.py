@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from conftest import Hub
+from hubutil import Hub
 
 pytestmark = pytest.mark.slow
 

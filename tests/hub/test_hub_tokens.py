@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import CHP, Hub
+from hubutil import CHP, Hub
 
 pytestmark = pytest.mark.slow
 

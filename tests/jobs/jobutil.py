@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from helpers import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -55,16 +55,6 @@ def http(method: str, url: str, token: str, body: Any = None) -> Any:
         return json.loads(resp.read() or b"null")
 
 
-def wait_for(predicate: Any, timeout: float = 30, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @dataclass
 class Proc:
     proc: subprocess.Popen[bytes]
@@ -72,13 +62,7 @@ class Proc:
     log: Path
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, 20)
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from jupyter_gpuaas.widgets import JobView, JobWidget, StatusView, format_jobs
+from jupyter_gpuaas.jobs.views import JobView, StatusView, format_jobs
+from jupyter_gpuaas.notebook.widgets import JobWidget
 
 T0 = 1_700_000_000.0
 

@@ -11,10 +11,11 @@ from typing import Any
 import nbformat
 import psutil
 import pytest
-from jobutil import BIN, TOKEN, Gateway, Server, clean_env, notebook, start_server, wait_for
+from helpers import wait_for
+from jobutil import BIN, TOKEN, Gateway, Server, clean_env, notebook, start_server
 
-from jupyter_gpuaas.magics import line_parser
-from jupyter_gpuaas.widgets import JobView
+from jupyter_gpuaas.jobs.views import JobView
+from jupyter_gpuaas.notebook.magics import line_parser
 
 
 def hold_gpu(gateway: Gateway) -> str:

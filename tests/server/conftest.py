@@ -109,7 +109,7 @@ def gpu_kernelspecs(jp_environ: Any, jp_data_dir: Path) -> dict[str, str]:
 @pytest.fixture
 def jp_server_config(gateway: GatewayProc, gpu_kernelspecs: dict[str, str]) -> dict[str, Any]:
     return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_gpuaas": True}},
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpuaas.server": True}},
         "GpuaasExtension": {
             "gateway_url": gateway.url,
             "gateway_token": TOKEN,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from helpers import stop
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "alice-token-0123456789"
 ADMIN_TOKEN = "admin-token-0123456789"
@@ -45,13 +47,7 @@ class GatewayProc:
         return result
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, 10)
 
 
 def gateway_command() -> list[str]:

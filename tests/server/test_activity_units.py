@@ -18,9 +18,9 @@ from jupyter_gpuaas.devices import NvmlInventory
 from jupyter_gpuaas.jobs import model
 from jupyter_gpuaas.jobs.manager import JobManager
 from jupyter_gpuaas.jobs.server_client import ServerClient
-from jupyter_gpuaas.magics import line_parser
+from jupyter_gpuaas.jobs.views import WIDGET_CLASS
+from jupyter_gpuaas.notebook.magics import line_parser
 from jupyter_gpuaas.server.activity import GpuUsage, Holder, OwnComms, visible_uuids
-from jupyter_gpuaas.widgets import WIDGET_CLASS
 
 
 def _wire(session: Session, msg_type: str, content: dict[str, Any]) -> list[bytes]:
@@ -103,7 +103,7 @@ def test_jobs_activity_hook(tmp_path: Path) -> None:
 def test_status_refresh_period_is_checked() -> None:
     args = line_parser().parse_args(["status", "--every", "0.5"])
     assert args.every == 0.5 and line_parser().parse_args(["status"]).every == 5.0
-    from jupyter_gpuaas.magics import _UsageError
+    from jupyter_gpuaas.notebook.magics import _UsageError
 
     for bad in ("0", "nan", "soon", "7200"):
         with pytest.raises(_UsageError, match="every"):

@@ -21,23 +21,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from helpers import wait_until as wait_for
 from srvutil import GatewayProc, gpu_extension
 from tornado.httpclient import HTTPClientError
 
 pytestmark = pytest.mark.slow
-
-
-async def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 async def start_kernel(jp_fetch: Any, name: str) -> str:

@@ -118,7 +118,14 @@ def test_the_extension_is_enabled_by_a_packaged_config_file() -> None:
     data = json.loads(
         (ROOT / "jupyter-config" / "jupyter_server_config.d" / "jupyter_gpuaas.json").read_text()
     )
-    assert data["ServerApp"]["jpserver_extensions"]["jupyter_gpuaas"] is True
+    # Enabled by its own module; the package face's old name still works (INTERFACES.md).
+    assert data["ServerApp"]["jpserver_extensions"] == {"jupyter_gpuaas.server": True}
+    import jupyter_gpuaas
+    import jupyter_gpuaas.server
+
+    assert jupyter_gpuaas._jupyter_server_extension_points() == (
+        jupyter_gpuaas.server._jupyter_server_extension_points()
+    )
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     shared = project["tool"]["hatch"]["build"]["targets"]["wheel"]["shared-data"]
@@ -132,3 +139,32 @@ def test_the_provisioner_is_found_by_jupyter_client() -> None:
 
     names = {ep.name for ep in KernelProvisionerFactory.instance()._get_all_provisioners()}
     assert "gpuaas" in names
+
+
+@pytest.mark.parametrize(
+    "enabled",
+    [
+        {"jupyter_gpuaas.server": True},
+        {"jupyter_gpuaas": True},
+        {"jupyter_gpuaas.server": True, "jupyter_gpuaas": True},
+        {"jupyter_gpuaas": True, "jupyter_gpuaas.server": True},
+    ],
+)
+def test_either_name_or_both_give_one_extension(enabled: dict[str, bool]) -> None:
+    # The packaged config enables `jupyter_gpuaas.server`; configs written for
+    # INTERFACES.md name `jupyter_gpuaas`. Both at once must not make two apps (the second
+    # would start without ever being initialized).
+    from jupyter_server.extension.manager import ExtensionManager
+    from jupyter_server.serverapp import ServerApp
+
+    from jupyter_gpuaas.server.extension import GpuaasExtension
+
+    ServerApp.clear_instance()
+    app = ServerApp.instance(jpserver_extensions=enabled)
+    try:
+        manager = ExtensionManager(serverapp=app)
+        manager.from_jpserver_extensions(enabled)
+        apps = [a for apps in manager.extension_apps.values() for a in apps]
+        assert [type(a) for a in apps] == [GpuaasExtension]
+    finally:
+        ServerApp.clear_instance()

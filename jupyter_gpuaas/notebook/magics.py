@@ -26,10 +26,10 @@ from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from jupyter_gpuaas.client_cli import positive_int, whole_number
+from jupyter_gpuaas.jobs.cli import positive_int, whole_number
 from jupyter_gpuaas.jobs.model import resolve_value
 from jupyter_gpuaas.jobs.server_client import ServerClient, ServerError
-from jupyter_gpuaas.widgets import JobView, StatusView, format_jobs
+from jupyter_gpuaas.jobs.views import JobView, StatusView, format_jobs
 
 ENDED = ("succeeded", "failed", "cancelled")
 
@@ -147,7 +147,7 @@ class GpuJob:
         if _rich_frontend():
             from IPython.display import display
 
-            from jupyter_gpuaas.widgets import JobWidget
+            from jupyter_gpuaas.notebook.widgets import JobWidget
 
             display(JobWidget(self.client, self.data))  # type: ignore[no-untyped-call]
         else:
@@ -202,7 +202,7 @@ class GpuMagics(Magics):
         if _rich_frontend() and not args.text:
             from IPython.display import display
 
-            from jupyter_gpuaas.widgets import StatusWidget
+            from jupyter_gpuaas.notebook.widgets import StatusWidget
 
             display(StatusWidget(client, interval=args.every))  # type: ignore[no-untyped-call]
             return

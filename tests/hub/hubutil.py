@@ -1,0 +1,251 @@
+"""A REAL JupyterHub for the hub tests: `jupyterhub -f <generated config>` as a subprocess.
+
+The generated config loads the demo's own hub_config/local/jupyterhub_config.py (so these
+tests run the embedded default), on free loopback ports for the hub, the proxy's API and
+the gateway, with configurable-http-proxy from node_modules/ and the gateway as the
+Hub-managed service on simulated devices. It adds a `tester` service whose API token
+administers users and servers, shortens the spawner's heartbeat and activity window, and
+uses a quota file where `nlp` servers are culled after 3 idle seconds.
+
+One hub serves the whole session (JupyterHub starts slowly on a small machine); each test
+leaves no server running behind it (`hub.cleanup()`). The fixtures are in conftest.py;
+tests import `Hub`, `REPO` and the rest from here (`hubutil`, a unique name: `conftest`
+is ambiguous when several test directories run together).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import requests
+from helpers import stop, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+USERS = ("alice", "bob", "carol")
+
+# One node of four (simulated) a100s. vision may hold 3, nlp 1; no cohort, so nobody
+# borrows and the queue is easy to reason about. nlp is culled when idle 3 s and keeps
+# its quota parked for 120 s.
+QUOTAS = """\
+flavors:
+  a100: {nodes: 1, gpus_per_node: 4}
+tenants:
+  vision:
+    quota: {a100: 3}
+  nlp:
+    quota: {a100: 1}
+    idle_timeout: 3
+    reservation_ttl: 120
+policy:
+  idle_timeout: 0
+  reservation_ttl: 0
+"""
+
+EXTRA_CONFIG = """
+c = get_config()  # noqa: F821
+load_subconfig({demo_config!r})  # noqa: F821
+
+c.JupyterHub.services.append({{"name": "tester", "api_token": {token!r}}})
+c.JupyterHub.load_roles.append(
+    {{
+        "name": "tester",
+        "scopes": ["admin:users", "admin:servers", "admin:server_state", "read:hub",
+                   "custom:gpuaas:view", "access:services!service=gpuaas"],
+        "services": ["tester"],
+    }}
+)
+c.JupyterHub.log_level = "DEBUG"
+c.QueuedSpawnerMixin.max_gpus = 8
+c.QueuedSpawnerMixin.heartbeat_interval = 1.0
+c.QueuedSpawnerMixin.activity_window = 1.0
+# Servers judge and report their own activity (server/idle.py) every second here too.
+c.Spawner.args.append("--GpuaasExtension.heartbeat_interval=1")
+c.Spawner.start_timeout = 60
+c.Spawner.poll_interval = 2
+c.Spawner.http_timeout = 60
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Hub:
+    """The running hub, and what the tests do with it."""
+
+    def __init__(self, root: Path, extra_config: str = "") -> None:
+        self.root = root
+        self.extra_config = extra_config  # appended to the generated config
+        self.port = free_port()
+        self.gateway_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api = f"{self.url}/hub/api"
+        self.token = secrets.token_hex(32)
+        self.hub_token = secrets.token_hex(32)
+        self.password = "gpuaas-test-pw"
+        self.admin_password = secrets.token_urlsafe(32)  # user `admin` (the demo's admin)
+        self.gateway = f"http://127.0.0.1:{self.gateway_port}/services/gpuaas/api"
+        self.log_path = root / "jupyterhub.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    # --- process ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        (self.root / "quotas.yaml").write_text(QUOTAS)
+        config = self.root / "jupyterhub_config.py"
+        demo_config = str(REPO / "hub_config" / "local" / "jupyterhub_config.py")
+        text = EXTRA_CONFIG.format(demo_config=demo_config, token=self.token)
+        config.write_text(text + self.extra_config)
+        env = dict(os.environ)
+        env.update(
+            GPUAAS_DEMO_IP="127.0.0.1",
+            GPUAAS_DEMO_PORT=str(self.port),
+            GPUAAS_DEMO_HUB_PORT=str(free_port()),
+            GPUAAS_DEMO_PROXY_API_PORT=str(free_port()),
+            GPUAAS_DEMO_GATEWAY_PORT=str(self.gateway_port),
+            GPUAAS_DEMO_PASSWORD=self.password,
+            GPUAAS_DEMO_ADMIN_PASSWORD=self.admin_password,
+            GPUAAS_DEMO_DEVICES="simulated:a100=1x4",
+            GPUAAS_DEMO_QUOTAS=str(self.root / "quotas.yaml"),
+            GPUAAS_DEMO_STATE_DIR=str(self.root / "state"),
+            GPUAAS_HUB_TOKEN=self.hub_token,
+            PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        )
+        env.pop("GPUAAS_URL", None)
+        jupyterhub = str(Path(sys.executable).with_name("jupyterhub"))
+        log = open(self.log_path, "wb")  # noqa: SIM115 (closed with the process)
+        self.proc = subprocess.Popen(
+            [jupyterhub, "-f", str(config)],
+            cwd=self.root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyterhub exited ({self.proc.returncode}):\n{self.log()}")
+            try:
+                if (
+                    self.get("/").status_code == 200
+                    and requests.get(f"{self.gateway}/devices", headers=self._gw, timeout=2).ok
+                ):
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"jupyterhub did not come up in 90 s:\n{self.log()}")
+
+    def stop(self) -> None:
+        stop(self.proc, 30, group=True)
+
+    def log(self, tail: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-tail:]
+        except OSError:
+            return ""
+
+    # --- Hub REST API ----------------------------------------------------------------
+
+    @property
+    def _h(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.token}"}
+
+    @property
+    def _gw(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.hub_token}"}
+
+    def get(self, path: str, **kw: Any) -> requests.Response:
+        return requests.get(self.api + path, headers=self._h, timeout=30, **kw)
+
+    def spawn(self, user: str, options: dict[str, Any] | None = None) -> requests.Response:
+        """POST /users/{user}/server: 201 started, 202 pending, or the refusal."""
+        return requests.post(
+            f"{self.api}/users/{user}/server", headers=self._h, json=options or {}, timeout=60
+        )
+
+    def stop_server(self, user: str) -> requests.Response:
+        return requests.delete(f"{self.api}/users/{user}/server", headers=self._h, timeout=60)
+
+    def server(self, user: str) -> dict[str, Any] | None:
+        model = self.get(f"/users/{user}").json()
+        return (model.get("servers") or {}).get("")
+
+    def wait_for(self, what: Callable[[], Any], timeout: float = 30, why: str = "") -> Any:
+        return wait_for(what, timeout, why, interval=0.2, detail=self.log)
+
+    def wait_ready(self, user: str, timeout: float = 60) -> dict[str, Any]:
+        def ready() -> Any:
+            s = self.server(user)
+            return s if s and s.get("ready") else None
+
+        return self.wait_for(ready, timeout, f"{user}'s server to be ready")  # type: ignore[no-any-return]
+
+    def wait_stopped(self, user: str, timeout: float = 30) -> None:
+        self.wait_for(lambda: self.server(user) is None, timeout, f"{user}'s server to stop")
+
+    def progress(
+        self, user: str, until: Callable[[dict[str, Any]], bool], timeout: float = 30
+    ) -> list[dict[str, Any]]:
+        """Progress events of a pending spawn (SSE) until one satisfies `until`."""
+        events: list[dict[str, Any]] = []
+        with requests.get(
+            f"{self.api}/users/{user}/server/progress",
+            headers=self._h,
+            stream=True,
+            timeout=(5, timeout),
+        ) as resp:
+            resp.raise_for_status()
+            for line in resp.iter_lines(decode_unicode=True):
+                if not line or not line.startswith("data:"):
+                    continue
+                event = json.loads(line[5:])
+                events.append(event)
+                if until(event) or event.get("failed") or event.get("ready"):
+                    break
+        return events
+
+    def pid(self, user: str) -> int:
+        server = self.server(user)
+        assert server is not None
+        return int(server["state"]["pid"])
+
+    def environ(self, user: str) -> dict[str, str]:
+        """The real environment of the user's server process (/proc/PID/environ)."""
+        raw = Path(f"/proc/{self.pid(user)}/environ").read_bytes()
+        pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        return {k.decode(): v.decode(errors="replace") for k, v in pairs}
+
+    # --- the gateway, as the Hub's watcher token sees it ------------------------------
+
+    def requests_of(self, user: str) -> list[dict[str, Any]]:
+        resp = requests.get(
+            f"{self.gateway}/requests", params={"user": user}, headers=self._gw, timeout=10
+        )
+        resp.raise_for_status()
+        return resp.json()  # type: ignore[no-any-return]
+
+    def tenant(self, name: str) -> dict[str, Any]:
+        data = requests.get(f"{self.gateway}/tenants", headers=self._gw, timeout=10).json()
+        return next(t for t in data["tenants"] if t["name"] == name)
+
+    def cleanup(self) -> None:
+        """Stop every server (and pending spawn) so the next test starts from empty."""
+        for user in USERS:
+            if self.server(user) is not None:
+                self.stop_server(user)
+        for user in USERS:
+            self.wait_stopped(user)

@@ -1,0 +1,53 @@
+"""The house as a newcomer sees it from a shell: light commands stay light.
+
+Run in a fresh interpreter each, so what another test imported does not count.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _imported_after(code: str) -> set[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUAAS_", "JUPYTERHUB_"))}
+    probe = code + "\nimport sys\nprint(' '.join(sorted(sys.modules)))\n"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    return set(out.stdout.splitlines()[-1].split())
+
+
+def test_the_package_face_imports_neither_server_nor_notebook() -> None:
+    mods = _imported_after("import jupyter_gpuaas")
+    assert "jupyter_gpuaas._version" in mods
+    above = ("jupyter_gpuaas.server", "jupyter_gpuaas.notebook")
+    assert not {m for m in mods if m.startswith(above)}
+    assert "jupyter_server" not in mods and "IPython" not in mods
+
+
+@pytest.mark.parametrize("argv", [["jobs", "--help"], ["jobs"], ["logs", "some-id"]])
+def test_a_jobs_command_in_a_shell_never_imports_ipywidgets(argv: list[str]) -> None:
+    # `jobs` without a server to talk to ends in one line and exit 1; the views it would
+    # print are imported on the way (jobs/views.py), the widgets never.
+    mods = _imported_after(
+        "from jupyter_gpuaas.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+    )
+    assert "jupyter_gpuaas.jobs.cli" in mods
+    assert "ipywidgets" not in mods and "IPython" not in mods
+    assert not {m for m in mods if m.startswith("jupyter_gpuaas.notebook")}
+
+
+def test_the_magics_still_load_by_the_package_name() -> None:
+    mods = _imported_after(
+        "from IPython.testing.globalipapp import start_ipython\n"
+        "ip = start_ipython()\n"
+        "ip.run_line_magic('load_ext', 'jupyter_gpuaas')\n"
+        "assert 'gpu' in ip.magics_manager.magics['line']\n"
+        "assert 'gpu_job' in ip.magics_manager.magics['cell']\n"
+    )
+    assert "jupyter_gpuaas.notebook.magics" in mods
