@@ -322,19 +322,8 @@ export class GpuModel {
         const by = typeof event.data.by === 'string' ? event.data.by : (current.preempted_by ?? null);
         const reason = current.preempt_reason || 'its GPU is reclaimed';
         this.preemptions.set(id, { at, by, reason });
-        const key = `${id}@${at}`;
-        if (!this.told.has(key)) {
-          this.told.add(key);
-          const t = typeof event.data.t === 'number' ? event.data.t : Date.now() / 1000;
-          notices.push({
-            kind: 'preempt_warning',
-            requestId: id,
-            cullAt: at,
-            message: `Your ${kindWord(current.kind)} will be stopped ${
-              at ? `in ${duration(at - t)}` : 'soon'
-            }: ${reason}. Save your work.`
-          });
-        }
+        const t = typeof event.data.t === 'number' ? event.data.t : Date.now() / 1000;
+        notices.push(...this.untoldPreemptions(t));
         break;
       }
       case 'preempt_withdrawn':
@@ -384,6 +373,31 @@ export class GpuModel {
     }
     this.logs.set(id, text);
     return [{ section: 'jobs', keys: [id] }];
+  }
+
+  /**
+   * The preemption warnings not told yet, one notice each: from an event, or from a read
+   * (the page opened, or the stream came back, during a grace). Each is told once.
+   */
+  untoldPreemptions(now: number = Date.now() / 1000): Notice[] {
+    const notices: Notice[] = [];
+    for (const [id, p] of this.preemptions) {
+      const key = `${id}@${p.at}`;
+      const r = this.requests.get(id);
+      if (this.told.has(key) || !r) {
+        continue;
+      }
+      this.told.add(key);
+      notices.push({
+        kind: 'preempt_warning',
+        requestId: id,
+        cullAt: p.at,
+        message: `Your ${kindWord(r.kind)} will be stopped ${
+          p.at ? `in ${duration(p.at - now)}` : 'soon'
+        }: ${p.reason}. Save your work.`
+      });
+    }
+    return notices;
   }
 
   /** A request's preemption warning, as its object says (admitted with `preempt_at`). */

@@ -96,6 +96,12 @@ describe('a preemption warning', () => {
     const m = model();
     m.setRequests([admitted('r-1', WARNED)]); // learned from a snapshot, not an event
     expect(m.preemptions.get('r-1')!.reason).toBe('nlp is reclaiming its GPU');
+    // Told once, when read (the page opened during the grace); the event after it: not again.
+    expect(m.untoldPreemptions(1000).map(n => n.message)).toEqual([
+      'Your GPU kernel will be stopped in 4 min: nlp is reclaiming its GPU. Save your work.'
+    ]);
+    expect(m.untoldPreemptions(1000)).toEqual([]);
+    expect(m.applyEvent(ev('preempt_warning', admitted('r-1', WARNED), { at: 1240 })).notices).toEqual([]);
     const gone = m.applyEvent(ev('preempt', admitted('r-1', { state: 'preempted', grant: null }), { by: 'r-nlp' }));
     expect(m.preemptions.has('r-1')).toBe(false);
     expect(m.requests.get('r-1')!.state).toBe('preempted');
