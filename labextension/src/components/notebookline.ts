@@ -33,6 +33,7 @@ export class NotebookPreemptLine extends Widget {
     const text = p ? `⚠ This notebook's GPU kernel: ${lowerFirst(preemptLine(p, Date.now() / 1000))} Save your work.` : '';
     if (this.node.textContent !== text) {
       this.node.textContent = text;
+      this.node.title = text; // all of it, should the line be cut
     }
     this.setHidden(!text);
     // The countdown moves without events: redraw every few seconds while shown.

@@ -254,6 +254,8 @@ test('a borrowed GPU reclaimed: warned in the row, a notification, the notebook;
   // In the notebook itself: a line above its cells, and the status bar.
   await page.evaluate(p => (window as any).jupyterapp.commands.execute('docmanager:open', { path: p }), paths[victim]);
   const line = page.locator('.jp-NotebookPanel:visible .jp-gpuaas-notebook-line');
+  await expect(line).toBeVisible();
+  expect((await line.boundingBox())!.height).toBeGreaterThan(15); // a line, not a sliver
   await expect(line).toContainText('will be stopped in');
   await expect(line).toContainText('nlp is reclaiming its GPU');
   await expect(page.locator('.jp-gpuaas-status')).toHaveText(/^GPU: a100 ×1 · reclaimed in \d+ s$/);
