@@ -207,7 +207,7 @@ test('a cull warning offers Keep, and Keep saves the GPU', async ({ page, tmpPat
   await expect(row(panel, rid)).toHaveAttribute('data-state', 'admitted');
 });
 
-test('a borrowed GPU reclaimed: warned in the row, a notification, the notebook; then preempted', async ({ page, tmpPath }) => {
+test('a borrowed GPU reclaimed: warned in the row, a notification, the notebook; withdrawn; then preempted', async ({ page, tmpPath }) => {
   const panel = await openPanel(page);
   const paths = [`${tmpPath}/own.ipynb`, `${tmpPath}/borrowed.ipynb`];
   const kernels: string[] = [];
@@ -222,24 +222,28 @@ test('a borrowed GPU reclaimed: warned in the row, a notification, the notebook;
   const quota = panel.locator('.jp-gpuaas-quota-row', { hasText: 'cv · a100' });
   await expect(quota).toContainText('borrowed from nlp');
 
-  // bob (nlp) asks for its GPU back, through the gateway's REST API.
-  const resp = await page.request.post(`${GATEWAY}api/requests`, {
-    headers: { Authorization: `token ${OTHER}` },
-    data: { tenant: 'nlp', kind: 'server', gpus: 1, flavor: 'a100', name: 'bob reclaims' }
-  });
-  expect(resp.status()).toBeLessThan(300);
-  const bob = (await resp.json()).id as string;
-  let victim = -1;
-  for (let i = 0; i < 100 && victim < 0; i++) {
-    for (let j = 0; j < rids.length; j++) {
-      if (typeof (await gateway(page.request, rids[j])).preempt_at === 'number') {
-        victim = j;
+  // bob (nlp) asks for its GPU back, through the gateway's REST API: one of cv's kernels
+  // is warned (which one is the gateway's choice: read from its objects).
+  const bobAuth = { Authorization: `token ${OTHER}` };
+  const reclaim = async (): Promise<[string, number]> => {
+    const resp = await page.request.post(`${GATEWAY}api/requests`, {
+      headers: bobAuth,
+      data: { tenant: 'nlp', kind: 'server', gpus: 1, flavor: 'a100', name: 'bob reclaims' }
+    });
+    expect(resp.status()).toBeLessThan(300);
+    const id = (await resp.json()).id as string;
+    for (let i = 0; i < 100; i++) {
+      for (let j = 0; j < rids.length; j++) {
+        if (typeof (await gateway(page.request, rids[j])).preempt_at === 'number') {
+          return [id, j];
+        }
       }
+      await page.waitForTimeout(200);
     }
-    await page.waitForTimeout(200);
-  }
-  expect(victim).toBeGreaterThanOrEqual(0);
-  const warned = row(panel, rids[victim]);
+    throw new Error('no kernel of cv was warned');
+  };
+  let [bob, victim] = await reclaim();
+  let warned = row(panel, rids[victim]);
   await expect(warned.locator('.jp-gpuaas-preempt')).toHaveText(
     /^⚠ It will be stopped in \d+ s: nlp is reclaiming its GPU\.$/
   );
@@ -254,21 +258,36 @@ test('a borrowed GPU reclaimed: warned in the row, a notification, the notebook;
   // In the notebook itself: a line above its cells, and the status bar.
   await page.evaluate(p => (window as any).jupyterapp.commands.execute('docmanager:open', { path: p }), paths[victim]);
   const line = page.locator('.jp-NotebookPanel:visible .jp-gpuaas-notebook-line');
+  const status = page.locator('.jp-gpuaas-status');
   await expect(line).toBeVisible();
   expect((await line.boundingBox())!.height).toBeGreaterThan(15); // a line, not a sliver
   await expect(line).toContainText('will be stopped in');
   await expect(line).toContainText('nlp is reclaiming its GPU');
-  await expect(page.locator('.jp-gpuaas-status')).toHaveText(/^GPU: a100 ×1 · reclaimed in \d+ s$/);
+  await expect(status).toHaveText(/^GPU: a100 ×1 · reclaimed in \d+ s$/);
   await page.screenshot({ path: `${ARTIFACTS}/notebook-preempt-warning.png` });
 
-  // After the grace: preempted, in the row and at the gateway; the other one keeps its GPU.
-  await expect(warned).toHaveAttribute('data-state', 'preempted', { timeout: (GRACE + 30) * 1000 });
+  // bob gives up within the grace: withdrawn, an info notification, the warning gone.
+  expect((await page.request.delete(`${GATEWAY}api/requests/${bob}`, { headers: bobAuth })).ok()).toBeTruthy();
+  const info = page.locator('.Toastify__toast', { hasText: 'keeps its GPU: it is no longer reclaimed' });
+  await expect(info).toHaveCount(1);
+  await expect(info).toHaveClass(/Toastify__toast--info/);
   await expect(warned.locator('.jp-gpuaas-preempt')).toHaveCount(0);
   await expect(line).toBeHidden();
+  await expect(status).not.toContainText('reclaimed');
+  expect((await gateway(page.request, rids[victim])).state).toBe('admitted');
+
+  // bob again, and this time he waits the grace out: a new warning (told once more), then
+  // preempted, in the row and at the gateway; the other kernel keeps its GPU.
+  [bob, victim] = await reclaim();
+  warned = row(panel, rids[victim]);
+  await expect(warned.locator('.jp-gpuaas-preempt')).toContainText('nlp is reclaiming its GPU');
+  await expect(toast).toHaveCount(2);
+  await expect(warned).toHaveAttribute('data-state', 'preempted', { timeout: (GRACE + 30) * 1000 });
+  await expect(warned.locator('.jp-gpuaas-preempt')).toHaveCount(0);
   expect((await gateway(page.request, rids[victim])).state).toBe('preempted');
   expect((await gateway(page.request, rids[1 - victim])).state).toBe('admitted');
   await panel.screenshot({ path: `${ARTIFACTS}/panel-preempted.png` });
-  await page.request.delete(`${GATEWAY}api/requests/${bob}`, { headers: { Authorization: `token ${OTHER}` } });
+  await page.request.delete(`${GATEWAY}api/requests/${bob}`, { headers: bobAuth });
 });
 
 test('Run on GPU as a job from the file browser, through to the executed notebook', async ({ page, tmpPath }) => {
