@@ -277,7 +277,8 @@ export class GpuModel {
       return { changes, notices, reload: false };
     }
     const current = this.requests.get(id)!;
-    const wasWarned = this.preemptions.has(id);
+    const warnedWith = this.preemptions.get(id);
+    const wasWarned = warnedWith !== undefined;
     if (event.name !== 'preempt_warning') {
       this.syncPreemption(id); // the object says whether a warning still stands
     }
@@ -342,7 +343,9 @@ export class GpuModel {
         notices.push({
           kind: 'preempted',
           requestId: id,
-          message: `Your ${kindWord(current.kind)} was preempted: a request with a better claim needed its GPU.`
+          message: warnedWith
+            ? `Your ${kindWord(current.kind)} was stopped: ${warnedWith.reason}.`
+            : `Your ${kindWord(current.kind)} was preempted: a request with a better claim needed its GPU.`
         });
         break;
       case 'finish':

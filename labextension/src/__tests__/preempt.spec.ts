@@ -105,7 +105,9 @@ describe('a preemption warning', () => {
     const gone = m.applyEvent(ev('preempt', admitted('r-1', { state: 'preempted', grant: null }), { by: 'r-nlp' }));
     expect(m.preemptions.has('r-1')).toBe(false);
     expect(m.requests.get('r-1')!.state).toBe('preempted');
-    expect(gone.notices.map(n => n.kind)).toEqual(['preempted']);
+    expect(gone.notices.map(n => [n.kind, n.message])).toEqual([
+      ['preempted', 'Your GPU kernel was stopped: nlp is reclaiming its GPU.']
+    ]);
   });
 
   it('is not mistaken for a cull warning from the kernel record', () => {

@@ -284,6 +284,7 @@ test('a borrowed GPU reclaimed: warned in the row, a notification, the notebook;
   await expect(toast).toHaveCount(2);
   await expect(warned).toHaveAttribute('data-state', 'preempted', { timeout: (GRACE + 30) * 1000 });
   await expect(warned.locator('.jp-gpuaas-preempt')).toHaveCount(0);
+  await expect(page.locator('.Toastify__toast', { hasText: 'was stopped: nlp is reclaiming its GPU.' })).toBeVisible();
   expect((await gateway(page.request, rids[victim])).state).toBe('preempted');
   expect((await gateway(page.request, rids[1 - victim])).state).toBe('admitted');
   await panel.screenshot({ path: `${ARTIFACTS}/panel-preempted.png` });
