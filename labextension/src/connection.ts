@@ -18,6 +18,7 @@ export const EVENT_NAMES = [
   'admit',
   'preempt',
   'preempt_warning',
+  'preempt_withdrawn',
   'cull',
   'cull_warning',
   'resume',

@@ -108,6 +108,8 @@ export class GpuController {
       ...model.setDevices(devices.devices, devices.simulated)
     ];
     this.emit(changes);
+    // A warning that came while the page was closed or the stream down: told now, once.
+    model.untoldPreemptions().forEach(n => this.options.notify(n));
     await this.refreshLocal();
   }
 

@@ -174,6 +174,18 @@ export function quotaSentence(tenant: string, u: TenantUsage): string {
   return parts.join('; ');
 }
 
+/** The usage row's sentence: the gateway's `message` (newer gateways), else ours. */
+export function usageSentence(tenant: string, u: TenantUsage): string {
+  if (!u.message) {
+    return `${quotaSentence(tenant, u)}.`;
+  }
+  let text = u.message.replace(/[.]$/, '');
+  if (u.pending_requests > 0 && !/wait/.test(text)) {
+    text += `; ${plural(u.pending_requests, 'request')} waiting for ${plural(u.pending_gpus, 'GPU')}`;
+  }
+  return `${text}.`;
+}
+
 /** Nominal quota neither used nor parked: what others in the cohort may borrow. */
 export function lendableOf(u: TenantUsage, lendingLimit?: number): number {
   const own = Math.min(u.admitted, u.quota);
@@ -227,11 +239,17 @@ export function statusText(
   }
   if (state === 'running') {
     const label = `${kernel.flavor ?? 'GPU'} ×${kernel.devices.length || kernel.gpus}`;
+    // A preemption warning outranks the rest: the kernel is stopped at that time.
+    const preemptAt =
+      typeof req?.preempt_at === 'number' ? req.preempt_at : kernel.warning?.preempt_at;
+    if (typeof preemptAt === 'number' && (!req || req.state === 'admitted')) {
+      return `GPU: ${label} · reclaimed in ${duration(preemptAt - now)}`;
+    }
     if (kernel.idle_since !== null && kernel.idle_since !== undefined) {
       const idle = now - kernel.idle_since;
       let text = `GPU: ${label} · idle ${duration(idle)}`;
       const cullAt =
-        kernel.warning?.cull_at ??
+        (typeof kernel.warning?.preempt_at === 'number' ? null : kernel.warning?.cull_at) ??
         (idleTimeout && idleTimeout > 0 ? kernel.idle_since + idleTimeout : null);
       if (cullAt) {
         text += ` · culled in ${duration(cullAt - now)}`;

@@ -20,6 +20,7 @@ import { GpuApi } from './api';
 import { Actions } from './components/actions';
 import { GpuPanel } from './components/panel';
 import { runOnGpuDialog } from './components/rundialog';
+import { NotebookPreemptLine } from './components/notebookline';
 import { GpuStatus } from './components/statusbar';
 import { GpuController } from './controller';
 import { GpuModel, Notice } from './model';
@@ -73,6 +74,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
               }
             ]
           });
+          break;
+        case 'preempt_warning':
+          // Once per warning (the model tells it once), and until dismissed: the work
+          // in the notebook is lost at that time.
+          Notification.warning(n.message, { autoClose: false });
+          break;
+        case 'preempt_withdrawn':
+          Notification.info(n.message, { autoClose: 8000 });
           break;
         case 'job_done':
         case 'job_failed': {
@@ -211,6 +220,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
           onClick: () => void app.commands.execute(CMD_RUN, { path: nb.context.path })
         });
         nb.toolbar.insertAfter('cellType', 'gpuaas-run', btn);
+        // A warned preemption victim's notebook says so above its cells.
+        const line = new NotebookPreemptLine(model, () => nb.sessionContext.session?.kernel?.id ?? null);
+        nb.contentHeader.addWidget(line);
+        nb.sessionContext.kernelChanged.connect(() => line.refresh());
+        btn.disposed.connect(() => line.dispose());
         return btn;
       }
     });

@@ -27,7 +27,15 @@ export interface Change {
 }
 
 export interface Notice {
-  kind: 'admitted' | 'cull_warning' | 'culled' | 'preempted' | 'job_done' | 'job_failed';
+  kind:
+    | 'admitted'
+    | 'cull_warning'
+    | 'culled'
+    | 'preempt_warning'
+    | 'preempt_withdrawn'
+    | 'preempted'
+    | 'job_done'
+    | 'job_failed';
   requestId: string;
   message: string;
   /** For a cull warning: when the cull happens (epoch seconds). */
@@ -35,6 +43,13 @@ export interface Notice {
 }
 
 export type Connection = 'connecting' | 'live' | 'polling' | 'unreachable';
+
+/** A warned preemption victim of mine: stopped at `at` (epoch seconds), and why. */
+export interface Preemption {
+  at: number | null;
+  by: string | null;
+  reason: string;
+}
 
 export interface Warning {
   cullAt: number | null;
@@ -57,6 +72,10 @@ export class GpuModel {
   simulated = false;
   jobs = new Map<string, Job>();
   warnings = new Map<string, Warning>();
+  /** My requests under a preemption warning, by request id. */
+  preemptions = new Map<string, Preemption>();
+  /** `id@at` of the preemption warnings already told (one notification per warning). */
+  private told = new Set<string>();
   /** The log tail of each job (read while it runs, once more after it ended). */
   logs = new Map<string, string>();
   connection: Connection = 'connecting';
@@ -107,6 +126,9 @@ export class GpuModel {
         this.warnings.delete(id);
       }
     }
+    for (const id of new Set([...this.preemptions.keys(), ...this.requests.keys()])) {
+      this.syncPreemption(id);
+    }
     return [{ section: 'work', keys: [] }];
   }
 
@@ -123,8 +145,13 @@ export class GpuModel {
       if (!old || JSON.stringify(old) !== JSON.stringify(k)) {
         keys.push(key);
       }
-      if (k.warning && k.request_id && !this.warnings.has(k.request_id)) {
-        this.warnings.set(k.request_id, { cullAt: k.warning.cull_at, t: k.warning.t, kept: false });
+      const culling = k.warning && typeof k.warning.preempt_at !== 'number';
+      if (culling && k.warning && k.request_id && !this.warnings.has(k.request_id)) {
+        this.warnings.set(k.request_id, {
+          cullAt: k.warning.cull_at ?? null,
+          t: k.warning.t,
+          kept: false
+        });
       }
       if (!k.warning && k.request_id && k.idle_since === null) {
         this.warnings.delete(k.request_id); // busy again: the warning is over
@@ -250,6 +277,11 @@ export class GpuModel {
       return { changes, notices, reload: false };
     }
     const current = this.requests.get(id)!;
+    const warnedWith = this.preemptions.get(id);
+    const wasWarned = warnedWith !== undefined;
+    if (event.name !== 'preempt_warning') {
+      this.syncPreemption(id); // the object says whether a warning still stands
+    }
     switch (event.name) {
       case 'admit': {
         this.warnings.delete(id);
@@ -286,12 +318,34 @@ export class GpuModel {
           message: `Your ${kindWord(current.kind)} was idle and gave back its GPU.`
         });
         break;
+      case 'preempt_warning': {
+        const at = typeof event.data.at === 'number' ? event.data.at : (current.preempt_at ?? null);
+        const by = typeof event.data.by === 'string' ? event.data.by : (current.preempted_by ?? null);
+        const reason = current.preempt_reason || 'its GPU is reclaimed';
+        this.preemptions.set(id, { at, by, reason });
+        const t = typeof event.data.t === 'number' ? event.data.t : Date.now() / 1000;
+        notices.push(...this.untoldPreemptions(t));
+        break;
+      }
+      case 'preempt_withdrawn':
+        if (wasWarned) {
+          notices.push({
+            kind: 'preempt_withdrawn',
+            requestId: id,
+            message: `Your ${kindWord(current.kind)} keeps its GPU: it is no longer reclaimed.`
+          });
+        }
+        this.preemptions.delete(id);
+        break;
       case 'preempt':
         this.warnings.delete(id);
+        this.preemptions.delete(id);
         notices.push({
           kind: 'preempted',
           requestId: id,
-          message: `Your ${kindWord(current.kind)} was preempted: a request with a better claim needed its GPU.`
+          message: warnedWith
+            ? `Your ${kindWord(current.kind)} was stopped: ${warnedWith.reason}.`
+            : `Your ${kindWord(current.kind)} was preempted: a request with a better claim needed its GPU.`
         });
         break;
       case 'finish':
@@ -322,6 +376,51 @@ export class GpuModel {
     }
     this.logs.set(id, text);
     return [{ section: 'jobs', keys: [id] }];
+  }
+
+  /**
+   * The preemption warnings not told yet, one notice each: from an event, or from a read
+   * (the page opened, or the stream came back, during a grace). Each is told once.
+   */
+  untoldPreemptions(now: number = Date.now() / 1000): Notice[] {
+    const notices: Notice[] = [];
+    for (const [id, p] of this.preemptions) {
+      const key = `${id}@${p.at}`;
+      const r = this.requests.get(id);
+      if (this.told.has(key) || !r) {
+        continue;
+      }
+      this.told.add(key);
+      notices.push({
+        kind: 'preempt_warning',
+        requestId: id,
+        cullAt: p.at,
+        message: `Your ${kindWord(r.kind)} will be stopped ${
+          p.at ? `in ${duration(p.at - now)}` : 'soon'
+        }: ${p.reason}. Save your work.`
+      });
+    }
+    return notices;
+  }
+
+  /** A request's preemption warning, as its object says (admitted with `preempt_at`). */
+  private syncPreemption(id: string): void {
+    const r = this.requests.get(id);
+    if (r && r.state === 'admitted' && typeof r.preempt_at === 'number') {
+      this.preemptions.set(id, {
+        at: r.preempt_at,
+        by: r.preempted_by ?? null,
+        reason: r.preempt_reason || 'its GPU is reclaimed'
+      });
+    } else {
+      this.preemptions.delete(id);
+    }
+  }
+
+  /** The preemption warning of a kernel's request (for the status bar and the notebook). */
+  preemptionOfKernel(kernelId: string): Preemption | undefined {
+    const k = this.kernelById(kernelId);
+    return k?.request_id ? this.preemptions.get(k.request_id) : undefined;
   }
 
   /** A Keep answered: the warning stays shown as kept until the next one. */
@@ -388,6 +487,7 @@ export class GpuModel {
     for (const r of ended.slice(ENDED_KEPT)) {
       this.requests.delete(r.id);
       this.warnings.delete(r.id);
+      this.preemptions.delete(r.id);
     }
   }
 }
@@ -409,6 +509,12 @@ function jobNotice(job: Job): Notice | null {
     };
   }
   return null;
+}
+
+/** "It will be stopped in 4 min: nlp is reclaiming its GPU." (a countdown to `now`). */
+export function preemptLine(p: Preemption, now: number): string {
+  const when = p.at ? `in ${duration(p.at - now)}` : 'soon';
+  return `It will be stopped ${when}: ${p.reason}.`;
 }
 
 /** "3rd in vision": the short place of a queued request. */

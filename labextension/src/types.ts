@@ -42,6 +42,11 @@ export interface GpuRequest {
   estimated_wait: EstimatedWait | null;
   grant: Grant | null;
   waiting_for?: { kind: string; message: string } | null;
+  /** A warned preemption victim (preemption_grace): stopped at `preempt_at` for
+   * `preempted_by`, and why in words ("nlp is reclaiming its GPU"). Older gateways: absent. */
+  preempt_at?: number | null;
+  preempted_by?: string | null;
+  preempt_reason?: string | null;
   scaling?: { flavor: string; nodes: number; ready_by?: number } | null;
   parked?: { flavor: string | null; expires: number | null } | null;
 }
@@ -54,6 +59,9 @@ export interface TenantUsage {
   borrowed: number;
   pending_gpus: number;
   pending_requests: number;
+  /** The usage in one sentence (newer gateways), and the tenants it borrows from. */
+  message?: string;
+  borrowed_from?: string[];
 }
 
 export interface Tenant {
@@ -103,7 +111,8 @@ export interface GpuKernelInfo {
   node: string | null;
   devices: number[];
   reason: string | null;
-  warning: { message: string; cull_at: number | null; t: number } | null;
+  /** A cull warning (`cull_at`) or a preemption warning (`preempt_at`). */
+  warning: { message: string; cull_at?: number | null; preempt_at?: number | null; t: number } | null;
   utilization: number | null;
   idle_since: number | null;
   created: number;

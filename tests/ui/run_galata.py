@@ -9,7 +9,12 @@ fails when a UI test does. Screenshots land in test-artifacts/ui/.
 
 The quota file gives the two tenants of the test user one a100 each on a node of two:
 `vision` never culls (the queue and job tests), `scratch` culls after a short idle time
-with a warning first (the Keep test).
+with a warning first (the Keep test). `cv` (alice's) and `nlp` (bob's, whose token the
+tests use to submit through the gateway's REST API) share the cohort `shared`, reclaim
+their lent GPUs (`reclaim_within_cohort: Any`) and give a victim `PREEMPTION_GRACE`
+seconds (the preemption test). The last test stops the gateway and starts it again, on
+the same port and store, from the command line this script passes it; this script stops
+that second gateway too (its PID file).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,11 +37,14 @@ sys.path.insert(0, str(ROOT / "tests" / "server"))
 from srvutil import free_port, gateway_command  # noqa: E402
 
 USER_TOKEN = "ui-alice-token-0123456789"
+OTHER_TOKEN = "ui-bob-token-0123456789"
 ADMIN_TOKEN = "ui-admin-token-0123456789"
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 #: Idle seconds before the `scratch` tenant's GPU kernels are culled, and the warning lead.
 SCRATCH_IDLE = 24
 CULL_WARNING = 18
+#: Seconds a warned preemption victim of `cv` keeps its GPU.
+PREEMPTION_GRACE = 15
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
@@ -63,6 +72,20 @@ def stop(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait()
 
 
+def stop_pid(pid: int) -> None:
+    """Stop a process this run started but does not hold a Popen of (SIGTERM, then KILL)."""
+    if pid <= 0:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(150):
+            time.sleep(0.1)
+            os.kill(pid, 0)
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def main() -> int:
     from jupyter_gpuaas.server.kernelspec_cli import write_spec
 
@@ -82,6 +105,15 @@ def main() -> int:
                         "quota": {"a100": 1},
                         "idle_timeout": SCRATCH_IDLE,
                     },
+                    **{
+                        name: {
+                            "cohort": "shared",
+                            "quota": {"a100": 1},
+                            "preemption": {"reclaim_within_cohort": "Any"},
+                            "preemption_grace": PREEMPTION_GRACE,
+                        }
+                        for name in ("cv", "nlp")
+                    },
                 },
                 "policy": {"idle_timeout": 0, "reservation_ttl": 30, "cull_warning": CULL_WARNING},
             }
@@ -91,7 +123,8 @@ def main() -> int:
         yaml.safe_dump(
             {
                 "tokens": {
-                    USER_TOKEN: {"user": "alice", "groups": ["vision", "scratch"]},
+                    USER_TOKEN: {"user": "alice", "groups": ["vision", "scratch", "cv"]},
+                    OTHER_TOKEN: {"user": "bob", "groups": ["nlp"]},
                     ADMIN_TOKEN: {"user": "root", "groups": [], "admin": True},
                 }
             }
@@ -102,6 +135,7 @@ def main() -> int:
     write_spec(
         kernels / "gpu-scratch", gpus=1, flavor="a100", tenant="scratch", display_name="Scratch"
     )
+    write_spec(kernels / "gpu-cv", gpus=1, flavor="a100", tenant="cv", display_name="CV")
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "GPUAAS_"))}
     env["PYTHONUNBUFFERED"] = "1"
@@ -110,19 +144,21 @@ def main() -> int:
     gateway_url = f"http://127.0.0.1:{gport}/"
     glog, llog = base / "gateway.log", base / "lab.log"
     gateway = lab = None
+    gateway_argv = [
+        *gateway_command(),
+        "--ip=127.0.0.1",
+        f"--port={gport}",
+        f"--db-url=sqlite:///{gdir / 'gpuaas.sqlite'}",
+        f"--quotas={gdir / 'quotas.yaml'}",
+        f"--tokens={gdir / 'tokens.yaml'}",
+        "--devices=simulated:a100=1x2",
+        "--lease-ttl=10",
+    ]
+    restarted = base / "gateway2.pid"  # written by the test that starts it again
     try:
         with open(glog, "wb") as out:
             gateway = subprocess.Popen(
-                [
-                    *gateway_command(),
-                    "--ip=127.0.0.1",
-                    f"--port={gport}",
-                    f"--db-url=sqlite:///{gdir / 'gpuaas.sqlite'}",
-                    f"--quotas={gdir / 'quotas.yaml'}",
-                    f"--tokens={gdir / 'tokens.yaml'}",
-                    "--devices=simulated:a100=1x2",
-                    "--lease-ttl=10",
-                ],
+                gateway_argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -195,6 +231,13 @@ def main() -> int:
             GPUAAS_ADMIN_TOKEN=ADMIN_TOKEN,
             # The last test stops the gateway (by this PID) to see the panel say so.
             GPUAAS_GATEWAY_PID=str(gateway.pid),
+            # ... and starts it again: this command, in this folder, its PID in that file.
+            GPUAAS_GATEWAY_ARGV=json.dumps(gateway_argv),
+            GPUAAS_GATEWAY_CWD=str(gdir),
+            GPUAAS_GATEWAY_LOG=str(base / "gateway2.log"),
+            GPUAAS_GATEWAY_PIDFILE=str(restarted),
+            GPUAAS_OTHER_TOKEN=OTHER_TOKEN,
+            GPUAAS_PREEMPTION_GRACE=str(PREEMPTION_GRACE),
             GPUAAS_ROOT_DIR=str(root),
             GPUAAS_ARTIFACTS=str(ARTIFACTS),
             GPUAAS_SCRATCH_IDLE=str(SCRATCH_IDLE),
@@ -210,6 +253,8 @@ def main() -> int:
     finally:
         stop(lab)
         stop(gateway)
+        if restarted.exists():  # the gateway the last test started again, by its PID
+            stop_pid(int(restarted.read_text().strip() or 0))
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -11,7 +11,7 @@ import {
   stateWords,
   waitReason
 } from '../format';
-import { GpuModel, kindWord } from '../model';
+import { GpuModel, kindWord, preemptLine } from '../model';
 import type { GpuRequest } from '../types';
 import { Actions, runAction } from './actions';
 import { button, h, Rows, section } from './dom';
@@ -138,6 +138,16 @@ export class MyWorkSection {
         );
       } else if (r.grant.busy === false && !kernel) {
         row.append(h('p', { class: 'jp-gpuaas-line jp-gpuaas-idle', text: 'Idle' }));
+      }
+      const preemption = model.preemptions.get(r.id);
+      if (preemption) {
+        row.append(
+          h('p', {
+            class: 'jp-gpuaas-line jp-gpuaas-warning jp-gpuaas-preempt',
+            role: 'status',
+            text: `⚠ ${preemptLine(preemption, now)}`
+          })
+        );
       }
       const warning = model.warnings.get(r.id);
       if (warning) {

@@ -1,7 +1,7 @@
 /** "Team quota": per tenant of mine and flavor, used against nominal, with borrowed,
  * parked and lendable shown apart (in words and in a bar whose parts are labelled). */
 
-import { lendableOf, quotaSentence } from '../format';
+import { lendableOf, usageSentence } from '../format';
 import { GpuModel } from '../model';
 import type { Tenant, TenantUsage } from '../types';
 import { h, Rows, section } from './dom';
@@ -78,7 +78,8 @@ export class QuotaSection {
         h('span', { class: 'jp-gpuaas-count', text: `${u.admitted} / ${u.quota}` })
       ),
       bar,
-      h('p', { class: 'jp-gpuaas-line', text: quotaSentence(t.name, u) + '.' }),
+      // The gateway's own sentence when it gives one (it names the lenders); ours else.
+      h('p', { class: 'jp-gpuaas-line', text: usageSentence(t.name, u) }),
       h('p', {
         class: 'jp-gpuaas-line jp-gpuaas-legend',
         text: `own ${own} · borrowed ${u.borrowed} · parked ${u.parked} · lendable ${lendable} · waiting ${u.pending_requests}`

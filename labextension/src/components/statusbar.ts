@@ -24,7 +24,11 @@ export class GpuStatus extends Widget {
 
   refresh(): void {
     const kernel = this.kernelId ? (this.model.kernelById(this.kernelId) ?? null) : null;
-    const req = kernel?.request_id ? (this.model.requests.get(kernel.request_id) ?? null) : null;
+    let req = kernel?.request_id ? (this.model.requests.get(kernel.request_id) ?? null) : null;
+    const preemption = kernel?.request_id ? this.model.preemptions.get(kernel.request_id) : undefined;
+    if (req && preemption) {
+      req = { ...req, preempt_at: preemption.at }; // heard by event, newer than the object
+    }
     let text = statusText(kernel, req, this.model.idleTimeout(kernel?.tenant ?? null), Date.now() / 1000);
     if (kernel && kernel.state === 'running' && kernel.utilization === null && kernel.idle_since === null) {
       const dev = this.model.devices.find(d => d.node === kernel.node && kernel.devices.includes(d.index));

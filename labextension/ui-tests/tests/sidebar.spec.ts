@@ -5,11 +5,16 @@
  */
 import { expect, galata, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import type { APIRequestContext, Locator } from '@playwright/test';
+import { spawn } from 'child_process';
+import * as fs from 'fs';
 import * as path from 'path';
 
 const ARTIFACTS = process.env.GPUAAS_ARTIFACTS || path.resolve(__dirname, '../../../test-artifacts/ui');
 const GATEWAY = process.env.GPUAAS_GATEWAY_URL || '';
 const ADMIN = process.env.GPUAAS_ADMIN_TOKEN || '';
+/** bob's token: a user of `nlp`, the tenant that lends `cv` (alice's) a GPU and reclaims it. */
+const OTHER = process.env.GPUAAS_OTHER_TOKEN || '';
+const GRACE = Number(process.env.GPUAAS_PREEMPTION_GRACE || 15);
 
 // mockUser off: Galata's mock of `**/api/me` would also answer the gateway's `gpuaas/api/me`.
 // sessions/kernels null: Galata would otherwise show the page only the sessions it started
@@ -129,7 +134,10 @@ test('a second GPU kernel queues, then is admitted when the first is shut down',
   await expect(queued).toHaveAttribute('data-state', 'queued');
   await expect(queued).toContainText('1st of 1 in vision');
   await expect(queued).toContainText('Estimated wait:');
-  await expect(queued.locator('.jp-gpuaas-reason')).not.toBeEmpty();
+  // The reason is the gateway's own sentence (`waiting_for.message`), not a code.
+  const why = (await gateway(page.request, r2)).waiting_for;
+  expect(why.message.length).toBeGreaterThan(10);
+  await expect(queued.locator('.jp-gpuaas-reason')).toHaveText(why.message);
   await expect(panel.locator('.jp-gpuaas-quota-row', { hasText: 'vision · a100' })).toContainText(
     '1 request waiting'
   );
@@ -199,6 +207,90 @@ test('a cull warning offers Keep, and Keep saves the GPU', async ({ page, tmpPat
   await expect(row(panel, rid)).toHaveAttribute('data-state', 'admitted');
 });
 
+test('a borrowed GPU reclaimed: warned in the row, a notification, the notebook; withdrawn; then preempted', async ({ page, tmpPath }) => {
+  const panel = await openPanel(page);
+  const paths = [`${tmpPath}/own.ipynb`, `${tmpPath}/borrowed.ipynb`];
+  const kernels: string[] = [];
+  const rids: string[] = [];
+  for (const p of paths) {
+    await page.contents.uploadFile(path.resolve(__dirname, 'train.ipynb'), p);
+    kernels.push(await startSession(page, p, 'gpu-cv'));
+    rids.push((await kernelRecord(page.request, kernels[kernels.length - 1])).request_id);
+    await expect(row(panel, rids[rids.length - 1])).toHaveAttribute('data-state', 'admitted');
+  }
+  // cv holds both GPUs of the node: one of its own and one lent by nlp, in words.
+  const quota = panel.locator('.jp-gpuaas-quota-row', { hasText: 'cv · a100' });
+  await expect(quota).toContainText('borrowed from nlp');
+
+  // bob (nlp) asks for its GPU back, through the gateway's REST API: one of cv's kernels
+  // is warned (which one is the gateway's choice: read from its objects).
+  const bobAuth = { Authorization: `token ${OTHER}` };
+  const reclaim = async (): Promise<[string, number]> => {
+    const resp = await page.request.post(`${GATEWAY}api/requests`, {
+      headers: bobAuth,
+      data: { tenant: 'nlp', kind: 'server', gpus: 1, flavor: 'a100', name: 'bob reclaims' }
+    });
+    expect(resp.status()).toBeLessThan(300);
+    const id = (await resp.json()).id as string;
+    for (let i = 0; i < 100; i++) {
+      for (let j = 0; j < rids.length; j++) {
+        if (typeof (await gateway(page.request, rids[j])).preempt_at === 'number') {
+          return [id, j];
+        }
+      }
+      await page.waitForTimeout(200);
+    }
+    throw new Error('no kernel of cv was warned');
+  };
+  let [bob, victim] = await reclaim();
+  let warned = row(panel, rids[victim]);
+  await expect(warned.locator('.jp-gpuaas-preempt')).toHaveText(
+    /^⚠ It will be stopped in \d+ s: nlp is reclaiming its GPU\.$/
+  );
+  // A warning notification, once.
+  const toast = page.locator('.Toastify__toast', { hasText: 'nlp is reclaiming its GPU' });
+  await expect(toast).toHaveCount(1);
+  await expect(toast).toHaveClass(/Toastify__toast--warning/);
+  // The other kernel is not warned.
+  await expect(row(panel, rids[1 - victim]).locator('.jp-gpuaas-preempt')).toHaveCount(0);
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-preempt-warning.png` });
+
+  // In the notebook itself: a line above its cells, and the status bar.
+  await page.evaluate(p => (window as any).jupyterapp.commands.execute('docmanager:open', { path: p }), paths[victim]);
+  const line = page.locator('.jp-NotebookPanel:visible .jp-gpuaas-notebook-line');
+  const status = page.locator('.jp-gpuaas-status');
+  await expect(line).toBeVisible();
+  expect((await line.boundingBox())!.height).toBeGreaterThan(15); // a line, not a sliver
+  await expect(line).toContainText('will be stopped in');
+  await expect(line).toContainText('nlp is reclaiming its GPU');
+  await expect(status).toHaveText(/^GPU: a100 ×1 · reclaimed in \d+ s$/);
+  await page.screenshot({ path: `${ARTIFACTS}/notebook-preempt-warning.png` });
+
+  // bob gives up within the grace: withdrawn, an info notification, the warning gone.
+  expect((await page.request.delete(`${GATEWAY}api/requests/${bob}`, { headers: bobAuth })).ok()).toBeTruthy();
+  const info = page.locator('.Toastify__toast', { hasText: 'keeps its GPU: it is no longer reclaimed' });
+  await expect(info).toHaveCount(1);
+  await expect(info).toHaveClass(/Toastify__toast--info/);
+  await expect(warned.locator('.jp-gpuaas-preempt')).toHaveCount(0);
+  await expect(line).toBeHidden();
+  await expect(status).not.toContainText('reclaimed');
+  expect((await gateway(page.request, rids[victim])).state).toBe('admitted');
+
+  // bob again, and this time he waits the grace out: a new warning (told once more), then
+  // preempted, in the row and at the gateway; the other kernel keeps its GPU.
+  [bob, victim] = await reclaim();
+  warned = row(panel, rids[victim]);
+  await expect(warned.locator('.jp-gpuaas-preempt')).toContainText('nlp is reclaiming its GPU');
+  await expect(toast).toHaveCount(2);
+  await expect(warned).toHaveAttribute('data-state', 'preempted', { timeout: (GRACE + 30) * 1000 });
+  await expect(warned.locator('.jp-gpuaas-preempt')).toHaveCount(0);
+  await expect(page.locator('.Toastify__toast', { hasText: 'was stopped: nlp is reclaiming its GPU.' })).toBeVisible();
+  expect((await gateway(page.request, rids[victim])).state).toBe('preempted');
+  expect((await gateway(page.request, rids[1 - victim])).state).toBe('admitted');
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-preempted.png` });
+  await page.request.delete(`${GATEWAY}api/requests/${bob}`, { headers: bobAuth });
+});
+
 test('Run on GPU as a job from the file browser, through to the executed notebook', async ({ page, tmpPath }) => {
   const panel = await openPanel(page);
   await page.contents.uploadFile(path.resolve(__dirname, 'train.ipynb'), `${tmpPath}/train.ipynb`);
@@ -253,7 +345,7 @@ test('the dark theme', async ({ page }) => {
   await page.theme.setLightTheme();
 });
 
-test('a gateway that is down: the panel says so and keeps retrying', async ({ page }) => {
+test('a gateway that is down: the panel says so, keeps retrying, and recovers when it is back', async ({ page, tmpPath }) => {
   const panel = await openPanel(page);
   await expect(panel.locator('.jp-gpuaas-device')).toHaveCount(2);
   const pid = Number(process.env.GPUAAS_GATEWAY_PID);
@@ -264,4 +356,23 @@ test('a gateway that is down: the panel says so and keeps retrying', async ({ pa
   await expect(panel.getByRole('region', { name: 'Devices' })).toBeVisible(); // not blank
   expect(await panel.innerText()).not.toMatch(/[{[]"|Traceback|Error:/);
   await panel.screenshot({ path: `${ARTIFACTS}/panel-unreachable.png` });
+
+  // The gateway again, on the same port and store (run_galata.py stops it by its PID file).
+  const argv: string[] = JSON.parse(process.env.GPUAAS_GATEWAY_ARGV || '[]');
+  expect(argv.length).toBeGreaterThan(0);
+  const env = Object.fromEntries(
+    Object.entries(process.env).filter(([k]) => !k.startsWith('GPUAAS_') && !k.startsWith('JUPYTERHUB_'))
+  );
+  const log = fs.openSync(process.env.GPUAAS_GATEWAY_LOG!, 'w');
+  const child = spawn(argv[0], argv.slice(1), { cwd: process.env.GPUAAS_GATEWAY_CWD, env, stdio: ['ignore', log, log] });
+  fs.writeFileSync(process.env.GPUAAS_GATEWAY_PIDFILE!, String(child.pid));
+  // The panel recovers by itself (no reload): live again, the banner gone.
+  await expect(banner).toBeHidden({ timeout: 90000 });
+  await expect(panel.locator('.jp-gpuaas-device')).toHaveCount(2);
+  // Rows are live again: a new GPU kernel shows up and is admitted, from events.
+  const kernel = await startSession(page, `${tmpPath}/after.ipynb`, 'gpu1');
+  const rid = (await kernelRecord(page.request, kernel)).request_id;
+  await expect(row(panel, rid)).toHaveAttribute('data-state', 'admitted');
+  await expect(panel.locator('.jp-gpuaas-banner')).toBeHidden();
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-reconnected.png` });
 });

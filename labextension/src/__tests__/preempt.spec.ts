@@ -1,0 +1,162 @@
+import { GpuModel, preemptLine } from '../model';
+import { statusText, usageSentence, waitReason } from '../format';
+import type { GatewayEvent, GpuKernelInfo, GpuRequest, TenantUsage } from '../types';
+
+const ME = { name: 'alice', groups: ['vision'], use: true, view: false, admin: false, tenants: ['vision'] };
+
+function admitted(id: string, over: Partial<GpuRequest> = {}): GpuRequest {
+  return {
+    id,
+    user: 'alice',
+    tenant: 'vision',
+    kind: 'kernel',
+    gpus: 1,
+    flavor: 'a100',
+    priority: 0,
+    state: 'admitted',
+    submit_time: 100,
+    position: null,
+    estimated_wait: null,
+    grant: { node: 'a100-0', devices: [1], flavor: 'a100', lease_expires: 200 },
+    ...over
+  };
+}
+
+function model(): GpuModel {
+  const m = new GpuModel();
+  m.setMe(ME);
+  return m;
+}
+
+const WARNED = {
+  preempt_at: 1240,
+  preempted_by: 'r-nlp',
+  preempt_reason: 'nlp is reclaiming its GPU'
+};
+
+function ev(name: string, request: GpuRequest, extra: Record<string, unknown> = {}): GatewayEvent {
+  return { name, data: { t: 1000, id: request.id, request, ...extra } };
+}
+
+function kernel(over: Partial<GpuKernelInfo> = {}): GpuKernelInfo {
+  return {
+    kernel_id: 'k-1',
+    kernel_name: 'gpu1',
+    request_id: 'r-1',
+    state: 'running',
+    gpus: 1,
+    flavor: 'a100',
+    tenant: 'vision',
+    position: null,
+    node: 'a100-0',
+    devices: [1],
+    reason: null,
+    warning: null,
+    utilization: null,
+    idle_since: null,
+    created: 0,
+    ended: null,
+    ...over
+  };
+}
+
+describe('a preemption warning', () => {
+  it('is shown on the row with its reason and told once, then withdrawn with an info', () => {
+    const m = model();
+    m.setRequests([admitted('r-1')]);
+    expect(m.preemptions.size).toBe(0);
+
+    const warn = m.applyEvent(ev('preempt_warning', admitted('r-1', WARNED), { by: 'r-nlp', at: 1240 }));
+    expect(warn.notices).toHaveLength(1);
+    expect(warn.notices[0].kind).toBe('preempt_warning');
+    expect(warn.notices[0].message).toBe(
+      'Your GPU kernel will be stopped in 4 min: nlp is reclaiming its GPU. Save your work.'
+    );
+    const p = m.preemptions.get('r-1')!;
+    expect(p).toEqual({ at: 1240, by: 'r-nlp', reason: 'nlp is reclaiming its GPU' });
+    expect(preemptLine(p, 1000)).toBe('It will be stopped in 4 min: nlp is reclaiming its GPU.');
+    expect(preemptLine(p, 1180)).toBe('It will be stopped in 60 s: nlp is reclaiming its GPU.');
+
+    // The same warning heard again (a reconnect's replay): not told twice.
+    expect(m.applyEvent(ev('preempt_warning', admitted('r-1', WARNED), { at: 1240 })).notices).toEqual([]);
+    // A snapshot read meanwhile keeps it (the object carries preempt_at).
+    m.setRequests([admitted('r-1', WARNED)]);
+    expect(m.preemptions.has('r-1')).toBe(true);
+
+    const back = m.applyEvent(ev('preempt_withdrawn', admitted('r-1'), { by: 'r-nlp' }));
+    expect(m.preemptions.has('r-1')).toBe(false);
+    expect(back.notices.map(n => [n.kind, n.message])).toEqual([
+      ['preempt_withdrawn', 'Your GPU kernel keeps its GPU: it is no longer reclaimed.']
+    ]);
+    // A withdrawal of a warning never heard of tells nothing.
+    expect(m.applyEvent(ev('preempt_withdrawn', admitted('r-1'))).notices).toEqual([]);
+  });
+
+  it('ends in preempted after the grace', () => {
+    const m = model();
+    m.setRequests([admitted('r-1', WARNED)]); // learned from a snapshot, not an event
+    expect(m.preemptions.get('r-1')!.reason).toBe('nlp is reclaiming its GPU');
+    // Told once, when read (the page opened during the grace); the event after it: not again.
+    expect(m.untoldPreemptions(1000).map(n => n.message)).toEqual([
+      'Your GPU kernel will be stopped in 4 min: nlp is reclaiming its GPU. Save your work.'
+    ]);
+    expect(m.untoldPreemptions(1000)).toEqual([]);
+    expect(m.applyEvent(ev('preempt_warning', admitted('r-1', WARNED), { at: 1240 })).notices).toEqual([]);
+    const gone = m.applyEvent(ev('preempt', admitted('r-1', { state: 'preempted', grant: null }), { by: 'r-nlp' }));
+    expect(m.preemptions.has('r-1')).toBe(false);
+    expect(m.requests.get('r-1')!.state).toBe('preempted');
+    expect(gone.notices.map(n => [n.kind, n.message])).toEqual([
+      ['preempted', 'Your GPU kernel was stopped: nlp is reclaiming its GPU.']
+    ]);
+  });
+
+  it('is not mistaken for a cull warning from the kernel record', () => {
+    const m = model();
+    m.setRequests([admitted('r-1', WARNED)]);
+    m.setKernels([kernel({ warning: { message: 'your kernel gpu1 will be stopped', preempt_at: 1240, t: 1000 } })]);
+    expect(m.warnings.has('r-1')).toBe(false); // no "Keep my GPU" for a preemption
+    expect(m.preemptionOfKernel('k-1')!.at).toBe(1240);
+  });
+
+  it('shows in the status bar, over busy and idle', () => {
+    const k = kernel({ idle_since: 900 });
+    expect(statusText(k, admitted('r-1', WARNED), 600, 1000)).toBe('GPU: a100 ×1 · reclaimed in 4 min');
+    expect(statusText(k, admitted('r-1'), 600, 1000)).toBe('GPU: a100 ×1 · idle 2 min · culled in 8 min');
+  });
+});
+
+describe('wait reasons and usage from the gateway', () => {
+  it('shows waiting_for.message as the reason, and falls back for older gateways', () => {
+    const queued = admitted('r-2', {
+      state: 'queued',
+      grant: null,
+      position: { tenant: 1, tenant_of: 1, overall: 2, of: 2 },
+      waiting_for: { kind: 'capacity', message: 'All 2 a100 GPUs are in use; the first frees in about 4 min.' }
+    });
+    expect(waitReason(queued)).toBe('All 2 a100 GPUs are in use; the first frees in about 4 min.');
+    expect(waitReason({ ...queued, waiting_for: undefined })).toBe(
+      "Waiting for 1 a100 GPU to free up within vision's quota."
+    );
+  });
+
+  it('uses the usage message of the gateway, with what waits; ours without one', () => {
+    const u: TenantUsage = {
+      flavor: 'a100',
+      quota: 1,
+      admitted: 2,
+      parked: 0,
+      borrowed: 1,
+      pending_gpus: 1,
+      pending_requests: 1,
+      borrowed_from: ['nlp'],
+      message: 'vision uses 2 a100: 1 of its own and 1 borrowed from nlp'
+    };
+    expect(usageSentence('vision', u)).toBe(
+      'vision uses 2 a100: 1 of its own and 1 borrowed from nlp; 1 request waiting for 1 GPU.'
+    );
+    const { message: _m, ...old } = u;
+    expect(usageSentence('vision', old)).toBe(
+      'vision uses 2 a100 of its 1: 1 of its own and 1 borrowed; 1 request waiting for 1 GPU.'
+    );
+  });
+});
