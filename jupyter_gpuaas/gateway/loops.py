@@ -40,6 +40,7 @@ from .events import Event
 from .leader import NotLeader
 from .positions import QueueIndex
 from .store import (
+    CommitUnknown,
     RowError,
     Snapshot,
     StoreBusy,
@@ -265,8 +266,10 @@ class Loops:
         if not group.staged:
             tx.rollback()  # nothing to write: just release the lock
             return True
+        committing = False
         try:
             tx.write([st.snap for st in group.staged])
+            committing = True  # every row was taken: only the COMMIT itself can fail now
             tx.commit()
             return True
         except Exception as e:
@@ -278,7 +281,11 @@ class Loops:
                 len(group.staged),
                 why,
             )
-            err = StoreUnavailable(f"the store could not record this, nothing changed: {why}")
+            err: StoreUnavailable
+            if committing:  # the database may have committed before the connection broke
+                err = CommitUnknown(f"the store went away during the commit: {why}")
+            else:
+                err = StoreUnavailable(f"the store could not record this, nothing changed: {why}")
             for op in group.ops:
                 if not isinstance(op.outcome[1], InputError):
                     op.outcome = (False, err)

@@ -93,6 +93,18 @@ class StoreBusy(StoreUnavailable):
     state = "locked"
 
 
+class CommitUnknown(StoreUnavailable):
+    """The store went away during the COMMIT itself: the database may have recorded the
+    change before the connection broke (PostgreSQL stopped mid-commit), and nobody can
+    tell which. Callers are told so, and to look before they retry."""
+
+    public = (
+        "the store went away while recording this, so it may or may not have been "
+        "recorded: look it up before you retry"
+    )
+    state = "unknown"
+
+
 def describe(error: BaseException) -> str:
     """One line for a database error (SQLAlchemy's own text carries the SQL)."""
     if isinstance(error, DBAPIError) and error.orig is not None:

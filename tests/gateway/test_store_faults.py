@@ -26,9 +26,12 @@ from typing import Any
 import pytest
 from gwutil import TOKENS, GatewayProcess, assert_memory_is_store, call, gateway_argv, store_rows
 
+from jupyter_gpuaas.gateway.store import CommitUnknown
+
 pytestmark = pytest.mark.slow
 
 _names = itertools.count()
+UNKNOWN = CommitUnknown.public
 
 
 class Ledger:
@@ -38,6 +41,7 @@ class Ledger:
         self.lock = threading.Lock()
         self.accepted: set[str] = set()  # ids answered 201
         self.refused: set[str] = set()  # names answered 4xx (not 422) or 5xx
+        self.unknown: set[str] = set()  # names answered "may or may not have been recorded"
         self.statuses: dict[int, int] = {}
         self.unavailable: list[tuple[dict[str, Any], dict[str, str]]] = []
 
@@ -52,6 +56,10 @@ class Ledger:
             self.statuses[status] = self.statuses.get(status, 0) + 1
             if status == 201:
                 self.accepted.add(data["id"])
+            elif status == 503 and isinstance(data, dict) and data.get("error") == UNKNOWN:
+                # The store went away during the COMMIT: it may hold it or not, and the
+                # client was told exactly that (memory == store is still checked).
+                self.unknown.add(name)
             elif status not in (0, 422) and name:
                 self.refused.add(name)
             if status == 503:
