@@ -354,7 +354,14 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
                     await asyncio.wait_for(changed.wait(), timeout=wait)
                 except asyncio.TimeoutError:
                     pass
-                req = await client.get(gp["rid"])
+                try:
+                    req = await client.get(gp["rid"])
+                except GatewayError as e:
+                    if e.status and e.status < 500:
+                        raise  # the request is gone
+                    # The gateway is down or restarting (the Hub restarts a managed service
+                    # that dies): keep the place, and read it again at the next wake-up.
+                    self.log.warning("gpuaas: %s waits for the gateway: %s", self._log_name, e)
         except BaseException as e:  # refused, timed out, or the spawn was cancelled
             self._unsubscribe()
             if not isinstance(e, web.HTTPError):
