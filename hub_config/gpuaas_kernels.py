@@ -13,6 +13,15 @@ c.Spawner.server_token_scopes = [  # noqa: F821
     "custom:gpuaas:use",
     "access:services!service=gpuaas",
 ]
-# The extension finds the gateway at <hub origin>/services/gpuaas/ by default; set
-# GPUAAS_URL in the server's environment when it is reachable elsewhere:
+# The extension finds the gateway through the Hub's proxy: GPUAAS_URL, which the queued
+# spawners set and any other spawner gets from this callable (JupyterHub calls callable
+# environment values with the spawner), else JUPYTERHUB_PUBLIC_HUB_URL (a Hub with
+# c.JupyterHub.public_url). Give a fixed URL instead when it is reachable elsewhere:
 # c.Spawner.environment = {"GPUAAS_URL": "http://127.0.0.1:8765/services/gpuaas/"}
+from jupyter_gpuaas.hub.gateway_url import gateway_url_for  # noqa: E402
+
+_environment = c.Spawner.environment  # noqa: F821  (a dict, or a lazy value when unset)
+if isinstance(_environment, dict):
+    _environment.setdefault("GPUAAS_URL", gateway_url_for)
+else:
+    _environment.update({"GPUAAS_URL": gateway_url_for})

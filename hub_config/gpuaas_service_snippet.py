@@ -7,11 +7,22 @@
 #   custom:gpuaas:admin  change quotas, cancel any request
 # Tenants are the quota file's tenants; a user may charge a tenant that is a JupyterHub
 # group they belong to (`custom:gpuaas:use!group=vision` narrows that to one group).
+#
+# The gateway's port, quota file, state directory and devices default to a production
+# layout; GPUAAS_SERVICE_PORT, GPUAAS_QUOTAS, GPUAAS_STATE_DIR and GPUAAS_DEVICES in the
+# Hub's environment change them (tests/hub/test_hub_snippet.py runs this very file).
+# The spawner (QueuedSpawnerMixin) watches the queue with the service's token: set
+# GPUAAS_HUB_TOKEN in the Hub's environment (e.g. `openssl rand -hex 32`).
+import os
 import sys
 
 c = get_config()  # noqa: F821  (defined by JupyterHub when it loads this file)
 
-GPUAAS_PORT = 8765
+GPUAAS_PORT = int(os.environ.get("GPUAAS_SERVICE_PORT", "8765"))
+QUOTAS = os.environ.get("GPUAAS_QUOTAS", "/etc/jupyter-gpuaas/quotas.yaml")
+STATE = os.environ.get("GPUAAS_STATE_DIR", "/var/lib/jupyter-gpuaas")
+DEVICES = os.environ.get("GPUAAS_DEVICES", "nvml")
+HUB_TOKEN = os.environ.get("GPUAAS_HUB_TOKEN", "")
 
 # .append/.extend work whether or not the rest of the config already set these lists.
 c.JupyterHub.services.append(
@@ -23,9 +34,12 @@ c.JupyterHub.services.append(
             "-m",
             "jupyter_gpuaas.cli",
             "gateway",
-            "--quotas=/etc/jupyter-gpuaas/quotas.yaml",
-            "--db-url=sqlite:////var/lib/jupyter-gpuaas/gpuaas.sqlite",
-            "--devices=nvml",
+            f"--quotas={QUOTAS}",
+            f"--db-url=sqlite:///{STATE}/gpuaas.sqlite",
+            f"--devices={DEVICES}",
+            # Signs the landing page's login cookie; a file kept across restarts, so a
+            # restart logs nobody out (created, mode 0600, when missing).
+            f"--cookie-secret-file={STATE}/cookie_secret",
         ],
         # Tokens the Hub issues for this service (browser OAuth) carry these scopes, so the
         # user model the gateway gets back lists them: without this, custom scopes never
@@ -36,8 +50,15 @@ c.JupyterHub.services.append(
             "custom:gpuaas:admin",
         ],
         "display": True,
+        # The admin runs it: browsers reach its landing page without an "Authorize" prompt.
+        "oauth_no_confirm": True,
+        # The service's token, which the spawner also uses to watch the queue.
+        **({"api_token": HUB_TOKEN} if HUB_TOKEN else {}),
     }
 )
+c.QueuedSpawnerMixin.gateway_url = f"http://127.0.0.1:{GPUAAS_PORT}/services/gpuaas/"
+if HUB_TOKEN:
+    c.QueuedSpawnerMixin.gateway_token = HUB_TOKEN
 
 c.JupyterHub.custom_scopes = {
     "custom:gpuaas:use": {
@@ -84,9 +105,18 @@ c.JupyterHub.load_roles.extend(
             "groups": [],  # e.g. ["gpu-admins"]
         },
         {
-            # The gateway itself: resolve users and groups, and stop servers whose grant ended.
+            # The gateway itself (and the spawner's queue watcher, with the same token): see
+            # the whole queue, know who calls (HubAuth checks access to the service), resolve
+            # users and groups, and stop servers whose grant ended.
             "name": "gpuaas-service",
-            "scopes": ["list:users", "read:users:groups", "read:groups", "servers"],
+            "scopes": [
+                "custom:gpuaas:view",
+                "access:services!service=gpuaas",
+                "list:users",
+                "read:users",
+                "read:groups",
+                "admin:servers",
+            ],
             "services": ["gpuaas"],
         },
     ]

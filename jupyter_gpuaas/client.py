@@ -5,8 +5,10 @@ magics, widgets, CLI) talks to the gateway only through this module.
 `SyncGatewayClient` uses urllib and needs no event loop (CLI, spawner hooks, scripts). Both
 have the same methods and raise `GatewayError(status, error, field)` on a 4xx/5xx answer.
 
-`from_env()` finds the gateway: GPUAAS_URL and GPUAAS_TOKEN, else (inside JupyterHub)
-`<hub origin>/services/gpuaas/` from JUPYTERHUB_API_URL and JUPYTERHUB_API_TOKEN.
+`from_env()` finds the gateway: GPUAAS_URL and GPUAAS_TOKEN, else (inside JupyterHub,
+through its proxy) `<public origin><base_url>services/gpuaas/` from
+JUPYTERHUB_PUBLIC_HUB_URL and JUPYTERHUB_API_TOKEN. The Hub's spawner sets GPUAAS_URL for
+every server (hub/gateway_url.py), so the public URL is needed only without it.
 
 HTTPS: under JupyterHub's internal SSL (`c.JupyterHub.internal_ssl = True`) every server
 and service gets JUPYTERHUB_SSL_KEYFILE, JUPYTERHUB_SSL_CERTFILE and
@@ -69,20 +71,30 @@ def gateway_from_env(env: Mapping[str, str] | None = None) -> tuple[str, str]:
     configure when nothing is set."""
     env = os.environ if env is None else env
     token = env.get("GPUAAS_TOKEN") or env.get("JUPYTERHUB_API_TOKEN") or ""
-    url = env.get("GPUAAS_URL")
-    if not url and env.get("JUPYTERHUB_API_URL"):
-        hub = urlparse(env["JUPYTERHUB_API_URL"])
-        url = f"{hub.scheme}://{hub.netloc}{SERVICE_PREFIX}"
+    url = env.get("GPUAAS_URL") or _through_the_proxy(env)
     if not url:
         raise GatewayError(
             0,
             "cannot find the gpuaas gateway: set GPUAAS_URL (e.g. http://127.0.0.1:8765/) "
-            "and GPUAAS_TOKEN, or run inside JupyterHub (JUPYTERHUB_API_URL and "
-            "JUPYTERHUB_API_TOKEN are set there)",
+            "and GPUAAS_TOKEN, or run inside JupyterHub (its spawner sets GPUAAS_URL, and "
+            "a Hub with c.JupyterHub.public_url sets JUPYTERHUB_PUBLIC_HUB_URL)",
         )
     if not token:
         raise GatewayError(0, f"no token for the gateway at {url}: set GPUAAS_TOKEN")
     return url.rstrip("/") + "/", token
+
+
+def _through_the_proxy(env: Mapping[str, str]) -> str:
+    """`<public origin><base_url>services/gpuaas/` when JupyterHub told us its public URL
+    (JUPYTERHUB_PUBLIC_HUB_URL, JUPYTERHUB_PUBLIC_URL: set, possibly empty, since
+    JupyterHub 4.1). Never JUPYTERHUB_API_URL's origin: that is the Hub's own port, which
+    answers `/services/...` with a redirect, not the gateway."""
+    public = env.get("JUPYTERHUB_PUBLIC_HUB_URL") or env.get("JUPYTERHUB_PUBLIC_URL")
+    if not public:
+        return ""
+    origin = urlparse(public)
+    base = env.get("JUPYTERHUB_BASE_URL") or "/"
+    return f"{origin.scheme}://{origin.netloc}{base.rstrip('/')}{SERVICE_PREFIX}"
 
 
 @functools.lru_cache(maxsize=8)

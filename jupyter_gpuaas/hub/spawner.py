@@ -60,22 +60,17 @@ from urllib.parse import quote
 
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, validate
+from traitlets import Bool, Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, ssl_context
 from jupyter_gpuaas.words import format_duration
 
+from . import resume
 from .events import forget_stream, stream_for
-from .k8s import validate_flavors
-from .options import (
-    GpuOptions,
-    OptionsError,
-    options_from_form,
-    parse_options,
-    render_form,
-    tenant_choices,
-)
+from .form import SpawnFormMixin, _refusal
+from .gateway_url import gateway_url_for
+from .options import GpuOptions
 from .status import QueueStatus, StatusBoard, progress_event
 from .tokens import MintedToken, RequestTokenMixin
 
@@ -83,18 +78,29 @@ from .tokens import MintedToken, RequestTokenMixin
 ENDED = ("finished", "cancelled", "rejected", "preempted", "culled")
 
 
-class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
+class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
     """Queue GPU spawns at the gpuaas gateway before the wrapped spawner starts them."""
 
     gateway_url = Unicode(
         help="""URL of the gpuaas gateway's API root, e.g.
         http://127.0.0.1:8765/services/gpuaas/ (the service's own address: the Hub
-        reaches it directly, not through the proxy). Default: $GPUAAS_URL.""",
+        reaches it directly, not through the proxy). Default: $GPUAAS_URL, else the
+        gateway service through the Hub's proxy (hub/gateway_url.py).""",
     ).tag(config=True)
 
     @default("gateway_url")
     def _gateway_url_default(self) -> str:
-        return os.environ.get("GPUAAS_URL", "")
+        return os.environ.get("GPUAAS_URL") or gateway_url_for(self, self.gateway_service_name)
+
+    def get_env(self) -> dict[str, str]:
+        # Servers reach the gateway through the proxy unless told otherwise (a GPUAAS_URL
+        # of c.Spawner.environment, or of the Hub's own environment, wins).
+        env: dict[str, str] = super().get_env()  # type: ignore[misc]
+        if not env.get("GPUAAS_URL"):
+            url = gateway_url_for(self, self.gateway_service_name)
+            if url:
+                env["GPUAAS_URL"] = url
+        return env
 
     gateway_service_name = Unicode(
         "gpuaas",
@@ -112,37 +118,6 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
     @default("gateway_token")
     def _gateway_token_default(self) -> str:
         return os.environ.get("GPUAAS_HUB_TOKEN", "")
-
-    flavors = Dict(
-        help="""GPU flavors by name: {"a100": {"display_name": "NVIDIA A100 80GB",
-        "resource": "nvidia.com/gpu", "node_selector": {...}, "tolerations": [...]}}.
-        display_name labels the spawn form; the rest builds Kubernetes pods
-        (QueuedKubeSpawner). Flavors the gateway knows but this lacks get plain names.""",
-    ).tag(config=True)
-
-    @validate("flavors")
-    def _validate_flavors(self, proposal: Any) -> dict[str, Any]:
-        try:
-            return validate_flavors(proposal["value"])
-        except ValueError as e:
-            raise TraitError(str(e)) from None
-
-    default_gpus = Integer(
-        0,
-        help="""GPUs a spawn asks for when its options name none (a REST start without a
-        body, or a spawner without the form). 0 keeps scripted starts CPU-only.""",
-    ).tag(config=True)
-
-    max_gpus = Integer(8, help="The most GPUs one server may ask for (the form's maximum).").tag(
-        config=True
-    )
-
-    @validate("default_gpus", "max_gpus")
-    def _validate_gpu_counts(self, proposal: Any) -> int:
-        value = int(proposal["value"])
-        if value < 0:
-            raise TraitError(f"{proposal['trait'].name} must be >= 0, not {value}")
-        return value
 
     request_priority = Integer(
         0, help="Priority of server requests (higher runs first within a tenant)."
@@ -192,69 +167,6 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
         a server get their own devices from the gpuaas kernel provisioner.""",
     ).tag(config=True)
 
-    simulated_banner = Unicode(
-        "No GPU was found on this machine: the gateway grants SIMULATED devices. Queueing, "
-        "quotas and culling are real; the CUDA_VISIBLE_DEVICES your server gets name no "
-        "real GPU.",
-        help="Shown on the spawn form when the gateway's devices are simulated.",
-    ).tag(config=True)
-
-    # ----------------------------------------------------------------- options
-
-    @default("options_form")
-    def _options_form_default(self) -> Any:
-        return type(self)._gpuaas_options_form
-
-    @default("options_from_form")
-    def _options_from_form_default(self) -> Any:
-        return _checked_options_from_form
-
-    @default("apply_user_options")
-    def _apply_user_options_default(self) -> Any:
-        # tenant/flavor/gpus are this mixin's (gpu_options()); say so, or the Hub warns
-        # that they went unhandled. A configured apply_user_options replaces this.
-        return _gpu_options_are_ours
-
-    def _member_groups(self) -> list[str]:
-        return sorted(g.name for g in self.user.groups)
-
-    async def _gpuaas_options_form(self) -> str:
-        """The spawn form: the user's tenants with their usage, flavors, GPU count."""
-        groups = self._member_groups()
-        banner = error = ""
-        tenants = []
-        try:
-            client = self._reader_client()
-            data = await client.tenants()
-            tenants = tenant_choices(data, groups)
-            if data.get("simulated"):
-                banner = self.simulated_banner
-        except GatewayError as e:
-            error = f"The GPU gateway cannot be reached ({e}); only a start with 0 GPUs works now."
-        names = {n: str(s.get("display_name") or n) for n, s in self.flavors.items()}
-        return render_form(
-            tenants=tenants,
-            flavor_names=names,
-            default_gpus=self.default_gpus,
-            max_gpus=self.max_gpus,
-            last=self.orm_spawner.user_options or {},
-            banner=banner,
-            error=error,
-        )
-
-    def gpu_options(self, options: dict[str, Any] | None = None) -> GpuOptions:
-        """This spawn's GPU options (or `options`), validated against the user's groups:
-        the one validation of the form and the REST API, so both say the same words."""
-        try:
-            return parse_options(
-                self.user_options or {} if options is None else options,
-                default_gpus=self.default_gpus,
-                max_gpus=self.max_gpus,
-                member_of=self._member_groups(),
-            )
-        except OptionsError as e:
-            raise _refused(e.status, str(e)) from None
-
     # ----------------------------------------------------------------- state
 
     @property
@@ -264,6 +176,9 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
         if state is None:
             state = self.__dict__["_gpuaas"] = {
                 "rid": None,  # the gateway request while we hold or wait for one
+                "resume": None,  # a pending spawn's request to take back (resume.py)
+                "resume_task": None,
+                "kept": None,  # a cancelled spawn's request, until a stop says why (resume.py)
                 "grant": None,  # the request object once admitted
                 "token": None,  # the MintedToken of the request (tokens.py)
                 "stale_tokens": [],  # ids of tokens a previous Hub minted: to revoke
@@ -282,15 +197,21 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
         token: MintedToken | None = gp["token"]
         ids = [token.id] if token else []
         ids += gp["stale_tokens"]
-        if gp["rid"] or ids:
+        pending = gp["rid"] if gp["rid"] and not gp["running"] else gp["kept"] or gp["resume"]
+        if gp["rid"] or ids or pending:
             # The token's id, never the token: the next Hub revokes it (tokens.py).
             state["gpuaas"] = {"request": gp["rid"], "grant": gp["grant"], "tokens": ids}
+            if pending:  # not started yet: the next Hub resumes it (resume.py)
+                state["gpuaas"].update(request=pending, pending=True)
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)  # type: ignore[misc]
         saved = state.get("gpuaas") or {}
-        if saved.get("request"):
+        if saved.get("pending"):
+            self._gp["resume"] = saved.get("request")
+            self.log.info("gpuaas request %s of %s to resume", saved["request"], self._log_name)
+        elif saved.get("request"):
             self._gp.update(rid=saved["request"], grant=saved.get("grant"), running=True)
         # Minted by a Hub before this one: unusable (we do not have them), so revoked
         # as soon as this Hub mints a token or ends the request.
@@ -389,7 +310,7 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
         began = time.perf_counter()
         name = f"{self.user.name}/{self.name}" if self.name else self.user.name
         try:
-            req = await client.submit(
+            req = await resume.take_back(self, client, options) or await client.submit(
                 options.tenant or "",
                 "server",
                 options.gpus,
@@ -402,6 +323,7 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
             board.publish(QueueStatus("failed", options, reason=e.error))
             raise _refusal(e) from None
         gp["rid"] = req["id"]
+        resume.save_pending(self)
         self.log.info("gpuaas request %s for %s: %s", req["id"], self._log_name, req.get("state"))
         changed = asyncio.Event()
 
@@ -437,7 +359,14 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
                     await asyncio.wait_for(changed.wait(), timeout=wait)
                 except asyncio.TimeoutError:
                     pass
-                req = await client.get(gp["rid"])
+                try:
+                    req = await client.get(gp["rid"])
+                except GatewayError as e:
+                    if e.status and e.status < 500:
+                        raise  # the request is gone
+                    # The gateway is down or restarting (the Hub restarts a managed service
+                    # that dies): keep the place, and read it again at the next wake-up.
+                    self.log.warning("gpuaas: %s waits for the gateway: %s", self._log_name, e)
         except BaseException as e:  # refused, timed out, or the spawn was cancelled
             self._unsubscribe()
             if not isinstance(e, web.HTTPError):
@@ -445,6 +374,11 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
                 board.publish(QueueStatus("failed", options, reason=why))
             else:
                 board.publish(QueueStatus("failed", options, reason=e.log_message % e.args))
+            if isinstance(e, asyncio.CancelledError):
+                # A user's stop follows at once and cancels the request (poll()); a Hub
+                # shutting down does not, and the next Hub resumes it (resume.py).
+                gp["kept"] = gp["rid"]
+                raise
             await asyncio.shield(self.release_gpus("the spawn ended before the server started"))
             raise
         gp["grant"] = req
@@ -632,9 +566,18 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
     async def poll(self) -> int | None:
         status: int | None = await super().poll()  # type: ignore[misc]
         gp = self._gp
-        if status is not None and gp["running"] and gp["rid"] is not None:
+        kept = gp["kept"]
+        if status is not None and kept and not gp["running"]:
+            # A pending spawn the user stopped: the Hub stops it without calling stop()
+            # (nothing runs yet), so its request is given back here.
+            gp.update(rid=kept, kept=None)
+            await self.release_gpus("the spawn was stopped before the server started")
+        elif status is not None and gp["running"] and gp["rid"] is not None:
             # Died on its own: the Hub will clean up without calling stop().
             await self.release_gpus(f"the server exited ({status})")
+        elif status is not None and gp["resume"] and gp["rid"] is None:
+            # A spawn that was pending when the Hub went down: start it again (resume.py).
+            resume.schedule_restart(self)
         return status
 
     async def stop(self, now: bool = False) -> None:
@@ -650,6 +593,8 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
         rid, keep = gp["rid"], gp["keep"]
         hb = gp["hb"]
         gp.update(rid=None, grant=None, running=False, keep=False, hb=None)
+        if rid is not None and gp["kept"] == rid:
+            gp["kept"] = None  # a user's stop of a pending spawn: cancelled below
         if hb is not None and hb is not asyncio.current_task():
             hb.cancel()
         self._unsubscribe()
@@ -665,34 +610,3 @@ class QueuedSpawnerMixin(RequestTokenMixin, Configurable):
                         e,
                     )
         self._revoke_user_token()
-
-
-def _gpu_options_are_ours(spawner: Any, user_options: dict[str, Any]) -> None:
-    """apply_user_options: the GPU keys are read in wait_for_gpus(); nothing to apply."""
-
-
-def _checked_options_from_form(formdata: dict[str, list[str]], spawner: Any) -> dict[str, Any]:
-    """The form's options, refused at once (the form shows again, with the sentence) when
-    `gpu_options()` would refuse them: the same validation as a REST API start."""
-    options = options_from_form(formdata)
-    spawner.gpu_options(options)
-    return options
-
-
-def _refused(status: int, sentence: str) -> web.HTTPError:
-    """An HTTPError whose words JupyterHub shows as they are: its `jupyterhub_message` is
-    what the spawn form and the Hub's REST API answer (not "HTTP 400: Bad Request (…)")."""
-    error = web.HTTPError(status, "%s", sentence)
-    error.jupyterhub_message = sentence  # type: ignore[attr-defined]
-    return error
-
-
-def _refusal(e: GatewayError) -> web.HTTPError:
-    """A gateway refusal as the spawn's failure, in words the spawn page shows."""
-    if e.status == 422:
-        return _refused(422, f"this GPU request can never be admitted: {e}")
-    if e.status in (401, 403):
-        return _refused(403, f"the GPU gateway refused this request: {e}")
-    if e.status == 400:
-        return _refused(400, str(e))
-    return _refused(503, f"the GPU gateway is unavailable: {e}")

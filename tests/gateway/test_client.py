@@ -33,9 +33,22 @@ def test_from_env() -> None:
         "http://h:1/",
         "t",
     )
-    hub = {"JUPYTERHUB_API_URL": "http://hub:8081/hub/api", "JUPYTERHUB_API_TOKEN": "j"}
-    assert gateway_from_env(hub) == ("http://hub:8081/services/gpuaas/", "j")
+    # Inside JupyterHub: through the public proxy, never the Hub's own port (8081), which
+    # answers /services/... with a redirect.
+    hub = {
+        "JUPYTERHUB_API_URL": "http://hub:8081/hub/api",
+        "JUPYTERHUB_API_TOKEN": "j",
+        "JUPYTERHUB_PUBLIC_HUB_URL": "https://jupyter.example.org/hub/",
+        "JUPYTERHUB_BASE_URL": "/",
+    }
+    assert gateway_from_env(hub) == ("https://jupyter.example.org/services/gpuaas/", "j")
+    prefixed = {**hub, "JUPYTERHUB_PUBLIC_HUB_URL": "https://x.org/lab/hub/"}
+    prefixed["JUPYTERHUB_BASE_URL"] = "/lab/"
+    assert gateway_from_env(prefixed)[0] == "https://x.org/lab/services/gpuaas/"
     assert gateway_from_env({**hub, "GPUAAS_TOKEN": "g"})[1] == "g"
+    # No public URL and no GPUAAS_URL (the spawner sets it): say how, never guess 8081.
+    with pytest.raises(GatewayError, match="set GPUAAS_URL"):
+        gateway_from_env({**hub, "JUPYTERHUB_PUBLIC_HUB_URL": ""})
     with pytest.raises(GatewayError, match="set GPUAAS_URL"):
         gateway_from_env({})
     with pytest.raises(GatewayError, match="GPUAAS_TOKEN"):
