@@ -323,7 +323,16 @@ def test_hub_snippet_loads_into_jupyterhub_config() -> None:
     roles = {r["name"]: r for r in hub.load_roles}
     assert "custom:gpuaas:use" in roles["user"]["scopes"]
     assert "access:services!service=gpuaas" in roles["user"]["scopes"]
-    assert {"list:users", "read:users:groups", "servers"} <= set(roles["gpuaas-service"]["scopes"])
+    # What the gateway checks (view, access) and what it does as the Hub's service: read
+    # users and groups, stop servers it culls (tests/hub/test_hub_snippet.py runs it).
+    assert {
+        "custom:gpuaas:view",
+        "access:services!service=gpuaas",
+        "list:users",
+        "read:users",
+        "read:groups",
+        "admin:servers",
+    } <= set(roles["gpuaas-service"]["scopes"])
     assert roles["gpuaas-service"]["services"] == ["gpuaas"]
 
 
