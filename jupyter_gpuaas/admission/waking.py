@@ -63,22 +63,25 @@ class Waking(Queries):
         """Quota of `flavor` freed in the tenant's cohort: wake the members' heads that could
         use it. Heads pinned to another flavor, or of members without quota for this one,
         stay asleep: nothing they wait for changed."""
+        # With autoscale, a head held back by devices alone is demand for nodes: let the
+        # cycle see it. Nothing below changes the nodes: one look for the whole tree.
+        gap = 1 << 30 if flavor in self._config.policy.autoscale else None
+        gap = gap or self._cluster.widest_gap(flavor)
+        tenants = self._config.tenants
         for name in self._ledger.tree(tenant):
-            q = self._queues[name]
-            if flavor not in self._config.tenants[name].quota:
+            if flavor not in tenants[name].quota:
                 continue
-            room = self._ledger.room(name, flavor)
-            # With autoscale, a head held back by devices alone is demand for nodes: let the
-            # cycle see it.
-            gap = 1 << 30 if flavor in self._config.policy.autoscale else None
-            gap = gap or self._cluster.widest_gap(flavor)
+            q = self._queues[name]
             may_preempt = self._preempts[name]
             woken = name in self._strict_blocked
+            room = -1  # asked of the ledger at the first sleeping head (most have none)
             most: dict[int, int] = {}
             for bucket in q.buckets.values():
                 pin, gpus = bucket.key
                 if not bucket.inadmissible or pin not in (None, flavor):
                     continue
+                if room < 0:
+                    room = self._ledger.room(name, flavor)
                 if gpus <= room and gpus > gap:
                     # The quota is there now, the devices are not: wait for those.
                     self._cap_waiters[flavor].add((name, bucket.key))
