@@ -51,6 +51,7 @@ class AdmissionCore(Nominating):
         self._holders = Holders(self._ledger, self._cluster)  # preemption candidates
         self._heads = Heads()  # the nominated heads, of tenants that have one
         self._dirty: set[str] = set()
+        self._sleepers: dict[str, set[str]] = defaultdict(set)  # waking.py
         self._strict_blocked: set[str] = set()
         # Bucket heads held back by capacity alone (quota would admit them): scale demand.
         self._capacity_blocked: dict[tuple[str, BucketKey], str] = {}
@@ -332,6 +333,7 @@ class AdmissionCore(Nominating):
         while True:
             if self._dirty:
                 for t in self._dirty:
+                    self._looked_at(t)
                     heads.set(t, self._nominate(t))
                 self._dirty.clear()
             best = heads.best(wins)
@@ -340,6 +342,7 @@ class AdmissionCore(Nominating):
             if best.epoch != self._epoch:
                 # Nominated before the last admission, which may have taken its room (in
                 # another cohort, on the same nodes): look again before acting.
+                self._looked_at(best.req.tenant)
                 fresh = self._nominate(best.req.tenant)
                 heads.set(best.req.tenant, fresh)
                 if fresh is None or fresh.req is not best.req or fresh.key != best.key:

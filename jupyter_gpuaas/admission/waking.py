@@ -29,6 +29,13 @@ class Waking(Queries):
     _strict_blocked: set[str]
     _cap_waiters: dict[str, set[tuple[str, BucketKey | None]]]
     _preempts: dict[str, bool]
+    # Per root cohort, its tenants that may have a sleeping head (a superset): the ones
+    # looked at since they were last seen with none. A release wakes these, not the tree.
+    _sleepers: dict[str, set[str]]
+
+    def _looked_at(self, tenant: str) -> None:
+        """About to nominate the tenant's heads, which may mark some inadmissible."""
+        self._sleepers[self._ledger.root(tenant)].add(tenant)
 
     def _touch(self, tenant: str) -> None:
         self._dirty.add(tenant)
@@ -68,10 +75,20 @@ class Waking(Queries):
         gap = 1 << 30 if flavor in self._config.policy.autoscale else None
         gap = gap or self._cluster.widest_gap(flavor)
         tenants = self._config.tenants
-        for name in self._ledger.tree(tenant):
+        sleepers = self._sleepers[self._ledger.root(tenant)]
+        # Marks are only set by nomination (so a member not looked at since it had none
+        # has none); what is done below is order-free (set additions).
+        for name in list(sleepers):
+            q = self._queues[name]
+            if not (
+                q.resuming
+                or name in self._strict_blocked
+                or any(b.inadmissible for b in q.buckets.values())
+            ):
+                sleepers.discard(name)
+                continue
             if flavor not in tenants[name].quota:
                 continue
-            q = self._queues[name]
             may_preempt = self._preempts[name]
             woken = name in self._strict_blocked
             room = -1  # asked of the ledger at the first sleeping head (most have none)
