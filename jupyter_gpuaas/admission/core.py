@@ -19,6 +19,7 @@ from typing import Any
 
 from .autoscale import READY, SCALE_DOWN, Autoscaler, scale_sizes
 from .grace import EVICT, Graces, Reclaim
+from .heads import Heads
 from .holders import Holders
 from .ledger import Ledger
 from .model import TERMINAL, Config, Decision, Preemption, Request, State
@@ -48,8 +49,9 @@ class AdmissionCore(Nominating):
         self._requests: dict[str, Request] = {}
         self._queues: dict[str, TenantQueue] = {t: TenantQueue() for t in config.tenants}
         self._holders = Holders(self._ledger, self._cluster)  # preemption candidates
-        self._entries: dict[str, Entry | None] = {}
+        self._heads = Heads()  # the nominated heads, of tenants that have one
         self._dirty: set[str] = set()
+        self._sleepers: dict[str, set[str]] = defaultdict(set)  # waking.py
         self._strict_blocked: set[str] = set()
         # Bucket heads held back by capacity alone (quota would admit them): scale demand.
         self._capacity_blocked: dict[tuple[str, BucketKey], str] = {}
@@ -326,26 +328,23 @@ class AdmissionCore(Nominating):
             # Every head was looked at since the last change and none can go: nothing to
             # do (most instants of a busy day are activity reports that change nothing).
             return out
-        entries = self._entries
+        heads = self._heads
+        wins = self._wins if self._tournament else None
         while True:
             if self._dirty:
                 for t in self._dirty:
-                    entries[t] = self._nominate(t)
+                    self._looked_at(t)
+                    heads.set(t, self._nominate(t))
                 self._dirty.clear()
-            best: Entry | None = None
-            tour = self._tournament
-            for e in entries.values():
-                if e is not None and (
-                    best is None or (self._wins(e, best) if tour else e.key < best.key)
-                ):
-                    best = e
+            best = heads.best(wins)
             if best is None:
                 break
             if best.epoch != self._epoch:
                 # Nominated before the last admission, which may have taken its room (in
                 # another cohort, on the same nodes): look again before acting.
+                self._looked_at(best.req.tenant)
                 fresh = self._nominate(best.req.tenant)
-                entries[best.req.tenant] = fresh
+                heads.set(best.req.tenant, fresh)
                 if fresh is None or fresh.req is not best.req or fresh.key != best.key:
                     continue
                 best = fresh

@@ -7,6 +7,7 @@ first. Best fit keeps whole nodes free for wide requests.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -35,10 +36,6 @@ class Node:
         return tuple(out)
 
 
-def _creation_order(node: Node) -> int:
-    return node.order
-
-
 class Cluster:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
@@ -47,6 +44,10 @@ class Cluster:
         # flavor -> free devices -> nodes with exactly that many free: best fit looks at
         # a handful of these instead of every node.
         self._by_free: dict[str, dict[int, dict[str, Node]]] = {}
+        # The same nodes as heaps of (creation order, name), so that best fit's oldest node
+        # is found without a look at each of thousands: a node that moved on to another
+        # free count (or went) stays behind, stale, until it reaches the top.
+        self._oldest: dict[tuple[str, int], list[tuple[int, str]]] = {}
         self._widest: dict[str, int] = {}  # most devices of one node, per flavor
         # Most free devices on one node, per flavor: "does anything fit?" is the question
         # the admission cycle asks most, so it is kept up to date rather than searched.
@@ -62,6 +63,7 @@ class Cluster:
         self._by_flavor.setdefault(flavor, []).append(node)
         self._free[flavor] = self._free.get(flavor, 0) + node.free
         self._by_free.setdefault(flavor, {}).setdefault(node.free, {})[name] = node
+        self._file_oldest(node)
         self._widest[flavor] = max(self._widest.get(flavor, 0), gpus)
         self._gap[flavor] = max(self._gap.get(flavor, 0), node.free)
         return node
@@ -112,8 +114,22 @@ class Cluster:
         for free in range(gpus, self._gap.get(flavor, 0) + 1):
             nodes = by_free.get(free)
             if nodes:
-                return min(nodes.values(), key=_creation_order)
+                heap = self._oldest[(flavor, free)]
+                while True:
+                    order, name = heap[0]
+                    node = nodes.get(name)
+                    if node is not None and node.order == order:
+                        return node
+                    heapq.heappop(heap)
         return None
+
+    def _file_oldest(self, node: Node) -> None:
+        key = (node.flavor, node.free)
+        heap = self._oldest.setdefault(key, [])
+        heapq.heappush(heap, (node.order, node.name))
+        if len(heap) > 2 * len(self._by_free[node.flavor][node.free]) + 64:
+            nodes = self._by_free[node.flavor][node.free]
+            heap[:] = sorted((n.order, n.name) for n in nodes.values())  # sorted: a heap
 
     def bind(self, node: Node, rid: str, devices: Iterable[int]) -> None:
         before = node.free
@@ -148,6 +164,7 @@ class Cluster:
             left = by_free[before]
             del left[node.name]
             by_free.setdefault(free, {})[node.name] = node
+            self._file_oldest(node)
             gap = self._gap[flavor]
             if free > gap:
                 self._gap[flavor] = free

@@ -29,6 +29,13 @@ class Waking(Queries):
     _strict_blocked: set[str]
     _cap_waiters: dict[str, set[tuple[str, BucketKey | None]]]
     _preempts: dict[str, bool]
+    # Per root cohort, its tenants that may have a sleeping head (a superset): the ones
+    # looked at since they were last seen with none. A release wakes these, not the tree.
+    _sleepers: dict[str, set[str]]
+
+    def _looked_at(self, tenant: str) -> None:
+        """About to nominate the tenant's heads, which may mark some inadmissible."""
+        self._sleepers[self._ledger.root(tenant)].add(tenant)
 
     def _touch(self, tenant: str) -> None:
         self._dirty.add(tenant)
@@ -63,22 +70,35 @@ class Waking(Queries):
         """Quota of `flavor` freed in the tenant's cohort: wake the members' heads that could
         use it. Heads pinned to another flavor, or of members without quota for this one,
         stay asleep: nothing they wait for changed."""
-        for name in self._ledger.tree(tenant):
+        # With autoscale, a head held back by devices alone is demand for nodes: let the
+        # cycle see it. Nothing below changes the nodes: one look for the whole tree.
+        gap = 1 << 30 if flavor in self._config.policy.autoscale else None
+        gap = gap or self._cluster.widest_gap(flavor)
+        tenants = self._config.tenants
+        sleepers = self._sleepers[self._ledger.root(tenant)]
+        # Marks are only set by nomination (so a member not looked at since it had none
+        # has none); what is done below is order-free (set additions).
+        for name in list(sleepers):
             q = self._queues[name]
-            if flavor not in self._config.tenants[name].quota:
+            if not (
+                q.resuming
+                or name in self._strict_blocked
+                or any(b.inadmissible for b in q.buckets.values())
+            ):
+                sleepers.discard(name)
                 continue
-            room = self._ledger.room(name, flavor)
-            # With autoscale, a head held back by devices alone is demand for nodes: let the
-            # cycle see it.
-            gap = 1 << 30 if flavor in self._config.policy.autoscale else None
-            gap = gap or self._cluster.widest_gap(flavor)
+            if flavor not in tenants[name].quota:
+                continue
             may_preempt = self._preempts[name]
             woken = name in self._strict_blocked
+            room = -1  # asked of the ledger at the first sleeping head (most have none)
             most: dict[int, int] = {}
             for bucket in q.buckets.values():
                 pin, gpus = bucket.key
                 if not bucket.inadmissible or pin not in (None, flavor):
                     continue
+                if room < 0:
+                    room = self._ledger.room(name, flavor)
                 if gpus <= room and gpus > gap:
                     # The quota is there now, the devices are not: wait for those.
                     self._cap_waiters[flavor].add((name, bucket.key))

@@ -1,0 +1,57 @@
+"""The nominated heads of one admission cycle, and which of them goes first.
+
+A cycle admits one head at a time and asks for the best again, so with thousands of tenants
+the choice must not scan them all: of 2,000 tenants most have nothing to offer, and on a
+busy instant a thousand heads may wait at once. Admission keys are unique (they end in the
+request's arrival number), so the best is the least key: a heap finds it. A replaced head
+stays in the heap, stale, until it reaches the top, where it is dropped.
+
+Fair sharing in a cohort tree compares two heads by Kueue's tournament, not by key alone,
+so there the best is found by the same pairwise scan as before (`wins`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+from .nominate import Entry
+
+
+class Heads:
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}  # tenant -> its nominated head (tenants with one)
+        # (key, push number, tenant, entry): the push number breaks the tie of a head
+        # nominated again with the same key, so entries are never compared.
+        self._heap: list[tuple[tuple[Any, ...], int, str, Entry]] = []
+        self._pushed = 0
+
+    def set(self, tenant: str, entry: Entry | None) -> None:
+        if entry is None:
+            self.entries.pop(tenant, None)
+            return
+        self.entries[tenant] = entry
+        self._pushed += 1
+        heapq.heappush(self._heap, (entry.key, self._pushed, tenant, entry))
+        if len(self._heap) > 4 * len(self.entries) + 1024:
+            # Mostly stale: rebuild, so memory follows the live heads, not the history.
+            self._heap = [x for x in self._heap if self.entries.get(x[2]) is x[3]]
+            heapq.heapify(self._heap)
+
+    def best(self, wins: Callable[[Entry, Entry], bool] | None) -> Entry | None:
+        """The head that goes first: the least key, or by `wins` when given."""
+        if wins is not None:
+            best: Entry | None = None
+            for e in self.entries.values():
+                if best is None or wins(e, best):
+                    best = e
+            return best
+        heap = self._heap
+        entries = self.entries
+        while heap:
+            top = heap[0]
+            if entries.get(top[2]) is top[3]:
+                return top[3]
+            heapq.heappop(heap)
+        return None
