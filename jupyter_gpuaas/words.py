@@ -27,6 +27,7 @@ __all__ = [
     "holder",
     "join_names",
     "plural",
+    "reason_sentence",
     "usage_phrase",
     "usage_phrase_of",
     "usage_sentence",
@@ -227,4 +228,41 @@ def wait_sentence(
     text = f"{head}; the next one frees {release.phrase()}"
     if turn is not None and turn - release.seconds >= 60:
         text += f"; its turn in {about(turn)}"
+    return text
+
+
+def reason_sentence(kind: str, details: Mapping[str, Any]) -> str:
+    """Why a queued request waits, from the core's typed reason (`core.waiting_for`):
+
+    vision uses 4 of 4 a100 and the cohort lends none
+    no a100 node has 2 free GPUs; 1 node being added
+    behind r7, the first request of vision, which goes first (StrictFIFO)
+    """
+    tenant, flavor, gpus = details.get("tenant", ""), details.get("flavor", ""), details["gpus"]
+    head = details.get("head")
+    if kind == "fifo":
+        return f"behind {head}, the first request of {tenant}, which goes first (StrictFIFO)"
+    if kind == "capacity":
+        text = f"no {flavor} node has {gpus} free {'GPU' if gpus == 1 else 'GPUs'}"
+        coming = int(details.get("coming", 0))
+        if coming:
+            text += f"; {plural(coming, 'node')} being added"
+    else:
+        used, nominal, lend = details["used"], details["nominal"], int(details.get("lendable", 0))
+        if used > nominal:
+            text = (
+                f"{tenant} uses {used} {flavor}: {nominal} of its own and {used - nominal} borrowed"
+            )
+        else:
+            text = f"{tenant} uses {used} of {nominal} {flavor}"
+        if not details.get("cohort"):
+            text += f" and it asks for {gpus}" if used < nominal else ""
+        elif lend == 0:
+            text += (
+                " and the cohort lends none" if used <= nominal else " and the cohort lends no more"
+            )
+        else:
+            text += f" and the cohort lends {lend} of the {gpus} it needs"
+    if head:
+        text += f" (for {head}, ahead of it)"
     return text
