@@ -197,18 +197,22 @@ def wait_sentence(
     release: Release | None = None,
     turn: float | None = None,
     quota: str = "",
+    why: str = "",
 ) -> str:
     """Why a queued request waits, and until when, in one line.
 
     `total`/`free`: the devices of the flavor(s) it may use; `ahead`: requests before it;
     `release`: the next grant to free a device (None: none has a known end); `turn`: the
     estimated seconds until its own turn; `quota`: the tenant's usage sentence, said when
-    devices are free but the tenant may not take them.
+    devices are free but the tenant may not take them; `why`: the core's reason
+    (reason_sentence), said instead of all that guessing when given.
 
         waiting: all 4 a100 are in use; the next one frees when alice's job ends (about 12 min)
         waiting: all 4 a100 are in use; no estimate yet
     """
-    if free >= gpus and ahead:
+    if why:  # the core's reason (reason_sentence) says it: only the estimate follows
+        head = f"waiting: {why}"
+    elif free >= gpus and ahead:
         head = f"waiting: {plural(ahead, 'request')} ahead in the queue"
     elif free >= gpus:
         head = f"waiting for quota: {quota}" if quota else "waiting for its turn"
@@ -257,6 +261,8 @@ def reason_sentence(kind: str, details: Mapping[str, Any]) -> str:
             text = f"{tenant} uses {used} of {nominal} {flavor}"
         if not details.get("cohort"):
             text += f" and it asks for {gpus}" if used < nominal else ""
+        elif int(details.get("lent_out", 0)):
+            text += f" and its other {details['lent_out']} are lent out in the cohort"
         elif lend == 0:
             text += (
                 " and the cohort lends none" if used <= nominal else " and the cohort lends no more"

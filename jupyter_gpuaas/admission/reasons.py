@@ -29,7 +29,8 @@ class Reason:
     """Why the head a request waits on is inadmissible.
 
     `quota`: `tenant` holds `used` of its `nominal` GPUs of `flavor` and its tree could
-    lend it `lendable` more, fewer than the head's `gpus`. `capacity`: quota would admit
+    lend it `lendable` more (`lent_out`: how much of its own unused quota others of the
+    tree hold), fewer than the head's `gpus`. `capacity`: quota would admit
     it but the widest gap on a `flavor` node is `free` GPUs; `coming` nodes are being
     added. `fifo`: behind `head`, the first request of a StrictFIFO tenant. `head` is
     also set when the request waits behind another head of its own bucket.
@@ -42,6 +43,7 @@ class Reason:
     used: int = 0
     nominal: int = 0
     lendable: int = 0
+    lent_out: int = 0
     cohort: str = ""
     free: int = 0
     coming: int = 0
@@ -51,6 +53,7 @@ class Reason:
         out: dict[str, Any] = {"tenant": self.tenant, "flavor": self.flavor, "gpus": self.gpus}
         if self.kind == QUOTA:
             out.update(used=self.used, nominal=self.nominal, lendable=self.lendable)
+            out["lent_out"] = self.lent_out
             out["cohort"] = self.cohort or None
         elif self.kind == CAPACITY:
             out.update(free=self.free, coming=self.coming)
@@ -63,14 +66,16 @@ def waiting_reason(
     req: Request,
     queue: TenantQueue,
     strict: bool,
+    strict_blocked: bool,
     flavors: Sequence[str],
     capacity_blocked: Mapping[tuple[str, BucketKey], str],
     ledger: Ledger,
     cluster: Cluster,
     provisioning: Mapping[str, Mapping[str, float]],
-) -> Reason:
+) -> Reason | None:
     """The reason of a queued `req`: its own if it heads its bucket (or its StrictFIFO
-    queue), else `fifo` behind a StrictFIFO head or the reason of its bucket's head."""
+    queue), else `fifo` behind a StrictFIFO head or the reason of its bucket's head.
+    None while nomination has not failed its head (not looked at since it came)."""
     tenant = req.tenant
     bkey: BucketKey = (req.flavor, req.gpus)
     head = req
@@ -78,9 +83,13 @@ def waiting_reason(
         first = queue.first()
         if first is not None and first is not req:
             return Reason(FIFO, tenant, first.flavor or "", first.gpus, head=first.id)
+        if not strict_blocked:
+            return None
     else:
         bucket = queue.buckets.get(bkey)
-        top = queue.head(bucket) if bucket is not None else None
+        if bucket is None or not bucket.inadmissible:
+            return None
+        top = queue.head(bucket)
         if top is not None:
             head = top
     flavor = capacity_blocked.get((tenant, bkey))
@@ -95,7 +104,11 @@ def waiting_reason(
     used = ledger.usage.get((tenant, best), 0) if best else 0
     nominal = ledger.nominal(tenant, best) if best else 0
     own = max(0, nominal - used)
-    lendable = max(0, ledger.room(tenant, best) - own) if best else 0
+    room = ledger.room(tenant, best) if best else 0
+    lendable = max(0, room - own)
+    lent_out = max(0, own - room)  # its unused quota, borrowed by others of its tree
     path = ledger.path(tenant)
     cohort = path[0] if path else ""
-    return Reason(QUOTA, tenant, best, head.gpus, used, nominal, lendable, cohort, head=behind)
+    return Reason(
+        QUOTA, tenant, best, head.gpus, used, nominal, lendable, lent_out, cohort, head=behind
+    )

@@ -17,7 +17,7 @@ from typing import Any
 
 from jupyter_gpuaas.admission.model import Config, Request, State
 from jupyter_gpuaas.admission.views import NodeState, TenantUsage
-from jupyter_gpuaas.words import Release, plural, usage_sentence, wait_sentence
+from jupyter_gpuaas.words import Release, plural, reason_sentence, usage_sentence, wait_sentence
 
 
 def lenders(config: Config, usage: Sequence[TenantUsage]) -> dict[tuple[str, str], list[str]]:
@@ -114,6 +114,7 @@ def estimate(
     hold_times: Mapping[str, Sequence[float]],
     idle_timeout: Callable[[str], float],
     config: Config | None = None,
+    reason: tuple[str, Mapping[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(`estimated_wait`, `waiting_for`) of a queued request at `position` overall.
 
@@ -123,6 +124,9 @@ def estimate(
     its reason when no grant in use has a known end. With `config`, a request that devices
     are free for but nothing is ahead of (its quota holds it back) says its tenant's usage,
     counted from the same holders (not a scan of every queue, for every queued request).
+    With `reason` (the core's `waiting_for`: what nomination found), its kind is the kind
+    and its sentence the message, followed by the estimate; the guess from this view's
+    counts is only the fallback of a core that has not looked at the request yet.
     """
     total = free = widest = 0
     for node in nodes:
@@ -184,6 +188,11 @@ def estimate(
         if len(ends) > idle:
             parts.append(f"{plural(len(ends) - idle, 'grant')} held about as long as past ones")
         wait = {"seconds": round(max(1.0, seconds)), "basis": basis + " and ".join(parts)}
+    if reason is not None:
+        why = reason_sentence(reason[0], reason[1])
+        message = wait_sentence(flavor=label, total=total, free=free, gpus=req.gpus,
+                                release=release, turn=wait["seconds"], why=why)  # fmt: skip
+        return wait, {"kind": reason[0], "message": message}
     if widest >= req.gpus:  # one node has room: the queue or the quota holds it back
         kind = "fifo" if ahead else "quota"
     else:
