@@ -91,3 +91,29 @@ async def test_errors_are_one_sentence_naming_the_field(
     with pytest.raises(GatewayError) as e:
         await gw.client("alice")._call("POST", "api/requests", body)
     assert str(e.value) == answer["error"]
+
+
+async def test_capacity_and_quota_blocked_read_the_cores_reason(make_gateway: Any) -> None:
+    """The kind and sentence of `waiting_for` are the core's reason from nomination, in
+    the submit answer, GET api/requests/{id} and the list alike."""
+    gw: Gateway = await make_gateway(
+        quotas={
+            "flavors": {"a100": {"nodes": 1, "gpus_per_node": 4}},
+            "tenants": {"vision": {"quota": {"a100": 2}}, "nlp": {"quota": {"a100": 4}}},
+        }
+    )
+    alice, bob = gw.client("alice"), gw.client("bob")
+    assert (await alice.submit("vision", "job", 2))["state"] == "admitted"
+    assert (await bob.submit("nlp", "job", 2))["state"] == "admitted"
+    quota = await alice.submit("vision", "job", 1)
+    capacity = await bob.submit("nlp", "job", 1)
+    assert quota["waiting_for"]["kind"] == "quota"
+    assert quota["waiting_for"]["message"].startswith("waiting: vision uses 2 of 2 a100;")
+    assert capacity["waiting_for"]["kind"] == "capacity"
+    assert capacity["waiting_for"]["message"].startswith("waiting: no a100 node has 1 free GPU;")
+    for client, obj in ((alice, quota), (bob, capacity)):
+        got = await client.get(obj["id"])
+        assert got["waiting_for"] == obj["waiting_for"]
+        listed = {r["id"]: r for r in await client.list()}
+        assert listed[obj["id"]]["waiting_for"] == obj["waiting_for"]
+        assert obj["waiting_for"]["message"].rstrip(".") in describe(got)
