@@ -20,8 +20,23 @@ from jupyter_gpuaas.admission.views import NodeState, TenantUsage
 from jupyter_gpuaas.words import Release, plural, reason_sentence, usage_sentence, wait_sentence
 
 
+def _root(config: Config, cohort: str | None) -> str | None:
+    """The root of a cohort's tree (itself for a flat cohort); None without a cohort."""
+    seen: set[str] = set()
+    while cohort is not None and cohort not in seen:
+        seen.add(cohort)
+        spec = config.cohorts.get(cohort)
+        if spec is None or spec.parent is None:
+            return cohort
+        cohort = spec.parent
+    return cohort
+
+
 def lenders(config: Config, usage: Sequence[TenantUsage]) -> dict[tuple[str, str], list[str]]:
     """Per borrowing (tenant, flavor): the cohort members whose unused quota covers it.
+
+    In a cohort tree, every tenant of the same tree is a member (its GPUs may be lent up
+    and down the tree); the cohorts' own quota is nobody's to name.
 
     The ledger pools what members lend, so no GPU is tied to one lender; a borrower is said
     to borrow from the members with the most unused lendable quota, as many as it takes to
@@ -35,9 +50,12 @@ def lenders(config: Config, usage: Sequence[TenantUsage]) -> dict[tuple[str, str
         spec = config.tenants.get(u.tenant)
         if spec is None or spec.cohort is None:
             continue
+        root = _root(config, spec.cohort)
         spare: list[tuple[int, str]] = []
         for name, other in config.tenants.items():
-            if name == u.tenant or other.cohort != spec.cohort or u.flavor not in other.quota:
+            if name == u.tenant or u.flavor not in other.quota:
+                continue
+            if other.cohort is None or _root(config, other.cohort) != root:
                 continue
             unused = other.quota[u.flavor] - held.get((name, u.flavor), 0)
             free = min(other.lendable(u.flavor), unused)
@@ -240,11 +258,18 @@ def usable_flavors(config: Config, tenant: str, flavors: Sequence[str]) -> list[
         return list(flavors)
     out = []
     for f in flavors:
+        root = _root(config, spec.cohort)
         if spec.quota.get(f, 0) > 0 or (
-            spec.cohort is not None
-            and any(
-                t.cohort == spec.cohort and t.name != tenant and t.lendable(f) > 0
-                for t in config.tenants.values()
+            root is not None
+            and (
+                any(
+                    _root(config, t.cohort) == root and t.name != tenant and t.lendable(f) > 0
+                    for t in config.tenants.values()
+                )
+                or any(
+                    c.quota.get(f, 0) > 0 and _root(config, c.name) == root
+                    for c in config.cohorts.values()
+                )
             )
         ):
             out.append(f)
