@@ -690,6 +690,11 @@ def assert_result_shape(result: dict[str, Any], ids: set[str], tenants: set[str]
         if rec["state"] == "rejected":  # SCENARIO.md: a rejected request carries `reason`
             assert set(rec) == REQUEST_RESULT_KEYS | {"reason", "tenant"}
             assert rec["reason"].strip()
+        elif "waiting_for" in rec:  # still queued when the clock stopped: why it waits
+            assert rec["state"] == "queued"
+            assert set(rec) == REQUEST_RESULT_KEYS | {"waiting_for"}
+            assert rec["waiting_for"]["kind"] in {"quota", "capacity", "fifo"}
+            assert rec["waiting_for"]["message"].strip()
         else:
             assert set(rec) == REQUEST_RESULT_KEYS
         assert rec["state"] in {

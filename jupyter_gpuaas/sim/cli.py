@@ -101,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if events_file is not None:
             events_file.close()
-    result = build_result(scenario, sim.decisions, sim.end, wall, sim.core.waiting_for)
+    # The core at the end of the clock says why each request still queued waits.
+    waiting_for = getattr(getattr(sim, "core", None), "waiting_for", None)
+    result = build_result(scenario, sim.decisions, sim.end, wall, waiting_for)
     if args.json:
         # dumps, not dump: dump encodes in pure Python, chunk by chunk (1.5 s for a month).
         sys.stdout.write(json.dumps(result))
