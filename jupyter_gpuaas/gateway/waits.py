@@ -208,6 +208,10 @@ def estimate(
         wait = {"seconds": round(max(1.0, seconds)), "basis": basis + " and ".join(parts)}
     if reason is not None:
         why = reason_sentence(reason[0], reason[1])
+        if reason[0] == "capacity" and free < req.gpus and not reason[1].get("coming"):
+            # The same fact in the counts a person sees ("all 4 a100 are in use"); the
+            # core's sentence when it says more (fragmented free GPUs, nodes coming).
+            why = ""
         message = wait_sentence(flavor=label, total=total, free=free, gpus=req.gpus,
                                 release=release, turn=wait["seconds"], why=why)  # fmt: skip
         return wait, {"kind": reason[0], "message": message}

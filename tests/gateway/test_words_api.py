@@ -110,7 +110,7 @@ async def test_capacity_and_quota_blocked_read_the_cores_reason(make_gateway: An
     assert quota["waiting_for"]["kind"] == "quota"
     assert quota["waiting_for"]["message"].startswith("waiting: vision uses 2 of 2 a100;")
     assert capacity["waiting_for"]["kind"] == "capacity"
-    assert capacity["waiting_for"]["message"].startswith("waiting: no a100 node has 1 free GPU;")
+    assert capacity["waiting_for"]["message"].startswith("waiting: all 4 a100 are in use;")
     for client, obj in ((alice, quota), (bob, capacity)):
         got = await client.get(obj["id"])
         assert got["waiting_for"] == obj["waiting_for"]
