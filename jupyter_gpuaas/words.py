@@ -253,16 +253,11 @@ def reason_sentence(kind: str, details: Mapping[str, Any]) -> str:
             text += f"; {plural(coming, 'node')} being added"
     else:
         used, nominal, lend = details["used"], details["nominal"], int(details.get("lendable", 0))
-        if used > nominal:
-            text = (
-                f"{tenant} uses {used} {flavor}: {nominal} of its own and {used - nominal} borrowed"
-            )
-        else:
-            text = f"{tenant} uses {used} of {nominal} {flavor}"
+        text = f"{tenant} {usage_phrase(flavor, used=used, quota=nominal)}"
         if not details.get("cohort"):
             text += f" and it asks for {gpus}" if used < nominal else ""
         elif int(details.get("lent_out", 0)):
-            text += f" and its other {details['lent_out']} are lent out in the cohort"
+            text += f" and {details['lent_out']} of them are lent out in the cohort"
         elif lend == 0:
             text += (
                 " and the cohort lends none" if used <= nominal else " and the cohort lends no more"
@@ -270,5 +265,5 @@ def reason_sentence(kind: str, details: Mapping[str, Any]) -> str:
         else:
             text += f" and the cohort lends {lend} of the {gpus} it needs"
     if head:
-        text += f" (for {head}, ahead of it)"
+        text += f" ({head}, of the same size, is ahead of it)"
     return text

@@ -45,7 +45,7 @@ def test_quota_flat_cohort_lends_none() -> None:
     core.submit(req("w2", "vision", 2, user="cy"), 0.0)
     core.step(0.0)
     assert core.waiting_for("v") is None  # admitted
-    assert why(core, "w") == ("quota", "vision uses 4 of 4 a100 and the cohort lends none")
+    assert why(core, "w") == ("quota", "vision uses all 4 of its a100 and the cohort lends none")
     kind, details = core.waiting_for("w2")  # type: ignore[misc]
     assert (kind, details["head"]) == ("quota", "w")  # behind its bucket's head
     assert core.waiting_for("nope") is None
@@ -91,7 +91,7 @@ def test_strict_fifo_head_and_the_requests_behind_it() -> None:
     core.submit(req("big", "vision", 2, user="bob"), 1.0)
     core.submit(req("small", "vision", 1, user="cy"), 2.0)  # would fit, but FIFO
     core.step(2.0)
-    assert why(core, "big") == ("quota", "vision uses 3 of 4 a100 and it asks for 2")
+    assert why(core, "big") == ("quota", "vision uses 3 of its 4 a100 and it asks for 2")
     kind, text = why(core, "small")
     assert kind == "fifo"
     assert text == "behind big, the first request of vision, which goes first (StrictFIFO)"
@@ -120,5 +120,5 @@ def test_quota_in_a_cohort_tree_counts_what_the_tree_lends() -> None:
     assert (details["used"], details["nominal"], details["cohort"]) == (2, 2, "research")
     assert details["lendable"] == 1  # ops lends at most 1 of its 2
     assert reason_sentence(kind, details) == (
-        "vision uses 2 of 2 a100 and the cohort lends 1 of the 3 it needs"
+        "vision uses all 2 of its a100 and the cohort lends 1 of the 3 it needs"
     )

@@ -860,7 +860,7 @@ def test_cli_until_says_why_the_queued_wait(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     reqs = json.loads(proc.stdout)["requests"]
     assert "waiting_for" not in reqs["a"]  # admitted
-    assert reqs["b"]["waiting_for"] == {"kind": "quota", "message": "vision uses 4 of 4 a100"}
+    assert reqs["b"]["waiting_for"] == {"kind": "quota", "message": "vision uses all 4 of its a100"}
     # With more quota the node is what is short: the same request waits for capacity.
     proc = simulate(path, "--json", "--until", "50", "--set", "tenants.vision.quota.a100=8")
     assert proc.returncode == 0, proc.stderr

@@ -212,8 +212,13 @@ def estimate(
             # The same fact in the counts a person sees ("all 4 a100 are in use"); the
             # core's sentence when it says more (fragmented free GPUs, nodes coming).
             why = ""
-        message = wait_sentence(flavor=label, total=total, free=free, gpus=req.gpus,
-                                release=release, turn=wait["seconds"], why=why)  # fmt: skip
+        if reason[0] == "quota":  # "waiting for quota: vision uses all 2 of its a100; ..."
+            message = wait_sentence(flavor=label, total=total, free=max(free, req.gpus),
+                                    gpus=req.gpus, release=release, turn=wait["seconds"],
+                                    quota=why)  # fmt: skip
+        else:
+            message = wait_sentence(flavor=label, total=total, free=free, gpus=req.gpus,
+                                    release=release, turn=wait["seconds"], why=why)  # fmt: skip
         return wait, {"kind": reason[0], "message": message}
     if widest >= req.gpus:  # one node has room: the queue or the quota holds it back
         kind = "fifo" if ahead else "quota"

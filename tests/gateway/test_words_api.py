@@ -51,7 +51,7 @@ async def test_borrowing_and_an_indefinite_wait_read_as_sentences(make_gateway: 
     )
     # The core's reason: the cohort's whole quota is held, nlp's share by vision (Kueue
     # calls it quota, not capacity: reclaiming it would take a preemption).
-    why = "waiting: nlp uses 0 of 2 a100 and its other 2 are lent out in the cohort"
+    why = "waiting for quota: nlp uses none of its 2 a100 and 2 of them are lent out in the cohort"
     assert waiting["waiting_for"] == {"kind": "quota", "message": f"{why}; no estimate yet"}
     line = describe(await bob.get(waiting["id"]))
     assert line.endswith(f"queued, position 1 of 1; {why}; no estimate yet")
@@ -66,7 +66,7 @@ async def test_an_idle_holder_gives_a_known_end(make_gateway: Any) -> None:
     seconds = waiting["estimated_wait"]["seconds"]
     assert 540 <= seconds <= 600, waiting["estimated_wait"]
     assert waiting["waiting_for"]["message"] == (
-        "waiting: nlp uses 0 of 2 a100 and its other 2 are lent out in the cohort; "
+        "waiting for quota: nlp uses none of its 2 a100 and 2 of them are lent out in the cohort; "
         "the next one frees when alice's idle kernel is culled (about 10 min)"
     )
 
@@ -108,7 +108,9 @@ async def test_capacity_and_quota_blocked_read_the_cores_reason(make_gateway: An
     quota = await alice.submit("vision", "job", 1)
     capacity = await bob.submit("nlp", "job", 1)
     assert quota["waiting_for"]["kind"] == "quota"
-    assert quota["waiting_for"]["message"].startswith("waiting: vision uses 2 of 2 a100;")
+    assert quota["waiting_for"]["message"].startswith(
+        "waiting for quota: vision uses all 2 of its a100;"
+    )
     assert capacity["waiting_for"]["kind"] == "capacity"
     assert capacity["waiting_for"]["message"].startswith("waiting: all 4 a100 are in use;")
     for client, obj in ((alice, quota), (bob, capacity)):

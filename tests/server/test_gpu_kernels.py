@@ -102,7 +102,7 @@ async def test_second_kernel_waits_for_the_gpu_then_starts_on_it(
     # (checked before devices, as Kueue does), and no grant in use has a known end.
     assert rec2["waiting_for"] == {
         "kind": "quota",
-        "message": "waiting: vision uses 1 of 1 a100; no estimate yet",
+        "message": "waiting for quota: vision uses its only a100; no estimate yet",
     }
     assert rec2["estimated_wait"]["seconds"] is None
     # The kernel list of the server says it is still starting, and why.
