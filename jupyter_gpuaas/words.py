@@ -27,6 +27,7 @@ __all__ = [
     "holder",
     "join_names",
     "plural",
+    "reason_sentence",
     "usage_phrase",
     "usage_phrase_of",
     "usage_sentence",
@@ -196,18 +197,22 @@ def wait_sentence(
     release: Release | None = None,
     turn: float | None = None,
     quota: str = "",
+    why: str = "",
 ) -> str:
     """Why a queued request waits, and until when, in one line.
 
     `total`/`free`: the devices of the flavor(s) it may use; `ahead`: requests before it;
     `release`: the next grant to free a device (None: none has a known end); `turn`: the
     estimated seconds until its own turn; `quota`: the tenant's usage sentence, said when
-    devices are free but the tenant may not take them.
+    devices are free but the tenant may not take them; `why`: the core's reason
+    (reason_sentence), said instead of all that guessing when given.
 
         waiting: all 4 a100 are in use; the next one frees when alice's job ends (about 12 min)
         waiting: all 4 a100 are in use; no estimate yet
     """
-    if free >= gpus and ahead:
+    if why:  # the core's reason (reason_sentence) says it: only the estimate follows
+        head = f"waiting: {why}"
+    elif free >= gpus and ahead:
         head = f"waiting: {plural(ahead, 'request')} ahead in the queue"
     elif free >= gpus:
         head = f"waiting for quota: {quota}" if quota else "waiting for its turn"
@@ -227,4 +232,38 @@ def wait_sentence(
     text = f"{head}; the next one frees {release.phrase()}"
     if turn is not None and turn - release.seconds >= 60:
         text += f"; its turn in {about(turn)}"
+    return text
+
+
+def reason_sentence(kind: str, details: Mapping[str, Any]) -> str:
+    """Why a queued request waits, from the core's typed reason (`core.waiting_for`):
+
+    vision uses 4 of 4 a100 and the cohort lends none
+    no a100 node has 2 free GPUs; 1 node being added
+    behind r7, the first request of vision, which goes first (StrictFIFO)
+    """
+    tenant, flavor, gpus = details.get("tenant", ""), details.get("flavor", ""), details["gpus"]
+    head = details.get("head")
+    if kind == "fifo":
+        return f"behind {head}, the first request of {tenant}, which goes first (StrictFIFO)"
+    if kind == "capacity":
+        text = f"no {flavor} node has {gpus} free {'GPU' if gpus == 1 else 'GPUs'}"
+        coming = int(details.get("coming", 0))
+        if coming:
+            text += f"; {plural(coming, 'node')} being added"
+    else:
+        used, nominal, lend = details["used"], details["nominal"], int(details.get("lendable", 0))
+        text = f"{tenant} {usage_phrase(flavor, used=used, quota=nominal)}"
+        if not details.get("cohort"):
+            text += f" and it asks for {gpus}" if used < nominal else ""
+        elif int(details.get("lent_out", 0)):
+            text += f" and {details['lent_out']} of them are lent out in the cohort"
+        elif lend == 0:
+            text += (
+                " and the cohort lends none" if used <= nominal else " and the cohort lends no more"
+            )
+        else:
+            text += f" and the cohort lends {lend} of the {gpus} it needs"
+    if head:
+        text += f" ({head}, of the same size, is ahead of it)"
     return text

@@ -690,6 +690,11 @@ def assert_result_shape(result: dict[str, Any], ids: set[str], tenants: set[str]
         if rec["state"] == "rejected":  # SCENARIO.md: a rejected request carries `reason`
             assert set(rec) == REQUEST_RESULT_KEYS | {"reason", "tenant"}
             assert rec["reason"].strip()
+        elif "waiting_for" in rec:  # still queued when the clock stopped: why it waits
+            assert rec["state"] == "queued"
+            assert set(rec) == REQUEST_RESULT_KEYS | {"waiting_for"}
+            assert rec["waiting_for"]["kind"] in {"quota", "capacity", "fifo"}
+            assert rec["waiting_for"]["message"].strip()
         else:
             assert set(rec) == REQUEST_RESULT_KEYS
         assert rec["state"] in {
@@ -833,3 +838,64 @@ def test_real_csv_and_json_scenarios(tmp_path: Path) -> None:
     proc = simulate(jpath, "--json")
     assert proc.returncode == 0, proc.stderr
     assert set(json.loads(proc.stdout)["requests"]) == {"r1", "r2", "r3"}
+
+
+# --- --set KEY=VALUE and waiting_for at --until ------------------------------------
+
+FULL = {
+    "flavors": {"a100": {"nodes": 1, "gpus_per_node": 4}},
+    "tenants": {"vision": {"quota": {"a100": 4}}},
+    "requests": [
+        {"id": "a", "submit": 0, "tenant": "vision", "user": "a", "kind": "job", "gpus": 4,
+         "duration": 100},
+        {"id": "b", "submit": 0, "tenant": "vision", "user": "b", "kind": "job", "gpus": 2,
+         "duration": 100},
+    ],
+}  # fmt: skip
+
+
+def test_cli_until_says_why_the_queued_wait(tmp_path: Path) -> None:
+    path = write(tmp_path, FULL)
+    proc = simulate(path, "--json", "--until", "50")
+    assert proc.returncode == 0, proc.stderr
+    reqs = json.loads(proc.stdout)["requests"]
+    assert "waiting_for" not in reqs["a"]  # admitted
+    assert reqs["b"]["waiting_for"] == {"kind": "quota", "message": "vision uses all 4 of its a100"}
+    # With more quota the node is what is short: the same request waits for capacity.
+    proc = simulate(path, "--json", "--until", "50", "--set", "tenants.vision.quota.a100=8")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["requests"]["b"]["waiting_for"] == {
+        "kind": "capacity",
+        "message": "no a100 node has 2 free GPUs",
+    }
+    # Run to the end: nothing is queued, nothing says why.
+    done = json.loads(simulate(path, "--json").stdout)["requests"]
+    assert all("waiting_for" not in r for r in done.values())
+
+
+def test_cli_set_overrides_dotted_keys(tmp_path: Path) -> None:
+    path = write(tmp_path, FULL)
+    proc = simulate(
+        path, "--json", "--set", "tenants.vision.quota.a100=2", "--set", "policy.idle_timeout=1200"
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    # A quota of 2 cannot ever hold the 4-GPU request: rejected, as if the file said 2.
+    assert result["requests"]["a"]["state"] == "rejected"
+    assert result["requests"]["b"]["admitted_at"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("setting", "key", "words"),
+    [
+        ("tenants.vision.quota.a100=-1", "tenants.vision.quota.a100", "non-negative"),
+        ("policy.idle_timeout=soon", "policy.idle_timeout", "number"),
+        ("nope=1", "nope", "unknown key"),
+        ("tenants.vision.quota.a100=[1, 2]", "tenants.vision.quota.a100", "single value"),
+        ("tenants.vision.quota.a100.x=1", "tenants.vision.quota.a100.x", "not a mapping"),
+        ("no-equals-sign", "--set", "KEY=VALUE"),
+    ],
+)
+def test_cli_set_errors_name_the_key(tmp_path: Path, setting: str, key: str, words: str) -> None:
+    proc = simulate(write(tmp_path, FULL), "--set", setting)
+    assert_one_line_error(proc, key, words)

@@ -14,9 +14,10 @@ from typing import Any
 
 from .fairshare import tournament
 from .grace import Graces, kept_for_reclaim
-from .model import Request
+from .model import Request, State
 from .preemption import choose_flavor
 from .queues import BucketKey, order_key
+from .reasons import waiting_reason
 from .waking import Waking
 
 
@@ -152,6 +153,28 @@ class Nominating(Waking):
         else:
             self._capacity_blocked.pop(key, None)
         return None
+
+    def waiting_for(self, rid: str) -> tuple[str, dict[str, Any]] | None:
+        """Why a queued request waits, as nomination left it: (kind, details), kind one of
+        "quota", "capacity", "fifo" (reasons.py); None unless it is queued and nomination
+        has found its head inadmissible."""
+        req = self._requests.get(rid)
+        if req is None or req.state is not State.QUEUED:
+            return None
+        if req.tenant in self._dirty:
+            return None  # not nominated since it changed: no reason recorded yet
+        reason = waiting_reason(
+            req,
+            self._queues[req.tenant],
+            self._config.tenants[req.tenant].queueing == "StrictFIFO",
+            req.tenant in self._strict_blocked,
+            self._flavors[req.tenant],
+            self._capacity_blocked,
+            self._ledger,
+            self._cluster,
+            self.provisioning(),
+        )
+        return None if reason is None else (reason.kind, reason.details())
 
     def _pool_for(self, req: Request) -> Callable[[str], list[Request]]:
         def pool(flavor: str) -> list[Request]:

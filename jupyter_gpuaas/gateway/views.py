@@ -130,6 +130,7 @@ class Views:
             hold_times=self.hold_times,
             idle_timeout=self._idle_timeout,
             config=self.config,
+            reason=self.core.waiting_for(req.id),
         )
 
     def _idle_timeout(self, tenant: str) -> float:

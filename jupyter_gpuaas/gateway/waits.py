@@ -17,11 +17,26 @@ from typing import Any
 
 from jupyter_gpuaas.admission.model import Config, Request, State
 from jupyter_gpuaas.admission.views import NodeState, TenantUsage
-from jupyter_gpuaas.words import Release, plural, usage_sentence, wait_sentence
+from jupyter_gpuaas.words import Release, plural, reason_sentence, usage_sentence, wait_sentence
+
+
+def _root(config: Config, cohort: str | None) -> str | None:
+    """The root of a cohort's tree (itself for a flat cohort); None without a cohort."""
+    seen: set[str] = set()
+    while cohort is not None and cohort not in seen:
+        seen.add(cohort)
+        spec = config.cohorts.get(cohort)
+        if spec is None or spec.parent is None:
+            return cohort
+        cohort = spec.parent
+    return cohort
 
 
 def lenders(config: Config, usage: Sequence[TenantUsage]) -> dict[tuple[str, str], list[str]]:
     """Per borrowing (tenant, flavor): the cohort members whose unused quota covers it.
+
+    In a cohort tree, every tenant of the same tree is a member (its GPUs may be lent up
+    and down the tree); the cohorts' own quota is nobody's to name.
 
     The ledger pools what members lend, so no GPU is tied to one lender; a borrower is said
     to borrow from the members with the most unused lendable quota, as many as it takes to
@@ -35,9 +50,12 @@ def lenders(config: Config, usage: Sequence[TenantUsage]) -> dict[tuple[str, str
         spec = config.tenants.get(u.tenant)
         if spec is None or spec.cohort is None:
             continue
+        root = _root(config, spec.cohort)
         spare: list[tuple[int, str]] = []
         for name, other in config.tenants.items():
-            if name == u.tenant or other.cohort != spec.cohort or u.flavor not in other.quota:
+            if name == u.tenant or u.flavor not in other.quota:
+                continue
+            if other.cohort is None or _root(config, other.cohort) != root:
                 continue
             unused = other.quota[u.flavor] - held.get((name, u.flavor), 0)
             free = min(other.lendable(u.flavor), unused)
@@ -114,6 +132,7 @@ def estimate(
     hold_times: Mapping[str, Sequence[float]],
     idle_timeout: Callable[[str], float],
     config: Config | None = None,
+    reason: tuple[str, Mapping[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(`estimated_wait`, `waiting_for`) of a queued request at `position` overall.
 
@@ -123,6 +142,9 @@ def estimate(
     its reason when no grant in use has a known end. With `config`, a request that devices
     are free for but nothing is ahead of (its quota holds it back) says its tenant's usage,
     counted from the same holders (not a scan of every queue, for every queued request).
+    With `reason` (the core's `waiting_for`: what nomination found), its kind is the kind
+    and its sentence the message, followed by the estimate; the guess from this view's
+    counts is only the fallback of a core that has not looked at the request yet.
     """
     total = free = widest = 0
     for node in nodes:
@@ -184,6 +206,20 @@ def estimate(
         if len(ends) > idle:
             parts.append(f"{plural(len(ends) - idle, 'grant')} held about as long as past ones")
         wait = {"seconds": round(max(1.0, seconds)), "basis": basis + " and ".join(parts)}
+    if reason is not None:
+        why = reason_sentence(reason[0], reason[1])
+        if reason[0] == "capacity" and free < req.gpus and not reason[1].get("coming"):
+            # The same fact in the counts a person sees ("all 4 a100 are in use"); the
+            # core's sentence when it says more (fragmented free GPUs, nodes coming).
+            why = ""
+        if reason[0] == "quota":  # "waiting for quota: vision uses all 2 of its a100; ..."
+            message = wait_sentence(flavor=label, total=total, free=max(free, req.gpus),
+                                    gpus=req.gpus, release=release, turn=wait["seconds"],
+                                    quota=why)  # fmt: skip
+        else:
+            message = wait_sentence(flavor=label, total=total, free=free, gpus=req.gpus,
+                                    release=release, turn=wait["seconds"], why=why)  # fmt: skip
+        return wait, {"kind": reason[0], "message": message}
     if widest >= req.gpus:  # one node has room: the queue or the quota holds it back
         kind = "fifo" if ahead else "quota"
     else:
@@ -231,11 +267,18 @@ def usable_flavors(config: Config, tenant: str, flavors: Sequence[str]) -> list[
         return list(flavors)
     out = []
     for f in flavors:
+        root = _root(config, spec.cohort)
         if spec.quota.get(f, 0) > 0 or (
-            spec.cohort is not None
-            and any(
-                t.cohort == spec.cohort and t.name != tenant and t.lendable(f) > 0
-                for t in config.tenants.values()
+            root is not None
+            and (
+                any(
+                    _root(config, t.cohort) == root and t.name != tenant and t.lendable(f) > 0
+                    for t in config.tenants.values()
+                )
+                or any(
+                    c.quota.get(f, 0) > 0 and _root(config, c.name) == root
+                    for c in config.cohorts.values()
+                )
             )
         ):
             out.append(f)

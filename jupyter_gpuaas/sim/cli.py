@@ -1,4 +1,5 @@
-"""`jupyter-gpuaas simulate SCENARIO [--events FILE] [--json] [--until SECONDS]`.
+"""`jupyter-gpuaas simulate SCENARIO [--set KEY=VALUE]... [--events FILE] [--json]
+[--until SECONDS]`.
 
 Bad input is the user's mistake, not ours: it exits 2 with one line on stderr naming the
 key and the problem, and never a traceback. Failures inside the simulator itself are bugs
@@ -48,6 +49,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_seconds,
         help="stop the clock here (overrides the scenario's until)",
     )
+    parser.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        dest="overrides",
+        help="override a scenario key, dotted (tenants.vision.quota.a100=6, "
+        "policy.idle_timeout=1200); the value is read as YAML; repeatable",
+    )
     parser.set_defaults(run=run, exit_at_once=True)
     return parser
 
@@ -59,10 +69,11 @@ def _error(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from jupyter_gpuaas.sim.report import build_result, format_table
-    from jupyter_gpuaas.sim.scenario import load_scenario
+    from jupyter_gpuaas.sim.scenario import load_scenario, parse_override
 
     try:
-        scenario = load_scenario(args.scenario)
+        overrides = [parse_override(text) for text in getattr(args, "overrides", [])]
+        scenario = load_scenario(args.scenario, overrides)
     except SpecError as exc:
         return _error(str(exc))
     events_file = None
@@ -90,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if events_file is not None:
             events_file.close()
-    result = build_result(scenario, sim.decisions, sim.end, wall)
+    # The core at the end of the clock says why each request still queued waits.
+    waiting_for = getattr(getattr(sim, "core", None), "waiting_for", None)
+    result = build_result(scenario, sim.decisions, sim.end, wall, waiting_for)
     if args.json:
         # dumps, not dump: dump encodes in pure Python, chunk by chunk (1.5 s for a month).
         sys.stdout.write(json.dumps(result))

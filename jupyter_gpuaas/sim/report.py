@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jupyter_gpuaas.admission.model import Decision
 from jupyter_gpuaas.sim.scenario import Scenario
-from jupyter_gpuaas.words import format_duration
+from jupyter_gpuaas.words import format_duration, reason_sentence
 
 __all__ = ["build_result", "format_table", "percentile"]
 
@@ -64,9 +64,16 @@ def _busy_overlap(
 
 
 def build_result(
-    scenario: Scenario, decisions: Sequence[Decision], end: float, wall_seconds: float
+    scenario: Scenario,
+    decisions: Sequence[Decision],
+    end: float,
+    wall_seconds: float,
+    waiting_for: Callable[[str], tuple[str, Mapping[str, Any]] | None] | None = None,
 ) -> dict[str, Any]:
-    """The `--json` result of SCENARIO.md for `decisions` made up to clock time `end`."""
+    """The `--json` result of SCENARIO.md for `decisions` made up to clock time `end`.
+
+    `waiting_for` (the core's, at `end`) gives a request still queued when the clock
+    stopped its `waiting_for: {kind, message}`, the message in words.py's sentence."""
     by_id = {r.id: r for r in scenario.requests}
     state: dict[str, str] = {}
     first_admit: dict[str, float] = {}
@@ -220,6 +227,13 @@ def build_result(
             "preemptions": preemptions.get(rid, 0),
             "culls": culls.get(rid, 0),
         }
+        if s == "queued" and waiting_for is not None and rid not in cancelled_at:
+            why = waiting_for(rid) if req.submit <= end else None
+            if why is not None:
+                requests[rid]["waiting_for"] = {
+                    "kind": why[0],
+                    "message": reason_sentence(why[0], why[1]),
+                }
         if s == "rejected":
             # SCENARIO.md: a rejected request carries `reason`; its tenant for the table.
             requests[rid]["reason"] = reasons.get(rid, "")

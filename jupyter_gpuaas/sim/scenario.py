@@ -163,8 +163,46 @@ def _parse_text(text: str, where: str) -> Any:
         raise ScenarioError(where, f"invalid YAML: {other}") from None
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read a YAML or JSON scenario file; every problem is a `ScenarioError`."""
+def parse_override(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` of `simulate --set`: a dotted key and a value read as a YAML scalar."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ScenarioError(
+            "--set", f"{text!r} is not KEY=VALUE (a dotted key, e.g. policy.idle_timeout=1200)"
+        )
+    try:
+        value = yaml.load(raw, Loader=_LOADER) if raw.strip() else None
+    except yaml.YAMLError:
+        raise ScenarioError(key, f"{raw!r} is not a YAML value") from None
+    if isinstance(value, (dict, list)):
+        raise ScenarioError(key, f"{raw!r} must be a single value, not a {type(value).__name__}")
+    return key, value
+
+
+def apply_overrides(data: Any, overrides: Iterable[tuple[str, Any]]) -> Any:
+    """The document with each dotted `key` set to its value (missing mappings made), so
+    the result is validated exactly like a file that said so."""
+    for key, value in overrides:
+        parts = key.split(".")
+        if not isinstance(data, dict):
+            raise ScenarioError("", "a scenario must be a mapping to take --set")
+        node: Any = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[: i + 1])
+                raise ScenarioError(key, f"cannot set inside {where}, which is not a mapping")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_scenario(path: str | Path, overrides: Iterable[tuple[str, Any]] = ()) -> Scenario:
+    """Read a YAML or JSON scenario file, with `overrides` (dotted key, value) applied
+    before validation; every problem is a `ScenarioError`."""
     path = Path(path)
     where = str(path)
     try:
@@ -172,7 +210,7 @@ def load_scenario(path: str | Path) -> Scenario:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ScenarioError(where, f"cannot read: {reason}") from None
-    data = _parse_text(text, where)
+    data = apply_overrides(_parse_text(text, where), overrides)
     try:
         return parse_scenario(data, base_dir=path.parent, name=path.stem)
     except SpecError as bad:

@@ -175,3 +175,28 @@ def test_a_quota_wait_says_the_tenants_usage() -> None:
         "message": "waiting for quota: nlp uses 3 a100: 2 of its own and 1 borrowed from ops; "
         "no estimate yet",
     }
+
+
+def test_lenders_in_a_cohort_tree_are_the_tenants_of_the_whole_tree() -> None:
+    """vision (in research) borrows from infra, a tenant of a sibling cohort under the
+    same root; a tenant of another tree is never named."""
+    tree = parse_config(
+        {
+            "flavors": {"a100": {"nodes": 1, "gpus_per_node": 8}},
+            "cohorts": {
+                "org": {},
+                "research": {"parent": "org"},
+                "platform": {"parent": "org"},
+                "elsewhere": {},
+            },
+            "tenants": {
+                "vision": {"cohort": "research", "quota": {"a100": 2}},
+                "infra": {"cohort": "platform", "quota": {"a100": 2}},
+                "outside": {"cohort": "elsewhere", "quota": {"a100": 4}},
+            },
+        }
+    )
+    rows = [usage("vision", 2, 4, 2), usage("infra", 2, 0), usage("outside", 4, 0)]
+    assert lenders(tree, rows)[("vision", "a100")] == ["infra"]
+    (vision,) = usage_json(tree, rows)["vision"]
+    assert vision["message"] == "vision uses 4 a100: 2 of its own and 2 borrowed from infra"

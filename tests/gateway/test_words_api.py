@@ -49,12 +49,12 @@ async def test_borrowing_and_an_indefinite_wait_read_as_sentences(make_gateway: 
     assert waiting["estimated_wait"]["basis"] == (
         "no estimate yet: none of the a100 in use has a known end"
     )
-    assert waiting["waiting_for"] == {
-        "kind": "capacity",
-        "message": "waiting: all 4 a100 are in use; no estimate yet",
-    }
+    # The core's reason: the cohort's whole quota is held, nlp's share by vision (Kueue
+    # calls it quota, not capacity: reclaiming it would take a preemption).
+    why = "waiting for quota: nlp uses none of its 2 a100 and 2 of them are lent out in the cohort"
+    assert waiting["waiting_for"] == {"kind": "quota", "message": f"{why}; no estimate yet"}
     line = describe(await bob.get(waiting["id"]))
-    assert line.endswith("queued, position 1 of 1; waiting: all 4 a100 are in use; no estimate yet")
+    assert line.endswith(f"queued, position 1 of 1; {why}; no estimate yet")
 
 
 async def test_an_idle_holder_gives_a_known_end(make_gateway: Any) -> None:
@@ -66,7 +66,7 @@ async def test_an_idle_holder_gives_a_known_end(make_gateway: Any) -> None:
     seconds = waiting["estimated_wait"]["seconds"]
     assert 540 <= seconds <= 600, waiting["estimated_wait"]
     assert waiting["waiting_for"]["message"] == (
-        "waiting: all 4 a100 are in use; "
+        "waiting for quota: nlp uses none of its 2 a100 and 2 of them are lent out in the cohort; "
         "the next one frees when alice's idle kernel is culled (about 10 min)"
     )
 
@@ -91,3 +91,31 @@ async def test_errors_are_one_sentence_naming_the_field(
     with pytest.raises(GatewayError) as e:
         await gw.client("alice")._call("POST", "api/requests", body)
     assert str(e.value) == answer["error"]
+
+
+async def test_capacity_and_quota_blocked_read_the_cores_reason(make_gateway: Any) -> None:
+    """The kind and sentence of `waiting_for` are the core's reason from nomination, in
+    the submit answer, GET api/requests/{id} and the list alike."""
+    gw: Gateway = await make_gateway(
+        quotas={
+            "flavors": {"a100": {"nodes": 1, "gpus_per_node": 4}},
+            "tenants": {"vision": {"quota": {"a100": 2}}, "nlp": {"quota": {"a100": 4}}},
+        }
+    )
+    alice, bob = gw.client("alice"), gw.client("bob")
+    assert (await alice.submit("vision", "job", 2))["state"] == "admitted"
+    assert (await bob.submit("nlp", "job", 2))["state"] == "admitted"
+    quota = await alice.submit("vision", "job", 1)
+    capacity = await bob.submit("nlp", "job", 1)
+    assert quota["waiting_for"]["kind"] == "quota"
+    assert quota["waiting_for"]["message"].startswith(
+        "waiting for quota: vision uses all 2 of its a100;"
+    )
+    assert capacity["waiting_for"]["kind"] == "capacity"
+    assert capacity["waiting_for"]["message"].startswith("waiting: all 4 a100 are in use;")
+    for client, obj in ((alice, quota), (bob, capacity)):
+        got = await client.get(obj["id"])
+        assert got["waiting_for"] == obj["waiting_for"]
+        listed = {r["id"]: r for r in await client.list()}
+        assert listed[obj["id"]]["waiting_for"] == obj["waiting_for"]
+        assert obj["waiting_for"]["message"].rstrip(".") in describe(got)

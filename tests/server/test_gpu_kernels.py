@@ -98,10 +98,11 @@ async def test_second_kernel_waits_for_the_gpu_then_starts_on_it(
         lambda: _queued(jp_fetch, second), what="the second kernel queued with a position"
     )
     assert rec2["position"]["overall"] == 1
-    # /gpuaas/kernels says why in the gateway's words: no grant in use has a known end.
+    # /gpuaas/kernels says why in the gateway's words: the core found vision at its quota
+    # (checked before devices, as Kueue does), and no grant in use has a known end.
     assert rec2["waiting_for"] == {
-        "kind": "capacity",
-        "message": "waiting: the only a100 is in use; no estimate yet",
+        "kind": "quota",
+        "message": "waiting for quota: vision uses its only a100; no estimate yet",
     }
     assert rec2["estimated_wait"]["seconds"] is None
     # The kernel list of the server says it is still starting, and why.
