@@ -33,7 +33,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "server"))
+# srvutil (the server tests' helpers) imports tests/helpers.py: both directories go on the path.
+sys.path[:0] = [str(ROOT / "tests" / "server"), str(ROOT / "tests")]
 from srvutil import free_port, gateway_command  # noqa: E402
 
 USER_TOKEN = "ui-alice-token-0123456789"
