@@ -15,6 +15,7 @@ when tests/hub runs in the same session; the fixtures built on these are in conf
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -48,6 +49,46 @@ SCALE_QUOTAS: dict[str, Any] = {
         "autoscale": {"a100": {"max_nodes": 3, "provision": False}},
     },
 }
+
+
+_NAMESPACED = re.compile(
+    r"/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?"
+)
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
+def api_verbs(k8s: KubernetesDouble, namespace: str = "jhub") -> set[tuple[str, str, str]]:
+    """(API group, resource, RBAC verb) of every call the double got in `namespace`, as
+    the API server's authorizer names them (a GET of a collection is `list`, or `watch`
+    with watch=true; a subresource is `pods/log`)."""
+    out = set()
+    for method, path_qs in k8s.requests:
+        path, _, query = path_qs.partition("?")
+        m = _NAMESPACED.fullmatch(path)
+        if m is None or m["ns"] != namespace:
+            continue
+        resource = m["plural"] + (f"/{m['sub']}" if m["sub"] else "")
+        if method == "GET":
+            watch = "watch=true" in query.lower()
+            verb = "get" if m["name"] else ("watch" if watch else "list")
+        elif method == "DELETE":
+            verb = "delete" if m["name"] else "deletecollection"
+        else:
+            verb = _VERBS[method]
+        out.add((m["group"] or "", resource, verb))
+    return out
+
+
+def rule_verbs(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """The (API group, resource, verb) a Role's rules allow."""
+    return {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
 
 
 def free_port() -> int:

@@ -24,7 +24,16 @@ import pytest_asyncio
 from helpers import wait_until
 from k8s_double import KubernetesDouble
 from kubefix import FLAVORS, TOKENS
-from kubeutil import HOME_CLAIM, KernelCluster, add_a100, connect, kernel_cluster, run_cell
+from kubeutil import (
+    HOME_CLAIM,
+    KernelCluster,
+    add_a100,
+    api_verbs,
+    connect,
+    kernel_cluster,
+    rule_verbs,
+    run_cell,
+)
 
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.kubernetes.kernel_pods import (
@@ -34,6 +43,7 @@ from jupyter_gpuaas.kubernetes.kernel_pods import (
     shared_volumes,
     working_dir,
 )
+from jupyter_gpuaas.kubernetes.manifests import singleuser_rules
 
 REQUEST = {
     "id": "r-77",
@@ -294,6 +304,9 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Kerne
         assert not cluster.kubelet.procs
         assert (await cluster.request(rid))["state"] in ("finished", "cancelled")
         assert record.state == "released"
+        # Start, interrupt, restart and shutdown used exactly what the manifests' Role of
+        # the users' servers allows (`--singleuser-access kernels`), nothing more or less.
+        assert api_verbs(k8s, "jhub") == rule_verbs(singleuser_rules("kernels"))
     finally:
         if not start.done():
             start.cancel()

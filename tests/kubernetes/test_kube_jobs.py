@@ -13,10 +13,11 @@ import pytest
 from helpers import wait_until
 from k8s_double import KubernetesDouble
 from kubefix import FLAVORS, TOKENS
-from kubeutil import add_a100, job_manager
+from kubeutil import add_a100, api_verbs, job_manager, rule_verbs
 
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.kubernetes.jobs import exit_status, job_manifest, job_name
+from jupyter_gpuaas.kubernetes.manifests import singleuser_rules
 
 REQUEST = {
     "id": "r-1a2b",
@@ -126,6 +127,10 @@ def cluster(k8s: KubernetesDouble) -> None:
     add_a100(k8s, "a100-0", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
 
 
+# What the manifests' Role of the users' servers allows for Kubernetes Jobs beyond kernels.
+JOB_VERBS = rule_verbs(singleuser_rules("kernels-and-jobs")) - rule_verbs(
+    singleuser_rules("kernels")
+)
 RUNNER = {
     "namespace": "jhub",
     "image": "quay.io/jupyter/pytorch-notebook:2026-11",
@@ -173,6 +178,10 @@ async def test_a_job_runs_as_a_kubernetes_job(
             return (await root.get(job.id))["state"] == "finished"
 
         await wait_until(released)
+        # A job's run used what the Role of the users' servers adds for jobs
+        # (`--singleuser-access kernels-and-jobs`) but the deletion, which only a cancel
+        # uses (next test).
+        assert api_verbs(k8s, "jhub") == JOB_VERBS - {("batch", "jobs", "delete")}
     finally:
         await manager.stop()
         manager.runner.close()
@@ -200,6 +209,8 @@ async def test_cancel_deletes_the_job_in_the_foreground(
         assert body["propagationPolicy"] == "Foreground"
         root = GatewayClient(gateway.url, TOKENS["root"])
         assert (await root.get(job.id))["state"] in ("finished", "cancelled")  # released
+        used = api_verbs(k8s, "jhub")
+        assert ("batch", "jobs", "delete") in used and used <= JOB_VERBS
     finally:
         await manager.stop()
         manager.runner.close()
