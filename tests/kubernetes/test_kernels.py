@@ -210,6 +210,31 @@ def test_kernelspec_for_pods(tmp_path: Path) -> None:
     }
 
 
+def test_kernelspec_install_kubernetes_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`jupyter-gpuaas kernelspec install --kubernetes`: the command z2jh's postStart runs
+    (hub_config/kubernetes/values.yaml) installs a spec of the pod provisioner."""
+    from jupyter_gpuaas.cli import main
+    from jupyter_gpuaas.server.kernelspec_cli import POD_ARGV
+
+    args = ["kernelspec", "install", "--kubernetes", "--gpus", "2", "--flavor", "a100"]
+    assert main([*args, "--image", "img:2", "--prefix", str(tmp_path)]) == 0
+    assert "Installed GPU kernelspec python3-2gpu-a100-pod" in capsys.readouterr().out
+    spec = json.loads(
+        (tmp_path / "share/jupyter/kernels/python3-2gpu-a100-pod/kernel.json").read_text()
+    )
+    assert spec["argv"] == POD_ARGV
+    assert spec["display_name"] == "Python 3 (2 A100, own pod)"
+    assert spec["metadata"]["kernel_provisioner"] == {
+        "provisioner_name": "gpuaas-kubernetes",
+        "config": {"gpus": 2, "flavor": "a100", "image_name": "img:2"},
+    }
+    # --image means the pod's image: without --kubernetes it is refused in one line.
+    assert main(["kernelspec", "install", "--gpus", "1", "--image", "img:2"]) == 2
+    assert capsys.readouterr().err == "jupyter-gpuaas kernelspec: --image needs --kubernetes\n"
+
+
 # ---------------------------------------------------------------------- against the double
 
 
