@@ -139,6 +139,12 @@ async def test_two_starts_in_a_row_2_gpus_then_0_leak_nothing(
     assert without_grant(first) == without_grant(second)
     await spawner.stop()
     await wait_until(lambda: not k8s.pods("jhub"))
+    # Nothing left behind: no request holds or waits for GPUs, and the namespace holds
+    # nothing of the servers but the Events of their pods.
+    held = [r for r in await admin.list() if r["state"] in ("queued", "admitted")]
+    assert held == []
+    left = {plural for (_, plural, ns, _) in k8s.objects if ns == "jhub"}
+    assert left <= {"events"}, left
 
 
 async def test_progress_while_queued_then_start_and_stop(

@@ -211,7 +211,9 @@ def singleuser_server_config() -> dict[str, Any]:
     return data
 
 
-def test_the_kernel_pods_config_names_the_hubs_flavors(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_kernel_pods_config_names_the_hubs_flavors(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The servers' config file (singleuser.extraFiles, rendered as JSON): in a directory
     Jupyter reads config from, setting only traits the provisioner has, with the Hub's
     flavors."""
@@ -232,6 +234,21 @@ def test_the_kernel_pods_config_names_the_hubs_flavors(monkeypatch: pytest.Monke
     flavors = config["GpuaasKubernetesProvisioner"]["flavors"]
     assert flavors == hub_flavors(hub_config(monkeypatch))
     assert validate_flavors(flavors) == flavors
+
+    # As z2jh renders it (JSON), jupyter_server loads it into the config that its kernel
+    # managers, and so their provisioners, inherit.
+    import json
+
+    from jupyter_server.serverapp import ServerApp
+
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / Path(file["mountPath"]).name).write_text(json.dumps(file["data"]))
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "user-config"))
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", str(etc))
+    app = ServerApp()
+    app.load_config_file()
+    assert app.config.GpuaasKubernetesProvisioner.flavors == flavors
 
 
 def test_the_network_rules_let_the_kernel_pods_and_the_server_talk() -> None:
