@@ -284,16 +284,23 @@ def test_the_network_rules_let_the_kernel_pods_and_the_server_talk() -> None:
         request={"id": "r-1", "tenant": "vision", "gpus": 1, "grant": {"flavor": "a100"}},
         flavors={},
     )
-    labels = pod["metadata"]["labels"]
+    kernel = pod["metadata"]["labels"]
 
-    def selects(peer: dict[str, Any]) -> bool:
+    def selects(peer: dict[str, Any], labels: dict[str, str]) -> bool:
         wanted = peer.get("podSelector", {}).get("matchLabels", {})
         return bool(wanted) and all(labels.get(k) == v for k, v in wanted.items())
 
-    (inbound,) = [r for r in policy["ingress"] if any(selects(p) for p in r["from"])]
+    (inbound,) = [r for r in policy["ingress"] if any(selects(p, kernel) for p in r["from"])]
     assert {"port": rm.desired_response_port, "protocol": "TCP"} in inbound["ports"]
-    (outbound,) = [r for r in policy["egress"] if any(selects(p) for p in r["to"])]
+    (outbound,) = [r for r in policy["egress"] if any(selects(p, kernel) for p in r["to"])]
     assert "ports" not in outbound  # the kernel's ports are picked when it starts
+    # ... and the gateway's pods (the manifests' Deployment) stay reachable on its port.
+    from jupyter_gpuaas.kubernetes.manifests import deployment
+    from jupyter_gpuaas.kubernetes.meta import PORT, Settings
+
+    gateway = deployment(Settings())["spec"]["template"]["metadata"]["labels"]
+    (to_gateway,) = [r for r in policy["egress"] if any(selects(p, gateway) for p in r["to"])]
+    assert to_gateway["ports"] == [{"port": PORT, "protocol": "TCP"}]
 
 
 def test_the_readme_walks_a_newcomer_through_the_deployment() -> None:
