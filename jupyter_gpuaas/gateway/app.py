@@ -248,6 +248,16 @@ class GatewayApp(GatewayStartup, Application):
         "per token and period.",
     ).tag(config=True)
 
+    hub_outage_grace = Float(
+        3600.0,
+        min=0.0,
+        help="As a Hub service: seconds a token the Hub identified keeps working while the "
+        "Hub is unreachable, from the Hub's last answer about it and never past the "
+        "token's own expiry (read with the service's read:tokens scope). Servers renew "
+        "their own leases with their tokens, so they keep their GPUs through a Hub outage "
+        "this long; a token the gateway never saw gets 503 meanwhile. 0: none.",
+    ).tag(config=True)
+
     service_name = Unicode(
         help="The JupyterHub service name (scopes say `access:services!service=<name>`)."
     ).tag(config=True)

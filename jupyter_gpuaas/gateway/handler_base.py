@@ -24,7 +24,13 @@ from jupyter_gpuaas.admission.model import State
 from jupyter_gpuaas.words import about_field
 
 from .arbiter import Arbiter
-from .auth import Identity, TokenTable, identity_from_hub_model, token_from_header
+from .auth import (
+    HubUnreachable,
+    Identity,
+    TokenTable,
+    identity_from_hub_model,
+    token_from_header,
+)
 from .leader import LeaderUnreachable, forward
 from .store import StoreUnavailable, describe
 from .validate import QUERY_MAX, InputError, check_text, parse_json_object
@@ -152,7 +158,7 @@ class BaseHandler(web.RequestHandler):
             status_code = 400
         elif isinstance(exc, LeaderUnreachable):
             status_code = 502
-        elif isinstance(exc, (StoreUnavailable, SQLAlchemyError)):
+        elif isinstance(exc, (StoreUnavailable, SQLAlchemyError, HubUnreachable)):
             status_code = 503
         super().send_error(status_code, **kwargs)
 
@@ -162,6 +168,8 @@ class BaseHandler(web.RequestHandler):
             log.warning("%s %s: 503: %s", self.request.method, self.request.path, why)
         elif isinstance(value, LeaderUnreachable):
             log.warning("%s %s: 502: %s", self.request.method, self.request.path, value)
+        elif isinstance(value, HubUnreachable):
+            log.warning("%s %s: 503: %s", self.request.method, self.request.path, value)
         elif isinstance(value, InputError):
             log.info("%s %s: 400: %s", self.request.method, self.request.path, value.message)
         else:
@@ -178,6 +186,9 @@ class BaseHandler(web.RequestHandler):
             body = {"error": exc.message, "field": exc.field}
         elif isinstance(exc, LeaderUnreachable):
             body = {"error": str(exc), "field": None}
+        elif isinstance(exc, HubUnreachable):
+            self.set_header("Retry-After", str(exc.retry_after))
+            body = {"error": exc.public, "field": None}
         elif isinstance(exc, (StoreUnavailable, SQLAlchemyError)):
             retry = exc.retry_after if isinstance(exc, StoreUnavailable) else 2
             self.set_header("Retry-After", str(retry))

@@ -44,8 +44,9 @@ def _errors(*codes: str) -> dict[str, Any]:
         "422": "valid, but can never be admitted; stored as rejected",
         "502": "a standby forwarded this change and the leader did not answer: it may or "
         "may not have been recorded (look before sending it again)",
-        "503": "the store is unavailable, or this gateway is a standby and the leader "
-        "decides (nothing was changed): retry after Retry-After",
+        "503": "the store is unavailable, this gateway is a standby and the leader "
+        "decides, or the Hub is unreachable to check a token the gateway has not seen "
+        "(nothing was changed): retry after Retry-After",
     }
     out = {code: _resp(what[code], _ref("Error")) for code in (*codes, "401", "403", "503")}
     out["503"]["headers"] = RETRY_AFTER

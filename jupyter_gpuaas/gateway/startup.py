@@ -121,11 +121,13 @@ class GatewayStartup:
         if self.hub_service:
             # Browsers sign in with the Hub's OAuth (the landing page); programs send a
             # token. XSRF is checked on every cookie-authenticated change (handlers.py).
-            from jupyterhub.services.auth import HubOAuth  # type: ignore[import-untyped]
+            # A token the Hub vouched for keeps working while the Hub is down (hubauth.py).
+            from .hubauth import OutageTolerantHubOAuth
 
-            hub_auth = HubOAuth(
+            hub_auth = OutageTolerantHubOAuth(
                 api_token=os.environ["JUPYTERHUB_API_TOKEN"],
                 cache_max_age=self.hub_auth_cache_max_age,
+                outage_grace=self.hub_outage_grace,
                 parent=self,
             )
             settings["hub_auth"] = hub_auth
