@@ -139,3 +139,27 @@ async def test_known_tokens_outlive_a_hub_outage_and_unknown_ones_get_503(
     finally:
         if hub.server is not None:
             hub.server.stop()
+
+
+def test_the_snippet_runs_the_gateway_apart_from_the_hub_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPUAAS_GATEWAY_EXTERNAL=1: an external service (url + api_token, no command), so
+    stopping the Hub does not stop the gateway; its role may read token expiries."""
+    from gwutil import ROOT
+    from jupyterhub.app import JupyterHub
+    from traitlets.config import Config
+
+    monkeypatch.setenv("GPUAAS_HUB_TOKEN", "f" * 64)
+    source = (ROOT / "hub_config" / "gpuaas_service_snippet.py").read_text()
+    for external in ("", "1"):
+        monkeypatch.setenv("GPUAAS_GATEWAY_EXTERNAL", external)
+        c = Config()
+        exec(compile(source, "gpuaas_service_snippet.py", "exec"), {"get_config": lambda c=c: c})
+        hub = JupyterHub(config=c)
+        (service,) = hub.services
+        assert service["url"] == "http://127.0.0.1:8765" and service["api_token"] == "f" * 64
+        assert ("command" in service) == (not external), service
+        roles = {r["name"]: r for r in hub.load_roles}
+        assert "read:tokens" in roles["gpuaas-service"]["scopes"]
+    assert service["oauth_redirect_uri"] == "/services/gpuaas/oauth_callback"
