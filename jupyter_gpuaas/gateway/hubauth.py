@@ -37,7 +37,7 @@ from .auth import HubUnreachable
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
 # Entries kept at most (a token each); past it the ones the Hub vouched for longest ago go.
-KNOWN_MAX = 50_000
+KNOWN_MAX = 10_000
 
 
 def _unreachable(e: HTTPError) -> bool:

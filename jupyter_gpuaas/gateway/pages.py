@@ -29,7 +29,7 @@ from tornado.httputil import url_concat
 from jupyter_gpuaas.admission.model import State
 from jupyter_gpuaas.words import about, format_duration, plural, usage_sentence_of
 
-from .auth import Identity
+from .auth import HubUnreachable, Identity
 from .handler_base import ApiError, BaseHandler
 from .requests_api import RequestHandler
 from .tenants_api import TenantHandler
@@ -135,6 +135,9 @@ class PageHandler(BaseHandler):
         message = self._reason
         if isinstance(exc, ApiError):
             message = exc.error
+        elif isinstance(exc, HubUnreachable):  # a login the gateway cannot check now
+            self.set_header("Retry-After", str(exc.retry_after))
+            message = exc.public
         elif isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
         self.set_header("Content-Type", "text/html; charset=utf-8")

@@ -119,6 +119,10 @@ async def test_known_tokens_outlive_a_hub_outage_and_unknown_ones_get_503(
         status, err, retry = await call(gw, "api/me", "never-seen")
         assert status == 503 and retry.isdigit(), (status, err)
         assert err["error"].startswith("the Hub is unreachable"), err
+        page = await AsyncHTTPClient().fetch(
+            gw.url, headers={"Authorization": "token never-seen"}, raise_error=False
+        )  # the landing page says it too, in HTML
+        assert page.code == 503 and b"the Hub is unreachable" in page.body, page.body[:300]
         # sam's token expires during the outage: it stops working then.
         assert (await call(gw, "api/me", "short-token"))[0] == 200
 
