@@ -71,8 +71,9 @@ class OutageTolerantHubOAuth(HubOAuth):  # type: ignore[misc]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        # cache key → (user model, when the Hub last vouched for it, token expiry or None)
-        self._known: dict[str, tuple[dict[str, Any], float, float | None]] = {}
+        # cache key → (user model, when the Hub last vouched for it, token expiry or
+        # None, whether the Hub answered about that expiry)
+        self._known: dict[str, tuple[dict[str, Any], float, float | None, bool]] = {}
         self._outage_logged = 0.0
 
     async def _api_request(self, method: str, url: str, /, **kwargs: Any) -> Any:
@@ -102,7 +103,7 @@ class OutageTolerantHubOAuth(HubOAuth):  # type: ignore[misc]
         known = self._known.get(key)
         now = time.time()
         if known is not None:
-            model, vouched, expires = known
+            model, vouched, expires, _ = known
             until = vouched + self.outage_grace
             if expires is not None:
                 until = min(until, expires)
@@ -120,26 +121,29 @@ class OutageTolerantHubOAuth(HubOAuth):  # type: ignore[misc]
 
     async def _remember(self, key: str, model: dict[str, Any]) -> None:
         old = self._known.pop(key, None)
-        if old is not None and old[0].get("token_id") == model.get("token_id"):
-            expires = old[2]  # a token's expiry never changes: asked once
+        if old is not None and old[3] and old[0].get("token_id") == model.get("token_id"):
+            expires, asked = old[2], True  # a token's expiry never changes: asked once
         else:
-            expires = await self._token_expiry(model)
+            expires, asked = await self._token_expiry(model)
         if len(self._known) >= KNOWN_MAX:  # dicts keep insertion order: oldest first
             del self._known[next(iter(self._known))]
-        self._known[key] = (model, time.time(), expires)
+        self._known[key] = (model, time.time(), expires, asked)
 
-    async def _token_expiry(self, model: Mapping[str, Any]) -> float | None:
+    async def _token_expiry(self, model: Mapping[str, Any]) -> tuple[float | None, bool]:
         """The calling token's expiry, from the Hub's token model (needs `read:tokens`
-        on the service's role); None when it never expires or cannot be read."""
+        on the service's role; None when it never expires or may not be read), and
+        whether the Hub answered (if not, it is asked again next time)."""
         token_id, name = model.get("token_id"), model.get("name")
         if model.get("kind", "user") != "user" or not token_id or not name:
-            return None
+            return None, True
         url = url_path_join(
             self.api_url, "users", quote(str(name), safe=""), "tokens", quote(str(token_id))
         )
         try:
             token = await self._api_request("GET", url, allow_403=True)
-        except (HTTPError, HubUnreachable) as e:
+        except HubUnreachable:
+            return None, False
+        except HTTPError as e:
             log.debug("cannot read the expiry of %s's token %s: %s", name, token_id, e)
-            return None
-        return _expiry(token)
+            return None, True
+        return _expiry(token), True
