@@ -188,18 +188,26 @@ class BlockedHead(NamedTuple):
     gpus: int
 
 
-def blocked_heads(core: AdmissionCore) -> list[BlockedHead]:
+def blocked_heads(core: AdmissionCore, keep: Sequence[BlockedHead] = ()) -> list[BlockedHead]:
     """The capacity-blocked heads, in queue order (priority, then arrival): queued
     requests at the head of their bucket whose reason is `capacity`. A request behind
-    such a head waits on that head, not on a node, so it asks for nothing of its own."""
+    such a head waits on that head, not on a node, so it asks for nothing of its own.
+    A head of `keep` that nomination has not looked at since it changed (no reason yet)
+    stays one: deleting and recreating its request would restart its provisioning."""
+    kept = {h.request: h for h in keep}
     found: list[tuple[tuple[int, float, str], BlockedHead]] = []
     for req in core.live_requests():
         if req.state is not State.QUEUED:
             continue
         why = core.waiting_for(req.id)
-        if why is None or why[0] != "capacity" or why[1].get("head"):
+        if why is None:
+            if req.id not in kept:
+                continue
+            head = kept[req.id]
+        elif why[0] != "capacity" or why[1].get("head"):
             continue
-        head = BlockedHead(req.id, str(why[1]["flavor"]), int(why[1]["gpus"]))
+        else:
+            head = BlockedHead(req.id, str(why[1]["flavor"]), int(why[1]["gpus"]))
         found.append(((-req.priority, req.submit_time, req.id), head))
     return [head for _, head in sorted(found)]
 
@@ -256,7 +264,8 @@ class ProvisioningRequestScaler(ClusterScaler):
             ready[node.flavor] = ready.get(node.flavor, 0) + 1
         wanted = {f: max(0, n - ready.get(f, 0)) for f, n in desired.items()}
         per_node = {name: f.gpus_per_node for name, f in core.config.flavors.items()}
-        self._plan = heads_to_provision(blocked_heads(core), wanted, per_node)
+        heads = blocked_heads(core, keep=self._plan)
+        self._plan = heads_to_provision(heads, wanted, per_node)
         self._desired = desired
         if self._plan == self._synced or (self._task is not None and not self._task.done()):
             return  # in sync, or the running sync takes the new plan when it is done

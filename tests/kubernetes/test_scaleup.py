@@ -35,8 +35,11 @@ from kubeutil import (
     run_cell,
 )
 
+from jupyter_gpuaas.admission.config import parse_config
+from jupyter_gpuaas.admission.core import AdmissionCore
+from jupyter_gpuaas.admission.model import Request
 from jupyter_gpuaas.client import GatewayClient
-from jupyter_gpuaas.gateway.cluster import BlockedHead, heads_to_provision
+from jupyter_gpuaas.gateway.cluster import BlockedHead, blocked_heads, heads_to_provision
 from jupyter_gpuaas.kubernetes.manifests import rules
 from jupyter_gpuaas.kubernetes.meta import ClusterFlavor, Settings
 from jupyter_gpuaas.kubernetes.scaleup import head_objects, placeholder_deployment
@@ -426,3 +429,34 @@ def test_heads_get_requests_only_for_the_nodes_the_core_wants() -> None:
     assert heads_to_provision(heads, {"a100": 1}, per_node) == [b]
     assert heads_to_provision(heads, {"a100": 0, "t4": 1}, per_node) == [t4]
     assert heads_to_provision([], {"a100": 2}, per_node) == []
+
+
+def test_the_blocked_heads_are_the_requests_only_a_new_node_would_place() -> None:
+    """On the real admission core: a head that quota admits but no node holds is one; the
+    request queued behind it in its bucket and a head that quota stops are not. A head
+    not looked at since its tenant's queue changed keeps what it was (`keep`)."""
+    core = AdmissionCore(
+        parse_config(
+            {
+                "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
+                "tenants": {"vision": {"quota": {"a100": 3}}},
+                "policy": {"autoscale": {"a100": {"max_nodes": 3, "provision": False}}},
+            }
+        )
+    )
+
+    def submit(rid: str, gpus: int, t: float) -> None:
+        core.submit(Request(rid, "vision", "ann", "job", gpus, t, flavor="a100"), t)
+        core.schedule(t)
+
+    submit("r-hold", 2, 0.0)  # a100-0 full, 1 GPU of quota left
+    submit("r-one", 1, 1.0)  # quota admits it, no node holds it
+    submit("r-behind", 1, 2.0)  # behind r-one in its bucket
+    submit("r-two", 2, 3.0)  # quota stops it
+    one = BlockedHead("r-one", "a100", 1)
+    assert blocked_heads(core) == [one]
+    assert core.desired_nodes() == {"a100": 2}
+    # Submitted, not yet scheduled: no reason recorded for the tenant's requests.
+    core.submit(Request("r-late", "vision", "ann", "job", 1, 4.0, flavor="a100"), 4.0)
+    assert blocked_heads(core) == []
+    assert blocked_heads(core, keep=[one, BlockedHead("r-gone", "a100", 1)]) == [one]
