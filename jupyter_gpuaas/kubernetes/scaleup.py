@@ -291,8 +291,8 @@ class ProvisioningRequests:
     `sync(heads)` makes the cluster's objects say what the queue is blocked on: a head
     without objects gets them, shaped like it (its GPUs, not a whole node's); objects whose
     head is no longer blocked (admitted on the Node that joined, cancelled, ended) are
-    deleted. Names come from the head, so the first sync of a new leader adopts the objects
-    its predecessor made and deletes those it no longer wants.
+    deleted. Names come from the head, so a new leader adopts the objects its predecessor
+    made and deletes those it no longer wants.
     """
 
     group, version, plural = "autoscaling.x-k8s.io", "v1", "provisioningrequests"
@@ -308,8 +308,7 @@ class ProvisioningRequests:
             raise ValueError(f"provisioning_class must be one of {', '.join(CLASSES)}")
         self.flavors = {n: flavor_from_config(n, s) for n, s in flavors.items()}
         self.settings = Settings(namespace=namespace, provisioning_class=provisioning_class)
-        self.current: set[str] = set()  # names of the heads' objects in the cluster
-        self._adopted = False
+        self.current: set[str] = set()  # names of the heads' objects, as of the last sync
         self._client: Any = None
 
     async def _apis(self) -> tuple[Any, Any]:
@@ -330,10 +329,10 @@ class ProvisioningRequests:
     async def sync(self, heads: Sequence[Head]) -> None:
         core, custom = await self._apis()
         ns = self.settings.namespace
-        stray: set[str] = set()
-        if not self._adopted:
-            self.current, stray = await self._existing(core, custom)
-            self._adopted = True
+        # What is there, read each time: a leader that took over (again) finds the
+        # objects its predecessor made, keeps those of heads still blocked, and deletes
+        # the rest; syncs come only when the blocked heads change.
+        self.current, stray = await self._existing(core, custom)
         want = self.wanted(heads)
         for name in sorted((self.current - set(want)) | stray):
             await self._delete(core, custom, name)
