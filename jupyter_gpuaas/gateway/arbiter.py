@@ -549,6 +549,7 @@ class Arbiter(Loops, Views):
         del times[:-200]
 
     def _maybe_scale(self) -> None:
+        self.scaler.queue_changed(self.core)  # per-head scale-up (ProvisioningRequests)
         desired = dict(self.core.desired_nodes())
         ready: dict[str, int] = {}
         for node in self.core.nodes():

@@ -14,16 +14,22 @@ scale-up ends when its Node really joins and a Node that dies releases its grant
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from traitlets import Dict, Unicode, default
 from traitlets.config import LoggingConfigurable
 from traitlets.utils.importstring import import_item
 
+from ..admission.model import State
 from ..devices import DeviceInfo, DeviceSample, Inventory, NodeInfo
 from .scalers import Scaler
+
+if TYPE_CHECKING:
+    from ..admission.core import AdmissionCore
 
 log = logging.getLogger("jupyter_gpuaas.devices")
 MiB = 1024**2
@@ -174,12 +180,121 @@ class ClusterScaler(Scaler):
         await self._target.close()
 
 
+class BlockedHead(NamedTuple):
+    """A queued request that quota would admit but no node can hold yet."""
+
+    request: str
+    flavor: str
+    gpus: int
+
+
+def blocked_heads(core: AdmissionCore, keep: Sequence[BlockedHead] = ()) -> list[BlockedHead]:
+    """The capacity-blocked heads, in queue order (priority, then arrival): queued
+    requests at the head of their bucket whose reason is `capacity`. A request behind
+    such a head waits on that head, not on a node, so it asks for nothing of its own.
+    A head of `keep` that nomination has not looked at since it changed (no reason yet)
+    stays one: deleting and recreating its request would restart its provisioning."""
+    kept = {h.request: h for h in keep}
+    found: list[tuple[tuple[int, float, str], BlockedHead]] = []
+    for req in core.live_requests():
+        if req.state is not State.QUEUED:
+            continue
+        why = core.waiting_for(req.id)
+        if why is None:
+            if req.id not in kept:
+                continue
+            head = kept[req.id]
+        elif why[0] != "capacity" or why[1].get("head"):
+            continue
+        else:
+            head = BlockedHead(req.id, str(why[1]["flavor"]), int(why[1]["gpus"]))
+        found.append(((-req.priority, req.submit_time, req.id), head))
+    return [head for _, head in sorted(found)]
+
+
+def heads_to_provision(
+    heads: Sequence[BlockedHead], wanted: Mapping[str, int], per_node: Mapping[str, int]
+) -> list[BlockedHead]:
+    """The heads that the nodes still wanted would hold, in their order.
+
+    The core sized `wanted` (desired minus ready nodes per flavor) by packing the waiting
+    sizes first-fit decreasing, capped by policy.autoscale's max_nodes; packing the heads
+    the same way into those nodes asks the autoscaler for no more than that cap. A head
+    wider than a node, or of a flavor that may not grow, gets nothing.
+    """
+    chosen: set[BlockedHead] = set()
+    for flavor in {h.flavor for h in heads}:
+        free = [per_node.get(flavor, 0)] * wanted.get(flavor, 0)
+        mine = [h for h in heads if h.flavor == flavor]
+        for head in sorted(mine, key=lambda h: -h.gpus):  # stable: queue order per size
+            for i, room in enumerate(free):
+                if room >= head.gpus:
+                    free[i] = room - head.gpus
+                    chosen.add(head)
+                    break
+    return [h for h in heads if h in chosen]
+
+
 class ProvisioningRequestScaler(ClusterScaler):
-    """A ProvisioningRequest per flavor that needs nodes (cluster autoscaler)."""
+    """A ProvisioningRequest per capacity-blocked head (cluster autoscaler).
+
+    Each head gets one, of one pod shaped like it: its own GPUs of the flavor's
+    resource, not a whole node's. The set follows the queue after every committed change
+    (`queue_changed`), not only when the node counts do: a head admitted on a node that
+    joined, cancelled, or ended has its request and template deleted, and the next head
+    in its place gets its own. Syncs run one at a time; a change that comes during one is
+    synced right after it, and a sync that fails is retried on the next change.
+    """
 
     @default("target")
     def _target_default(self) -> str:
         return "jupyter_gpuaas.kubernetes.scaleup.ProvisioningRequests"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._plan: list[BlockedHead] = []  # the heads the objects should stand for
+        self._synced: list[BlockedHead] | None = None  # what they were last made to say
+        self._desired: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def queue_changed(self, core: AdmissionCore) -> None:
+        desired = dict(core.desired_nodes())
+        ready: dict[str, int] = {}
+        for node in core.nodes():
+            ready[node.flavor] = ready.get(node.flavor, 0) + 1
+        wanted = {f: max(0, n - ready.get(f, 0)) for f, n in desired.items()}
+        per_node = {name: f.gpus_per_node for name, f in core.config.flavors.items()}
+        heads = blocked_heads(core, keep=self._plan)
+        self._plan = heads_to_provision(heads, wanted, per_node)
+        self._desired = desired
+        if self._plan == self._synced or (self._task is not None and not self._task.done()):
+            return  # in sync, or the running sync takes the new plan when it is done
+        try:
+            self._task = asyncio.get_running_loop().create_task(self._sync())
+        except RuntimeError:  # no loop (restore before serving): the next change syncs
+            pass
+
+    async def _sync(self) -> None:
+        async with self._apply_lock:
+            while self._plan != self._synced:
+                plan, desired = self._plan, self._desired
+                try:
+                    await self._target.sync([tuple(h) for h in plan])
+                except Exception as e:  # never into the gateway: retried on the next change
+                    self.log.error("scale-up through %s failed: %s", self.target, e)
+                    return
+                self._synced = plan
+                self.last_applied.update(desired)
+
+    async def apply(self, desired: Mapping[str, int], ready: Mapping[str, int]) -> None:
+        """Nothing per flavor: the requests follow the heads (`queue_changed`)."""
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await super().close()
 
 
 class PlaceholderScaler(ClusterScaler):

@@ -17,13 +17,16 @@ import asyncio
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from traitlets import Dict, Float, Instance, List, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 from traitlets.utils.importstring import import_item
 
 from ..devices import NodeInfo, SimulatedInventory
+
+if TYPE_CHECKING:
+    from ..admission.core import AdmissionCore
 
 
 class Scaler(LoggingConfigurable):
@@ -55,6 +58,11 @@ class Scaler(LoggingConfigurable):
     def node_removed(self, name: str) -> None:
         """The core scaled node `name` down (only when `manages_provisioning`). A no-op
         by default."""
+
+    def queue_changed(self, core: AdmissionCore) -> None:
+        """Called after every committed change, before `apply`: scalers that act per
+        capacity-blocked request (ProvisioningRequestScaler) read the queue here through
+        the core's queries. Must not block or raise. A no-op by default."""
 
     def changed(self, desired: Mapping[str, int]) -> dict[str, int]:
         """Flavors whose desired count differs from what was last applied successfully."""

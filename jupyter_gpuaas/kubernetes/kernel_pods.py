@@ -104,9 +104,11 @@ def kernel_pod_manifest(
     volume_mounts: Sequence[Mapping[str, Any]] = (),
     node_label: str = HOSTNAME_LABEL,
     service_account: str = "",
+    automount_token: bool = False,
 ) -> dict[str, Any]:
     """The Pod of an admitted GPU kernel (API JSON form); `request` is the gateway's
-    admitted request object."""
+    admitted request object. `automount_token`: mount the service account's API token
+    (a kernel needs no API access, so by default it gets no credentials to leak)."""
     labels = {
         "app": "gateway-provisioners",
         "component": "kernel",
@@ -138,6 +140,7 @@ def kernel_pod_manifest(
         },
         "spec": {
             "restartPolicy": "Never",
+            "automountServiceAccountToken": automount_token,
             "containers": [container],
             "volumes": [dict(v) for v in volumes],
         },

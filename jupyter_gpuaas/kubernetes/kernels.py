@@ -34,7 +34,7 @@ import os
 import time
 from typing import Any
 
-from traitlets import Dict, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
 from jupyter_gpuaas.server.kernels import GpuKernel
 from jupyter_gpuaas.server.provisioner import GpuaasProvisioner
@@ -189,6 +189,13 @@ class GpuaasKubernetesProvisioner(KubernetesProvisioner):  # type: ignore[misc]
         config=True
     )
 
+    automount_service_account_token = Bool(
+        False,
+        help="""Mount the service account's API token in the kernel pods. Off: a kernel
+        talks to the server over its ZMQ ports and needs no Kubernetes API access, so user
+        code in it gets no credentials. Turn on only for kernels that call the API.""",
+    ).tag(config=True)
+
     pod_poll_interval = Float(
         1.0, min=0.05, help="Seconds between reads of the kernel pod (to see it end)."
     ).tag(config=True)
@@ -342,6 +349,7 @@ class GpuaasKubernetesProvisioner(KubernetesProvisioner):  # type: ignore[misc]
             volume_mounts=mounts,
             node_label=self.pin_node_label,
             service_account=self.service_account,
+            automount_token=self.automount_service_account_token,
         )
         core = await self._core()
         resp = await core.create_namespaced_pod(

@@ -60,7 +60,8 @@ def rules(scale_up: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(cluster rules, namespace rules): only the verbs the gateway uses.
 
     The Node inventory lists and watches Nodes (cluster-scoped). The ProvisioningRequest
-    scaler creates and deletes its requests and their PodTemplates; the placeholder scaler
+    scaler creates and deletes its requests and their PodTemplates, and lists them to
+    adopt those an earlier leader made; the placeholder scaler
     patches its Deployments' replicas through the scale subresource. KEDA scales the
     placeholders itself: the gateway then needs nothing in the namespace.
     """
@@ -71,12 +72,12 @@ def rules(scale_up: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             {
                 "apiGroups": ["autoscaling.x-k8s.io"],
                 "resources": ["provisioningrequests"],
-                "verbs": ["create", "delete"],
+                "verbs": ["create", "delete", "list"],
             },
             {
                 "apiGroups": [""],
                 "resources": ["podtemplates"],
-                "verbs": ["create", "delete"],
+                "verbs": ["create", "delete", "list"],
             },
         ]
     elif scale_up == "placeholders":

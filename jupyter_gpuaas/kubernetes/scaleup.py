@@ -11,21 +11,33 @@ one of:
   the gateway's own metrics through a prometheus trigger: the nodes wanted beyond those
   the gateway already places on, `gpuaas_desired_nodes{flavor}` minus
   `gpuaas_nodes{flavor}`.
-- **ProvisioningRequest** (`--scale-up provisioning-request`): an
-  `autoscaling.x-k8s.io/v1` ProvisioningRequest with a PodTemplate shaped like the blocked
-  request (class `check-capacity.autoscaling.x-k8s.io`, or
-  `best-effort-atomic-scale-up.autoscaling.x-k8s.io`); the manifests ship one example per
-  flavor, the gateway's scaler creates and deletes them per capacity-blocked head.
+- **ProvisioningRequest** (`--scale-up provisioning-request`): per capacity-blocked head,
+  an `autoscaling.x-k8s.io/v1` ProvisioningRequest of one pod (podSets count 1) whose
+  PodTemplate is shaped like that blocked request: exactly its GPUs of the flavor's
+  resource, the flavor's node selector and tolerations (class
+  `check-capacity.autoscaling.x-k8s.io`, or `best-effort-atomic-scale-up.autoscaling.x-k8s.io`).
+  The gateway's scaler creates them as heads block and deletes them (request and template)
+  once the head is admitted, cancelled or gone; the manifests ship one example per flavor.
+
+Placeholders and KEDA size by whole nodes (`gpuaas_desired_nodes{flavor}`): a placeholder
+stands for a node the queue wants. A ProvisioningRequest stands for one blocked request:
+the autoscaler then picks the node that holds it, and packs other heads beside it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .meta import ClusterFlavor, ManifestError, Settings, labels, meta
+from .meta import FLAVOR_LABEL, ClusterFlavor, ManifestError, Settings, labels, meta
+
+log = logging.getLogger("jupyter_gpuaas.kubernetes.scaleup")
 
 PLACEHOLDER_PRIORITY = "jupyter-gpuaas-placeholder"
+REQUEST_KEY = "gpuaas.jupyter.org/request"  # the head's request id, on its scale-up objects
+#: A capacity-blocked head as the gateway's scaler hands it over: (request id, flavor, GPUs).
+Head = tuple[str, str, int]
 CLASSES = (
     "check-capacity.autoscaling.x-k8s.io",
     "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
@@ -207,8 +219,10 @@ def scale_up_objects(flavors: Sequence[ClusterFlavor], settings: Settings) -> li
             )
         docs = []
         for f in grown:
+            # What the gateway creates for a blocked head of one GPU of the flavor (it
+            # makes one per head, with that head's GPUs): a template to read or apply.
             name = f"jupyter-gpuaas-example-{f.name}"
-            docs.append(pod_template(name, f, f.gpus_per_node, settings))
+            docs.append(pod_template(name, f, 1, settings))
             docs.append(provisioning_request(name, name, 1, settings))
         return docs
     docs = [priority_class(settings)] + [placeholder_deployment(f, settings) for f in grown]
@@ -218,6 +232,31 @@ def scale_up_objects(flavors: Sequence[ClusterFlavor], settings: Settings) -> li
 
 
 # --------------------------------------------------------------------- at run time
+
+
+def _dns(text: str, limit: int) -> str:
+    """`text` as a DNS label / label value: lowercase, other characters as '-'."""
+    out = "".join(c if c.isalnum() and c.isascii() else "-" for c in text.lower())
+    return out[:limit].strip("-.") or "x"
+
+
+def head_name(flavor: str, rid: str) -> str:
+    """The name of a head's PodTemplate and ProvisioningRequest: the same for the same
+    head in every gateway replica, so a new leader finds its predecessor's objects."""
+    return _dns(f"jupyter-gpuaas-{flavor}-{rid}", 253)
+
+
+def head_objects(
+    head: Head, flavor: ClusterFlavor, settings: Settings
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The PodTemplate and ProvisioningRequest of one capacity-blocked head: one pod
+    asking for exactly the head's GPUs of the flavor's resource, on the flavor's nodes."""
+    rid, _, gpus = head
+    name = head_name(flavor.name, rid)
+    extra = {FLAVOR_LABEL: flavor.name, REQUEST_KEY: _dns(rid, 63)}
+    template = pod_template(name, flavor, gpus, settings, extra)
+    request = provisioning_request(name, name, 1, settings, extra)
+    return template, request
 
 
 def wanted_nodes(desired: Mapping[str, int], ready: Mapping[str, int]) -> dict[str, int]:
@@ -247,12 +286,13 @@ async def _api_client() -> Any:
 
 
 class ProvisioningRequests:
-    """One ProvisioningRequest (and its PodTemplate) per flavor that needs nodes.
+    """One ProvisioningRequest (and its PodTemplate) per capacity-blocked head.
 
-    `apply(wanted)` makes the cluster's objects say what the queue wants: a flavor that
-    wants N more nodes has a request for N pods shaped like a whole node of it; when that
-    changes the request is replaced (its spec is immutable), and when the flavor wants
-    none (its Node joined, the head was admitted) the request and template are deleted.
+    `sync(heads)` makes the cluster's objects say what the queue is blocked on: a head
+    without objects gets them, shaped like it (its GPUs, not a whole node's); objects whose
+    head is no longer blocked (admitted on the Node that joined, cancelled, ended) are
+    deleted. Names come from the head, so a new leader adopts the objects its predecessor
+    made and deletes those it no longer wants.
     """
 
     group, version, plural = "autoscaling.x-k8s.io", "v1", "provisioningrequests"
@@ -268,9 +308,8 @@ class ProvisioningRequests:
             raise ValueError(f"provisioning_class must be one of {', '.join(CLASSES)}")
         self.flavors = {n: flavor_from_config(n, s) for n, s in flavors.items()}
         self.settings = Settings(namespace=namespace, provisioning_class=provisioning_class)
-        self.current: dict[str, tuple[str, int]] = {}  # flavor → (object name, count)
+        self.current: set[str] = set()  # names of the heads' objects, as of the last sync
         self._client: Any = None
-        self._serial = 0
 
     async def _apis(self) -> tuple[Any, Any]:
         from kubernetes_asyncio import client
@@ -279,51 +318,92 @@ class ProvisioningRequests:
             self._client = await _api_client()
         return client.CoreV1Api(self._client), client.CustomObjectsApi(self._client)
 
-    async def apply(self, wanted: Mapping[str, int]) -> None:
+    def wanted(self, heads: Sequence[Head]) -> dict[str, Head]:
+        """The objects `heads` call for, by name (heads of flavors not scaled: none)."""
+        return {
+            head_name(flavor, rid): (rid, flavor, gpus)
+            for rid, flavor, gpus in heads
+            if flavor in self.flavors and gpus > 0
+        }
+
+    async def sync(self, heads: Sequence[Head]) -> None:
         core, custom = await self._apis()
         ns = self.settings.namespace
-        for flavor, count in wanted.items():
-            if flavor not in self.flavors:
+        # What is there, read each time: a leader that took over (again) finds the
+        # objects its predecessor made, keeps those of heads still blocked, and deletes
+        # the rest; syncs come only when the blocked heads change.
+        self.current, stray = await self._existing(core, custom)
+        want = self.wanted(heads)
+        for name in sorted((self.current - set(want)) | stray):
+            await self._delete(core, custom, name)
+            self.current.discard(name)
+            log.info("ProvisioningRequest %s deleted: its request no longer waits for a node", name)
+        for name, head in want.items():
+            if name in self.current:
                 continue
-            have = self.current.get(flavor)
-            if have is not None and have[1] == count:
-                continue
-            if have is not None:
-                await self._delete(core, custom, have[0])
-                del self.current[flavor]
-            if count > 0:
-                self._serial += 1
-                name = f"jupyter-gpuaas-{flavor}-{self._serial}"
-                extra = {"gpuaas.jupyter.org/flavor": flavor}
-                spec = self.flavors[flavor]
-                template = pod_template(name, spec, spec.gpus_per_node, self.settings, extra)
-                await core.create_namespaced_pod_template(ns, template)
-                request = provisioning_request(name, name, count, self.settings, extra)
-                await custom.create_namespaced_custom_object(
+            template, request = head_objects(head, self.flavors[head[1]], self.settings)
+            await _created(core.create_namespaced_pod_template(ns, template))
+            await _created(
+                custom.create_namespaced_custom_object(
                     self.group, self.version, ns, self.plural, request
                 )
-                self.current[flavor] = (name, count)
+            )
+            self.current.add(name)
+            rid, flavor, gpus = head
+            log.info(
+                "ProvisioningRequest %s created: request %s waits for a node with %d %s GPU%s",
+                name,
+                rid,
+                gpus,
+                flavor,
+                "" if gpus == 1 else "s",
+            )
+
+    async def _existing(self, core: Any, custom: Any) -> tuple[set[str], set[str]]:
+        """Heads' objects already in the namespace (carrying a head's request label),
+        whoever made them: the names with both a request and its template, and the
+        names with only one (a gateway stopped between the two creates), to delete."""
+        ns = self.settings.namespace
+        selector = f"app.kubernetes.io/name=jupyter-gpuaas,{REQUEST_KEY}"
+        requests = await custom.list_namespaced_custom_object(
+            self.group, self.version, ns, self.plural, label_selector=selector
+        )
+        templates = await core.list_namespaced_pod_template(ns, label_selector=selector)
+        made = {r["metadata"]["name"] for r in requests.get("items") or []}
+        templated = {t.metadata.name for t in templates.items or []}
+        return made & templated, made ^ templated
 
     async def _delete(self, core: Any, custom: Any, name: str) -> None:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         ns = self.settings.namespace
-        for call in (
-            lambda: custom.delete_namespaced_custom_object(
-                self.group, self.version, ns, self.plural, name
-            ),
-            lambda: core.delete_namespaced_pod_template(name, ns),
-        ):
-            try:
-                await call()  # type: ignore[no-untyped-call]
-            except ApiException as e:
-                if e.status != 404:  # gone already: what we wanted
-                    raise
+        await _deleted(
+            custom.delete_namespaced_custom_object(self.group, self.version, ns, self.plural, name)
+        )
+        await _deleted(core.delete_namespaced_pod_template(name, ns))
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+async def _created(call: Any) -> None:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        await call
+    except ApiException as e:
+        if e.status != 409:  # there already: made for this head by an earlier leader
+            raise
+
+
+async def _deleted(call: Any) -> None:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        await call
+    except ApiException as e:
+        if e.status != 404:  # gone already: what we wanted
+            raise
 
 
 class Placeholders:

@@ -90,6 +90,8 @@ def test_kernel_pod_manifest() -> None:
         },
         "spec": {
             "restartPolicy": "Never",
+            # A kernel needs no API access: no service-account token in its pod.
+            "automountServiceAccountToken": False,
             "containers": [
                 {
                     "name": "kernel",
@@ -134,6 +136,26 @@ def test_kernel_pod_manifest() -> None:
             },
         },
     }
+
+
+def test_the_api_token_is_mounted_only_when_configured() -> None:
+    common: dict[str, Any] = dict(
+        name="alice-k1",
+        kernel_id="k1",
+        user="alice",
+        command=["python"],
+        image="img",
+        request=REQUEST,
+        flavors=FLAVORS,
+    )
+    default = kernel_pod_manifest(**common)
+    mounted = kernel_pod_manifest(**common, automount_token=True, service_account="kernels")
+    assert mounted["spec"] == {
+        **default["spec"],
+        "automountServiceAccountToken": True,
+        "serviceAccountName": "kernels",
+    }
+    assert default["spec"]["automountServiceAccountToken"] is False
 
 
 def test_shared_volumes_are_the_server_pods_claims() -> None:
@@ -276,6 +298,7 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Kerne
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
         assert container["image"] == "quay.io/jupyter/pytorch-notebook:2026-11"
         assert pod["spec"]["volumes"] == HOME  # the server pod's home claim
+        assert pod["spec"]["automountServiceAccountToken"] is False  # the trait's default
         assert container["volumeMounts"] == [{"name": "home", "mountPath": str(cluster.home)}]
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env["GPUAAS_REQUEST_ID"] == record.request_id
