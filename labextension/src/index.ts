@@ -85,11 +85,32 @@ const plugin: JupyterFrontEndPlugin<void> = {
           break;
         case 'job_done':
         case 'job_failed': {
+          // Links: the executed notebook, and the log (a failure's traceback is there).
+          // Opening the log keeps the notification, so the result is still one click away.
           const job = model.jobs.get(n.requestId);
-          const open = job?.output_path;
+          const links: Notification.IAction[] = [];
+          if (job?.output_path) {
+            const result = job.output_path;
+            links.push({
+              label: 'Open result',
+              caption: `Open the executed notebook ${result}`,
+              callback: () => actions.openPath(result)
+            });
+          }
+          if (job?.log_path && n.kind === 'job_failed') {
+            const log = job.log_path;
+            links.push({
+              label: 'Open log',
+              caption: `Open the job's log ${log}`,
+              callback: (event: MouseEvent) => {
+                event.preventDefault();
+                actions.openPath(log);
+              }
+            });
+          }
           const options = {
-            autoClose: 10000 as number | false,
-            actions: open ? [{ label: 'Open result', callback: () => actions.openPath(open) }] : []
+            autoClose: (n.kind === 'job_failed' ? false : 10000) as number | false,
+            actions: links
           };
           if (n.kind === 'job_done') {
             Notification.success(n.message, options);
