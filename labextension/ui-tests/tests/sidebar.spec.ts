@@ -16,6 +16,8 @@ const ADMIN = process.env.GPUAAS_ADMIN_TOKEN || '';
 /** bob's token: a user of `nlp`, the tenant that lends `cv` (alice's) a GPU and reclaims it. */
 const OTHER = process.env.GPUAAS_OTHER_TOKEN || '';
 const GRACE = Number(process.env.GPUAAS_PREEMPTION_GRACE || 15);
+/** A second JupyterLab whose server holds carol's token: a member of vision with view. */
+const VIEWER = process.env.GPUAAS_VIEWER_URL || '';
 
 // mockUser off: Galata's mock of `**/api/me` would also answer the gateway's `gpuaas/api/me`.
 // sessions/kernels null: Galata would otherwise show the page only the sessions it started
@@ -358,6 +360,14 @@ test('a borrowed GPU reclaimed: warned in the row, a notification, the notebook;
   const sent = await (await page.request.get('gpuaas/api/devices')).json();
   const held = sent.devices.find((d: any) => d.holder && d.holder.id === bob);
   expect(held.holder).toMatchObject({ tenant: 'nlp', user: null });
+  // carol has the view scope: in her JupyterLab the same device names bob.
+  const carol = await page.context().newPage();
+  await carol.goto(`${VIEWER}lab`);
+  await carol.locator('.jp-SideBar [data-id="jp-gpuaas-panel"]').click({ timeout: 60000 });
+  const hers = carol.locator(`#jp-gpuaas-panel .jp-gpuaas-device[data-key="${bobs.node}/${bobs.devices[0]}"]`);
+  await expect(hers.locator('.jp-gpuaas-badge')).toHaveText('bob (nlp)');
+  await carol.locator('#jp-gpuaas-panel').screenshot({ path: `${ARTIFACTS}/panel-viewer.png` });
+  await carol.close();
   await page.request.delete(`${GATEWAY}api/requests/${bob}`, { headers: bobAuth });
 });
 
