@@ -58,13 +58,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
       return out;
     };
 
+    /** The cull-warning notification of each request: gone once kept, from either place. */
+    const cullToasts = new Map<string, string>();
     const notify = (n: Notice): void => {
       switch (n.kind) {
         case 'admitted':
           Notification.success(n.message, { autoClose: 8000 });
           break;
         case 'cull_warning':
-          Notification.warning(n.message, {
+          cullToasts.set(
+            n.requestId,
+            Notification.warning(n.message, {
             autoClose: false,
             actions: [
               {
@@ -73,7 +77,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
                 callback: () => void actions.keep(n.requestId).catch(e => Notification.error((e as Error).message))
               }
             ]
-          });
+            })
+          );
           break;
         case 'preempt_warning':
           // Once per warning (the model tells it once), and until dismissed: the work
@@ -175,6 +180,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
       keep: async requestId => {
         await api.keep(requestId);
         controller.emit(model.markKept(requestId));
+        const toast = cullToasts.get(requestId);
+        if (toast) {
+          cullToasts.delete(requestId);
+          Notification.dismiss(toast);
+        }
       },
       openPath: path => {
         void app.commands.execute('docmanager:open', { path });
