@@ -25,7 +25,7 @@ DEVICES = os.environ.get("GPUAAS_DEVICES", "nvml")
 HUB_TOKEN = os.environ.get("GPUAAS_HUB_TOKEN", "")
 
 # .append/.extend work whether or not the rest of the config already set these lists.
-c.JupyterHub.services.append(
+gpuaas_service = dict(
     {
         "name": "gpuaas",
         "url": f"http://127.0.0.1:{GPUAAS_PORT}",
@@ -56,6 +56,13 @@ c.JupyterHub.services.append(
         **({"api_token": HUB_TOKEN} if HUB_TOKEN else {}),
     }
 )
+if os.environ.get("GPUAAS_GATEWAY_EXTERNAL"):
+    # The gateway runs apart from the Hub (systemd, a container), so a Hub restart or
+    # outage does not stop it; the Hub only routes to it. Start it yourself with the
+    # command above and the environment a managed service gets (README).
+    del gpuaas_service["command"]
+    gpuaas_service["oauth_redirect_uri"] = "/services/gpuaas/oauth_callback"
+c.JupyterHub.services.append(gpuaas_service)
 c.QueuedSpawnerMixin.gateway_url = f"http://127.0.0.1:{GPUAAS_PORT}/services/gpuaas/"
 if HUB_TOKEN:
     c.QueuedSpawnerMixin.gateway_token = HUB_TOKEN
@@ -115,6 +122,9 @@ c.JupyterHub.load_roles.extend(
                 "list:users",
                 "read:users",
                 "read:groups",
+                # The expiry of a token it identified: how long it may trust it while the
+                # Hub is down (gateway/hubauth.py).
+                "read:tokens",
                 "admin:servers",
             ],
             "services": ["gpuaas"],

@@ -139,6 +139,9 @@ c.JupyterHub.load_roles = [
             "access:services!service=gpuaas",
             "read:users",
             "read:groups",
+            # The expiry of a token it identified: how long it may trust it while the
+            # Hub is down (gateway/hubauth.py).
+            "read:tokens",
             "admin:servers",
         ],
         "services": ["gpuaas"],

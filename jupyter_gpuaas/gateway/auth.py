@@ -240,3 +240,17 @@ def load_cookie_secret(path: str | os.PathLike[str]) -> bytes:
     with os.fdopen(fd, "w", encoding="ascii") as f:
         f.write(secret.hex() + "\n")
     return secret
+
+
+# --- the Hub unreachable (hubauth.py) --------------------------------------------------------
+
+
+class HubUnreachable(Exception):
+    """The Hub could not be asked who a token is, and the gateway has never (or not
+    recently enough) heard it answer for that token: answered 503 with Retry-After."""
+
+    retry_after = 5
+    public = (
+        "the Hub is unreachable, so the gateway cannot check this token now (a token it "
+        "checked before keeps working meanwhile); try again in a few seconds"
+    )

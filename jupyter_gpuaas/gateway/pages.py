@@ -9,7 +9,7 @@ see every request with a Cancel button, and change a tenant's quota and limits i
 
 The page is rendered on the server (templates/landing.html, tornado's templates escape
 every value), and its forms carry the `_xsrf` token: a cookie-authenticated POST without
-it is refused with 403 (handlers.BaseHandler). The forms run the API's own handlers
+it is refused with 403 (handler_base.BaseHandler). The forms run the API's own handlers
 (`DELETE api/requests/{id}`, `PUT api/tenants/{name}`), so their checks and error
 sentences are the API's, word for word.
 """
@@ -29,8 +29,10 @@ from tornado.httputil import url_concat
 from jupyter_gpuaas.admission.model import State
 from jupyter_gpuaas.words import about, format_duration, plural, usage_sentence_of
 
-from .auth import Identity
-from .handlers import ApiError, BaseHandler, RequestHandler, TenantHandler
+from .auth import HubUnreachable, Identity
+from .handler_base import ApiError, BaseHandler
+from .requests_api import RequestHandler
+from .tenants_api import TenantHandler
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 LIVE = (State.QUEUED, State.ADMITTED, State.PARKED)
@@ -133,6 +135,9 @@ class PageHandler(BaseHandler):
         message = self._reason
         if isinstance(exc, ApiError):
             message = exc.error
+        elif isinstance(exc, HubUnreachable):  # a login the gateway cannot check now
+            self.set_header("Retry-After", str(exc.retry_after))
+            message = exc.public
         elif isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
         self.set_header("Content-Type", "text/html; charset=utf-8")

@@ -58,6 +58,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="how queued demand becomes new nodes (default: keda)",
     )
     m.add_argument(
+        "--singleuser-access",
+        default="kernels",
+        choices=("kernels", "kernels-and-jobs", "none"),
+        help="what the users' servers (ServiceAccount jupyter-gpuaas-singleuser) may do: "
+        "run GPU kernels in pods of their own (default), also run batch jobs as Kubernetes "
+        "Jobs, or nothing",
+    )
+    m.add_argument(
         "--flavor-selector",
         action="append",
         default=[],
@@ -128,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
             hub_api_url=args.hub_api_url,
             prometheus_url=args.prometheus_url,
             provisioning_class=args.provisioning_class,
+            singleuser_access=args.singleuser_access,
             quotas_text=text,
         )
         if args.image:

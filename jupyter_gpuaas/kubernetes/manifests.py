@@ -5,6 +5,9 @@
 
 - a ServiceAccount, a ClusterRole for the Node inventory (get, list, watch: nothing else),
   and a Role in the namespace only when the chosen scale-up needs one;
+- the users' servers' ServiceAccount (`jupyter-gpuaas-singleuser`, z2jh's
+  `singleuser.serviceAccountName`) and a Role with only what their GPU kernel pods (and,
+  when chosen, their Kubernetes Jobs) need;
 - the gateway Deployment: two replicas electing a leader on the PostgreSQL store
   (`--leader-election=on`, gateway/leader.py), each advertising its pod IP; the standby
   answers reads and forwards changes, so both are Ready (`api/health` answers 200 on
@@ -128,6 +131,65 @@ def access(settings: Settings) -> list[dict[str, Any]]:
             },
         ]
     return docs
+
+
+# --------------------------------------------------------------------- the users' servers
+
+#: The ServiceAccount of the users' servers (z2jh: `singleuser.serviceAccountName`).
+SINGLEUSER = f"{NAME}-singleuser"
+SINGLEUSER_ACCESS = ("kernels", "kernels-and-jobs", "none")
+
+
+def singleuser_rules(what: str) -> list[dict[str, Any]]:
+    """What a user's server does with the API, in its own namespace: only those verbs.
+
+    GPU kernels in pods of their own (`gpuaas-kubernetes`, kernels.py) create the kernel
+    pod, read it (and the server's own pod, for its volumes) and delete it. Batch jobs as
+    Kubernetes Jobs (KubernetesJobRunner, jobs.py) create, list and delete Jobs, list their
+    pods and read the pods' logs.
+    """
+    if what == "none":
+        return []
+    pods = ["create", "get", "delete"]
+    if what == "kernels":
+        return [{"apiGroups": [""], "resources": ["pods"], "verbs": pods}]
+    return [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": [*pods, "list"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "list", "delete"]},
+    ]
+
+
+def singleuser_access(settings: Settings) -> list[dict[str, Any]]:
+    """The users' servers' ServiceAccount, its Role and RoleBinding (none with `none`)."""
+    rules_ = singleuser_rules(settings.singleuser_access)
+    if not rules_:
+        return []
+    subject = [{"kind": "ServiceAccount", "name": SINGLEUSER, "namespace": settings.namespace}]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": meta(SINGLEUSER, "singleuser", settings),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta(SINGLEUSER, "singleuser", settings),
+            "rules": rules_,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(SINGLEUSER, "singleuser", settings),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": SINGLEUSER,
+            },
+            "subjects": subject,
+        },
+    ]
 
 
 # --------------------------------------------------------------------- the gateway
@@ -370,7 +432,13 @@ def manifests(flavors: Sequence[ClusterFlavor], settings: Settings) -> list[dict
         raise ManifestError(
             f"--scale-up: {settings.scale_up!r} is not one of {', '.join(SCALE_UPS)}"
         )
-    docs = [service_account(settings), *access(settings), config_map(flavors, settings)]
+    if settings.singleuser_access not in SINGLEUSER_ACCESS:
+        raise ManifestError(
+            f"--singleuser-access: {settings.singleuser_access!r} is not one of "
+            f"{', '.join(SINGLEUSER_ACCESS)}"
+        )
+    docs = [service_account(settings), *access(settings), *singleuser_access(settings)]
+    docs.append(config_map(flavors, settings))
     docs += [deployment(settings), service(settings), disruption_budget(settings)]
     docs.append(scrape_config_map(settings))
     docs += scale_up_objects(flavors, settings)

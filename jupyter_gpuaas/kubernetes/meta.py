@@ -74,6 +74,8 @@ class Settings:
     provisioning_class: str = "check-capacity.autoscaling.x-k8s.io"
     placeholder_image: str = "registry.k8s.io/pause:3.10"
     quotas_text: str = ""
+    # What the users' servers may do with the API: kernels, kernels-and-jobs, none.
+    singleuser_access: str = "kernels"
     extra_labels: Mapping[str, str] = field(default_factory=dict)
 
 

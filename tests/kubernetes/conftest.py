@@ -3,8 +3,10 @@
 `k8s`: the in-process Kubernetes API DOUBLE of k8s_double.py (no API server can run on
 these machines), with a kubeconfig pointing at it. `gateway`: the real gateway app
 in-process on a loopback port (simulated devices named like the double's Nodes, a token
-file). `make_spawner`: the real QueuedKubeSpawner (a KubeSpawner subclass) with a stand-in
-for the Hub's user object, talking to both over real HTTP.
+file); `make_cluster_gateway`: the same with the double's Nodes as its inventory and a
+scaler (kubeutil.py has the helpers under both). `make_spawner`: the real
+QueuedKubeSpawner (a KubeSpawner subclass) with a stand-in for the Hub's user object,
+talking to both over real HTTP.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from k8s_double import KubernetesDouble
-from kubefix import DEVICES, FLAVORS, QUOTAS, TOKEN_FILE, HubUser
+from kubefix import DEVICES, FLAVORS, QUOTAS
+from kubeutil import POOL_A100, SCALE_QUOTAS, kube_spawner, start_gateway
+from traitlets.config import Config
 
 
 @pytest_asyncio.fixture
@@ -70,60 +74,69 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Any]:
-    from jupyter_gpuaas.gateway.app import GatewayApp
-
-    q = tmp_path / "quotas.yaml"
-    q.write_text(yaml.safe_dump(QUOTAS))
-    t = tmp_path / "tokens.yaml"
-    t.write_text(yaml.safe_dump(TOKEN_FILE))
-    app = GatewayApp(
-        ip="127.0.0.1",
-        port=0,
-        quotas=str(q),
-        tokens=str(t),
-        devices=DEVICES,
-        db_url=f"sqlite:///{tmp_path / 'gpuaas.sqlite'}",
-        keepalive_interval=0.3,
-        tick_interval=0.1,
-        sample_interval=0.5,
-        hub_service=False,
-    )
-    port = await app.start_server()
-    app.url = f"http://127.0.0.1:{port}{app.base_url}"
+    """The real gateway with simulated devices named like the double's Nodes (kubefix)."""
+    app = await start_gateway(tmp_path, quotas=QUOTAS, devices=DEVICES)
     try:
         yield app
     finally:
         await app.stop_server()
 
 
+@pytest_asyncio.fixture
+async def make_cluster_gateway(k8s: KubernetesDouble, tmp_path: Path) -> AsyncIterator[Any]:
+    """`await make(scaler)`: the real gateway whose inventory is the double's Nodes
+    (`--devices kubernetes`), with a scaler of gateway/cluster.py (ProvisioningRequestScaler,
+    PlaceholderScaler) or the default one (None). Default flavors: the `pool=a100` pool of
+    kubeutil.POOL_A100; default quotas: kubeutil.SCALE_QUOTAS (a100 autoscaled)."""
+    apps: list[Any] = []
+
+    async def make(
+        scaler: str | None = None,
+        *,
+        flavors: dict[str, Any] | None = None,
+        quotas: dict[str, Any] | None = None,
+        db_url: str | None = None,
+    ) -> Any:
+        flavors = flavors or {"a100": POOL_A100}
+        quotas = quotas or SCALE_QUOTAS
+        config: dict[str, Any] = {"ClusterInventory": {"flavors": flavors}}
+        if scaler is not None:
+            per_node = {n: f["gpus_per_node"] for n, f in quotas["flavors"].items()}
+            config["ClusterScaler"] = {
+                "namespace": "jhub",
+                "flavors": {n: {**f, "gpus_per_node": per_node[n]} for n, f in flavors.items()},
+            }
+        app = await start_gateway(
+            tmp_path,
+            quotas=quotas,
+            devices="kubernetes",
+            config=Config(config),
+            scaler=f"jupyter_gpuaas.gateway.cluster.{scaler}" if scaler else None,
+            db_url=db_url,
+        )
+        apps.append(app)
+        return app
+
+    try:
+        yield make
+    finally:
+        for app in apps:
+            await app.stop_server()
+
+
 @pytest.fixture
 def make_spawner(k8s: KubernetesDouble, gateway: Any) -> Callable[..., Any]:
-    from jupyterhub.objects import Hub
-
-    from jupyter_gpuaas.hub.kube import QueuedKubeSpawner
+    """`make(user, **traits)`: the real QueuedKubeSpawner on the double and `gateway`, with
+    a configured node selector, toleration and resource limit the grant must compose with."""
 
     def make(user: str = "alice", **traits: Any) -> Any:
-        hub = Hub(ip="127.0.0.1", port=8081, base_url="/hub/")
-        hub_user = HubUser(user, ["vision"])
         kw: dict[str, Any] = dict(
-            user=hub_user,
-            orm_spawner=hub_user.orm_spawner(),
-            hub=hub,
-            namespace="jhub",
-            k8s_api_host=k8s.url,
-            gateway_url=gateway.url,
             flavors=FLAVORS,
-            image="quay.io/jupyter/base-notebook:2026-11",
-            cmd=["jupyterhub-singleuser"],
             node_selector={"team": "ml"},
             tolerations=[{"key": "spot", "operator": "Exists"}],
             extra_resource_limits={"ephemeral-storage": "10Gi"},
-            start_timeout=20,
-            refresh_interval=0.5,
-            heartbeat_interval=0.5,
-            api_token="hub-token-for-the-server",
         )
         kw.update(traits)
-        return QueuedKubeSpawner(**kw)
+        return kube_spawner(k8s.url, gateway.url, user, **kw)
 
     return make

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import yaml
+from helpers import wait_until
 from k8s_double import KubernetesDouble
 from kubefix import TOKEN_FILE, TOKENS
 from tornado.httpclient import AsyncHTTPClient
-from traitlets.config import Config
 
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.kubernetes.nodes import ClusterNode, NodeChange, diff, node_view
@@ -105,44 +105,11 @@ def a100(k8s: KubernetesDouble, name: str) -> None:
 
 
 @pytest_asyncio.fixture
-async def cluster_gateway(k8s: KubernetesDouble, tmp_path: Path, db_url: str) -> Any:
-    from jupyter_gpuaas.gateway.app import GatewayApp
-
+async def cluster_gateway(k8s: KubernetesDouble, make_cluster_gateway: Any, db_url: str) -> Any:
+    """The gateway on the double's Nodes (a100-0, and cpu-0 of no flavor), on each store."""
     a100(k8s, "a100-0")
     k8s.add_node("cpu-0", labels={"pool": "cpu"})
-    q = tmp_path / "quotas.yaml"
-    q.write_text(yaml.safe_dump(QUOTAS))
-    t = tmp_path / "tokens.yaml"
-    t.write_text(yaml.safe_dump(TOKEN_FILE))
-    app = GatewayApp(
-        config=Config({"ClusterInventory": {"flavors": FLAVORS}}),
-        ip="127.0.0.1",
-        port=0,
-        quotas=str(q),
-        tokens=str(t),
-        devices="kubernetes",
-        db_url=db_url,
-        keepalive_interval=0.3,
-        tick_interval=0.1,
-        hub_service=False,
-    )
-    port = await app.start_server()
-    app.url = f"http://127.0.0.1:{port}{app.base_url}"
-    try:
-        yield app
-    finally:
-        await app.stop_server()
-
-
-async def until(check: Any, timeout: float = 15.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("not reached in time")
-        await asyncio.sleep(0.05)
+    return await make_cluster_gateway(flavors=FLAVORS, quotas=QUOTAS, db_url=db_url)
 
 
 @pytest.mark.asyncio
@@ -173,7 +140,7 @@ async def test_nodes_join_and_leave_the_gateway(
             'gpuaas_nodes{flavor="a100"} 1.0' in text
         )
 
-    await until(wants_two)
+    await wait_until(wants_two)
 
     # A node joins (what a scale-up ends in): the queued request is placed on it.
     a100(k8s, "a100-1")
@@ -182,7 +149,7 @@ async def test_nodes_join_and_leave_the_gateway(
         req = await bob.get(second["id"])
         return req if req["state"] == "admitted" else None
 
-    placed = await until(second_admitted)
+    placed = await wait_until(second_admitted)
     assert placed["grant"]["node"] == "a100-1"
 
     # a100-0 turns NotReady: its holder is told, its grant released.
@@ -192,7 +159,7 @@ async def test_nodes_join_and_leave_the_gateway(
         req = await alice.get(first["id"])
         return req if req["state"] not in ("admitted", "queued") else None
 
-    ended = await until(first_ended)
+    ended = await wait_until(first_ended)
     assert ended["state"] == "finished"
     assert "a100-0" in ended.get("reason", ""), ended
     assert [n["name"] for n in (await alice.devices())["nodes"]] == ["a100-1"]
@@ -213,12 +180,12 @@ async def test_the_watch_resumes_and_relists_on_410(
     async def has(expected: list[str]) -> bool:
         return await names() == expected
 
-    await until(lambda: _true_when(k8s.watchers))  # the gateway is watching
+    await wait_until(lambda: _true_when(k8s.watchers))  # the gateway is watching
     lists_before = _node_lists(k8s)
     # A lost connection: the watch comes back from its resourceVersion, no new list.
     k8s.drop_watches()
     a100(k8s, "a100-1")
-    await until(lambda: has(["a100-0", "a100-1"]))
+    await wait_until(lambda: has(["a100-0", "a100-1"]))
     assert _node_lists(k8s) == lists_before and source.relists == 0
     watches = [p for m, p in k8s.requests if p.startswith("/api/v1/nodes") and "watch=True" in p]
     assert len(watches) >= 2
@@ -229,12 +196,12 @@ async def test_the_watch_resumes_and_relists_on_410(
     held = await alice.submit("vision", "job", 2, flavor="a100")
     assert held["state"] == "admitted"
     gone = held["grant"]["node"]
-    await until(lambda: _true_when(k8s.watchers))
+    await wait_until(lambda: _true_when(k8s.watchers))
     k8s.compact()
     k8s.drop_watches()
     k8s.delete("/api/v1", "nodes", gone)
     stay = "a100-1" if gone == "a100-0" else "a100-0"
-    await until(lambda: has([stay]))
+    await wait_until(lambda: has([stay]))
     assert source.relists == 1
     assert _node_lists(k8s) == lists_before + 1
 
@@ -244,7 +211,7 @@ async def test_the_watch_resumes_and_relists_on_410(
         moved = req["state"] == "admitted" and req["grant"]["node"] == stay
         return req if moved else None
 
-    await until(held_moved)
+    await wait_until(held_moved)
 
 
 async def _true_when(value: Any) -> bool:
@@ -329,7 +296,7 @@ async def test_the_gateway_command_with_the_manifests_config(
             except Exception:
                 return None
 
-        (only,) = await until(listed, timeout=60)
+        (only,) = await wait_until(listed, timeout=60)
         assert (only["name"], only["flavor"], only["gpus"], only["free"]) == ("gpu-a", "a100", 2, 2)
     finally:
         proc.terminate()

@@ -15,16 +15,25 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from helpers import wait_until
 from k8s_double import KubernetesDouble
 from kubefix import FLAVORS, TOKENS
-from kubelet import LocalKubelet
+from kubeutil import (
+    HOME_CLAIM,
+    KernelCluster,
+    add_a100,
+    api_verbs,
+    connect,
+    kernel_cluster,
+    rule_verbs,
+    run_cell,
+)
 
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.kubernetes.kernel_pods import (
@@ -34,6 +43,7 @@ from jupyter_gpuaas.kubernetes.kernel_pods import (
     shared_volumes,
     working_dir,
 )
+from jupyter_gpuaas.kubernetes.manifests import singleuser_rules
 
 REQUEST = {
     "id": "r-77",
@@ -41,7 +51,7 @@ REQUEST = {
     "gpus": 1,
     "grant": {"flavor": "a100", "node": "a100-0", "devices": [0]},
 }
-HOME = [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]
+HOME = HOME_CLAIM  # the server pod's home claim (kubeutil's server pod has it)
 MOUNTS = [{"name": "home", "mountPath": "/home/jovyan"}]
 
 
@@ -200,158 +210,59 @@ def test_kernelspec_for_pods(tmp_path: Path) -> None:
     }
 
 
+def test_kernelspec_install_kubernetes_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`jupyter-gpuaas kernelspec install --kubernetes`: the command z2jh's postStart runs
+    (hub_config/kubernetes/values.yaml) installs a spec of the pod provisioner."""
+    from jupyter_gpuaas.cli import main
+    from jupyter_gpuaas.server.kernelspec_cli import POD_ARGV
+
+    args = ["kernelspec", "install", "--kubernetes", "--gpus", "2", "--flavor", "a100"]
+    assert main([*args, "--image", "img:2", "--prefix", str(tmp_path)]) == 0
+    assert "Installed GPU kernelspec python3-2gpu-a100-pod" in capsys.readouterr().out
+    spec = json.loads(
+        (tmp_path / "share/jupyter/kernels/python3-2gpu-a100-pod/kernel.json").read_text()
+    )
+    assert spec["argv"] == POD_ARGV
+    assert spec["display_name"] == "Python 3 (2 A100, own pod)"
+    assert spec["metadata"]["kernel_provisioner"] == {
+        "provisioner_name": "gpuaas-kubernetes",
+        "config": {"gpus": 2, "flavor": "a100", "image_name": "img:2"},
+    }
+    # --image means the pod's image: without --kubernetes it is refused in one line.
+    assert main(["kernelspec", "install", "--gpus", "1", "--image", "img:2"]) == 2
+    assert capsys.readouterr().err == "jupyter-gpuaas kernelspec: --image needs --kubernetes\n"
+
+
 # ---------------------------------------------------------------------- against the double
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def until(check: Any, timeout: float = 30.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("not reached in time")
-        await asyncio.sleep(0.05)
-
-
-SERVER_POD = {
-    "metadata": {"name": "jupyter-alice", "labels": {"component": "singleuser-server"}},
-    "spec": {
-        "nodeName": "cpu-0",
-        "containers": [{"name": "notebook", "image": "img", "resources": {}}],
-        "volumes": HOME,
-    },
-    "status": {"phase": "Running", "podIP": "127.0.0.1"},
-}
-
-
-class Cluster:
-    def __init__(self, k8s: KubernetesDouble, gateway: Any, home: Path, kubelet: Any) -> None:
-        self.k8s, self.gateway, self.home, self.kubelet = k8s, gateway, home, kubelet
-        self.root = GatewayClient(gateway.url, TOKENS["root"])
-
-    def kernel_manager(self) -> Any:
-        from jupyter_client.kernelspec import KernelSpecManager
-        from jupyter_client.manager import AsyncKernelManager
-        from traitlets.config import Config
-
-        config = Config(
-            {
-                "GpuaasKubernetesProvisioner": {
-                    "namespace": "jhub",
-                    "flavors": FLAVORS,
-                    "server_pod_name": "jupyter-alice",
-                    "image_name": "quay.io/jupyter/pytorch-notebook:2026-11",
-                    "poll_interval": 0.2,
-                    "pod_poll_interval": 0.1,
-                    "launch_timeout": 60,
-                }
-            }
-        )
-        ksm = KernelSpecManager(kernel_dirs=[str(self.home.parent / "kernels")])
-        return AsyncKernelManager(kernel_name="gpu-pod", kernel_spec_manager=ksm, config=config)
-
-    def pod(self, km: Any) -> dict[str, Any] | None:
-        return self.k8s.get("/api/v1", "pods", f"alice-{km.kernel_id}", "jhub")
-
-    async def request(self, rid: str) -> dict[str, Any]:
-        return await self.root.get(rid)
 
 
 @pytest_asyncio.fixture
 async def cluster(
     k8s: KubernetesDouble, gateway: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Cluster]:
-    import gateway_provisioners.response_manager as rm
-
-    from jupyter_gpuaas.server.kernels import KernelTable, set_table
-    from jupyter_gpuaas.server.kernelspec_cli import write_spec
-
-    # gateway_provisioners' response address: a free port, not its fixed 8877.
-    monkeypatch.setattr(rm, "desired_response_port", free_port())
-    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
-    monkeypatch.setenv("GPUAAS_TEST_SETTING", "from the user's environment")
-    set_table(KernelTable(GatewayClient(gateway.url, TOKENS["alice"]), tenant="vision"))
-    k8s.add_node(
-        "a100-0",
-        labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
-        allocatable={"nvidia.com/gpu": "2"},
-        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
-    )
-    k8s.add_node("cpu-0")
-    home = tmp_path / "home"
-    (home / "proj").mkdir(parents=True)
-    server = {**SERVER_POD, "spec": {**SERVER_POD["spec"]}}
-    server["spec"]["containers"] = [
-        {
-            "name": "notebook",
-            "image": "img",
-            "volumeMounts": [{"name": "home", "mountPath": str(home)}],
-        }
-    ]
-    k8s.put("/api/v1", "pods", server, "jhub")
-    write_spec(tmp_path / "kernels" / "gpu-pod", 1, "a100", kubernetes=True)
-    kubelet = LocalKubelet(k8s, "component=kernel", tmp_path)
-    try:
-        yield Cluster(k8s, gateway, home, kubelet)
-    finally:
-        kubelet.close()
-        set_table(None)
-        if rm.ResponseManager.initialized():
-            manager = rm.ResponseManager.instance()
-            sock = manager._response_socket
-            manager.stop_response_manager()
-            if sock is not None:
-                sock.close()
-            rm.ResponseManager.clear_instance()
-
-
-async def run_cell(client: Any, code: str, timeout: float = 30.0) -> dict[str, Any]:
-    """Execute `code`; its stdout and its reply."""
-    msg_id = client.execute(code)
-    out = ""
-    while True:
-        msg = await client.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            out += msg["content"]["text"]
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    reply = await client.get_shell_msg(timeout=timeout)
-    return {"out": out, "reply": reply["content"]}
-
-
-async def connect(km: Any) -> Any:
-    client = km.client()
-    client.start_channels()
-    await client.wait_for_ready(timeout=60)
-    return client
+) -> AsyncIterator[KernelCluster]:
+    """Alice's CPU server pod and an a100 Node of 2 GPUs, on the simulated gateway."""
+    add_a100(k8s, "a100-0", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
+    async with kernel_cluster(k8s, gateway.url, tmp_path, monkeypatch, FLAVORS) as cl:
+        yield cl
 
 
 @pytest.mark.asyncio
-async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Cluster) -> None:
+async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: KernelCluster) -> None:
     """queued → admitted → a pod on the granted node with the GPU → a cell runs → an
     interrupt reaches it → restart keeps the grant → shutdown deletes the pod and releases
     the grant. The kernel pod's process is a LOCAL kernel run by LocalKubelet."""
     from jupyter_gpuaas.server.kernels import current_table
 
     k8s = cluster.k8s
-    bob = GatewayClient(cluster.gateway.url, TOKENS["bob"])
+    bob = GatewayClient(cluster.gateway_url, TOKENS["bob"])
     blocker = await bob.submit("vision", "kernel", 2, flavor="a100", name="bob's kernel")
     assert blocker["state"] == "admitted"
     km = cluster.kernel_manager()
     start = asyncio.ensure_future(km.start_kernel(cwd=str(cluster.home / "proj")))
     try:
-        record = await until(
+        record = await wait_until(
             lambda: (r := current_table().get(str(km.kernel_id))) and r.state == "queued" and r
         )
         assert record.tenant == "vision" and record.flavor == "a100"
@@ -418,6 +329,9 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Clust
         assert not cluster.kubelet.procs
         assert (await cluster.request(rid))["state"] in ("finished", "cancelled")
         assert record.state == "released"
+        # Start, interrupt, restart and shutdown used exactly what the manifests' Role of
+        # the users' servers allows (`--singleuser-access kernels`), nothing more or less.
+        assert api_verbs(k8s, "jhub") == rule_verbs(singleuser_rules("kernels"))
     finally:
         if not start.done():
             start.cancel()
@@ -426,7 +340,7 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Clust
 
 
 @pytest.mark.asyncio
-async def test_a_pod_deleted_under_the_kernel_is_a_dead_kernel(cluster: Cluster) -> None:
+async def test_a_pod_deleted_under_the_kernel_is_a_dead_kernel(cluster: KernelCluster) -> None:
     """A kernel pod deleted by someone else (kubectl, an eviction, a node drain): the
     kernel is dead and its grant released at once. The kernel pod's process is a LOCAL
     kernel run by LocalKubelet."""
@@ -446,7 +360,7 @@ async def test_a_pod_deleted_under_the_kernel_is_a_dead_kernel(cluster: Cluster)
         async def released() -> bool:
             return (await cluster.request(rid))["state"] in ("finished", "cancelled")
 
-        await until(released)
+        await wait_until(released)
         assert record.state == "released"
         assert record.reason == f"kernel pod {pod['metadata']['name']} deleted"
         assert not await km.is_alive()
@@ -457,7 +371,7 @@ async def test_a_pod_deleted_under_the_kernel_is_a_dead_kernel(cluster: Cluster)
 
 
 @pytest.mark.asyncio
-async def test_culling_deletes_the_pod_and_leaves_the_parked_quota(cluster: Cluster) -> None:
+async def test_culling_deletes_the_pod_and_leaves_the_parked_quota(cluster: KernelCluster) -> None:
     """The server extension culls a GPU kernel the gateway culled by marking its record
     and shutting the kernel down (extension.py `_end_kernel`); done the same here: the pod
     is deleted, and the request is not cancelled (the gateway parks its quota for the
@@ -481,7 +395,9 @@ async def test_culling_deletes_the_pod_and_leaves_the_parked_quota(cluster: Clus
 
 
 @pytest.mark.asyncio
-async def test_a_kernel_process_that_dies_fails_its_pod_and_releases(cluster: Cluster) -> None:
+async def test_a_kernel_process_that_dies_fails_its_pod_and_releases(
+    cluster: KernelCluster,
+) -> None:
     """The kernel exits on its own (a crash): its pod turns Failed, the kernel is dead and
     its grant released. The kernel pod's process is a LOCAL kernel run by LocalKubelet,
     which reports its exit status in the pod."""
@@ -499,7 +415,7 @@ async def test_a_kernel_process_that_dies_fails_its_pod_and_releases(cluster: Cl
         async def released() -> bool:
             return (await cluster.request(str(record.request_id)))["state"] != "admitted"
 
-        await until(released)
+        await wait_until(released)
         pod = cluster.pod(km)
         assert pod is not None and pod["status"]["phase"] == "Failed"
         assert record.reason == f"kernel pod {name} ended (Failed)"

@@ -6,17 +6,18 @@ log and says how it exited."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 from k8s_double import KubernetesDouble
 from kubefix import FLAVORS, TOKENS
-from traitlets.config import Config
+from kubeutil import add_a100, api_verbs, job_manager, rule_verbs
 
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.kubernetes.jobs import exit_status, job_manifest, job_name
+from jupyter_gpuaas.kubernetes.manifests import singleuser_rules
 
 REQUEST = {
     "id": "r-1a2b",
@@ -123,55 +124,20 @@ def test_exit_status() -> None:
 
 
 def cluster(k8s: KubernetesDouble) -> None:
-    k8s.add_node(
-        "a100-0",
-        labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
-        allocatable={"nvidia.com/gpu": "2"},
-        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
-    )
+    add_a100(k8s, "a100-0", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
 
 
-async def until(check: Any, timeout: float = 20.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("not reached in time")
-        await asyncio.sleep(0.05)
-
-
-def make_manager(gateway: Any, tmp_path: Path) -> Any:
-    from jupyter_gpuaas.jobs.manager import JobManager
-
-    config = Config(
-        {
-            "KubernetesJobRunner": {
-                "namespace": "jhub",
-                "image": "quay.io/jupyter/pytorch-notebook:2026-11",
-                "flavors": FLAVORS,
-                "volumes": HOME,
-                "volume_mounts": MOUNTS,
-                "refresh_interval": 0.1,
-            }
-        }
-    )
-    manager = JobManager(
-        GatewayClient(gateway.url, TOKENS["alice"]),
-        str(tmp_path / "home"),
-        config=config,
-        runner_class="jupyter_gpuaas.kubernetes.jobs.KubernetesJobRunner",
-        state_dir=str(tmp_path / "state"),
-        poll_interval=0.1,
-        heartbeat_interval=0.5,
-    )
-    (tmp_path / "home").mkdir()
-    (tmp_path / "home" / "train.py").write_text("print('epoch 1')\n")
-    manager.load()
-    return manager
+# What the manifests' Role of the users' servers allows for Kubernetes Jobs beyond kernels.
+JOB_VERBS = rule_verbs(singleuser_rules("kernels-and-jobs")) - rule_verbs(
+    singleuser_rules("kernels")
+)
+RUNNER = {
+    "namespace": "jhub",
+    "image": "quay.io/jupyter/pytorch-notebook:2026-11",
+    "flavors": FLAVORS,
+    "volumes": HOME,
+    "volume_mounts": MOUNTS,
+}
 
 
 @pytest.mark.asyncio
@@ -179,31 +145,31 @@ async def test_a_job_runs_as_a_kubernetes_job(
     k8s: KubernetesDouble, gateway: Any, tmp_path: Path
 ) -> None:
     cluster(k8s)
-    manager = make_manager(gateway, tmp_path)
+    manager = job_manager(gateway.url, tmp_path, RUNNER)
     await manager.start()
     try:
         job = await manager.submit(
             {"kind": "script", "path": "train.py", "gpus": 1, "tenant": "vision", "flavor": "a100"}
         )
         name = job_name(job.id)
-        kjob = await until(lambda: k8s.get("/apis/batch/v1", "jobs", name, "jhub"))
+        kjob = await wait_until(lambda: k8s.get("/apis/batch/v1", "jobs", name, "jhub"))
         assert kjob["spec"]["backoffLimit"] == 0
         (container,) = kjob["spec"]["template"]["spec"]["containers"]
         assert container["command"][-1] == str(tmp_path / "home" / "train.py")
         assert container["workingDir"] == str(tmp_path / "home")
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-        pod = await until(lambda: k8s.job_pod("jhub", name))
-        pod = await until(
+        pod = await wait_until(lambda: k8s.job_pod("jhub", name))
+        pod = await wait_until(
             lambda: (p := k8s.job_pod("jhub", name)) and p["spec"].get("nodeName") and p
         )
         assert pod["spec"]["nodeName"] == "a100-0"
         # The container prints and exits 0: the log reaches output.log, the job ends.
         k8s.write_log("jhub", pod["metadata"]["name"], "epoch 1\nepoch 2\n")
-        await until(
+        await wait_until(
             lambda: "epoch 2" in (job.log_path.read_text() if job.log_path.exists() else "")
         )
         k8s.finish_job("jhub", name, 0)
-        await until(lambda: manager.get(job.id).state == "succeeded")
+        await wait_until(lambda: manager.get(job.id).state == "succeeded")
         assert manager.get(job.id).exit_status == 0
         assert "epoch 1\nepoch 2\n" in job.log_path.read_text()
         root = GatewayClient(gateway.url, TOKENS["root"])
@@ -211,7 +177,11 @@ async def test_a_job_runs_as_a_kubernetes_job(
         async def released() -> bool:
             return (await root.get(job.id))["state"] == "finished"
 
-        await until(released)
+        await wait_until(released)
+        # A job's run used what the Role of the users' servers adds for jobs
+        # (`--singleuser-access kernels-and-jobs`) but the deletion, which only a cancel
+        # uses (next test).
+        assert api_verbs(k8s, "jhub") == JOB_VERBS - {("batch", "jobs", "delete")}
     finally:
         await manager.stop()
         manager.runner.close()
@@ -222,15 +192,15 @@ async def test_cancel_deletes_the_job_in_the_foreground(
     k8s: KubernetesDouble, gateway: Any, tmp_path: Path
 ) -> None:
     cluster(k8s)
-    manager = make_manager(gateway, tmp_path)
+    manager = job_manager(gateway.url, tmp_path, RUNNER)
     await manager.start()
     try:
         job = await manager.submit(
             {"kind": "script", "path": "train.py", "gpus": 1, "tenant": "vision", "flavor": "a100"}
         )
         name = job_name(job.id)
-        await until(lambda: (p := k8s.job_pod("jhub", name)) and p["spec"].get("nodeName"))
-        await until(lambda: manager.get(job.id).state == "running")
+        await wait_until(lambda: (p := k8s.job_pod("jhub", name)) and p["spec"].get("nodeName"))
+        await wait_until(lambda: manager.get(job.id).state == "running")
         await manager.cancel(job.id)
         assert manager.get(job.id).state == "cancelled"
         assert k8s.get("/apis/batch/v1", "jobs", name, "jhub") is None
@@ -239,6 +209,8 @@ async def test_cancel_deletes_the_job_in_the_foreground(
         assert body["propagationPolicy"] == "Foreground"
         root = GatewayClient(gateway.url, TOKENS["root"])
         assert (await root.get(job.id))["state"] in ("finished", "cancelled")  # released
+        used = api_verbs(k8s, "jhub")
+        assert ("batch", "jobs", "delete") in used and used <= JOB_VERBS
     finally:
         await manager.stop()
         manager.runner.close()

@@ -13,32 +13,22 @@ import copy
 from typing import Any
 
 import pytest
+from helpers import wait_until
 from k8s_double import KubernetesDouble
 from kubefix import TOKENS
+from kubeutil import add_a100
 
 from jupyter_gpuaas.client import GatewayClient
 
 pytestmark = pytest.mark.asyncio
 
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "team": "ml"}
-GPU_TAINT = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
 
 
 def cluster(k8s: KubernetesDouble) -> None:
     """The double's Nodes, named as the gateway's (simulated) inventory names them."""
-    k8s.add_node("a100-0", labels=A100, allocatable={"nvidia.com/gpu": "2"}, taints=GPU_TAINT)
+    add_a100(k8s, "a100-0", A100)
     k8s.add_node("cpu-0", labels={"team": "ml"})
-
-
-async def _until(pred: Any, timeout: float = 15.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.05)
 
 
 def created_pod(k8s: KubernetesDouble, name: str = "jupyter-alice") -> dict[str, Any]:
@@ -109,7 +99,7 @@ async def test_two_starts_in_a_row_2_gpus_then_0_leak_nothing(
     assert (await admin.get(rid))["state"] == "admitted"
 
     await spawner.stop()
-    await _until(lambda: not k8s.pods("jhub"))
+    await wait_until(lambda: not k8s.pods("jhub"))
     assert (await admin.get(rid))["state"] in ("finished", "cancelled")
 
     spawner.user_options = {"tenant": "vision", "gpus": 0}
@@ -148,7 +138,13 @@ async def test_two_starts_in_a_row_2_gpus_then_0_leak_nothing(
 
     assert without_grant(first) == without_grant(second)
     await spawner.stop()
-    await _until(lambda: not k8s.pods("jhub"))
+    await wait_until(lambda: not k8s.pods("jhub"))
+    # Nothing left behind: no request holds or waits for GPUs, and the namespace holds
+    # nothing of the servers but the Events of their pods.
+    held = [r for r in await admin.list() if r["state"] in ("queued", "admitted")]
+    assert held == []
+    left = {plural for (_, plural, ns, _) in k8s.objects if ns == "jhub"}
+    assert left <= {"events"}, left
 
 
 async def test_progress_while_queued_then_start_and_stop(
@@ -170,7 +166,7 @@ async def test_progress_while_queued_then_start_and_stop(
 
     spawn = asyncio.ensure_future(_start(spawner))
     follower = asyncio.ensure_future(follow())
-    await _until(lambda: any("queued" in m.lower() for m in messages))
+    await wait_until(lambda: any("queued" in m.lower() for m in messages))
     assert not k8s.pods("jhub")  # no pod while queued: nothing Pending on the cluster
     assert not spawn.done()
     await bob.cancel(blocker["id"])
@@ -183,7 +179,7 @@ async def test_progress_while_queued_then_start_and_stop(
     rid = spawner._gp["rid"]
     assert await spawner.poll() is None
     await spawner.stop()
-    await _until(lambda: not k8s.pods("jhub"))
+    await wait_until(lambda: not k8s.pods("jhub"))
     admin = GatewayClient(gateway.url, TOKENS["root"])
     assert (await admin.get(rid))["state"] in ("finished", "cancelled")
 
@@ -218,11 +214,11 @@ async def test_a_pod_that_fails_to_schedule_times_out_and_releases_its_grant(
     assert pod["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["t4-0"]
-    await _until(lambda: any("0/3 nodes are available" in m for m in messages))
+    await wait_until(lambda: any("0/3 nodes are available" in m for m in messages))
     rid = spawner._gp["rid"]
     await spawner.stop()
     follower.cancel()
-    await _until(lambda: not k8s.pods("jhub"))
+    await wait_until(lambda: not k8s.pods("jhub"))
     admin = GatewayClient(gateway.url, TOKENS["root"])
     assert (await admin.get(rid))["state"] in ("finished", "cancelled")
     assert (await admin.tenants())["tenants"][0]["usage"]
@@ -259,4 +255,4 @@ async def test_profiles_compose_with_the_queue(
     assert notebook(pod)["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert pod["spec"]["nodeName"] == "a100-0"
     await spawner.stop()
-    await _until(lambda: not k8s.pods("jhub"))
+    await wait_until(lambda: not k8s.pods("jhub"))

@@ -19,7 +19,7 @@ import yaml
 
 from jupyter_gpuaas.admission.config import parse_config
 from jupyter_gpuaas.cli import main
-from jupyter_gpuaas.kubernetes.manifests import rules
+from jupyter_gpuaas.kubernetes.manifests import rules, singleuser_rules
 from jupyter_gpuaas.kubernetes.meta import ClusterFlavor, Settings
 from jupyter_gpuaas.kubernetes.scaleup import nodes_wanted_query, provisioning_request
 
@@ -109,14 +109,15 @@ def test_every_document_validates(run_cli: Any, scale_up: str) -> None:
         if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding", "PriorityClass"):
             assert doc["metadata"]["namespace"] == "lab"
     base = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+    users = ["ServiceAccount", "Role", "RoleBinding"]  # the users' servers' (kernel pods)
     gateway = ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "ConfigMap"]
     pr = ["PodTemplate", "ProvisioningRequest"]
     role = ["Role", "RoleBinding"]
     expected = {
-        "keda": [*base, *gateway, "PriorityClass", "Deployment", "ScaledObject"],
-        "placeholders": [*base, *role, *gateway, "PriorityClass", "Deployment"],
-        "provisioning-request": [*base, *role, *gateway, *pr],
-        "none": [*base, *gateway],
+        "keda": [*base, *users, *gateway, "PriorityClass", "Deployment", "ScaledObject"],
+        "placeholders": [*base, *role, *users, *gateway, "PriorityClass", "Deployment"],
+        "provisioning-request": [*base, *role, *users, *gateway, *pr],
+        "none": [*base, *users, *gateway],
     }[scale_up]
     assert kinds == expected
     (config_map,) = [
@@ -237,6 +238,55 @@ def test_rbac_holds_only_the_verbs_used() -> None:
             },
         ],
     )
+
+
+@pytest.mark.parametrize("access", ["kernels", "kernels-and-jobs", "none"])
+def test_the_users_servers_get_only_what_their_kernel_pods_and_jobs_use(
+    run_cli: Any, access: str
+) -> None:
+    """The users' servers' ServiceAccount and Role (z2jh `singleuser.serviceAccountName`):
+    the verbs of the `gpuaas-kubernetes` provisioner and, when chosen, of the
+    KubernetesJobRunner; test_kernels.py and test_kube_jobs.py check these are the verbs
+    those really send to the API double."""
+    code, out, err = run_cli("--namespace", "lab", "--singleuser-access", access)
+    assert (code, err) == (0, "")
+    docs = [
+        d for d in yaml.safe_load_all(out) if d["metadata"]["name"] == "jupyter-gpuaas-singleuser"
+    ]
+    for doc in docs:
+        validate(doc)
+    if access == "none":
+        assert docs == []
+        return
+    account, role, binding = docs
+    assert (account["kind"], role["kind"], binding["kind"]) == (
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+    )
+    assert account["metadata"]["namespace"] == role["metadata"]["namespace"] == "lab"
+    kernels = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]}]
+    assert role["rules"] == singleuser_rules(access)
+    if access == "kernels":
+        assert role["rules"] == kernels
+    else:
+        assert role["rules"] == [
+            {
+                "apiGroups": [""],
+                "resources": ["pods"],
+                "verbs": ["create", "get", "delete", "list"],
+            },
+            {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+            {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "list", "delete"]},
+        ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "jupyter-gpuaas-singleuser",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "jupyter-gpuaas-singleuser", "namespace": "lab"}
+    ]
 
 
 def test_scaled_object_reads_the_nodes_wanted(run_cli: Any) -> None:

@@ -1,0 +1,325 @@
+"""Helpers the Kubernetes test modules share (a module of its own: `conftest` is ambiguous
+when tests/hub runs in the same session; the fixtures built on these are in conftest.py).
+
+- `start_gateway`: the real gateway app in-process on a loopback port, with simulated
+  devices or the cluster inventory (`--devices kubernetes`) of the API DOUBLE;
+- `add_a100`: an a100 Node of 2 GPUs in the double, tainted as GPU nodes are;
+- `kube_spawner`: the real QueuedKubeSpawner on the double and a gateway;
+- `job_manager`: the real JobManager with the KubernetesJobRunner;
+- `KernelCluster` / `kernel_cluster`: what a GPU kernel in its own pod needs around the
+  real `gpuaas-kubernetes` provisioner: the user's server pod in the double, a
+  `--kubernetes` kernelspec, gateway_provisioners' response address on a free port, and
+  the LOCAL kernel (kubelet.py) that plays the kernel pod's process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from k8s_double import KubernetesDouble
+from kubefix import TOKEN_FILE, TOKENS, HubUser
+from kubelet import LocalKubelet
+from traitlets.config import Config
+
+from jupyter_gpuaas.client import GatewayClient
+
+GPU_TAINT = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+# A node pool of a100 nodes (a pool label, the GPU taint tolerated): the flavor of the
+# scale-up tests, as the gateway's inventory, its scaler, the spawner, the kernel
+# provisioner and the job runner all name it.
+POOL_A100 = {
+    "node_selector": {"pool": "a100"},
+    "resource": "nvidia.com/gpu",
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+}
+# One a100 node of 2 GPUs at start; the autoscaler may add two more.
+SCALE_QUOTAS: dict[str, Any] = {
+    "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
+    "tenants": {"vision": {"quota": {"a100": 8}}},
+    "policy": {
+        "idle_timeout": 0,
+        "reservation_ttl": 0,
+        "autoscale": {"a100": {"max_nodes": 3, "provision": False}},
+    },
+}
+
+
+_NAMESPACED = re.compile(
+    r"/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?"
+)
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
+def api_verbs(k8s: KubernetesDouble, namespace: str = "jhub") -> set[tuple[str, str, str]]:
+    """(API group, resource, RBAC verb) of every call the double got in `namespace`, as
+    the API server's authorizer names them (a GET of a collection is `list`, or `watch`
+    with watch=true; a subresource is `pods/log`)."""
+    out = set()
+    for method, path_qs in k8s.requests:
+        path, _, query = path_qs.partition("?")
+        m = _NAMESPACED.fullmatch(path)
+        if m is None or m["ns"] != namespace:
+            continue
+        resource = m["plural"] + (f"/{m['sub']}" if m["sub"] else "")
+        if method == "GET":
+            watch = "watch=true" in query.lower()
+            verb = "get" if m["name"] else ("watch" if watch else "list")
+        elif method == "DELETE":
+            verb = "delete" if m["name"] else "deletecollection"
+        else:
+            verb = _VERBS[method]
+        out.add((m["group"] or "", resource, verb))
+    return out
+
+
+def rule_verbs(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """The (API group, resource, verb) a Role's rules allow."""
+    return {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def add_a100(k8s: KubernetesDouble, name: str, labels: Mapping[str, str] | None = None) -> None:
+    """An a100 Node of 2 GPUs, tainted for GPU pods only (default: the `pool=a100` pool)."""
+    k8s.add_node(
+        name,
+        labels=dict(labels or POOL_A100["node_selector"]),
+        allocatable={"nvidia.com/gpu": "2"},
+        taints=GPU_TAINT,
+    )
+
+
+async def start_gateway(
+    tmp_path: Path,
+    *,
+    quotas: Mapping[str, Any],
+    devices: str,
+    config: Config | None = None,
+    scaler: str | None = None,
+    db_url: str | None = None,
+) -> Any:
+    """The real gateway (GatewayApp) on a free loopback port; `app.url` is its base URL.
+    Stop it with `await app.stop_server()`."""
+    from jupyter_gpuaas.gateway.app import GatewayApp
+
+    q = tmp_path / "quotas.yaml"
+    q.write_text(yaml.safe_dump(dict(quotas)))
+    t = tmp_path / "tokens.yaml"
+    t.write_text(yaml.safe_dump(TOKEN_FILE))
+    kw: dict[str, Any] = {}
+    if scaler is not None:
+        kw["scaler"] = scaler
+    app = GatewayApp(
+        config=config or Config(),
+        ip="127.0.0.1",
+        port=0,
+        quotas=str(q),
+        tokens=str(t),
+        devices=devices,
+        db_url=db_url or f"sqlite:///{tmp_path / 'gpuaas.sqlite'}",
+        keepalive_interval=0.3,
+        tick_interval=0.1,
+        sample_interval=0.5,
+        hub_service=False,
+        **kw,
+    )
+    port = await app.start_server()
+    app.url = f"http://127.0.0.1:{port}{app.base_url}"
+    return app
+
+
+def kube_spawner(k8s_url: str, gateway_url: str, user: str = "alice", **traits: Any) -> Any:
+    """The real QueuedKubeSpawner (a KubeSpawner) for `user` of the group vision, on the
+    API at `k8s_url` (the double) and the gateway at `gateway_url`, with a stand-in for
+    the Hub's user object (kubefix.HubUser). `traits` override the defaults."""
+    from jupyterhub.objects import Hub
+
+    from jupyter_gpuaas.hub.kube import QueuedKubeSpawner
+
+    hub_user = HubUser(user, ["vision"])
+    kw: dict[str, Any] = dict(
+        user=hub_user,
+        orm_spawner=hub_user.orm_spawner(),
+        hub=Hub(ip="127.0.0.1", port=8081, base_url="/hub/"),
+        namespace="jhub",
+        k8s_api_host=k8s_url,
+        gateway_url=gateway_url,
+        image="quay.io/jupyter/base-notebook:2026-11",
+        cmd=["jupyterhub-singleuser"],
+        start_timeout=20,
+        refresh_interval=0.5,
+        heartbeat_interval=0.5,
+        api_token="hub-token-for-the-server",
+    )
+    kw.update(traits)
+    return QueuedKubeSpawner(**kw)
+
+
+def job_manager(gateway_url: str, tmp_path: Path, runner: Mapping[str, Any]) -> Any:
+    """Alice's real JobManager running jobs as Kubernetes Jobs (KubernetesJobRunner with
+    `runner` as its config), her home in tmp_path/home with a train.py; loaded, not
+    started."""
+    from jupyter_gpuaas.jobs.manager import JobManager
+
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    (home / "train.py").write_text("print('epoch 1')\n")
+    manager = JobManager(
+        GatewayClient(gateway_url, TOKENS["alice"]),
+        str(home),
+        config=Config({"KubernetesJobRunner": {"refresh_interval": 0.1, **runner}}),
+        runner_class="jupyter_gpuaas.kubernetes.jobs.KubernetesJobRunner",
+        state_dir=str(tmp_path / "state"),
+        poll_interval=0.1,
+        heartbeat_interval=0.5,
+    )
+    manager.load()
+    return manager
+
+
+# ------------------------------------------------------------------------- GPU kernels
+
+HOME_CLAIM = [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]
+
+
+class KernelCluster:
+    """Alice's server pod (CPU-only, on cpu-0) and GPU kernels in pods of their own."""
+
+    def __init__(
+        self,
+        k8s: KubernetesDouble,
+        gateway_url: str,
+        home: Path,
+        kubelet: LocalKubelet,
+        flavors: Mapping[str, Any],
+    ) -> None:
+        self.k8s, self.gateway_url, self.home, self.kubelet = k8s, gateway_url, home, kubelet
+        self.flavors = dict(flavors)
+        self.root = GatewayClient(gateway_url, TOKENS["root"])
+
+    def kernel_manager(self) -> Any:
+        """jupyter_client's own AsyncKernelManager for the `gpu-pod` kernelspec (1 a100,
+        provisioner gpuaas-kubernetes), configured as a server's config would."""
+        from jupyter_client.kernelspec import KernelSpecManager
+        from jupyter_client.manager import AsyncKernelManager
+
+        config = Config(
+            {
+                "GpuaasKubernetesProvisioner": {
+                    "namespace": "jhub",
+                    "flavors": self.flavors,
+                    "server_pod_name": "jupyter-alice",
+                    "image_name": "quay.io/jupyter/pytorch-notebook:2026-11",
+                    "poll_interval": 0.2,
+                    "pod_poll_interval": 0.1,
+                    "launch_timeout": 60,
+                }
+            }
+        )
+        ksm = KernelSpecManager(kernel_dirs=[str(self.home.parent / "kernels")])
+        return AsyncKernelManager(kernel_name="gpu-pod", kernel_spec_manager=ksm, config=config)
+
+    def pod(self, km: Any) -> dict[str, Any] | None:
+        return self.k8s.get("/api/v1", "pods", f"alice-{km.kernel_id}", "jhub")
+
+    async def request(self, rid: str) -> dict[str, Any]:
+        return await self.root.get(rid)
+
+
+@contextlib.asynccontextmanager
+async def kernel_cluster(
+    k8s: KubernetesDouble,
+    gateway_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flavors: Mapping[str, Any],
+) -> AsyncIterator[KernelCluster]:
+    """Alice's CPU server pod on a cpu-0 Node of the double, her home as its volume, the
+    server extension's kernel table on the gateway at `gateway_url`, a `gpu-pod`
+    kernelspec, and a LocalKubelet that runs the kernel pods' command as LOCAL processes.
+    The GPU Nodes are the caller's."""
+    import gateway_provisioners.response_manager as rm
+
+    from jupyter_gpuaas.server.kernels import KernelTable, set_table
+    from jupyter_gpuaas.server.kernelspec_cli import write_spec
+
+    # gateway_provisioners' response address: a free port, not its fixed 8877.
+    monkeypatch.setattr(rm, "desired_response_port", free_port())
+    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    monkeypatch.setenv("GPUAAS_TEST_SETTING", "from the user's environment")
+    set_table(KernelTable(GatewayClient(gateway_url, TOKENS["alice"]), tenant="vision"))
+    k8s.add_node("cpu-0")
+    home = tmp_path / "home"
+    (home / "proj").mkdir(parents=True)
+    server = {
+        "metadata": {"name": "jupyter-alice", "labels": {"component": "singleuser-server"}},
+        "spec": {
+            "nodeName": "cpu-0",
+            "containers": [
+                {
+                    "name": "notebook",
+                    "image": "img",
+                    "volumeMounts": [{"name": "home", "mountPath": str(home)}],
+                }
+            ],
+            "volumes": HOME_CLAIM,
+        },
+        "status": {"phase": "Running", "podIP": "127.0.0.1"},
+    }
+    k8s.put("/api/v1", "pods", server, "jhub")
+    write_spec(tmp_path / "kernels" / "gpu-pod", 1, "a100", kubernetes=True)
+    kubelet = LocalKubelet(k8s, "component=kernel", tmp_path)
+    try:
+        yield KernelCluster(k8s, gateway_url, home, kubelet, flavors)
+    finally:
+        kubelet.close()
+        set_table(None)
+        if rm.ResponseManager.initialized():
+            manager = rm.ResponseManager.instance()
+            sock = manager._response_socket
+            manager.stop_response_manager()
+            if sock is not None:
+                sock.close()
+            rm.ResponseManager.clear_instance()
+
+
+async def run_cell(client: Any, code: str, timeout: float = 30.0) -> dict[str, Any]:
+    """Execute `code` on a kernel client: its stdout and its reply."""
+    msg_id = client.execute(code)
+    out = ""
+    while True:
+        msg = await client.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out += msg["content"]["text"]
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = await client.get_shell_msg(timeout=timeout)
+    return {"out": out, "reply": reply["content"]}
+
+
+async def connect(km: Any) -> Any:
+    """A started client of the kernel manager's kernel, once the kernel answers."""
+    client = km.client()
+    client.start_channels()
+    await client.wait_for_ready(timeout=60)
+    return client
