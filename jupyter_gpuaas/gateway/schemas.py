@@ -222,7 +222,10 @@ SCHEMAS: dict[str, Any] = {
                         "required": ["id", "user", "tenant", "kind"],
                         "properties": {
                             "id": {"type": "string"},
-                            "user": {"type": "string"},
+                            "user": {
+                                **NULLSTR,
+                                "description": "null unless the caller holds it or has view",
+                            },
                             "tenant": {"type": "string"},
                             "kind": {"type": "string"},
                         },

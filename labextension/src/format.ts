@@ -144,7 +144,7 @@ export function stateWords(state: string): string {
 }
 
 /** The terminal gateway states: nothing more will happen to such a request. */
-export const ENDED_STATES = ['finished', 'cancelled', 'rejected', 'culled', 'expired'];
+export const ENDED_STATES = ['finished', 'cancelled', 'rejected', 'culled', 'expired', 'preempted'];
 
 export function isEnded(state: string): boolean {
   return ENDED_STATES.includes(state);

@@ -58,13 +58,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
       return out;
     };
 
+    /** The cull-warning notification of each request: gone once kept, from either place. */
+    const cullToasts = new Map<string, string>();
     const notify = (n: Notice): void => {
       switch (n.kind) {
         case 'admitted':
           Notification.success(n.message, { autoClose: 8000 });
           break;
         case 'cull_warning':
-          Notification.warning(n.message, {
+          cullToasts.set(
+            n.requestId,
+            Notification.warning(n.message, {
             autoClose: false,
             actions: [
               {
@@ -73,7 +77,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
                 callback: () => void actions.keep(n.requestId).catch(e => Notification.error((e as Error).message))
               }
             ]
-          });
+            })
+          );
           break;
         case 'preempt_warning':
           // Once per warning (the model tells it once), and until dismissed: the work
@@ -85,11 +90,32 @@ const plugin: JupyterFrontEndPlugin<void> = {
           break;
         case 'job_done':
         case 'job_failed': {
+          // Links: the executed notebook, and the log (a failure's traceback is there).
+          // Opening the log keeps the notification, so the result is still one click away.
           const job = model.jobs.get(n.requestId);
-          const open = job?.output_path;
+          const links: Notification.IAction[] = [];
+          if (job?.output_path) {
+            const result = job.output_path;
+            links.push({
+              label: 'Open result',
+              caption: `Open the executed notebook ${result}`,
+              callback: () => actions.openPath(result)
+            });
+          }
+          if (job?.log_path && n.kind === 'job_failed') {
+            const log = job.log_path;
+            links.push({
+              label: 'Open log',
+              caption: `Open the job's log ${log}`,
+              callback: (event: MouseEvent) => {
+                event.preventDefault();
+                actions.openPath(log);
+              }
+            });
+          }
           const options = {
-            autoClose: 10000 as number | false,
-            actions: open ? [{ label: 'Open result', callback: () => actions.openPath(open) }] : []
+            autoClose: (n.kind === 'job_failed' ? false : 10000) as number | false,
+            actions: links
           };
           if (n.kind === 'job_done') {
             Notification.success(n.message, options);
@@ -154,6 +180,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
       keep: async requestId => {
         await api.keep(requestId);
         controller.emit(model.markKept(requestId));
+        const toast = cullToasts.get(requestId);
+        if (toast) {
+          cullToasts.delete(requestId);
+          Notification.dismiss(toast);
+        }
       },
       openPath: path => {
         void app.commands.execute('docmanager:open', { path });

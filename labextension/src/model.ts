@@ -74,6 +74,8 @@ export class GpuModel {
   warnings = new Map<string, Warning>();
   /** My requests under a preemption warning, by request id. */
   preemptions = new Map<string, Preemption>();
+  /** How a preempted request of mine ended, in words ("stopped: nlp is reclaiming its GPU"). */
+  stopped = new Map<string, string>();
   /** `id@at` of the preemption warnings already told (one notification per warning). */
   private told = new Set<string>();
   /** The log tail of each job (read while it runs, once more after it ended). */
@@ -337,17 +339,16 @@ export class GpuModel {
         }
         this.preemptions.delete(id);
         break;
-      case 'preempt':
+      case 'preempt': {
         this.warnings.delete(id);
         this.preemptions.delete(id);
-        notices.push({
-          kind: 'preempted',
-          requestId: id,
-          message: warnedWith
-            ? `Your ${kindWord(current.kind)} was stopped: ${warnedWith.reason}.`
-            : `Your ${kindWord(current.kind)} was preempted: a request with a better claim needed its GPU.`
-        });
+        const by = typeof event.data.by === 'string' ? event.data.by : null;
+        const why = warnedWith ? warnedWith.reason : this.preemptorWords(by, current);
+        const how = `${warnedWith ? 'stopped' : 'preempted'}: ${why}`;
+        this.stopped.set(id, how);
+        notices.push({ kind: 'preempted', requestId: id, message: `Your ${kindWord(current.kind)} was ${how}.` });
         break;
+      }
       case 'finish':
       case 'cancel':
       case 'reject':
@@ -401,6 +402,55 @@ export class GpuModel {
       });
     }
     return notices;
+  }
+
+  /**
+   * Who preempted a request, in words: one of my own requests by what it is; another
+   * user's only as "a request with a better claim" (the event names it by id alone, and
+   * the gateway shows me no one else's request).
+   */
+  private preemptorWords(by: string | null, victim: GpuRequest): string {
+    const mine = by ? this.requests.get(by) : undefined;
+    if (mine) {
+      const what = `my ${kindWord(mine.kind)}${mine.name ? ` ${mine.name}` : ''}`;
+      return mine.tenant === victim.tenant
+        ? `${what}, of a higher priority in ${mine.tenant}, needed its GPU`
+        : `${what} for ${mine.tenant} took back ${mine.tenant}'s quota`;
+    }
+    return 'a request with a better claim (a higher priority, or a team taking back its quota) needed its GPU';
+  }
+
+  /**
+   * Why an ended request ended, as one sentence: a preempted one by whom (never the raw
+   * "preempted by r-…" of the gateway's object); others by the gateway's reason.
+   */
+  endedReason(r: GpuRequest): string {
+    if (r.state === 'preempted') {
+      const how = this.stopped.get(r.id);
+      if (how) {
+        return sentence(how);
+      }
+      const m = /^preempted by (\S+)$/.exec(r.reason ?? '');
+      return sentence(`preempted: ${this.preemptorWords(m ? m[1] : null, r)}`);
+    }
+    return r.reason ? sentence(r.reason) : '';
+  }
+
+  /**
+   * Whose a device is, in words: "free", "mine", "bob (nlp)" when the gateway names the
+   * holder (it does only to the view scope, or for my own), else "my team (vision)" or
+   * "another team (nlp)".
+   */
+  deviceOwnerWords(device: Device): string {
+    const owner = this.ownerOf(device);
+    const h = device.holder;
+    if (owner === 'free' || owner === 'mine' || !h) {
+      return owner === 'mine' ? 'mine' : 'free';
+    }
+    if (this.me?.view && h.user) {
+      return `${h.user} (${h.tenant})`;
+    }
+    return owner === 'team' ? `my team (${h.tenant})` : `another team (${h.tenant})`;
   }
 
   /** A request's preemption warning, as its object says (admitted with `preempt_at`). */
@@ -488,8 +538,14 @@ export class GpuModel {
       this.requests.delete(r.id);
       this.warnings.delete(r.id);
       this.preemptions.delete(r.id);
+      this.stopped.delete(r.id);
     }
   }
+}
+
+function sentence(text: string): string {
+  const t = text[0].toUpperCase() + text.slice(1);
+  return /[.!?]$/.test(t) ? t : `${t}.`;
 }
 
 export function kindWord(kind: string): string {

@@ -14,7 +14,8 @@ tests use to submit through the gateway's REST API) share the cohort `shared`, r
 their lent GPUs (`reclaim_within_cohort: Any`) and give a victim `PREEMPTION_GRACE`
 seconds (the preemption test). The last test stops the gateway and starts it again, on
 the same port and store, from the command line this script passes it; this script stops
-that second gateway too (its PID file).
+that second gateway too (its PID file). A second JupyterLab, of carol (view scope), shows
+one test the Devices section as a viewer sees it: other users' names.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from srvutil import free_port, gateway_command  # noqa: E402
 USER_TOKEN = "ui-alice-token-0123456789"
 OTHER_TOKEN = "ui-bob-token-0123456789"
 ADMIN_TOKEN = "ui-admin-token-0123456789"
+#: carol: a member of `vision` with the view scope, the user of the second (viewer) lab.
+VIEWER_TOKEN = "ui-carol-token-0123456789"
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 #: Idle seconds before the `scratch` tenant's GPU kernels are culled, and the warning lead.
 SCRATCH_IDLE = 24
@@ -127,6 +130,7 @@ def main() -> int:
                     USER_TOKEN: {"user": "alice", "groups": ["vision", "scratch", "cv"]},
                     OTHER_TOKEN: {"user": "bob", "groups": ["nlp"]},
                     ADMIN_TOKEN: {"user": "root", "groups": [], "admin": True},
+                    VIEWER_TOKEN: {"user": "carol", "groups": ["vision"], "view": True},
                 }
             }
         )
@@ -141,10 +145,10 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "GPUAAS_"))}
     env["PYTHONUNBUFFERED"] = "1"
     env["PATH"] = f"{venv_bin}{os.pathsep}{env.get('PATH', '')}"
-    gport, lport = free_port(), free_port()
+    gport, lport, vport = free_port(), free_port(), free_port()
     gateway_url = f"http://127.0.0.1:{gport}/"
-    glog, llog = base / "gateway.log", base / "lab.log"
-    gateway = lab = None
+    glog, llog, vlog = base / "gateway.log", base / "lab.log", base / "viewer.log"
+    gateway = lab = viewer = None
     gateway_argv = [
         *gateway_command(),
         "--ip=127.0.0.1",
@@ -219,8 +223,42 @@ def main() -> int:
                 env=env_lab,
                 cwd=root,
             )
+        # A second, bare JupyterLab whose server holds carol's token (the view scope): the
+        # Devices section names other users' holders there (one test opens it).
+        (root / "viewer").mkdir()
+        viewer_config = base / "viewer_config.json"
+        viewer_config.write_text(
+            json.dumps(
+                {
+                    "ServerApp": {
+                        "ip": "127.0.0.1",
+                        "port": vport,
+                        "port_retries": 0,
+                        "open_browser": False,
+                        "allow_root": True,
+                        "root_dir": str(root / "viewer"),
+                        "jpserver_extensions": {"jupyter_gpuaas": True},
+                    },
+                    "IdentityProvider": {"token": ""},
+                    "PasswordIdentityProvider": {"hashed_password": ""},
+                    "LabApp": {"workspaces_dir": str(base / "viewer-workspaces")},
+                    "GpuaasExtension": {"gateway_url": gateway_url, "gateway_token": VIEWER_TOKEN},
+                    "JobManager": {"state_dir": str(base / "viewer-jobs")},
+                }
+            )
+        )
+        with open(vlog, "wb") as out:
+            viewer = subprocess.Popen(
+                [str(venv_bin / "jupyter"), "lab", f"--config={viewer_config}"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env_lab, JUPYTER_CONFIG_DIR=str(base / "viewer-config")),
+                cwd=root / "viewer",
+            )
         lab_url = f"http://127.0.0.1:{lport}/"
+        viewer_url = f"http://127.0.0.1:{vport}/"
         wait_http(lab_url + "api/status", lab, llog, 90)
+        wait_http(viewer_url + "api/status", viewer, vlog, 90)
 
         if ARTIFACTS.exists():
             shutil.rmtree(ARTIFACTS)
@@ -238,6 +276,7 @@ def main() -> int:
             GPUAAS_GATEWAY_LOG=str(base / "gateway2.log"),
             GPUAAS_GATEWAY_PIDFILE=str(restarted),
             GPUAAS_OTHER_TOKEN=OTHER_TOKEN,
+            GPUAAS_VIEWER_URL=viewer_url,
             GPUAAS_PREEMPTION_GRACE=str(PREEMPTION_GRACE),
             GPUAAS_ROOT_DIR=str(root),
             GPUAAS_ARTIFACTS=str(ARTIFACTS),
@@ -248,10 +287,11 @@ def main() -> int:
         argv += sys.argv[1:]  # e.g. -g "cancel" to run one test
         rc = subprocess.call(argv, cwd=ROOT / "labextension", env=run_env)
         if rc != 0:
-            for name, log in (("gateway", glog), ("jupyter lab", llog)):
+            for name, log in (("gateway", glog), ("jupyter lab", llog), ("viewer lab", vlog)):
                 print(f"--- {name} log (last lines) ---\n{log.read_text()[-4000:]}")
         return rc
     finally:
+        stop(viewer)
         stop(lab)
         stop(gateway)
         if restarted.exists():  # the gateway the last test started again, by its PID

@@ -135,6 +135,24 @@ describe('GpuModel from an event stream', () => {
     expect(m.ownerOf({ node: 'n', index: 3, holder: null })).toBe('free');
   });
 
+  it("names other users' devices only with the view scope", () => {
+    const holder = (id: string, user: string | null, tenant: string) => ({ id, user, tenant, kind: 'kernel' });
+    const carol = { node: 'n', index: 2, holder: holder('r-8', 'carol', 'nlp') };
+    const bob = { node: 'n', index: 1, holder: holder('r-7', 'bob', 'vision') };
+    const plain = model();
+    plain.setRequests([admitted('r-1')]);
+    expect(plain.deviceOwnerWords({ node: 'n', index: 0, holder: holder('r-1', 'alice', 'vision') })).toBe('mine');
+    expect(plain.deviceOwnerWords({ node: 'n', index: 3, holder: null })).toBe('free');
+    // Without view: never a name, even if one came (the gateway sends none: user null).
+    expect(plain.deviceOwnerWords(carol)).toBe('another team (nlp)');
+    expect(plain.deviceOwnerWords(bob)).toBe('my team (vision)');
+    expect(plain.deviceOwnerWords({ ...carol, holder: holder('r-8', null, 'nlp') })).toBe('another team (nlp)');
+    const viewer = new GpuModel();
+    viewer.setMe({ ...ME, view: true });
+    expect(viewer.deviceOwnerWords(carol)).toBe('carol (nlp)');
+    expect(viewer.deviceOwnerWords(bob)).toBe('bob (vision)');
+  });
+
   it('tells me when a job finishes or fails', () => {
     const m = model();
     const job = (state: string, reason: string | null = null): Job => ({

@@ -110,6 +110,35 @@ describe('a preemption warning', () => {
     ]);
   });
 
+  it('says in words who preempted a row, never the raw request id', () => {
+    const m = model();
+    const raw = { state: 'preempted', grant: null, reason: 'preempted by r-7f3a9c' };
+    // Warned first: the warning's reason stays on the ended row.
+    m.setRequests([admitted('r-1', WARNED), admitted('r-2')]);
+    m.applyEvent(ev('preempt', admitted('r-1', raw), { by: 'r-nlp' }));
+    expect(m.endedReason(m.requests.get('r-1')!)).toBe('Stopped: nlp is reclaiming its GPU.');
+    // Not warned, by another user's request: what it was, not its id.
+    const other = m.applyEvent(ev('preempt', admitted('r-2', raw), { by: 'r-7f3a9c' }));
+    const words = m.endedReason(m.requests.get('r-2')!);
+    expect(words).toBe(
+      'Preempted: a request with a better claim (a higher priority, or a team taking back its quota) needed its GPU.'
+    );
+    expect(words).not.toContain('r-7f3a9c');
+    expect(other.notices[0].message).toBe(
+      'Your GPU kernel was preempted: a request with a better claim (a higher priority, or a team taking back its quota) needed its GPU.'
+    );
+    // By one of my own requests: named by what it is.
+    m.setRequests([admitted('r-3'), admitted('r-9', { kind: 'job', name: 'train.ipynb', priority: 5 })]);
+    m.applyEvent(ev('preempt', admitted('r-3', { ...raw, reason: 'preempted by r-9' }), { by: 'r-9' }));
+    expect(m.endedReason(m.requests.get('r-3')!)).toBe(
+      'Preempted: my GPU job train.ipynb, of a higher priority in vision, needed its GPU.'
+    );
+    // Read from a snapshot only (the page opened later): still no raw id.
+    const fresh = model();
+    fresh.setRequests([admitted('r-4', raw)]);
+    expect(fresh.endedReason(fresh.requests.get('r-4')!)).not.toMatch(/r-7f3a9c|preempted by/);
+  });
+
   it('is not mistaken for a cull warning from the kernel record', () => {
     const m = model();
     m.setRequests([admitted('r-1', WARNED)]);

@@ -34,21 +34,7 @@ export class DevicesSection {
     row.className = `jp-gpuaas-row jp-gpuaas-device jp-gpuaas-owner-${owner}`;
     row.dataset.owner = owner;
     row.replaceChildren();
-    const me = this.model.me;
-    let whose: string;
-    switch (owner) {
-      case 'free':
-        whose = 'free';
-        break;
-      case 'mine':
-        whose = 'mine';
-        break;
-      case 'team':
-        whose = me?.view && d.holder?.user ? `${d.holder.user} (${d.holder.tenant})` : `my team (${d.holder!.tenant})`;
-        break;
-      default:
-        whose = me?.view && d.holder?.user ? `${d.holder.user} (${d.holder.tenant})` : `another team (${d.holder!.tenant})`;
-    }
+    const whose = this.model.deviceOwnerWords(d);
     const health = d.healthy === false ? `unhealthy${d.error ? `: ${d.error}` : ''}` : 'healthy';
     const mem = d.memory_total ? `${bytes(d.memory_used)} of ${bytes(d.memory_total)}` : bytes(d.memory_used);
     const temp = d.temperature === null || d.temperature === undefined ? 'n/a' : `${Math.round(d.temperature)} °C`;

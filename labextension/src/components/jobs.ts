@@ -78,8 +78,11 @@ export class JobsSection {
     if (j.reason && j.state !== 'succeeded') {
       row.append(h('p', { class: 'jp-gpuaas-line jp-gpuaas-reason', text: j.reason }));
     }
+    // role=log (a <pre> may not carry a label); not read aloud as it grows.
     const log = h('pre', {
       class: 'jp-gpuaas-log',
+      role: 'log',
+      'aria-live': 'off',
       tabindex: 0,
       'aria-label': `Log of job ${name}`,
       text: this.model.logs.get(j.id) ?? ''

@@ -186,8 +186,8 @@ export class MyWorkSection {
           text: "Its quota is kept for a while: starting it again gets the GPU at once."
         })
       );
-    } else if (r.reason) {
-      row.append(h('p', { class: 'jp-gpuaas-line jp-gpuaas-reason', text: sentence(r.reason) }));
+    } else if (r.reason || r.state === 'preempted') {
+      row.append(h('p', { class: 'jp-gpuaas-line jp-gpuaas-reason', text: model.endedReason(r) }));
     }
     if (buttons.childElementCount) {
       row.append(buttons);
@@ -196,7 +196,3 @@ export class MyWorkSection {
   }
 }
 
-function sentence(text: string): string {
-  const t = text[0].toUpperCase() + text.slice(1);
-  return /[.!?]$/.test(t) ? t : `${t}.`;
-}

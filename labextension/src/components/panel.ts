@@ -34,7 +34,8 @@ export class GpuPanel extends Widget {
     this.devices = new DevicesSection(model);
     this.jobs = new JobsSection(model, actions);
     this.node.append(
-      h('header', { class: 'jp-gpuaas-header' }, h('h1', { class: 'jp-gpuaas-h1', text: 'GPUs' }), this.banner),
+      // A div, not a <header>: a banner landmark inside the panel's region is misplaced.
+      h('div', { class: 'jp-gpuaas-header' }, h('h1', { class: 'jp-gpuaas-h1', text: 'GPUs' }), this.banner),
       this.work.root,
       this.quota.root,
       this.devices.root,

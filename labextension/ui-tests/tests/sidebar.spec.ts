@@ -3,6 +3,7 @@
  * jupyter_gpuaas server extension) and a real standalone gateway with simulated devices.
  * The tests run in order on one server: each leaves the GPUs free for the next.
  */
+import AxeBuilder from '@axe-core/playwright';
 import { expect, galata, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import type { APIRequestContext, Locator } from '@playwright/test';
 import { spawn } from 'child_process';
@@ -15,6 +16,8 @@ const ADMIN = process.env.GPUAAS_ADMIN_TOKEN || '';
 /** bob's token: a user of `nlp`, the tenant that lends `cv` (alice's) a GPU and reclaims it. */
 const OTHER = process.env.GPUAAS_OTHER_TOKEN || '';
 const GRACE = Number(process.env.GPUAAS_PREEMPTION_GRACE || 15);
+/** A second JupyterLab whose server holds carol's token: a member of vision with view. */
+const VIEWER = process.env.GPUAAS_VIEWER_URL || '';
 
 // mockUser off: Galata's mock of `**/api/me` would also answer the gateway's `gpuaas/api/me`.
 // sessions/kernels null: Galata would otherwise show the page only the sessions it started
@@ -70,6 +73,24 @@ async function openPanel(page: IJupyterLabPageFixture): Promise<Locator> {
   }
   await expect(panel).toBeVisible();
   return panel;
+}
+
+/**
+ * An accessibility audit (axe-core) of the open panel: no serious or critical violation.
+ * Every finding, of any impact, is printed and saved beside the screenshots.
+ */
+async function audit(page: IJupyterLabPageFixture, name: string): Promise<void> {
+  const results = await new AxeBuilder({ page }).include('#jp-gpuaas-panel').analyze();
+  fs.writeFileSync(`${ARTIFACTS}/axe-${name}.json`, JSON.stringify(results.violations, null, 1));
+  const found = results.violations.map(
+    v => `${v.impact} ${v.id}: ${v.help} (${v.nodes.map(n => n.target.join(' ')).join('; ')})`
+  );
+  found.forEach(f => console.log(`[axe ${name}] ${f}`));
+  // What axe could not decide alone (e.g. contrast over a bar): listed, for a person to judge.
+  const unsure = results.incomplete.filter(v => v.impact === 'serious' || v.impact === 'critical');
+  unsure.forEach(v => console.log(`[axe ${name}] to review: ${v.id} on ${v.nodes.length} element(s)`));
+  expect(results.passes.length).toBeGreaterThan(5); // it did look at the panel
+  expect(found.filter(f => /^(serious|critical) /.test(f))).toEqual([]);
 }
 
 function row(panel: Locator, rid: string): Locator {
@@ -142,6 +163,7 @@ test('a second GPU kernel queues, then is admitted when the first is shut down',
     '1 request waiting'
   );
   await panel.screenshot({ path: `${ARTIFACTS}/panel-queued.png` });
+  await audit(page, 'queued');
 
   // The status bar of the open notebook follows its kernel.
   await row(panel, r1).getByRole('link').click();
@@ -169,10 +191,17 @@ test('cancel a queued GPU kernel', async ({ page, tmpPath }) => {
   const waiting = await startSession(page, `${tmpPath}/waiting.ipynb`, 'gpu1');
   const rw = (await kernelRecord(page.request, waiting)).request_id;
   await expect(row(panel, rw)).toHaveAttribute('data-state', 'queued');
-  // By keyboard: the button takes the focus and Enter presses it.
+  // By keyboard: from the top of the panel, Tab reaches the row's Cancel (the queued row
+  // comes first: its notebook link, then Cancel), and Enter presses it.
   const cancel = row(panel, rw).getByRole('button', { name: /Cancel the queued/ });
-  await cancel.focus();
+  await panel.getByRole('heading', { name: /My work/ }).click(); // Tab starts from here
+  let tabs = 0;
+  while (!(await cancel.evaluate(el => el === document.activeElement)) && tabs < 8) {
+    await page.keyboard.press('Tab');
+    tabs++;
+  }
   await expect(cancel).toBeFocused();
+  console.log(`Cancel reached with ${tabs} Tab presses`);
   await page.keyboard.press('Enter');
   await expect(row(panel, rw)).toHaveAttribute('data-state', 'cancelled');
   expect((await gateway(page.request, rw)).state).toBe('cancelled');
@@ -185,24 +214,53 @@ test('a cull warning offers Keep, and Keep saves the GPU', async ({ page, tmpPat
   const rid = (await kernelRecord(page.request, idle)).request_id;
   await expect(row(panel, rid)).toHaveAttribute('data-state', 'admitted');
   await expect(row(panel, rid)).toContainText('Idle for');
+  // jupyter_server's own view of the kernel (nothing in this test connects to it).
+  const jupyterKernel = async (): Promise<any> => (await page.request.get(`api/kernels/${idle}`)).json();
+
   // The warning comes a few seconds after the kernel went idle: in the row and as a toast.
   const warning = row(panel, rid).locator('.jp-gpuaas-warning');
   await expect(warning).toContainText('it will be shut down in', { timeout: 30000 });
-  await expect(page.locator('.Toastify__toast', { hasText: 'Keep it?' })).toBeVisible();
+  const toast = page.locator('.Toastify__toast', { hasText: 'Keep it?' });
+  await expect(toast).toHaveCount(1);
   await panel.screenshot({ path: `${ARTIFACTS}/panel-cull-warning.png` });
-  const before = await gateway(page.request, rid);
-  expect(before.state).toBe('admitted');
-  const cullAt: number = (await kernelRecord(page.request, idle)).warning.cull_at;
-  expect(cullAt).toBeGreaterThan(Date.now() / 1000);
-  // By keyboard, while the countdown redraws the row: the button keeps the focus.
+  // All that time the panel polled and listened, and the gateway's idle clock ran.
+  const settled = (await jupyterKernel()).last_activity;
+  expect((await gateway(page.request, rid)).state).toBe('admitted');
+  const firstCull: number = (await kernelRecord(page.request, idle)).warning.cull_at;
+  expect(firstCull).toBeGreaterThan(Date.now() / 1000);
+
+  // Keep, from the notification: the row says kept, its Keep button is gone, the toast
+  // closes, and the same warning cannot be answered twice.
+  await toast.getByRole('button', { name: 'Keep' }).click();
+  await expect(warning).toHaveText('Kept: its idle clock started again.');
+  await expect(row(panel, rid).getByRole('button', { name: /Keep the GPU/ })).toHaveCount(0);
+  await expect(toast).toHaveCount(0);
+  const again = await page.request.post(`gpuaas/sidebar/keep/${rid}`, { headers: await xsrf(page) });
+  expect(again.status()).toBe(409);
+  console.log(`a second Keep: ${(await again.json()).error}`);
+
+  // Its idle clock started again: a new warning, later than the first, with a new toast.
+  await expect(warning).toContainText('it will be shut down in', { timeout: 30000 });
+  const secondCull: number = (await kernelRecord(page.request, idle)).warning.cull_at;
+  expect(secondCull).toBeGreaterThan(firstCull);
+  // The panel's traffic and the Keep reached the gateway, never the kernel: it did not
+  // turn busy, and its last activity (what JupyterHub's culler reads) did not move.
+  const seen = await jupyterKernel();
+  expect(seen.execution_state).not.toBe('busy');
+  expect(seen.last_activity).toBe(settled);
+  await expect(toast).toHaveCount(1);
+
+  // This one kept from the panel, by keyboard, while the countdown redraws the row: the
+  // button keeps the focus. Its notification goes too (no Keep left to press twice).
   const keep = row(panel, rid).getByRole('button', { name: /Keep the GPU/ });
   await keep.focus();
   await page.waitForTimeout(6000);
   await expect(keep).toBeFocused();
   await page.keyboard.press('Enter');
   await expect(warning).toHaveText('Kept: its idle clock started again.');
+  await expect(toast).toHaveCount(0);
   // Past the time it would have been culled at, it still holds its GPU.
-  await page.waitForTimeout(Math.max(0, cullAt + 2 - Date.now() / 1000) * 1000);
+  await page.waitForTimeout(Math.max(0, secondCull + 2 - Date.now() / 1000) * 1000);
   expect((await gateway(page.request, rid)).state).toBe('admitted');
   await expect(row(panel, rid)).toHaveAttribute('data-state', 'admitted');
 });
@@ -288,6 +346,29 @@ test('a borrowed GPU reclaimed: warned in the row, a notification, the notebook;
   expect((await gateway(page.request, rids[victim])).state).toBe('preempted');
   expect((await gateway(page.request, rids[1 - victim])).state).toBe('admitted');
   await panel.screenshot({ path: `${ARTIFACTS}/panel-preempted.png` });
+  // The row says who preempted it in words, never the gateway's raw request id.
+  await expect(warned.locator('.jp-gpuaas-reason')).toHaveText('Stopped: nlp is reclaiming its GPU.');
+  expect(await warned.innerText()).not.toMatch(/\br-[0-9a-f]/);
+
+  // bob's GPU in Devices: another team's, by tenant only (alice has no view scope), and
+  // his name is not even in what the browser was sent.
+  await expect.poll(async () => (await gateway(page.request, bob)).state).toBe('admitted');
+  const bobs = (await gateway(page.request, bob)).grant;
+  const device = panel.locator(`.jp-gpuaas-device[data-key="${bobs.node}/${bobs.devices[0]}"]`);
+  await expect(device).toHaveAttribute('data-owner', 'other');
+  await expect(device.locator('.jp-gpuaas-badge')).toHaveText('another team (nlp)');
+  expect(await panel.innerText()).not.toContain('bob');
+  const sent = await (await page.request.get('gpuaas/api/devices')).json();
+  const held = sent.devices.find((d: any) => d.holder && d.holder.id === bob);
+  expect(held.holder).toMatchObject({ tenant: 'nlp', user: null });
+  // carol has the view scope: in her JupyterLab the same device names bob.
+  const carol = await page.context().newPage();
+  await carol.goto(`${VIEWER}lab`);
+  await carol.locator('.jp-SideBar [data-id="jp-gpuaas-panel"]').click({ timeout: 60000 });
+  const hers = carol.locator(`#jp-gpuaas-panel .jp-gpuaas-device[data-key="${bobs.node}/${bobs.devices[0]}"]`);
+  await expect(hers.locator('.jp-gpuaas-badge')).toHaveText('bob (nlp)');
+  await carol.locator('#jp-gpuaas-panel').screenshot({ path: `${ARTIFACTS}/panel-viewer.png` });
+  await carol.close();
   await page.request.delete(`${GATEWAY}api/requests/${bob}`, { headers: bobAuth });
 });
 
@@ -334,6 +415,36 @@ test('Run on GPU as a job from the file browser, through to the executed noteboo
   await expect(page.locator('.jp-NotebookPanel-toolbar').getByText('Run on GPU')).toBeVisible();
 });
 
+test('a job that fails: an error notification with links to the executed notebook and the log', async ({ page, tmpPath }) => {
+  const panel = await openPanel(page);
+  const source = `${tmpPath}/diverge.ipynb`;
+  await page.contents.uploadFile(path.resolve(__dirname, 'diverge.ipynb'), source);
+  // Not awaited in the page: the command resolves only when its dialog closes.
+  await page.evaluate(p => {
+    void (window as any).jupyterapp.commands.execute('gpuaas:run-as-job', { path: p });
+  }, source);
+  await page.locator('.jp-Dialog').getByRole('button', { name: 'Run on GPU' }).click();
+  await expect(page.locator('.jp-Dialog')).toHaveCount(0);
+  const job = panel.locator('.jp-gpuaas-job', { hasText: 'diverge.ipynb' }).first();
+  await expect(job).toHaveAttribute('data-state', 'failed', { timeout: 90000 });
+  await expect(job.locator('.jp-gpuaas-badge')).toHaveText('failed'); // in words, not colour alone
+  const toast = page.locator('.Toastify__toast', { hasText: 'Job diverge.ipynb failed' });
+  await expect(toast).toHaveCount(1);
+  await expect(toast).toHaveClass(/Toastify__toast--error/);
+  console.log(`failure told: ${await toast.innerText()}`);
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-job-failed.png` });
+  await audit(page, 'jobs');
+
+  // The log: it opens in JupyterLab and shows why; the notification stays.
+  await toast.getByRole('button', { name: 'Open log' }).click();
+  await expect(page.locator('.jp-FileEditor:visible')).toContainText('the loss diverged with lr=10.0', { timeout: 30000 });
+  await expect(toast).toHaveCount(1);
+  // The executed notebook: the error is in the cell that raised it.
+  await toast.getByRole('button', { name: 'Open result' }).click();
+  const err = page.locator('.jp-NotebookPanel:visible .jp-OutputArea-output', { hasText: 'the loss diverged with lr=10.0' });
+  await expect(err).toBeVisible({ timeout: 30000 });
+});
+
 test('the dark theme', async ({ page }) => {
   const panel = await openPanel(page);
   await page.theme.setDarkTheme();
@@ -342,6 +453,7 @@ test('the dark theme', async ({ page }) => {
   const [r, g, b] = bg.match(/\d+/g)!.map(Number);
   expect(r + g + b).toBeLessThan(3 * 80); // dark, from JupyterLab's own variables
   await panel.screenshot({ path: `${ARTIFACTS}/panel-dark.png` });
+  await audit(page, 'dark');
   await page.theme.setLightTheme();
 });
 
@@ -354,7 +466,13 @@ test('a gateway that is down: the panel says so, keeps retrying, and recovers wh
   const banner = panel.locator('.jp-gpuaas-banner');
   await expect(banner).toHaveText('GPU service unreachable — retrying.', { timeout: 45000 });
   await expect(panel.getByRole('region', { name: 'Devices' })).toBeVisible(); // not blank
-  expect(await panel.innerText()).not.toMatch(/[{[]"|Traceback|Error:/);
+  // (A job's log tail is its own output, a traceback included: not the panel's words.)
+  const words = await panel.evaluate(el => {
+    const copy = el.cloneNode(true) as HTMLElement;
+    copy.querySelectorAll('.jp-gpuaas-log').forEach(n => n.remove());
+    return copy.textContent ?? '';
+  });
+  expect(words).not.toMatch(/[{[]"|Traceback|\bError:/);
   await panel.screenshot({ path: `${ARTIFACTS}/panel-unreachable.png` });
 
   // The gateway again, on the same port and store (run_galata.py stops it by its PID file).

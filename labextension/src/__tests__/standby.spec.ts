@@ -1,0 +1,150 @@
+/**
+ * The controller on standby: a hidden panel with nothing of mine live polls nothing; a
+ * hidden browser tab closes the event stream and polls nothing; shown again, one fresh
+ * read. (That the panel never makes a GPU kernel busy is checked in the browser: the
+ * Galata cull-warning test.)
+ *
+ * Node has no DOM: `document` (its visibility), `window` and `EventSource` are stubbed
+ * before the controller (and @lumino/polling, which reads `document` on load) is required.
+ */
+
+jest.mock('../api', () => ({
+  ApiError: class ApiError extends Error {
+    status = 0;
+    get unreachable(): boolean {
+      return true;
+    }
+  }
+}));
+
+type Listener = () => void;
+const docListeners: Record<string, Listener[]> = {};
+const doc = {
+  visibilityState: 'visible',
+  get hidden(): boolean {
+    return this.visibilityState === 'hidden';
+  },
+  cookie: '',
+  addEventListener(name: string, fn: Listener): void {
+    (docListeners[name] ??= []).push(fn);
+  },
+  removeEventListener(name: string, fn: Listener): void {
+    docListeners[name] = (docListeners[name] ?? []).filter(f => f !== fn);
+  }
+};
+function setTabHidden(hidden: boolean): void {
+  doc.visibilityState = hidden ? 'hidden' : 'visible';
+  (docListeners['visibilitychange'] ?? []).forEach(fn => fn());
+}
+
+class FakeEventSource {
+  static all: FakeEventSource[] = [];
+  closed = false;
+  onopen: (() => void) | null = null;
+  onerror: (() => void) | null = null;
+  onmessage: ((e: unknown) => void) | null = null;
+  constructor(readonly url: string) {
+    FakeEventSource.all.push(this);
+  }
+  addEventListener(): void {}
+  close(): void {
+    this.closed = true;
+  }
+}
+const g = globalThis as Record<string, unknown>;
+g.document = doc;
+g.window = globalThis;
+g.EventSource = FakeEventSource;
+
+// Required only now, after the stubs (an import would be hoisted above them).
+const { GpuController } = jest.requireActual<typeof import('../controller')>('../controller');
+const { GpuModel } = jest.requireActual<typeof import('../model')>('../model');
+
+const ME = { name: 'alice', groups: ['vision'], use: true, view: false, admin: false, tenants: ['vision'] };
+
+/** The API the controller gets: each call is recorded by name. */
+function fakeApi(calls: string[]): any {
+  const record =
+    <T>(name: string, value: T) =>
+    async (): Promise<T> => {
+      calls.push(name);
+      return value;
+    };
+  return {
+    me: record('me', ME),
+    requests: record('requests', []),
+    tenants: record('tenants', { simulated: true, tenants: [] }),
+    devices: record('devices', { simulated: true, devices: [] }),
+    kernels: record('kernels', []),
+    jobs: record('jobs', []),
+    logTail: record('logTail', ''),
+    eventsUrl: () => '/gpuaas/api/events'
+  };
+}
+
+async function settle(ms: number): Promise<void> {
+  await jest.advanceTimersByTimeAsync(ms);
+}
+
+describe('the controller stands by', () => {
+  beforeEach(() => {
+    jest.useFakeTimers();
+    FakeEventSource.all = [];
+    doc.visibilityState = 'visible';
+  });
+  afterEach(() => {
+    jest.useRealTimers();
+  });
+
+  it('polls only while the panel is shown, and nothing while the tab is hidden', async () => {
+    const calls: string[] = [];
+    const controller = new GpuController({
+      api: fakeApi(calls),
+      model: new GpuModel(),
+      notebooks: () => new Map(),
+      notify: () => undefined,
+      devicesInterval: 1
+    });
+    controller.start();
+    await settle(100);
+    expect(calls).toContain('me'); // the first read
+    expect(FakeEventSource.all).toHaveLength(1);
+    const stream = FakeEventSource.all[0];
+
+    // Panel hidden, nothing of mine live: the local poll stands by.
+    calls.length = 0;
+    await settle(10_000);
+    expect(calls).toEqual([]);
+
+    // Shown: device samples, kernels and jobs every second.
+    controller.setPanelVisible(true);
+    await settle(5_000);
+    const shown = calls.filter(c => c === 'devices').length;
+    expect(shown).toBeGreaterThanOrEqual(4);
+    expect(calls).toContain('kernels');
+
+    // The browser tab hidden (panel still shown): the stream is closed, nothing is read.
+    setTabHidden(true);
+    expect(stream.closed).toBe(true);
+    calls.length = 0;
+    await settle(20_000);
+    expect(calls).toEqual([]);
+    expect(FakeEventSource.all).toHaveLength(1); // not reopened while hidden
+
+    // Visible again: the stream reopens, and a fresh read once it is open.
+    setTabHidden(false);
+    expect(FakeEventSource.all).toHaveLength(2);
+    FakeEventSource.all[1].onopen!();
+    await settle(1_500);
+    expect(calls).toContain('requests');
+
+    // The panel hidden again: back to standby.
+    controller.setPanelVisible(false);
+    await settle(2_000);
+    calls.length = 0;
+    await settle(10_000);
+    expect(calls).toEqual([]);
+    controller.dispose();
+  });
+
+});
