@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
-from traitlets import Float, Integer, Unicode
+from traitlets import Integer, Unicode
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, launch_environment
 from jupyter_gpuaas.holder import TERMINAL_STATES, Lease, Seconds, grant_holder
@@ -65,12 +65,13 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
     priority = Integer(0, help="Request priority within the tenant (higher first).").tag(
         config=True
     )
-    poll_interval = Float(
+    poll_interval = Seconds(
         2.0,
         help="Seconds between polls of a waiting request (events usually wake it sooner).",
     ).tag(config=True)
-    admission_timeout = Float(
+    admission_timeout = Seconds(
         0.0,
+        zero_ok=True,
         help="Seconds to wait for admission before giving up (0: wait as long as it takes; "
         "shutting the kernel down cancels the wait).",
     ).tag(config=True)
