@@ -34,6 +34,7 @@ from urllib.parse import urlencode, urlparse
 from jupyter_gpuaas.words import about_field
 
 __all__ = [
+    "NO_DEVICES",
     "GatewayClient",
     "GatewayError",
     "SyncGatewayClient",
@@ -128,13 +129,18 @@ def ssl_context_from_env(env: Mapping[str, str] | None = None) -> ssl.SSLContext
         ) from None
 
 
+#: The environment of a process that holds no grant and must see no device (CUDA's and the
+#: NVIDIA container runtime's words for "none"): a caller's policy, see launch_environment.
+NO_DEVICES: Mapping[str, str] = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
+
+
 def launch_environment(grant: Mapping[str, Any] | None) -> dict[str, str]:
     """The environment that confines a process to its granted devices: the one mapping
     of a grant that the spawner, the kernel provisioner and the job runner all use.
 
     `grant` is a request object of the gateway (an answer or an event): its `id`,
     `tenant` and `grant` (`node`, `flavor`, `devices`, `uuids`). Without a grant the
-    answer is {}: whether to hide every device then is the caller's policy.
+    answer is {}: whether to hide every device then (`NO_DEVICES`) is the caller's policy.
 
     `CUDA_VISIBLE_DEVICES` (what CUDA, and so PyTorch, JAX and TensorFlow obey) and
     `NVIDIA_VISIBLE_DEVICES` (what the NVIDIA container runtime reads) both name the
