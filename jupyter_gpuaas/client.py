@@ -23,22 +23,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import logging
 import os
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlencode, urlparse
 
 from jupyter_gpuaas.words import about_field
 
 __all__ = [
+    "NO_DEVICES",
     "GatewayClient",
     "GatewayError",
     "SyncGatewayClient",
     "gateway_from_env",
+    "grant_names",
     "launch_environment",
     "ssl_context",
     "ssl_context_from_env",
@@ -128,13 +129,18 @@ def ssl_context_from_env(env: Mapping[str, str] | None = None) -> ssl.SSLContext
         ) from None
 
 
+#: The environment of a process that holds no grant and must see no device (CUDA's and the
+#: NVIDIA container runtime's words for "none"): a caller's policy, see launch_environment.
+NO_DEVICES: Mapping[str, str] = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
+
+
 def launch_environment(grant: Mapping[str, Any] | None) -> dict[str, str]:
     """The environment that confines a process to its granted devices: the one mapping
     of a grant that the spawner, the kernel provisioner and the job runner all use.
 
     `grant` is a request object of the gateway (an answer or an event): its `id`,
     `tenant` and `grant` (`node`, `flavor`, `devices`, `uuids`). Without a grant the
-    answer is {}: whether to hide every device then is the caller's policy.
+    answer is {}: whether to hide every device then (`NO_DEVICES`) is the caller's policy.
 
     `CUDA_VISIBLE_DEVICES` (what CUDA, and so PyTorch, JAX and TensorFlow obey) and
     `NVIDIA_VISIBLE_DEVICES` (what the NVIDIA container runtime reads) both name the
@@ -160,15 +166,21 @@ def launch_environment(grant: Mapping[str, Any] | None) -> dict[str, str]:
         "NVIDIA_VISIBLE_DEVICES": visible or "void",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     }
-    for name, value in (
-        ("GPUAAS_REQUEST_ID", grant.get("id")),
-        ("GPUAAS_TENANT", grant.get("tenant")),
-        ("GPUAAS_FLAVOR", inner.get("flavor")),
-        ("GPUAAS_NODE", inner.get("node")),
-    ):
-        if value:
-            env[name] = str(value)
+    env.update((name, value) for name, value in grant_names(grant).items() if value)
     return env
+
+
+def grant_names(request: Mapping[str, Any]) -> dict[str, str]:
+    """`GPUAAS_{REQUEST_ID,TENANT,FLAVOR,NODE}` of a request ("" where unknown): what a
+    grant is, for the process that holds it. Part of `launch_environment`; alone inside a
+    pod, where the device plugin, not the gateway, chooses the devices."""
+    inner = request.get("grant") or {}
+    return {
+        "GPUAAS_REQUEST_ID": str(request.get("id") or ""),
+        "GPUAAS_TENANT": str(request.get("tenant") or ""),
+        "GPUAAS_FLAVOR": str(inner.get("flavor") or request.get("flavor") or ""),
+        "GPUAAS_NODE": str(inner.get("node") or ""),
+    }
 
 
 def _submit_body(
@@ -411,52 +423,6 @@ class GatewayClient(_Base):
                     yield parsed
         finally:
             writer.close()
-
-    async def follow_events(
-        self,
-        on_event: Callable[[str, dict[str, Any]], Awaitable[None]],
-        *,
-        reconnect_delay: float,
-        log: logging.Logger | logging.LoggerAdapter[Any],
-        what: str = "gateway event",
-    ) -> None:
-        """Hand every event to `on_event(name, data)` forever, reconnecting after
-        `reconnect_delay` when the stream drops. A failing handler is logged and the
-        stream goes on; cancel the task to stop.
-
-        A reconnection sends the last id heard (`Last-Event-ID`), so the events missed
-        meanwhile arrive first, in order. When the gateway cannot replay them (`reset`:
-        it restarted, or too much happened), the requests are listed again and each is
-        handed over as `on_event("sync", {"id": ..., "request": {...}})`.
-        """
-        last_id: str | None = None
-        while True:
-            try:
-                async for event in self.events(comments=True, last_event_id=last_id):
-                    last_id = event.get("id") or last_id
-                    if "comment" in event:
-                        continue
-                    name = str(event["event"])
-                    try:
-                        if name == "reset":
-                            log.info(
-                                "gpuaas: %s stream reset: %s", what, event["data"].get("reason")
-                            )
-                            for request in await self.list():
-                                await on_event(
-                                    "sync", {"id": request.get("id"), "request": request}
-                                )
-                        else:
-                            await on_event(name, dict(event["data"]))
-                    except GatewayError as e:
-                        log.warning("gpuaas: relisting after a %s reset failed: %s", what, e)
-                    except Exception:
-                        log.exception("gpuaas: handling %s %s failed", what, name)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("gpuaas: %s stream dropped: %s", what, e)
-            await asyncio.sleep(reconnect_delay)
 
 
 def _parse_sse(block: str) -> dict[str, Any] | None:

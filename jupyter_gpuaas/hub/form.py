@@ -46,20 +46,14 @@ class SpawnFormMixin(Configurable):
 
     default_gpus = Integer(
         0,
+        min=0,
         help="""GPUs a spawn asks for when its options name none (a REST start without a
         body, or a spawner without the form). 0 keeps scripted starts CPU-only.""",
     ).tag(config=True)
 
-    max_gpus = Integer(8, help="The most GPUs one server may ask for (the form's maximum).").tag(
-        config=True
-    )
-
-    @validate("default_gpus", "max_gpus")
-    def _validate_gpu_counts(self, proposal: Any) -> int:
-        value = int(proposal["value"])
-        if value < 0:
-            raise TraitError(f"{proposal['trait'].name} must be >= 0, not {value}")
-        return value
+    max_gpus = Integer(
+        8, min=0, help="The most GPUs one server may ask for (the form's maximum)."
+    ).tag(config=True)
 
     simulated_banner = Unicode(
         "No GPU was found on this machine: the gateway grants SIMULATED devices. Queueing, "

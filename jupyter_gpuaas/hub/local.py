@@ -6,7 +6,7 @@ from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 
-from jupyter_gpuaas.client import launch_environment
+from jupyter_gpuaas.client import NO_DEVICES, launch_environment
 
 from .spawner import QueuedSpawnerMixin
 
@@ -23,7 +23,7 @@ def device_env(grant: dict[str, Any] | None, hide_without_grant: bool) -> dict[s
     if grant is None:
         if not hide_without_grant:
             return {}
-        return {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
+        return dict(NO_DEVICES)
     return launch_environment(grant)
 
 

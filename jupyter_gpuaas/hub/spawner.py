@@ -26,16 +26,17 @@ What the mixin adds
 - refusals fail the spawn at once: a tenant the user is not in (403) and a request the
   gateway can never admit (422, with its reason);
 - progress: position, the tenant's usage and quota and an estimated wait, re-read when the
-  gateway's event stream (events.py) says something changed, not on a timer;
+  gateway's event stream says something changed, not on a timer: one stream per gateway
+  and token in the Hub process (holder.py), fanned out to every spawner;
 - admitted: `_apply_grant()` hands the devices to the wrapped spawner (CUDA_VISIBLE_DEVICES
   for local processes, `nvidia.com/gpu` limits and the flavor's node selector for pods);
 - running: the server's own `jupyter_gpuaas` extension heartbeats the request with busy
   or idle from its kernels' GPU use and its jobs (server/idle.py), not the Hub's HTTP
-  activity; the spawner's heartbeat task only renews a lease nobody else renews (a server
-  image without the extension), with busy from the Hub's last-activity, and watches the
-  request's state; a gateway `cull` (or preemption, or lease loss) stops the server through
-  the Hub's REST API, keeping a parked reservation so a restart within the reservation TTL
-  is admitted at once;
+  activity; the spawner's lease, held by the Hub's grant holder (holder.py), is renewed
+  only when nobody else renews it (a server image without the extension), with busy from
+  the Hub's last-activity, and watches the request's state; a gateway `cull` (or
+  preemption, or lease loss) stops the server through the Hub's REST API, keeping a
+  parked reservation so a restart within the reservation TTL is admitted at once;
 - release: stop, the server's death (seen by `poll()`) and a cancelled spawn release or
   cancel the request. A Hub that dies holding a grant stops heartbeating: the lease expires
   and the gateway frees the devices (no GPU leaks).
@@ -50,7 +51,6 @@ the token) so that a restarted Hub revokes it (tokens.py).
 from __future__ import annotations
 
 import asyncio
-import datetime
 import os
 import ssl
 import time
@@ -60,22 +60,27 @@ from urllib.parse import quote
 
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import Bool, Float, Integer, TraitError, Unicode, default, validate
+from traitlets import Bool, Integer, Unicode, default
 from traitlets.config import Configurable
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, ssl_context
+from jupyter_gpuaas.holder import (
+    TERMINAL_STATES,
+    Lease,
+    Seconds,
+    active_within,
+    follower,
+    forget_follower,
+    grant_holder,
+)
 from jupyter_gpuaas.words import format_duration
 
 from . import resume
-from .events import forget_stream, stream_for
 from .form import SpawnFormMixin, _refusal
 from .gateway_url import gateway_url_for
 from .options import GpuOptions
 from .status import QueueStatus, StatusBoard, progress_event
 from .tokens import MintedToken, RequestTokenMixin
-
-#: Request states after which the gateway holds nothing for us any more.
-ENDED = ("finished", "cancelled", "rejected", "preempted", "culled")
 
 
 class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
@@ -123,20 +128,21 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         0, help="Priority of server requests (higher runs first within a tenant)."
     ).tag(config=True)
 
-    queue_timeout = Float(
+    queue_timeout = Seconds(
         24 * 3600.0,
+        zero_ok=True,
         help="""Seconds a spawn may wait in the gateway's queue before it gives up (and
         cancels its request). Separate from `start_timeout`, which still bounds only the
         real start once the GPUs are granted. 0: wait as long as it takes.""",
     ).tag(config=True)
 
-    heartbeat_interval = Float(
+    heartbeat_interval = Seconds(
         30.0,
         help="""Seconds between lease renewals of a running server's grant. Must be well
         under the gateway's --lease-ttl (120 s by default).""",
     ).tag(config=True)
 
-    activity_window = Float(
+    activity_window = Seconds(
         600.0,
         help="""For a server that does not report its own activity (no jupyter_gpuaas
         extension in its image): it counts as busy (not to be culled) if the Hub saw
@@ -146,19 +152,12 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         default), so keep this above that interval.""",
     ).tag(config=True)
 
-    refresh_interval = Float(
+    refresh_interval = Seconds(
         30.0,
         help="""Longest a queued spawn goes without re-reading its place in the queue. The
         event stream wakes it sooner whenever the queue changes; this is the safety net
         (and the only update when the user's token cannot see other users' requests).""",
     ).tag(config=True)
-
-    @validate("queue_timeout", "heartbeat_interval", "activity_window", "refresh_interval")
-    def _validate_seconds(self, proposal: Any) -> float:
-        value = float(proposal["value"])
-        if value < 0 or (value == 0 and proposal["trait"].name != "queue_timeout"):
-            raise TraitError(f"{proposal['trait'].name} must be > 0, not {value}")
-        return value
 
     hide_devices_without_grant = Bool(
         True,
@@ -182,11 +181,10 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
                 "grant": None,  # the request object once admitted
                 "token": None,  # the MintedToken of the request (tokens.py)
                 "stale_tokens": [],  # ids of tokens a previous Hub minted: to revoke
-                "callback": None,  # of the event stream, resubscribed when tokens rotate
                 "keep": False,  # the gateway parked it: do not cancel on stop
                 "running": False,  # the real start finished
                 "hb": None,  # heartbeat task
-                "unsubscribe": None,
+                "subscription": None,  # to the event stream (holder.py)
                 "board": StatusBoard(),
             }
         return state
@@ -260,32 +258,27 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         return self._client(self.gateway_token or self._user_token())
 
     def _subscribe(self, callback: Any) -> None:
-        gp = self._gp
-        gp["callback"] = callback
-        if gp["unsubscribe"] is None:
-            tls = self._gateway_ssl()
-            if self.gateway_token:
-                stream = stream_for(
-                    self.gateway_url, self.gateway_token, shared=True, ssl_context=tls
-                )
-            else:
-                stream = stream_for(self.gateway_url, self._user_token(), ssl_context=tls)
-            gp["unsubscribe"] = stream.subscribe(callback)
+        """Hear the gateway's events: the Hub's token streams for every spawn (kept open
+        between spawns); without one, each user's token streams that user's events."""
+        sub = self._gp["subscription"]
+        if sub is not None:
+            sub.callback = callback
+            return
+        stream = follower(self._reader_client(), keep_open=bool(self.gateway_token))
+        self._gp["subscription"] = stream.subscribe(callback)
 
     def _resubscribe(self, old_token: str) -> None:
         """A per-user stream follows its token: the old one is about to be revoked."""
-        gp = self._gp
-        if self.gateway_token or gp["unsubscribe"] is None:
-            return  # the Hub's shared stream keeps its own token
-        self._unsubscribe()
-        forget_stream(self.gateway_url, old_token)
-        self._subscribe(gp["callback"])
+        sub = self._gp["subscription"]
+        if sub is not None and not self.gateway_token:
+            self._unsubscribe()
+            forget_follower(self.gateway_url, old_token)
+            self._subscribe(sub.callback)
 
     def _unsubscribe(self) -> None:
-        unsubscribe = self._gp["unsubscribe"]
-        self._gp["unsubscribe"] = None
-        if unsubscribe is not None:
-            unsubscribe()
+        sub, self._gp["subscription"] = self._gp["subscription"], None
+        if sub is not None:
+            sub()
 
     # ----------------------------------------------------------------- queueing
 
@@ -340,7 +333,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
                 state = req.get("state")
                 if state == "admitted":
                     break
-                if state in ENDED or state is None:
+                if state in TERMINAL_STATES or state is None:
                     reason = req.get("reason") or f"the request was {state}"
                     raise web.HTTPError(409, "GPU request %s: %s", state, reason)
                 wait = self.refresh_interval
@@ -454,7 +447,6 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
                     self._gateway_ended(event["event"], data)
                 )
 
-        self._unsubscribe()
         self._subscribe(on_event)
 
     def _preempt_notice(self, name: str, data: dict[str, Any]) -> None:
@@ -482,40 +474,34 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
             # the Hub's last_activity is the spawn's start until the server reports.
             return True
         last = self.orm_spawner.last_activity if self.orm_spawner is not None else None
-        if last is None:
-            return False
-        now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
-        if last.tzinfo is not None:
-            last = last.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-        return (now - last).total_seconds() < self.activity_window
+        return active_within(last, self.activity_window)
 
     async def _heartbeat_loop(self) -> None:
-        """Renew the lease only when nobody else does; never speak over the server.
-
-        A server running the jupyter_gpuaas extension renews its own request (with busy
-        from its GPUs, kernels and jobs); a busy heartbeat from here would reset its idle
-        clock with the Hub's coarse HTTP activity. So each round reads the request, and
-        renews it (busy from the Hub's view) only when under two rounds of lease are left:
-        a server without the extension keeps its grant, one with it is left to speak.
-        """
+        """Hold the request's lease in the Hub's grant holder until it is given back,
+        renewed only when nobody else renews it (`Lease.watch`: never speak over a server
+        whose extension renews its own request with its GPUs' busy or idle)."""
         rid = self._gp["rid"]
-        while rid is not None and rid == self._gp["rid"]:
-            try:
-                req = await self._user_client().get(rid)
-                expires = (req.get("grant") or {}).get("lease_expires")
-                if req.get("state") != "admitted":
-                    await self._gateway_ended(f"request {req.get('state')}", {"id": rid})
-                    if self._gp.get("stopping") == rid:
-                        return
-                # No lease_expires: the gateway runs without leases, nothing to renew.
-                elif expires is not None and expires - time.time() < 2 * self.heartbeat_interval:
-                    await self._user_client().heartbeat(rid, self._busy())
-            except GatewayError as e:
-                if e.status in (404, 409):  # the gateway ended it (cull, lease, preempt)
-                    await self._gateway_ended("heartbeat refused", {"id": rid})
-                    return
-                self.log.warning("gpuaas heartbeat of %s failed: %s", self._log_name, e)
-            await asyncio.sleep(self.heartbeat_interval)
+        if rid is None:
+            return
+
+        async def ended(why: str) -> None:
+            await self._gateway_ended(why, {"id": rid})
+
+        holder = grant_holder()
+        holder.configure(self.heartbeat_interval)
+        lease = Lease(
+            rid,
+            lambda: self._user_client(),
+            on_lost=lambda _error: ended("heartbeat refused"),
+            on_state=lambda req: ended(f"request {req.get('state')}"),
+            watch=2 * self.heartbeat_interval,
+            active=lambda: rid == self._gp["rid"] and self._gp.get("stopping") != rid,
+            busy=self._busy,
+        )
+        try:
+            await holder.held(holder.hold(lease))
+        finally:
+            holder.drop(lease)
 
     async def _gateway_ended(self, why: str, data: dict[str, Any]) -> None:
         """The gateway took the GPUs back: stop the server through the Hub's API."""

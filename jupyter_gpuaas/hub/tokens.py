@@ -22,7 +22,7 @@ from typing import Any
 from traitlets import Integer
 from traitlets.config import Configurable
 
-from .events import forget_stream
+from jupyter_gpuaas.holder import forget_follower
 
 
 @dataclass
@@ -136,6 +136,6 @@ class RequestTokenMixin(Configurable):
         token: MintedToken | None = self._gp["token"]
         self._gp["token"] = None
         if token is not None:
-            forget_stream(self.gateway_url, token.token)
+            forget_follower(self.gateway_url, token.token)
             self._gp["stale_tokens"].append(token.id)
         self._revoke_stale_tokens()

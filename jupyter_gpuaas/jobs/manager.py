@@ -6,11 +6,14 @@ a job outlives the notebook that submitted it, and one place owns every job's gr
 
 What moves a job:
 
-- the gateway's events (admit, preempt, requeue, cancel, expire) through its own SSE
-  connection, for promptness;
-- a tick every `poll_interval`: processes that exited, heartbeats that are due, and
-  (every `reconcile_interval`) a GET of each queued job's request, in case an event was
-  missed while the stream reconnected;
+- the gateway's events (admit, preempt, requeue, cancel, expire) through the process's
+  one event stream (holder.py, shared with the extension), for promptness;
+- a tick every `poll_interval`: processes that exited, and (every `reconcile_interval`)
+  a GET of each queued job's request, in case an event was missed while the stream
+  reconnected;
+- a running job's lease, held by the process's grant holder (holder.py) and renewed as
+  busy at the extension's `heartbeat_interval`; a renewal that finds the grant ended
+  asks the gateway why;
 - the user: cancel.
 
 Every change is written to the job's `job.json` before it is answered. A pointer file per
@@ -28,10 +31,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from traitlets import Float, Integer, Type, Unicode, default, validate
+from traitlets import Integer, Type, Unicode, default
 from traitlets.config import Configurable, LoggingConfigurable
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError
+from jupyter_gpuaas.holder import Lease, Seconds, follow, grant_holder
 from jupyter_gpuaas.words import about_field
 
 from . import model
@@ -56,30 +60,26 @@ class JobError(Exception):
 class JobManager(LoggingConfigurable):
     """Runs batch jobs through the gateway's queue (see the module's docstring)."""
 
-    heartbeat_interval = Float(
-        30.0,
-        help="Seconds between lease heartbeats of a running job. Keep it well under the "
-        "gateway's lease TTL (120 s by default) so one lost heartbeat does not lose a grant.",
-    ).tag(config=True)
-
-    poll_interval = Float(
+    poll_interval = Seconds(
         1.0,
         help="Seconds between checks of running jobs' processes (how fast an ended "
         "job gives its GPUs back).",
     ).tag(config=True)
 
-    reconcile_interval = Float(
+    reconcile_interval = Seconds(
         10.0,
         help="Seconds between asking the gateway about each queued job, in case an admit "
         "event was missed while the event stream reconnected.",
     ).tag(config=True)
 
-    reconnect_delay = Float(
+    reconnect_delay = Seconds(
         2.0, help="Seconds before reconnecting to the gateway's event stream after it drops."
     ).tag(config=True)
 
-    kill_grace = Float(
-        5.0, help="Seconds a cancelled or preempted job gets after SIGTERM before SIGKILL."
+    kill_grace = Seconds(
+        5.0,
+        zero_ok=True,
+        help="Seconds a cancelled or preempted job gets after SIGTERM before SIGKILL.",
     ).tag(config=True)
 
     state_dir = Unicode(
@@ -121,20 +121,6 @@ class JobManager(LoggingConfigurable):
         help="How admitted jobs run: a JobRunner subclass (local processes by default).",
     ).tag(config=True)
 
-    @validate("heartbeat_interval", "poll_interval", "reconcile_interval", "reconnect_delay")
-    def _validate_positive(self, proposal: Any) -> float:
-        value = float(proposal["value"])
-        if value <= 0:
-            raise ValueError(f"{proposal['trait'].name} must be > 0, not {value}")
-        return value
-
-    @validate("kill_grace")
-    def _validate_grace(self, proposal: Any) -> float:
-        value = float(proposal["value"])
-        if value < 0:
-            raise ValueError(f"kill_grace must be >= 0, not {value}")
-        return value
-
     # ------------------------------------------------------------------ life cycle
 
     def __init__(self, client: GatewayClient | None, root_dir: str, **kwargs: Any) -> None:
@@ -148,8 +134,8 @@ class JobManager(LoggingConfigurable):
         )
         self.jobs: dict[str, Job] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._unfollow: Any = None  # leaves the process's event stream
         self._busy: set[str] = set()  # jobs being started or killed: the tick leaves them
-        self._last_beat = 0.0
         self._last_reconcile = 0.0
         self._orphans: list[Job] = []
 
@@ -161,12 +147,11 @@ class JobManager(LoggingConfigurable):
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick_loop())]
         if self.client is not None:
-            self._tasks.append(loop.create_task(self._events_loop()))
+            self._unfollow = follow(
+                self.client, self.on_event, reconnect_delay=self.reconnect_delay
+            )
         self.log.info(
-            "gpuaas: batch jobs on %s (heartbeat every %.1f s, index in %s)",
-            type(self.runner).__name__,
-            self.heartbeat_interval,
-            self.state_dir,
+            "gpuaas: batch jobs on %s (index in %s)", type(self.runner).__name__, self.state_dir
         )
 
     async def stop(self) -> None:
@@ -174,6 +159,9 @@ class JobManager(LoggingConfigurable):
 
         Without a server nobody renews a running job's lease, so the gateway would hand
         its GPUs to someone else while it still used them: better to stop it now."""
+        if self._unfollow is not None:
+            self._unfollow()
+            self._unfollow = None
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -447,6 +435,7 @@ class JobManager(LoggingConfigurable):
             job.state = model.RUNNING
             job.started = time.time()
             job.save()
+            self._hold(job)
             self.log.info("gpuaas: job %s running on %s (pid %s)", job.id, job.grant, job.pid)
         finally:
             self._busy.discard(job.id)
@@ -512,6 +501,7 @@ class JobManager(LoggingConfigurable):
         DELETE does either. Gone already (404) or ended (409) is fine."""
         if self.client is None:
             return
+        grant_holder().drop(grant_holder().leases.get(job.id))
         try:
             await self.client.cancel(job.id)
         except GatewayError as e:
@@ -539,24 +529,24 @@ class JobManager(LoggingConfigurable):
         now = time.monotonic()
         if self.client is None:
             return
-        if now - self._last_beat >= self.heartbeat_interval:
-            self._last_beat = now
-            running = [j for j in self.jobs.values() if j.state == model.RUNNING]
-            await asyncio.gather(*(self._beat(j) for j in running), return_exceptions=True)
         if now - self._last_reconcile >= self.reconcile_interval:
             self._last_reconcile = now
             queued = [j for j in self.jobs.values() if j.state == model.QUEUED]
             await asyncio.gather(*(self._reconcile(j) for j in queued), return_exceptions=True)
 
-    async def _beat(self, job: Job) -> None:
-        assert self.client is not None
-        try:
-            await self.client.heartbeat(job.id, True)
-        except GatewayError as e:
-            if e.status in (404, 409):  # the grant ended without us hearing: ask why
-                await self._reconcile(job)
-            else:
-                self.log.warning("gpuaas: heartbeat of job %s failed: %s", job.id, e)
+    def _hold(self, job: Job) -> None:
+        """The running job's lease, renewed (busy) while it runs; a renewal that finds
+        the grant ended without us hearing asks the gateway why."""
+        if self.client is None:
+            return
+        grant_holder().hold(
+            Lease(
+                job.id,
+                self.client,
+                on_lost=lambda _error: self._reconcile(job),
+                active=lambda: job.state == model.RUNNING,
+            )
+        )
 
     async def _reconcile(self, job: Job) -> None:
         assert self.client is not None
@@ -568,12 +558,6 @@ class JobManager(LoggingConfigurable):
             else:
                 return
         await self.apply(job, request)
-
-    async def _events_loop(self) -> None:
-        assert self.client is not None
-        await self.client.follow_events(
-            self.on_event, reconnect_delay=self.reconnect_delay, log=self.log, what="job event"
-        )
 
     async def on_event(self, name: str, data: Mapping[str, Any]) -> None:
         request = data.get("request") or {}

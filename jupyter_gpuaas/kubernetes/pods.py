@@ -25,6 +25,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from jupyter_gpuaas.client import grant_names
+
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: Annotations that name the gateway request a pod holds (read by people and the inventory).
@@ -65,13 +67,7 @@ def grant_env(request: Mapping[str, Any] | None, *, hide_devices: bool = True) -
         if hide_devices:
             env["CUDA_VISIBLE_DEVICES"] = ""
         return env
-    grant = request.get("grant") or {}
-    return {
-        "GPUAAS_REQUEST_ID": str(request.get("id") or ""),
-        "GPUAAS_TENANT": str(request.get("tenant") or ""),
-        "GPUAAS_FLAVOR": str(grant.get("flavor") or request.get("flavor") or ""),
-        "GPUAAS_NODE": str(grant.get("node") or ""),
-    }
+    return grant_names(request)
 
 
 def pin_to_node(affinity: Mapping[str, Any] | None, label: str, node: str) -> dict[str, Any]:

@@ -27,11 +27,9 @@ from typing import Any
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from jupyter_gpuaas.jobs.cli import positive_int, whole_number
-from jupyter_gpuaas.jobs.model import resolve_value
+from jupyter_gpuaas.jobs.model import ENDED, resolve_value
 from jupyter_gpuaas.jobs.server_client import ServerClient, ServerError
 from jupyter_gpuaas.jobs.views import JobView, StatusView, format_jobs
-
-ENDED = ("succeeded", "failed", "cancelled")
 
 
 class _UsageError(Exception):

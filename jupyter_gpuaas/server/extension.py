@@ -6,11 +6,13 @@ It ties the `gpuaas` kernel provisioner to the server:
   kernel waits in the gateway's queue (only the gateway's first answer is awaited, so a
   request that can never be admitted fails the call at once with the reason);
 - shutting down or interrupting a waiting kernel cancels its request;
-- a heartbeat loop reports each GPU kernel's activity as lease renewals, and notices dead
-  kernels; each round also judges the whole server for jupyter_server, the Hub and its
-  own gateway request (idle.py); our widgets' comm traffic is no activity (activity.py);
-- an event loop listens to the gateway (admit, cull_warning, cull, preempt, finish) and
-  acts: wakes a waiting kernel, warns the user, shuts a culled kernel down;
+- each round of the process's grant holder (holder.py) starts here: it notices dead
+  kernels, judges each GPU kernel busy or idle for its lease's renewal, and the whole
+  server for jupyter_server, the Hub and its own gateway request (idle.py); our widgets'
+  comm traffic is no activity (activity.py);
+- the process's one gateway event stream (holder.py; the job manager and the sidebar
+  share it) brings admit, cull_warning, cull, preempt, finish, and the extension acts:
+  wakes a waiting kernel, warns the user, shuts a culled kernel down;
 - on server shutdown every grant is released and every wait cancelled.
 
 jupyter_server offers no hook around kernel start/shutdown/interrupt, so the extension
@@ -31,9 +33,10 @@ from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from tornado import web
-from traitlets import Bool, Float, Integer, Unicode, default, validate
+from traitlets import Bool, Float, Integer, Unicode, default
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, gateway_from_env
+from jupyter_gpuaas.holder import Seconds, follow, grant_holder
 from jupyter_gpuaas.jobs import server_hook as jobs_hook
 from jupyter_gpuaas.words import format_duration as human_duration
 
@@ -79,14 +82,17 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         "only tenant, else the first the gateway lists for the user.",
     ).tag(config=True)
 
-    heartbeat_interval = Float(
+    heartbeat_interval = Seconds(
         30.0,
-        help="Seconds between lease heartbeats of each GPU kernel. Keep it well under the "
-        "gateway's lease TTL (120 s by default) so one lost heartbeat does not lose a grant.",
+        help="Seconds between the rounds that renew this server's leases (its GPU kernels', "
+        "its jobs' and its own), with busy or idle. Keep it well under the gateway's lease "
+        "TTL (120 s by default) so one lost heartbeat does not lose a grant.",
     ).tag(config=True)
 
     busy_utilization = Float(
         0.05,
+        min=0.0,
+        max=1.0,
         help="GPU utilization (0..1) of a kernel's own processes above which it counts as "
         "busy even when it executes nothing (a background training thread).",
     ).tag(config=True)
@@ -106,7 +112,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         "granted. Off: jupyter_server holds the websocket until the kernel starts.",
     ).tag(config=True)
 
-    submit_wait = Float(
+    submit_wait = Seconds(
         5.0,
         help="Seconds a kernel start waits for the gateway's first answer, so a request "
         "that can never be admitted fails the start at once, with the reason.",
@@ -116,35 +122,22 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         50, help="Ended GPU kernels (culled, failed, released) kept for /gpuaas/kernels."
     ).tag(config=True)
 
-    reconnect_delay = Float(
-        2.0, help="Seconds before reconnecting to the gateway's event stream after it drops."
+    reconnect_delay = Seconds(
+        2.0,
+        help="Seconds before reconnecting to the gateway's event stream after it drops "
+        "(doubled at each failure, up to 10 s).",
     ).tag(config=True)
 
-    request_timeout = Float(30.0, help="Seconds before a call to the gateway gives up.").tag(
+    request_timeout = Seconds(30.0, help="Seconds before a call to the gateway gives up.").tag(
         config=True
     )
-
-    @validate("heartbeat_interval", "submit_wait", "reconnect_delay", "request_timeout")
-    def _validate_positive(self, proposal: Any) -> float:
-        value = float(proposal["value"])
-        if value <= 0:
-            raise ValueError(f"{proposal['trait'].name} must be > 0, not {value}")
-        return value
-
-    @validate("busy_utilization")
-    def _validate_ratio(self, proposal: Any) -> float:
-        value = float(proposal["value"])
-        if not 0 <= value <= 1:
-            raise ValueError(f"busy_utilization must be within 0..1, not {value}")
-        return value
 
     # ------------------------------------------------------------------ set-up
 
     table: KernelTable
     client: GatewayClient | None = None
     gpu_usage: GpuUsage
-    _tasks: list[asyncio.Task[None]]
-    _last_beat: dict[str, datetime]
+    _stops: list[Any]  # what stop_extension undoes: the round hook, the event follower
     activity: ServerActivity
     _idle_timeouts: dict[str, float] | None = None
 
@@ -164,8 +157,8 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         set_table(self.table)
         self.gpu_usage = GpuUsage()
         self.activity = ServerActivity(self)
-        self._tasks = []
-        self._last_beat = {}
+        self._stops = []
+        self.table.on_lost = self._grant_gone
         self.settings["gpuaas"] = self
         mkm = self.serverapp.kernel_manager
         self._wrap_kernel_manager(mkm)
@@ -187,11 +180,14 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         self.handlers.extend(sidebar.routes())  # /gpuaas/sidebar: the JupyterLab panel
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
-        """Start the heartbeat and event loops once the server's loop runs."""
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._heartbeat_loop())]
+        """Join the process's renewal rounds and event stream once the server's loop runs."""
+        holder = grant_holder()
+        holder.configure(self.heartbeat_interval)
+        self._stops = [holder.add_round(self.heartbeat_once)]
         if self.client is not None:
-            self._tasks.append(loop.create_task(self._events_loop()))
+            self._stops.append(
+                follow(self.client, self.on_event, reconnect_delay=self.reconnect_delay)
+            )
         await jobs_hook.start(self)  # exports GPUAAS_SERVER_URL/TOKEN for %gpu in kernels
         self.log.info(
             "gpuaas: GPU kernels through the gateway at %s (heartbeat every %.0f s)",
@@ -200,16 +196,12 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         )
 
     async def stop_extension(self) -> None:
-        """Stop the loops, cancel every wait and release every grant of this server."""
+        """Leave the rounds and the stream, cancel every wait, release every grant."""
         await jobs_hook.stop(self)  # live jobs end, their GPUs are released
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-        self._tasks = []
+        for stop in self._stops:
+            stop()
+        self._stops = []
+        self.activity.close()
         # Cancel the waits first: releasing a grant first could admit a waiting kernel.
         waiting = [r for r in self.table.live.values() if r.waiting]
         for record in waiting:
@@ -373,20 +365,13 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ heartbeats
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            try:
-                await self.heartbeat_once()
-            except Exception:
-                self.log.exception("gpuaas: heartbeat round failed")
-            await asyncio.sleep(self.heartbeat_interval)
-
     def current_activity(self) -> list[str]:
         """Why this server is busy ([] idle): `shutdown_no_activity_timeout` asks this."""
         return list(self.activity.reasons)
 
     async def heartbeat_once(self) -> None:
-        """One round: notice deaths, report each GPU kernel, then the server (idle.py)."""
+        """A round's hook: notice deaths, judge each GPU kernel and the server (idle.py);
+        the holder then renews their leases with these verdicts."""
         running: list[GpuKernel] = []
         for record in list(self.table.live.values()):
             prov = record.provisioner
@@ -402,19 +387,17 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             loop = asyncio.get_running_loop()
             utilization = await loop.run_in_executor(None, self.gpu_usage.utilization, holders)
         now = datetime.now(timezone.utc)
-        verdicts = await asyncio.gather(
-            *(self._beat(r, utilization.get(r.kernel_id), now) for r in running),
-            return_exceptions=True,
-        )
-        busy = {r.kernel_id: v is True for r, v in zip(running, verdicts, strict=True)}
+        busy = {r.kernel_id: self._judge(r, utilization.get(r.kernel_id)) for r in running}
         await self.activity.round(now, busy, utilization.get(SERVER_KEY))
 
-    async def _beat(self, record: GpuKernel, utilization: float | None, now: datetime) -> bool:
+    def _judge(self, record: GpuKernel, utilization: float | None) -> bool:
+        """Busy or idle since the kernel's last renewal: what its lease's next one says."""
         km = record.provisioner.parent
+        lease = record.provisioner.lease
         busy = decide_busy(
             getattr(km, "execution_state", None),
             getattr(km, "last_activity", None),
-            self._last_beat.get(record.kernel_id),
+            lease.renewed_at if lease is not None else None,
             utilization,
             self.busy_utilization,
         )
@@ -425,22 +408,12 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
                 record.warning = None  # a busy kernel is not culled (a preemption stays)
         elif record.idle_since is None:
             record.idle_since = time.time()
-        assert self.client is not None and record.request_id is not None
-        try:
-            obj = await self.client.heartbeat(record.request_id, busy, utilization)
-        except GatewayError as e:
-            if e.status in (404, 409):
-                await self._grant_gone(record)
-            else:
-                self.log.warning("gpuaas: heartbeat of %s failed: %s", record.request_id, e)
-            return busy
-        self._last_beat[record.kernel_id] = now
-        grant = obj.get("grant") or {}
-        record.lease_expires = grant.get("lease_expires", record.lease_expires)
+        if lease is not None:
+            lease.busy, lease.utilization = busy, utilization
         return busy
 
     async def _grant_gone(self, record: GpuKernel) -> None:
-        """A heartbeat found the grant ended (an event we missed): find out why, act."""
+        """A renewal found the grant ended (an event we missed): find out why, act."""
         assert self.client is not None and record.request_id is not None
         try:
             obj = await self.client.get(record.request_id)
@@ -456,12 +429,6 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             await self._end_kernel(record, "lost", f"GPU grant lost: {reason}")
 
     # ------------------------------------------------------------------ gateway events
-
-    async def _events_loop(self) -> None:
-        assert self.client is not None
-        await self.client.follow_events(
-            self.on_event, reconnect_delay=self.reconnect_delay, log=self.log
-        )
 
     async def on_event(self, name: str, data: dict[str, Any]) -> None:
         request = data.get("request") or {}

@@ -21,6 +21,9 @@ from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import httpclient, web
 from tornado.iostream import StreamClosedError
 
+from jupyter_gpuaas.holder import encode, follower
+from jupyter_gpuaas.words import format_duration
+
 if TYPE_CHECKING:
     from .extension import GpuaasExtension
     from .kernels import GpuKernel
@@ -107,15 +110,19 @@ class ProxyHandler(GpuaasHandler):
 
 
 class EventsHandler(GpuaasHandler):
-    """`/gpuaas/api/events`: the gateway's Server-Sent Events, passed through as they come."""
+    """`/gpuaas/api/events`: the gateway's Server-Sent Events, as they come.
+
+    Each browser tab subscribes to the server's one gateway stream (holder.py) rather
+    than opening its own. An EventSource that resumes (`Last-Event-ID`) is replayed what
+    the server heard after that event, or told `reset` (it then lists again)."""
 
     _closed = False
-    _pending: asyncio.Queue[bytes | None] | None = None
+    _pending: asyncio.Queue[dict[str, Any] | None] | None = None
 
     def on_connection_close(self) -> None:
         self._closed = True
         if self._pending is not None:
-            self._pending.put_nowait(None)  # wake the writer loop now, not at the next chunk
+            self._pending.put_nowait(None)  # wake the writer loop now, not at the next event
 
     @web.authenticated
     @authorized
@@ -126,39 +133,29 @@ class EventsHandler(GpuaasHandler):
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-store")
         self.set_header("X-Accel-Buffering", "no")
-        self.flush()  # the headers now: a browser's EventSource opens before the first event
-        pending: asyncio.Queue[bytes | None] = asyncio.Queue()
+        pending: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._pending = pending
-
-        def on_chunk(chunk: bytes) -> None:
-            if self._closed:
-                # Raising closes the upstream connection: the browser went away.
-                raise StreamClosedError()
-            pending.put_nowait(chunk)
-
-        headers = {"Authorization": f"token {client.token}", "Accept": "text/event-stream"}
+        stream = follower(client, reconnect_delay=self.ext.reconnect_delay)
         last = self.request.headers.get("Last-Event-ID")
-        if last is not None:  # a browser's EventSource resuming: the gateway replays
-            headers["Last-Event-ID"] = last
-        fetch = httpclient.AsyncHTTPClient().fetch(
-            client.url + "api/events",
-            headers=headers,
-            ssl_options=client.ssl,
-            streaming_callback=on_chunk,
-            request_timeout=0,
-            connect_timeout=client.timeout,
-            raise_error=False,
-        )
-        fetch.add_done_callback(lambda _: pending.put_nowait(None))
+        missed = stream.since(last) if last is not None else []
+        resume = f"id: {stream.last_id}\n" if last is None and stream.last_id else ""
+        unsubscribe = stream.subscribe(pending.put_nowait, comments=True)
         try:
+            # The headers at once: a browser's EventSource opens before the first event.
+            self.write(f": connected\n{resume}\n".encode() + b"".join(map(encode, missed)))
+            await self.flush()
             while not self._closed:
-                chunk = await pending.get()
-                if chunk is None:
-                    break
-                self.write(chunk)
+                event = await pending.get()
+                if event is None or event.get("event") == "disconnected":
+                    break  # the browser's EventSource polls, then comes back
+                if event.get("event") == "connected":
+                    continue  # what was missed meanwhile is replayed on the stream
+                self.write(encode(event))
                 await self.flush()
         except StreamClosedError:
             self._closed = True
+        finally:
+            unsubscribe()
         if not self._finished and not self._closed:
             self.finish()
 
@@ -238,7 +235,7 @@ def kernels_page(kernels: list[GpuKernel], base_url: str) -> str:
         now = time.time()
         for k in kernels:
             kind = "waiting" if k.waiting else "running" if k.ended is None else "ended"
-            since = human_age(now - (k.ended or k.created))
+            since = format_duration(now - (k.ended or k.created))
             rows.append(
                 f'<tr class="{kind}" data-kernel-id="{esc(k.kernel_id)}">'
                 f"<td>{esc(k.kernel_name)}</td><td>{esc(k.kernel_id[:8])}</td>"
@@ -253,15 +250,6 @@ def kernels_page(kernels: list[GpuKernel], base_url: str) -> str:
             + "</tbody></table>"
         )
     return PAGE.format(body=body, lab=esc(base_url.rstrip("/") + "/lab"))
-
-
-def human_age(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return "under a minute"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def routes() -> list[tuple[str, type[web.RequestHandler]]]:

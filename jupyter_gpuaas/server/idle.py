@@ -28,6 +28,7 @@ from traitlets import Bool, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from jupyter_gpuaas.client import GatewayError
+from jupyter_gpuaas.holder import Lease, grant_holder
 
 from .activity import Holder, OwnComms, decide_busy, process_tree, visible_uuids
 
@@ -65,6 +66,7 @@ class ServerActivity(LoggingConfigurable):
         self.since: datetime | None = None  # the previous round
         self.server_busy: bool | None = None  # the last heartbeat's verdict
         self._request_ended = False
+        self._lease: Lease | None = None
         # Our widgets' comms, kept out of jupyter_server's kernel activity (activity.py).
         self.own_comms = OwnComms()
 
@@ -120,7 +122,8 @@ class ServerActivity(LoggingConfigurable):
     async def round(
         self, now: datetime, gpu_busy: dict[str, bool], server_utilization: float | None
     ) -> None:
-        """One round's verdict: stamp the setting when busy, heartbeat the server request."""
+        """One round's verdict: stamp the setting when busy; the holder then renews the
+        server's request with it (busy or idle) in the same round."""
         self.reasons = self.judge(now, gpu_busy, server_utilization)
         self.since = now
         if self.reasons:
@@ -129,23 +132,39 @@ class ServerActivity(LoggingConfigurable):
             self.ext.serverapp.web_app.settings[SETTING] = now
         if not self.reports:
             return
-        busy = bool(self.reasons)
-        try:
-            await self.ext.client.heartbeat(self.server_request_id, busy, server_utilization)
-        except GatewayError as e:
-            if e.status in (404, 409):  # culled, released or preempted: the spawner stops us
-                self._request_ended = True
-                self.log.info(
-                    "gpuaas: this server's request %s has ended (%s): no more heartbeats",
+        if self._lease is None:  # held by the process's holder, renewed after this hook
+            self._lease = grant_holder().hold(
+                Lease(
                     self.server_request_id,
-                    e,
+                    self.ext.client,
+                    on_lost=self._ended,
+                    on_renewed=self._told,
                 )
-            else:
-                self.log.warning("gpuaas: heartbeat of this server's request failed: %s", e)
-            return
+            )
+        self._lease.busy = bool(self.reasons)
+        self._lease.utilization = server_utilization
+
+    def _ended(self, error: GatewayError) -> None:
+        """Culled, released or preempted: the spawner stops us; no more heartbeats."""
+        self._request_ended = True
+        self.log.info(
+            "gpuaas: this server's request %s has ended (%s): no more heartbeats",
+            self.server_request_id,
+            error,
+        )
+
+    def _told(self, answer: dict[str, Any]) -> None:
+        """The gateway heard this round's verdict."""
+        busy = bool(self.reasons)
         if busy != self.server_busy:
             self.log.info(
                 "gpuaas: this server is %s",
                 "busy: " + "; ".join(self.reasons) if busy else "idle on its GPUs",
             )
         self.server_busy = busy
+
+    def close(self) -> None:
+        """The server stops: its request is the spawner's to release."""
+        if self._lease is not None:
+            grant_holder().drop(self._lease)
+            self._lease = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -224,9 +224,12 @@ class KernelTable:
     ) -> None:
         self.client = client
         self.default_tenant = tenant
-        # True when the server extension reports activity; else provisioners renew their
-        # own leases (a kernel run by nbclient or `jupyter console`).
+        # True when the server extension judges its kernels busy or idle; else their
+        # leases are renewed as busy (a kernel run by nbclient or `jupyter console`).
         self.reporting = False
+        # What a renewal that found a grant ended calls (the extension: find out why,
+        # stop the kernel); None: the provisioner marks the record lost.
+        self.on_lost: Callable[[GpuKernel], Awaitable[None]] | None = None
         self.live: dict[str, GpuKernel] = {}
         self.history: collections.deque[GpuKernel] = collections.deque(maxlen=history_size)
         self.notifications: collections.deque[Notification] = collections.deque(maxlen=100)

@@ -15,23 +15,25 @@ Lifecycle, in jupyter_client's terms:
 - a crashed server cannot release anything: its grants end when their leases expire.
 
 Waiting is woken by the extension's event listener and, whether or not an extension runs,
-by polling the request every `poll_interval` seconds.
+by polling the request every `poll_interval` seconds. A running kernel's lease is held by
+the process's grant holder (holder.py): the extension's rounds say whether it is busy;
+without an extension it is renewed as busy every `standalone_heartbeat` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
-from traitlets import Float, Integer, Unicode
+from traitlets import Integer, Unicode
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, launch_environment
+from jupyter_gpuaas.holder import TERMINAL_STATES, Lease, Seconds, grant_holder
 
 from .kernels import ENDED, GpuKernel, KernelTable, current_table
-
-ENDED_GATEWAY_STATES = ("finished", "cancelled", "rejected", "preempted", "culled")
 
 
 class GpuAdmissionError(RuntimeError):
@@ -63,17 +65,18 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
     priority = Integer(0, help="Request priority within the tenant (higher first).").tag(
         config=True
     )
-    poll_interval = Float(
+    poll_interval = Seconds(
         2.0,
         help="Seconds between polls of a waiting request (events usually wake it sooner).",
     ).tag(config=True)
-    admission_timeout = Float(
+    admission_timeout = Seconds(
         0.0,
+        zero_ok=True,
         help="Seconds to wait for admission before giving up (0: wait as long as it takes; "
         "shutting the kernel down cancels the wait).",
     ).tag(config=True)
 
-    standalone_heartbeat = Float(
+    standalone_heartbeat = Seconds(
         30.0,
         help="Seconds between lease renewals when no jupyter_gpuaas server extension reports "
         "activity (nbclient, jupyter console). Such a kernel always reports busy: whoever "
@@ -81,8 +84,8 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
     ).tag(config=True)
 
     record: GpuKernel | None = None
+    lease: Lease | None = None
     _release_task: asyncio.Task[None] | None = None
-    _lease_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ gateway
 
@@ -185,8 +188,7 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
             raise GpuAdmissionError(record.reason) from None
         record.state = "running"
         record.waited = time.perf_counter() - started
-        if not table.reporting and self._lease_task is None:
-            self._lease_task = asyncio.ensure_future(self._renew_lease(record))
+        self._hold(record)
         self._set_reason("")
         self.log.info(
             "GPU kernel %s admitted: request %s, devices %s on %s",
@@ -229,7 +231,7 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
             except GatewayError as e:
                 self.log.warning("polling GPU request %s: %s", record.request_id, e)
                 continue
-            if obj.get("state") in ENDED_GATEWAY_STATES:
+            if obj.get("state") in TERMINAL_STATES:
                 record.end("failed", obj.get("reason") or f"GPU request {obj.get('state')}")
             else:
                 record.apply(obj)
@@ -247,20 +249,36 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
             if e.status != 409:  # 409: it already ended, which is what we want
                 self.log.warning("cancelling GPU request %s: %s", record.request_id, e)
 
-    async def _renew_lease(self, record: GpuKernel) -> None:
-        """Heartbeats for a kernel no server extension watches, while it holds its grant."""
-        client = self._client()
-        while record.ended is None and record.request_id is not None:
-            await asyncio.sleep(float(self.standalone_heartbeat))
-            if record.ended is not None:
-                break
-            try:
-                await client.heartbeat(record.request_id, True)
-            except GatewayError as e:
-                if e.status in (404, 409):
-                    record.end("lost", f"GPU grant lost: {e.error}")
-                    break
-                self.log.warning("renewing GPU lease %s: %s", record.request_id, e)
+    def _hold(self, record: GpuKernel) -> None:
+        """Hand the grant's lease to the process's holder (replacing any earlier one)."""
+        if record.request_id is None:
+            return
+        holder = grant_holder()
+        if not self._table().reporting:  # no extension judges it: renewed as busy
+            holder.configure(float(self.standalone_heartbeat))
+
+        def renewed(answer: dict[str, Any]) -> None:
+            grant = answer.get("grant") or {}
+            record.lease_expires = grant.get("lease_expires", record.lease_expires)
+
+        self.lease = holder.hold(
+            Lease(
+                record.request_id,
+                self._client(),
+                on_lost=functools.partial(self._grant_lost, record),
+                on_renewed=renewed,
+                active=lambda: record.ended is None,
+            )
+        )
+
+    async def _grant_lost(self, record: GpuKernel, error: GatewayError) -> None:
+        """A renewal found the grant ended: the extension finds out why and stops the
+        kernel; without one the record says so."""
+        lost = self._table().on_lost
+        if lost is not None:
+            await lost(record)
+        elif record.ended is None:
+            record.end("lost", f"GPU grant lost: {error.error}")
 
     async def release(self, state: str = "released", reason: str = "") -> None:
         """Give the devices back (idempotent). A culled request keeps its parked quota."""
@@ -269,9 +287,9 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
             if record is not None:
                 self._table().retire(record)
             return
-        if self._lease_task is not None:
-            self._lease_task.cancel()
-            self._lease_task = None
+        if self.lease is not None:
+            grant_holder().drop(self.lease)
+            self.lease = None
         keep_parked = record.state == "culled"
         record.end(state, reason)
         self._table().retire(record)
@@ -367,8 +385,8 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
             table.retire(record)
             return
         table.add(record)
-        if record.state == "running" and not table.reporting and self._lease_task is None:
-            self._lease_task = asyncio.ensure_future(self._renew_lease(record))
+        if record.state == "running":
+            self._hold(record)
 
     @staticmethod
     def _restore_from(record: GpuKernel, obj: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from tornado import web
 
 from jupyter_gpuaas.client import GatewayError
 from jupyter_gpuaas.jobs.manager import JobError, JobManager
+from jupyter_gpuaas.words import format_duration
 
 from .handlers import AUTH_RESOURCE
 
@@ -96,7 +97,7 @@ class KeepHandler(SidebarHandler):
         record.warning = None
         record.poke()
         timeout = (ext._idle_timeouts or {}).get(record.tenant or "")
-        again = f" after {_minutes(timeout)} idle" if timeout else " if it stays idle"
+        again = f" after {format_duration(timeout)} idle" if timeout else " if it stays idle"
         self.send_json(
             {
                 "kept": True,
@@ -105,10 +106,6 @@ class KeepHandler(SidebarHandler):
                 "message": f"Kept: its idle clock started again; it will be warned again{again}.",
             }
         )
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 class JobsBase(SidebarHandler):

@@ -2,8 +2,9 @@
 exactly the events it missed, in order, before anything new; one that missed more than
 the window (or comes back to a restarted gateway) gets one `reset` event and relists.
 
-`client.follow_events` is driven through a TCP relay the test can cut, so its stream drops
-while the gateway keeps deciding, as a flaky network or a proxy restart would do it.
+The process's event follower (`holder.follow`) is driven through a TCP relay the test can
+cut, so its stream drops while the gateway keeps deciding, as a flaky network or a proxy
+restart would do it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from gwutil import TOKENS
 
 from jupyter_gpuaas.client import GatewayClient
+from jupyter_gpuaas.holder import follow
 
 pytestmark = pytest.mark.asyncio
 log = logging.getLogger("test_sse_replay")
@@ -215,9 +217,7 @@ async def test_follow_events_resumes_and_relists_on_reset(
 
     follower = GatewayClient(f"http://127.0.0.1:{relay.port}/", TOKENS["alice"])
     alice = GatewayClient(gw.url, TOKENS["alice"])
-    task = asyncio.ensure_future(
-        follower.follow_events(on_event, reconnect_delay=0.1, log=log, what="test event")
-    )
+    unfollow = follow(follower, on_event, reconnect_delay=0.1)
     try:
         await until(lambda: bool(relay.conns))
         await asyncio.sleep(0.5)  # the gateway has subscribed the stream
@@ -245,7 +245,5 @@ async def test_follow_events_resumes_and_relists_on_reset(
         synced = {d["id"]: d["request"]["state"] for n, d in heard if n == "sync"}
         assert synced[second["id"]] == "admitted" and synced[first["id"]] == "finished"
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        unfollow()
         relay.close()

@@ -249,8 +249,8 @@ async def test_the_spawner_and_the_hub_stream_use_the_hubs_certificate(
 ) -> None:
     """The Hub process has no JUPYTERHUB_SSL_* of its own: the spawner takes the Hub's
     internal_ssl_key/cert/ca from the Hub's settings (as JupyterHub's User does)."""
+    from jupyter_gpuaas.holder import EventFollower
     from jupyter_gpuaas.hub import QueuedSimpleLocalProcessSpawner
-    from jupyter_gpuaas.hub.events import EventStream
 
     assert "JUPYTERHUB_SSL_CERTFILE" not in os.environ
     settings = {
@@ -271,8 +271,8 @@ async def test_the_spawner_and_the_hub_stream_use_the_hubs_certificate(
         await spawner._reader_client().tenants()
 
     connected = asyncio.Event()
-    stream = EventStream(tls_gateway, TOKENS["carol"], ssl_context=ssl_context(
-        pki.client[0], pki.client[1], pki.ca))  # fmt: skip
+    stream = EventFollower(GatewayClient(tls_gateway, TOKENS["carol"], ssl_context=ssl_context(
+        pki.client[0], pki.client[1], pki.ca)))  # fmt: skip
     unsubscribe = stream.subscribe(
         lambda e: connected.set() if e.get("event") == "connected" else None
     )

@@ -178,7 +178,6 @@ def start_server(gateway: Gateway, home: Path) -> Server:
                     "reconnect_delay": 0.2,
                 },
                 "JobManager": {
-                    "heartbeat_interval": 1.0,
                     "poll_interval": 0.2,
                     "reconcile_interval": 1.0,
                     "reconnect_delay": 0.2,
