@@ -77,21 +77,14 @@ class GatewayApp(GatewayStartup, Application):
         url = os.environ.get("JUPYTERHUB_SERVICE_URL")
         return (urlparse(url).hostname or "127.0.0.1") if url else "127.0.0.1"
 
-    port = Integer(help="Port to listen on. As a Hub service: from JUPYTERHUB_SERVICE_URL.").tag(
-        config=True
-    )
+    port = Integer(
+        min=0, max=65535, help="Port to listen on. As a Hub service: from JUPYTERHUB_SERVICE_URL."
+    ).tag(config=True)
 
     @default("port")
     def _port_default(self) -> int:
         url = os.environ.get("JUPYTERHUB_SERVICE_URL")
         return (urlparse(url).port or 8765) if url else 8765
-
-    @validate("port")
-    def _validate_port(self, proposal: Any) -> int:
-        value = int(proposal["value"])
-        if not 0 <= value <= 65535:
-            raise ValueError(f"port must be 0..65535, not {value}")
-        return value
 
     base_url = Unicode(
         help="URL prefix of every route. As a Hub service: JUPYTERHUB_SERVICE_PREFIX "
@@ -132,6 +125,7 @@ class GatewayApp(GatewayStartup, Application):
 
     lease_ttl = Float(
         120.0,
+        min=0.0,
         help="Seconds an admitted holder may go without a heartbeat before its grant is "
         "released (0: no leases). Overrides policy.lease_ttl of the quota file.",
     ).tag(config=True)
@@ -144,13 +138,6 @@ class GatewayApp(GatewayStartup, Application):
         "the gateway's data has few reference cycles, so memory stays flat.",
     ).tag(config=True)
 
-    @validate("lease_ttl", "keepalive_interval", "tick_interval", "sample_interval")
-    def _validate_non_negative(self, proposal: Any) -> float:
-        value = float(proposal["value"])
-        if value < 0:
-            raise ValueError(f"{proposal['trait'].name} must be >= 0, not {value}")
-        return value
-
     scaler = Unicode(
         "none",
         help="Scale-up target: none, prometheus (KEDA reads gpuaas_desired_nodes), command, "
@@ -158,17 +145,18 @@ class GatewayApp(GatewayStartup, Application):
     ).tag(config=True)
 
     keepalive_interval = Float(
-        15.0, help="Seconds between `: keepalive` comments on idle event streams."
+        15.0, min=0.0, help="Seconds between `: keepalive` comments on idle event streams."
     ).tag(config=True)
 
     tick_interval = Float(
         1.0,
+        min=0.0,
         help="Longest sleep of the admission loop; it also wakes at the core's next deadline.",
     ).tag(config=True)
 
-    sample_interval = Float(5.0, help="Seconds between device samples (NVML or simulated).").tag(
-        config=True
-    )
+    sample_interval = Float(
+        5.0, min=0.0, help="Seconds between device samples (NVML or simulated)."
+    ).tag(config=True)
 
     event_replay_window = Integer(
         10_000,
