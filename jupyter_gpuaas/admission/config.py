@@ -306,7 +306,15 @@ def _parse_policy(value: Any, flavors: Mapping[str, Flavor], key: str) -> Policy
     fair_raw = _optional(spec, "fair_sharing")
     fair = False if fair_raw is None else want_bool(fair_raw, join_key(key, "fair_sharing"))
     autoscale = _parse_autoscale(_optional(spec, "autoscale"), flavors, join_key(key, "autoscale"))
-    return Policy(fair_sharing=fair, autoscale=autoscale, **numbers)
+    return Policy(
+        fair_sharing=fair,
+        autoscale=autoscale,
+        idle_timeout=numbers.get("idle_timeout", 0.0),
+        reservation_ttl=numbers.get("reservation_ttl", 0.0),
+        cull_warning=numbers.get("cull_warning", 0.0),
+        lease_ttl=numbers.get("lease_ttl", 0.0),
+        preemption_grace=numbers.get("preemption_grace", 0.0),
+    )
 
 
 def _parse_autoscale(value: Any, flavors: Mapping[str, Flavor], key: str) -> dict[str, Autoscale]:

@@ -11,13 +11,30 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from .ledger import Ledger
 from .model import Config, Request, Tenant
 from .nodes import Cluster
 from .preemption import preemption_room
 
-_Bound = tuple[int, int, int, int, bool, list[str]]
+
+@dataclass
+class Bound:
+    """What evicting could do for a head of (tenant, flavor, priority), as of the
+    versions of its pool (the ledger's usage and the holders, in its cohort and flavor)."""
+
+    usage_version: int
+    held_version: int
+    held: int  # GPUs every candidate holds
+    room: int  # room in quota once they are all gone
+    own: bool  # some candidates are the tenant's own
+    others: list[str]  # the other members whose holders are candidates
+
+    def most(self, free: int) -> int:
+        """The most GPUs an eviction could make room for: victims' devices plus the
+        free ones, and no more than quota allows."""
+        return min(self.held + free, self.room)
 
 
 class Holders:
@@ -27,7 +44,10 @@ class Holders:
         self.holding: dict[tuple[str, str], dict[str, Request]] = defaultdict(dict)
         self.held_by_priority: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
         self.held_version: dict[tuple[str, str], int] = defaultdict(int)
-        self._bounds: dict[tuple[str, str, int], _Bound] = {}
+        self._bounds: dict[tuple[str, str, int], Bound] = {}
+        # Every admitted request, in the order it was bound (the gateway's wait estimates
+        # walk the running grants, not every live request).
+        self.admitted: dict[str, Request] = {}
         self.pool: dict[str, str] = {}  # tenant -> its cohort, or itself without one
         self._tenants: Mapping[str, Tenant] = {}
 
@@ -37,12 +57,14 @@ class Holders:
         self._bounds.clear()
 
     def hold(self, req: Request, flavor: str) -> None:
+        self.admitted[req.id] = req
         self.held_version[(self.pool[req.tenant], flavor)] += 1
         self.holding[(req.tenant, flavor)][req.id] = req
         by_prio = self.held_by_priority[(req.tenant, flavor)]
         by_prio[req.priority] = by_prio.get(req.priority, 0) + req.gpus
 
     def unhold(self, req: Request, flavor: str) -> None:
+        self.admitted.pop(req.id, None)
         if self.holding[(req.tenant, flavor)].pop(req.id, None) is not None:
             self.held_version[(self.pool[req.tenant], flavor)] += 1
             by_prio = self.held_by_priority[(req.tenant, flavor)]
@@ -60,19 +82,19 @@ class Holders:
         Empty when even evicting all of them could not make room: most failing searches
         end on that bound, computed from GPUs held per priority, without a candidate list.
         """
-        most, own, others = self.bound(req.tenant, flavor, req.priority)
-        if req.gpus > most:
+        b = self.bound(req.tenant, flavor, req.priority)
+        if req.gpus > b.most(self._cluster.free_in(flavor)):
             return []
         pool: list[Request] = []
-        if own:
+        if b.own:
             held = self.holding[(req.tenant, flavor)].values()
             pool += [v for v in held if v.priority <= req.priority]
-        for name in others:
+        for name in b.others:
             pool += self.holding[(name, flavor)].values()
         return pool
 
-    def bound(self, tenant: str, flavor: str, prio: int) -> tuple[int, bool, list[str]]:
-        """The most GPUs an eviction could make room for, and the candidates' owners.
+    def bound(self, tenant: str, flavor: str, prio: int) -> Bound:
+        """The candidates' GPUs and owners for a head of `tenant` at `prio` on `flavor`.
 
         Kept per (tenant, flavor, priority) until usage or holders change in that cohort
         and flavor: between two changes, wakes and tries of many heads ask the same."""
@@ -80,12 +102,11 @@ class Holders:
         usage_v = self._ledger.pool_version[pool]
         held_v = self.held_version[pool]
         key = (tenant, flavor, prio)
-        cached = self._bounds.get(key)
-        if cached is None or cached[0] != usage_v or cached[1] != held_v:
-            room = preemption_room(
+        b = self._bounds.get(key)
+        if b is None or b.usage_version != usage_v or b.held_version != held_v:
+            held, room, own, others = preemption_room(
                 self._tenants[tenant], self._ledger, self.held_by_priority, flavor, prio
             )
-            cached = (usage_v, held_v, *room)
-            self._bounds[key] = cached
-        # Victims' devices plus the free ones, and no more than quota allows.
-        return min(cached[2] + self._cluster.free_in(flavor), cached[3]), cached[4], cached[5]
+            b = Bound(usage_v, held_v, held, room, own, others)
+            self._bounds[key] = b
+        return b
