@@ -357,7 +357,7 @@ class Arbiter(Loops, Views):
         self.meta[req.id] = {"name": name, "created": now, "updated": now}
         decisions = list(self.core.submit(req, now))
         if req.state is not State.REJECTED:
-            decisions += self.core.schedule(now)
+            decisions += self.core.step(now)
         self.commit(decisions, now, extra=[req])
         return req, self._json_of(req)
 
@@ -371,7 +371,7 @@ class Arbiter(Loops, Views):
             decisions = self.core.finish(rid, now, reason=f"released by {who}")
         else:
             decisions = self.core.cancel(rid, now)
-        decisions += self.core.schedule(now)
+        decisions += self.core.step(now)
         self.commit(decisions, now, extra=[req])
         return req, self._json_of(req)
 
@@ -388,7 +388,7 @@ class Arbiter(Loops, Views):
         if req.state is not State.ADMITTED:
             raise Conflict(f"request {rid} is {req.state.value}, not admitted")
         decisions = self.core.heartbeat(rid, now, busy=busy)
-        decisions += self.core.schedule(now)
+        decisions += self.core.step(now)
         self.meta[rid]["utilization"] = utilization
         # The renewed lease is written even without decisions: after a restart the
         # holder must not lose a grant it kept renewing.
@@ -410,7 +410,7 @@ class Arbiter(Loops, Views):
             raise Conflict(str(e)) from None
         self.config = config
         self.overrides = overrides
-        self.commit(decisions + self.core.schedule(now), now, tenants=[(name, spec)])
+        self.commit(decisions + self.core.step(now), now, tenants=[(name, spec)])
         return config
 
     def owner_of(self, rid: str) -> str | None:
