@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .ledger import Ledger
 from .model import Config, Request, Tenant
 from .nodes import Cluster
-from .preemption import preemption_room
+from .preemption import preemption_candidates, preemption_room
 
 
 @dataclass
@@ -26,15 +26,12 @@ class Bound:
 
     usage_version: int
     held_version: int
-    held: int  # GPUs every candidate holds
-    room: int  # room in quota once they are all gone
+    removed: dict[str, int]  # GPUs every candidate holds, per owner (the tenant first)
+    held: int  # their sum
     own: bool  # some candidates are the tenant's own
     others: list[str]  # the other members whose holders are candidates
-
-    def most(self, free: int) -> int:
-        """The most GPUs an eviction could make room for: victims' devices plus the
-        free ones, and no more than quota allows."""
-        return min(self.held + free, self.room)
+    borrow_ok: bool  # it may stay borrowing once they are gone
+    room: int = -1  # room in quota once they are all gone; -1: not asked yet
 
 
 class Holders:
@@ -83,7 +80,7 @@ class Holders:
         end on that bound, computed from GPUs held per priority, without a candidate list.
         """
         b = self.bound(req.tenant, flavor, req.priority)
-        if req.gpus > b.most(self._cluster.free_in(flavor)):
+        if not self.could_make_room(req.tenant, flavor, b, req.gpus):
             return []
         pool: list[Request] = []
         if b.own:
@@ -92,6 +89,16 @@ class Holders:
         for name in b.others:
             pool += self.holding[(name, flavor)].values()
         return pool
+
+    def could_make_room(self, tenant: str, flavor: str, b: Bound, gpus: int) -> bool:
+        """Could evicting every candidate of `b` make room for `gpus`: their devices and
+        the free ones enough, and quota enough once they are gone? The quota question is
+        the costly one: asked only when the devices would do, and then kept in `b`."""
+        if gpus > b.held + self._cluster.free_in(flavor):
+            return False
+        if b.room < 0:
+            b.room = preemption_room(tenant, flavor, self._ledger, b.removed, b.borrow_ok)
+        return gpus <= b.room
 
     def bound(self, tenant: str, flavor: str, prio: int) -> Bound:
         """The candidates' GPUs and owners for a head of `tenant` at `prio` on `flavor`.
@@ -104,9 +111,12 @@ class Holders:
         key = (tenant, flavor, prio)
         b = self._bounds.get(key)
         if b is None or b.usage_version != usage_v or b.held_version != held_v:
-            held, room, own, others = preemption_room(
+            removed, own, borrow_ok = preemption_candidates(
                 self._tenants[tenant], self._ledger, self.held_by_priority, flavor, prio
             )
-            b = Bound(usage_v, held_v, held, room, own, others)
+            others = [name for name in removed if name != tenant]
+            b = Bound(usage_v, held_v, removed, sum(removed.values()), own, others, borrow_ok)
+            if not b.held:
+                b.room = 0  # nobody to evict
             self._bounds[key] = b
         return b

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .holders import Holders
+from .holders import Bound, Holders
 from .ledger import Ledger
 from .model import Config, Decision, Request, State
 from .nodes import Cluster
@@ -126,7 +126,7 @@ class Waking(Queries):
             may_preempt = self._preempts[name]
             woken = name in self._strict_blocked
             room = -1  # asked of the ledger at the first sleeping head (most have none)
-            most: dict[int, int] = {}
+            most: dict[int, Bound] = {}
             for bucket in q.buckets.values():
                 pin, gpus = bucket.key
                 if not bucket.inadmissible or pin not in (None, flavor):
@@ -151,7 +151,7 @@ class Waking(Queries):
     def _wake_preemptors(self, tenant: str, flavor: str) -> None:
         for name in self._ledger.tree(tenant):
             q = self._queues[name]
-            most: dict[int, int] = {}
+            most: dict[int, Bound] = {}
             for bucket in q.buckets.values():
                 if (
                     bucket.inadmissible
@@ -162,15 +162,14 @@ class Waking(Queries):
                     self._dirty.add(name)
 
     def _could_preempt(
-        self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, int]
+        self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, Bound]
     ) -> bool:
         """Could the bucket's head make room by preemption? `most` remembers the bound per
         priority for the caller's loop over one tenant's buckets (nothing changes in it)."""
         head = q.head(bucket)
         if head is None:
             return False
-        bound = most.get(head.priority)
-        if bound is None:
-            b = self._holders.bound(tenant, flavor, head.priority)
-            bound = most[head.priority] = b.most(self._cluster.free_in(flavor))
-        return head.gpus <= bound
+        b = most.get(head.priority)
+        if b is None:
+            b = most[head.priority] = self._holders.bound(tenant, flavor, head.priority)
+        return self._holders.could_make_room(tenant, flavor, b, head.gpus)
