@@ -88,6 +88,14 @@ class Holders:
             pool += [v for v in held if v.priority <= req.priority]
         for name in b.others:
             pool += self.holding[(name, flavor)].values()
+        # A request runs on one node: if evicting every candidate leaves no node with
+        # room, no set of them will (the search would find none; most that fail, fail so).
+        freed: dict[str, int] = {}
+        for v in pool:
+            node = v.node or ""
+            freed[node] = freed.get(node, 0) + v.gpus
+        if not self._cluster.has_room(flavor, req.gpus, freed):
+            return []
         return pool
 
     def could_make_room(self, tenant: str, flavor: str, b: Bound, gpus: int) -> bool:
