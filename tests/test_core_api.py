@@ -3,6 +3,8 @@ over by a new request, restore from a store, queries. The simulator covers the r
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from jupyter_gpuaas.admission.config import parse_config
@@ -10,19 +12,20 @@ from jupyter_gpuaas.admission.core import AdmissionCore
 from jupyter_gpuaas.admission.model import Request, State
 
 
-def make_core(**policy: object) -> AdmissionCore:
-    return AdmissionCore(
-        parse_config(
-            {
-                "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
-                "tenants": {
-                    "vision": {"cohort": "lab", "quota": {"a100": 1}},
-                    "nlp": {"cohort": "lab", "quota": {"a100": 1}},
-                },
-                "policy": dict(policy),
-            }
-        )
+def make_core(take_over_parked: bool = False, **policy: object) -> AdmissionCore:
+    config = parse_config(
+        {
+            "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
+            "tenants": {
+                "vision": {"cohort": "lab", "quota": {"a100": 1}},
+                "nlp": {"cohort": "lab", "quota": {"a100": 1}},
+            },
+            "policy": dict(policy),
+        }
     )
+    # The gateway's setting (not a scenario key): a new request may take over a parked one.
+    policy_ = dataclasses.replace(config.policy, take_over_parked=take_over_parked)
+    return AdmissionCore(dataclasses.replace(config, policy=policy_))
 
 
 def req(
@@ -86,7 +89,7 @@ def test_lease_expiry_releases_and_admits_next() -> None:
 
 
 def test_cull_warning_then_cull_then_new_request_takes_over_reservation() -> None:
-    core = make_core(idle_timeout=100, reservation_ttl=600, cull_warning=30)
+    core = make_core(True, idle_timeout=100, reservation_ttl=600, cull_warning=30)
     core.submit(req("k1"), 0.0)
     core.schedule(0.0)
     core.activity("k1", False, 10.0)
@@ -100,7 +103,7 @@ def test_cull_warning_then_cull_then_new_request_takes_over_reservation() -> Non
     usage = {(u.tenant, u.flavor): u for u in core.tenant_usage()}
     assert usage[("vision", "a100")].parked == 1
     # The user starts a new kernel: it takes over the parked reservation.
-    out = core.submit(req("k2", t=200.0), 200.0, claim_parked=True)
+    out = core.submit(req("k2", t=200.0), 200.0)
     assert events(out) == [("submit", "k2"), ("finish", "k1")]
     assert out[1].fields["reason"] == "reservation claimed by k2"
     out = core.schedule(200.0)
@@ -110,14 +113,31 @@ def test_cull_warning_then_cull_then_new_request_takes_over_reservation() -> Non
 
 
 def test_claim_parked_needs_same_user_tenant_and_shape() -> None:
+    core = make_core(True, idle_timeout=10, reservation_ttl=600)
+    core.submit(req("k1"), 0.0)
+    core.schedule(0.0)
+    core.activity("k1", False, 0.0)
+    core.advance(10.0)
+    out = core.submit(req("other", user="bob", t=20.0), 20.0)
+    assert events(out) == [("submit", "other")]
+    out = core.submit(req("big", gpus=2, t=20.0), 20.0)
+    assert events(out) == [("submit", "big")]
+    out = core.submit(req("job", kind="job", t=20.0), 20.0)
+    assert events(out) == [("submit", "job")]
+    assert core.get("k1").state is State.PARKED
+
+
+def test_without_take_over_a_new_request_queues_beside_the_parked_one() -> None:
+    # The simulator's default: every request of a scenario is its own.
     core = make_core(idle_timeout=10, reservation_ttl=600)
     core.submit(req("k1"), 0.0)
     core.schedule(0.0)
     core.activity("k1", False, 0.0)
     core.advance(10.0)
-    out = core.submit(req("other", user="bob", t=20.0), 20.0, claim_parked=True)
-    assert events(out) == [("submit", "other")]
+    out = core.submit(req("k2", t=20.0), 20.0)
+    assert events(out) == [("submit", "k2")]
     assert core.get("k1").state is State.PARKED
+    assert core.get("k2").state is State.QUEUED
 
 
 def test_busy_activity_cancels_pending_cull() -> None:

@@ -10,9 +10,8 @@ Pure: stdlib only, no I/O. Callers parse YAML/JSON themselves and pass plain dat
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 from jupyter_gpuaas.admission.model import (
     BORROW_WITHIN_COHORT,
@@ -27,6 +26,19 @@ from jupyter_gpuaas.admission.model import (
     Preemption,
     Tenant,
 )
+from jupyter_gpuaas.admission.values import (
+    SpecError,
+    join_key,
+    want_bool,
+    want_int,
+    want_mapping,
+    want_name,
+    want_number,
+)
+from jupyter_gpuaas.admission.values import check_keys as _check_keys
+from jupyter_gpuaas.admission.values import fail as _fail
+from jupyter_gpuaas.admission.values import optional as _optional
+from jupyter_gpuaas.admission.values import want_choice as _want_choice
 
 __all__ = [
     "SpecError",
@@ -65,102 +77,6 @@ POLICY_KEYS = (
     "preemption_grace",
 )
 AUTOSCALE_KEYS = ("max_nodes", "provision_delay", "scale_down_after", "provision")
-
-
-class SpecError(ValueError):
-    """A configuration or scenario that breaks the format.
-
-    `key` is the dotted path of the offending value (empty for the document itself) and
-    `problem` says what is wrong; `str()` is the one line the CLI prints.
-    """
-
-    def __init__(self, key: str, problem: str) -> None:
-        super().__init__(key, problem)
-        self.key = key
-        self.problem = problem
-
-    def __str__(self) -> str:
-        return f"{self.key}: {self.problem}" if self.key else self.problem
-
-
-def join_key(prefix: str, key: str) -> str:
-    """`prefix.key`, or `key` alone when there is no prefix (or `prefix` alone)."""
-    if not prefix:
-        return key
-    if not key:
-        return prefix
-    return f"{prefix}.{key}"
-
-
-def _fail(key: str, problem: str) -> NoReturn:
-    raise SpecError(key, problem)
-
-
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def want_mapping(value: Any, key: str) -> Mapping[str, Any]:
-    """A mapping with string keys (YAML can produce int or null keys; those are errors)."""
-    if not isinstance(value, Mapping):
-        _fail(key, f"must be a mapping, not {_type_name(value)}")
-    for k in value:
-        if not isinstance(k, str) or not k:
-            _fail(join_key(key, str(k)), "keys must be non-empty strings")
-    return value
-
-
-def _check_keys(value: Mapping[str, Any], allowed: tuple[str, ...], key: str) -> None:
-    for k in value:
-        if k not in allowed:
-            _fail(join_key(key, k), f"unknown key (allowed: {', '.join(allowed)})")
-
-
-def want_int(value: Any, key: str, *, minimum: int = 0) -> int:
-    """An integer (not a bool, not a float) of at least `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        if minimum == 0:
-            _fail(key, "must be a non-negative integer")
-        if minimum == 1:
-            _fail(key, "must be a positive integer")
-        _fail(key, f"must be an integer >= {minimum}")
-    return value
-
-
-def want_number(value: Any, key: str, *, positive: bool = False) -> float:
-    """A finite non-negative number (> 0 when `positive`); bools are not numbers."""
-    ok = (
-        not isinstance(value, bool)
-        and isinstance(value, (int, float))
-        and math.isfinite(value)
-        and (value > 0 if positive else value >= 0)
-    )
-    if not ok:
-        _fail(key, "must be a positive number" if positive else "must be a non-negative number")
-    return float(value)
-
-
-def want_bool(value: Any, key: str) -> bool:
-    if not isinstance(value, bool):
-        _fail(key, "must be true or false")
-    return value
-
-
-def want_name(value: Any, key: str) -> str:
-    if not isinstance(value, str) or not value:
-        _fail(key, "must be a non-empty string")
-    return value
-
-
-def _want_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
-    if not isinstance(value, str) or value not in choices:
-        _fail(key, f"must be one of {', '.join(choices)} (got {value!r})")
-    return value
-
-
-def _optional(block: Mapping[str, Any], name: str) -> Any:
-    """The value of an optional key; an explicit null counts as absent (YAML `key:`)."""
-    return block.get(name)
 
 
 def parse_config(data: Mapping[str, Any], *, prefix: str = "") -> Config:
@@ -390,7 +306,15 @@ def _parse_policy(value: Any, flavors: Mapping[str, Flavor], key: str) -> Policy
     fair_raw = _optional(spec, "fair_sharing")
     fair = False if fair_raw is None else want_bool(fair_raw, join_key(key, "fair_sharing"))
     autoscale = _parse_autoscale(_optional(spec, "autoscale"), flavors, join_key(key, "autoscale"))
-    return Policy(fair_sharing=fair, autoscale=autoscale, **numbers)
+    return Policy(
+        fair_sharing=fair,
+        autoscale=autoscale,
+        idle_timeout=numbers.get("idle_timeout", 0.0),
+        reservation_ttl=numbers.get("reservation_ttl", 0.0),
+        cull_warning=numbers.get("cull_warning", 0.0),
+        lease_ttl=numbers.get("lease_ttl", 0.0),
+        preemption_grace=numbers.get("preemption_grace", 0.0),
+    )
 
 
 def _parse_autoscale(value: Any, flavors: Mapping[str, Flavor], key: str) -> dict[str, Autoscale]:

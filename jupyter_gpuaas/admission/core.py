@@ -5,37 +5,36 @@ out (:class:`~jupyter_gpuaas.admission.model.Decision`). Every method takes `now
 never reads a clock. Every method returns the decisions it made, in order; the caller
 persists and announces them.
 
-An admission cycle follows Kueue's scheduler: take the head of every tenant whose
-situation changed (nominate: which flavor, does it fit, whom would it preempt), order the
-heads (within nominal before borrowing, then fair share, priority, queue time), admit
-the best, and go again. A head that can neither fit nor preempt marks its bucket
-inadmissible until room frees up for its tenant, so an idle queue costs nothing.
+An admission cycle follows Kueue's scheduler, step by step (`schedule`): heads,
+snapshot, nominate (nominate.py), order (heads.py), admit or preempt (admit.py), requeue
+(waking.py). A head that can neither fit nor preempt marks its bucket inadmissible until
+room frees up for its tenant, so an idle queue costs nothing. Releases are releases.py's;
+the read-only answers queries.py's. Both drivers call `step(now)` once per batch of
+events: the gateway per operation, the simulator per instant.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
+from .admit import Admitting
 from .autoscale import READY, SCALE_DOWN, Autoscaler, scale_sizes
-from .grace import EVICT, Graces, Reclaim
+from .grace import EVICT, Graces
 from .heads import Heads
 from .holders import Holders
 from .ledger import Ledger
 from .model import TERMINAL, Config, Decision, Preemption, Request, State
-from .nodes import Cluster, Node
-from .nominate import Entry, Nominating
+from .nodes import Cluster
+from .nominate import Entry, Status
+from .positions import Parked, Positions
 from .queues import BucketKey, TenantQueue
-from .timers import Timers
+from .timers import CULL, EXPIRE, LEASE, WARN, Timers
 from .views import NodeState, Position, TenantUsage
 
 __all__ = ["AdmissionCore", "NodeState", "Position", "TenantUsage"]
 
-# Timer kinds (the autoscaler has two more).
-_CULL, _WARN, _EXPIRE, _LEASE = "cull", "cull_warning", "expire", "lease"
 
-
-class AdmissionCore(Nominating):
+class AdmissionCore(Admitting):
     """The decision core. It starts with `Flavor.nodes` nodes of each flavor, named
     `<flavor>-<n>` as in the simulator; a driver whose nodes come from an inventory passes
     flavors with `nodes=0` and calls :meth:`add_node` for each node it really has."""
@@ -66,6 +65,8 @@ class AdmissionCore(Nominating):
         self._width: dict[str, int] = {}  # widest node per flavor, for rejections
         self._resume_blocked: dict[str, str] = {}  # parked rid -> flavor
         self._scaler = Autoscaler(self._cluster, self._timers)
+        self._positions: Positions | None = None  # positions.py: at the first question
+        self._parked = Parked()  # parked reservations by user, for take-overs
         self._seq = 0
         for f in config.flavors.values():
             for i in range(f.nodes):
@@ -101,8 +102,11 @@ class AdmissionCore(Nominating):
 
     # ------------------------------------------------------------------ events in
 
-    def submit(self, req: Request, now: float, *, claim_parked: bool = False) -> list[Decision]:
-        """A request arrives: rejected at once if it can never be admitted, else queued."""
+    def submit(self, req: Request, now: float) -> list[Decision]:
+        """A request arrives: rejected at once if it can never be admitted, else queued.
+
+        With `policy.take_over_parked` (the gateway), a request of the same user, tenant,
+        kind and size as a parked reservation takes that reservation over instead."""
         if req.id in self._requests:
             raise ValueError(f"duplicate request id {req.id!r}")
         out = [
@@ -119,19 +123,17 @@ class AdmissionCore(Nominating):
             out.append(Decision(now, "reject", req.id, {"reason": reason}))
             return out
         self._requests[req.id] = req
-        if claim_parked:
-            old = self._find_parked(req)
+        if self._config.policy.take_over_parked:
+            old = self._parked.claimable(req)
             if old is not None:
                 self._take_over(old, req, now, out)
                 return out
         req.state = State.QUEUED
-        q = self._queues[req.tenant]
-        bucket = q.push(req)
-        if bucket.inadmissible and q.head(bucket) is req:
+        bucket = self._enqueue(req)
+        if bucket.inadmissible and self._queues[req.tenant].head(bucket) is req:
             # A new head may preempt where the old one could not (a higher priority).
             bucket.inadmissible = False
             self._strict_blocked.discard(req.tenant)
-        self._touch(req.tenant)
         return out
 
     def cancel(self, rid: str, now: float, reason: str = "") -> list[Decision]:
@@ -152,8 +154,8 @@ class AdmissionCore(Nominating):
         if req.state is State.ADMITTED:
             if busy:
                 req.idle_since = None
-                self._timers.clear(_CULL, rid)
-                self._timers.clear(_WARN, rid)
+                self._timers.clear(CULL, rid)
+                self._timers.clear(WARN, rid)
             elif req.idle_since is None:
                 req.idle_since = now
                 self._arm_cull(req)
@@ -175,7 +177,7 @@ class AdmissionCore(Nominating):
         req = self._get(rid)
         if req.state is State.ADMITTED and self._config.policy.lease_ttl > 0:
             req.lease_expires = now + self._config.policy.lease_ttl
-            self._timers.set(_LEASE, rid, req.lease_expires)
+            self._timers.set(LEASE, rid, req.lease_expires)
         if busy is None:
             return []
         return self.activity(rid, busy, now)
@@ -228,8 +230,7 @@ class AdmissionCore(Nominating):
             return out
         self._requests[req.id] = req
         if req.state is State.QUEUED:
-            self._queues[req.tenant].push(req)
-            self._touch(req.tenant)
+            self._enqueue(req)
         elif req.state is State.ADMITTED:
             node = self._cluster.nodes.get(req.node or "")
             flavor = req.assigned_flavor or ""
@@ -251,14 +252,15 @@ class AdmissionCore(Nominating):
             if req.idle_since is not None:
                 self._arm_cull(req)
             if req.lease_expires is not None:
-                self._timers.set(_LEASE, req.id, req.lease_expires)
+                self._timers.set(LEASE, req.id, req.lease_expires)
             self._restore_warning(req)
         elif req.state is State.PARKED:
             flavor = req.assigned_flavor or ""
             self._ledger.add(req.tenant, flavor, req.gpus)
             self._ledger.parked[(req.tenant, flavor)] += req.gpus
+            self._parked.add(req)
             if req.park_expires is not None:
-                self._timers.set(_EXPIRE, req.id, req.park_expires)
+                self._timers.set(EXPIRE, req.id, req.park_expires)
             if req.wants_devices:
                 self._queues[req.tenant].resuming[req.id] = req
                 self._touch(req.tenant)
@@ -300,14 +302,14 @@ class AdmissionCore(Nominating):
             req = self._requests.get(key)
             if req is None:
                 continue
-            if kind == _WARN and req.state is State.ADMITTED:
-                cull_at = self._timers.get(_CULL, key)
+            if kind == WARN and req.state is State.ADMITTED:
+                cull_at = self._timers.get(CULL, key)
                 out.append(Decision(t, "cull_warning", key, {"cull_at": cull_at}))
-            elif kind == _CULL and req.state is State.ADMITTED:
+            elif kind == CULL and req.state is State.ADMITTED:
                 self._cull(req, t, out)
-            elif kind == _EXPIRE and req.state is State.PARKED:
+            elif kind == EXPIRE and req.state is State.PARKED:
                 self._expire(req, t, out)
-            elif kind == _LEASE and req.state is State.ADMITTED:
+            elif kind == LEASE and req.state is State.ADMITTED:
                 out += self._end(key, t, "finish", State.FINISHED, "lease expired")
             elif kind == EVICT and req.holds_quota:
                 by = self._requests.get(req.preempted_by or "")
@@ -317,280 +319,73 @@ class AdmissionCore(Nominating):
                     self._preempt(req, by, t, out)
 
     def step(self, now: float) -> list[Decision]:
+        """What both drivers call once per batch of events: act on the deadlines due by
+        `now`, then run the admission cycle."""
         return self.advance(now) + self.schedule(now)
 
     # ------------------------------------------------------------------ the cycle
 
     def schedule(self, now: float) -> list[Decision]:
-        """Admission cycles until no head can be admitted; then the scale demand."""
+        """Admission cycles in Kueue's steps, until no head can be admitted.
+
+        1. Heads: the tenants whose queue or room changed since they were last nominated
+           (`_dirty`); nothing changed, nothing to do.
+        2. Snapshot: the core decides on its live state; each entry carries the epoch it
+           was nominated at, and one nominated before the last admission (which may have
+           taken its room) is nominated again before it is acted on.
+        3. Nominate: each changed tenant's best head and how it would go in (nominate.py).
+        4. Order: the best of the nominated heads (heads.py; fairshare.py in a tree).
+        5. Admit or preempt it (admit.py); then again from 1.
+        6. Requeue: the heads that cannot go stay marked inadmissible, asleep until an
+           event can change their answer (waking.py); those held back by capacity alone
+           are the demand for nodes (autoscale.py).
+        """
         out: list[Decision] = []
         if not self._dirty:
-            # Every head was looked at since the last change and none can go: nothing to
-            # do (most instants of a busy day are activity reports that change nothing).
             return out
-        heads = self._heads
-        wins = self._wins if self._tournament else None
         while True:
-            if self._dirty:
-                for t in self._dirty:
-                    self._looked_at(t)
-                    heads.set(t, self._nominate(t))
-                self._dirty.clear()
-            best = heads.best(wins)
-            if best is None:
+            self._nominate_changed(self._changed_heads())  # 1. heads, 3. nominate
+            entry = self._first_in_order()  # 4. order
+            if entry is None:
                 break
-            if best.epoch != self._epoch:
-                # Nominated before the last admission, which may have taken its room (in
-                # another cohort, on the same nodes): look again before acting.
-                self._looked_at(best.req.tenant)
-                fresh = self._nominate(best.req.tenant)
-                heads.set(best.req.tenant, fresh)
-                if fresh is None or fresh.req is not best.req or fresh.key != best.key:
-                    continue
-                best = fresh
-            self._apply(best, now, out)
-        if self._config.policy.autoscale:
-            sizes = scale_sizes(
-                self._config,
-                self._capacity_blocked,
-                self._queues,
-                self._ledger,
-                {rid: (f, self._requests[rid].gpus) for rid, f in self._resume_blocked.items()},
-            )
-            out += self._scaler.plan(self._config, sizes, now)
+            entry = self._still_true(entry)  # 2. snapshot
+            if entry is not None:
+                self._admit_or_preempt(entry, now, out)  # 5. admit or preempt
+        self._requeue_inadmissible(now, out)  # 6. requeue
         return out
 
-    def _apply(self, e: Entry, now: float, out: list[Decision]) -> None:
-        req = e.req
-        if e.victims and not self._preempt_or_warn(e, now, out):
-            return  # it waits for its warned victims
-        if self._graces.waiting(req.id):
-            self._withdraw(req, now, out)  # admitted before its victims had to go
-        node = self._cluster.best_fit(e.flavor, req.gpus)
-        assert node is not None, "nominated without room"
-        q = self._queues[req.tenant]
-        if e.mode == "resume":
-            q.resuming.pop(req.id, None)
-            self._ledger.parked[(req.tenant, e.flavor)] -= req.gpus
-            self._timers.clear(_EXPIRE, req.id)
-            req.park_expires = None
-            req.wants_devices = False
-        else:
-            q.remove(req.id)
-            self._ledger.add(req.tenant, e.flavor, req.gpus)
-            self._capacity_blocked.pop((req.tenant, (req.flavor, req.gpus)), None)
-        self._bind(req, node, e.flavor, now)
-        self._epoch += 1
-        if e.mode == "resume":
-            # Parked, it held quota that no one could take; holding devices again, it is a
-            # candidate for preemption: heads that may evict it look again.
-            self._wake_preemptors(req.tenant, e.flavor)
-        if e.mode == "resume" and req.resumed_from is None:
-            out.append(
-                Decision(now, "resume", req.id, {"node": node.name, "devices": list(req.devices)})
-            )
-        else:
-            if req.first_admit is None:
-                req.first_admit = now
-            fields: dict[str, Any] = {
-                "tenant": req.tenant,
-                "flavor": e.flavor,
-                "gpus": req.gpus,
-                "node": node.name,
-                "devices": list(req.devices),
-            }
-            if req.resumed_from is not None:
-                fields["resumed_from"] = req.resumed_from
-            out.append(Decision(now, "admit", req.id, fields))
-        self._touch(req.tenant)
+    def _changed_heads(self) -> list[str]:
+        changed = list(self._dirty)
+        self._dirty.clear()
+        return changed
 
-    def _bind(self, req: Request, node: Node, flavor: str, now: float) -> None:
-        req.devices = node.free_devices(req.gpus)
-        self._cluster.bind(node, req.id, req.devices)
-        self._timers.clear(SCALE_DOWN, node.name)
-        req.node = node.name
-        req.assigned_flavor = flavor
-        req.state = State.ADMITTED
-        req.admit_time = now
-        self._holders.hold(req, flavor)
-        if self._config.policy.lease_ttl > 0:
-            req.lease_expires = now + self._config.policy.lease_ttl
-            self._timers.set(_LEASE, req.id, req.lease_expires)
-        req.idle_since = None if req.busy else now
-        if req.idle_since is not None:
-            self._arm_cull(req)
+    def _nominate_changed(self, tenants: list[str]) -> None:
+        for t in tenants:
+            self._looked_at(t)
+            self._heads.set(t, self._nominate(t))
 
-    # ------------------------------------------------------------------ releases
+    def _first_in_order(self) -> Entry | None:
+        return self._heads.best(self._wins if self._tournament else None)
 
-    def _release_devices(self, req: Request, now: float) -> None:
-        flavor = req.assigned_flavor or ""
-        node = self._cluster.unbind(req.node or "", req.devices, now)
-        self._holders.unhold(req, flavor)
-        if node is not None and not node.holders:
-            self._scaler.arm_scale_down(self._config, node, now)
-        req.node = None
-        req.devices = ()
-        req.idle_since = None
-        for kind in (_CULL, _WARN, _LEASE):
-            self._timers.clear(kind, req.id)
-        req.lease_expires = None
-        self._room_freed_in(flavor)
+    def _still_true(self, e: Entry) -> Entry | None:
+        """The entry, or its fresh nomination if it predates the last admission; None
+        when that changed the head or how it goes in (the cycle looks again)."""
+        if e.epoch == self._epoch:
+            return e
+        e.status = Status.SKIPPED
+        tenant = e.req.tenant
+        self._looked_at(tenant)
+        fresh = self._nominate(tenant)
+        self._heads.set(tenant, fresh)
+        if fresh is None or fresh.req is not e.req or fresh.key != e.key:
+            return None
+        return fresh
 
-    def _release_quota(self, req: Request) -> None:
-        flavor = req.assigned_flavor or ""
-        self._ledger.remove(req.tenant, flavor, req.gpus)
-        if req.state is State.PARKED:
-            self._ledger.parked[(req.tenant, flavor)] -= req.gpus
-            self._queues[req.tenant].resuming.pop(req.id, None)
-            self._resume_blocked.pop(req.id, None)
-            self._timers.clear(_EXPIRE, req.id)
-            req.park_expires = None
-        self._quota_freed_in(req.tenant, flavor)
-
-    def _end(self, rid: str, now: float, event: str, state: State, reason: str) -> list[Decision]:
-        req = self._get(rid)
-        if req.state in TERMINAL:
-            return []
-        out: list[Decision] = []
-        if self._graces:
-            if req.preempted_by is not None:
-                self._victim_left(req)  # ended by itself within its grace
-            if self._graces.waiting(rid):
-                self._withdraw(req, now, out)
-        if req.state is State.QUEUED:
-            self._queues[req.tenant].remove(rid)
-            self._touch(req.tenant)
-        if req.state is State.ADMITTED:
-            self._release_devices(req, now)
-        if req.holds_quota:
-            self._release_quota(req)
-        req.state = state
-        req.reason = reason
-        del self._requests[rid]
-        out.append(Decision(now, event, rid, {"reason": reason} if reason else {}))
-        return out
-
-    def _preempt(self, victim: Request, by: Request, now: float, out: list[Decision]) -> None:
-        if victim.preempted_by is not None:
-            self._victim_left(victim)
-        if victim.state is State.ADMITTED:
-            self._release_devices(victim, now)
-        self._release_quota(victim)
-        victim.preemptions += 1
-        out.append(Decision(now, "preempt", victim.id, {"by": by.id}))
-        if victim.kind == "job":
-            # A preempted job runs again from the start, keeping its place by submit time.
-            self._requeue(victim, now, victim.submit_time, out)
-        else:
-            victim.state = State.PREEMPTED
-            victim.reason = f"preempted by {by.id}"
-            del self._requests[victim.id]
-
-    def _requeue(self, req: Request, now: float, queue_time: float, out: list[Decision]) -> None:
-        req.state = State.QUEUED
-        req.queue_time = queue_time
-        req.assigned_flavor = None
-        req.wants_devices = False
-        self._queues[req.tenant].push(req)
-        self._touch(req.tenant)
-        out.append(Decision(now, "requeue", req.id))
-
-    def _cull(self, req: Request, now: float, out: list[Decision]) -> None:
-        ttl = self._tenant_setting(req.tenant, "reservation_ttl")
-        self._release_devices(req, now)
-        req.culls += 1
-        if ttl > 0:
-            req.state = State.PARKED
-            req.park_expires = now + ttl
-            self._ledger.parked[(req.tenant, req.assigned_flavor or "")] += req.gpus
-            self._timers.set(_EXPIRE, req.id, req.park_expires)
-        else:
-            self._release_quota(req)
-            req.state = State.CULLED
-            if req.preempted_by is not None:
-                self._victim_left(req)
-        out.append(Decision(now, "cull", req.id, {"parked": ttl > 0}))
-
-    def _expire(self, req: Request, now: float, out: list[Decision]) -> None:
-        wanted = req.wants_devices
-        self._release_quota(req)
-        req.state = State.CULLED
-        if req.preempted_by is not None:
-            self._victim_left(req)
-        out.append(Decision(now, "expire", req.id))
-        if wanted:
-            self._requeue(req, now, now, out)
-
-    def _take_over(self, old: Request, req: Request, now: float, out: list[Decision]) -> None:
-        """A new request of the same user and tenant takes over a parked reservation."""
-        q = self._queues[req.tenant]
-        q.resuming.pop(old.id, None)
-        self._resume_blocked.pop(old.id, None)
-        self._timers.clear(_EXPIRE, old.id)
-        req.state = State.PARKED
-        req.assigned_flavor = old.assigned_flavor
-        req.park_expires = old.park_expires
-        req.wants_devices = True
-        req.resumed_from = old.id
-        if req.park_expires is not None:
-            self._timers.set(_EXPIRE, req.id, req.park_expires)
-        if old.preempted_by is not None:
-            self._victim_left(old)
-        old.state = State.FINISHED
-        old.reason = f"reservation claimed by {req.id}"
-        del self._requests[old.id]
-        out.append(Decision(now, "finish", old.id, {"reason": old.reason}))
-        q.resuming[req.id] = req
-        self._touch(req.tenant)
-
-    # ------------------------------------------------------------------ grace (grace.py)
-
-    def _preempt_or_warn(self, e: Entry, now: float, out: list[Decision]) -> bool:
-        """Preempt jobs (and victims without grace) at once, warn the others: True when
-        none was warned, so the preemptor can be admitted now."""
-        by = e.req
-        warned = False
-        for v in e.victims:
-            grace = 0.0 if v.kind == "job" else self._tenant_setting(v.tenant, "preemption_grace")
-            if grace <= 0:
-                self._preempt(v, by, now, out)
-                continue
-            warned = True
-            v.preempt_at, v.preempted_by = now + grace, by.id
-            self._graces.warn(by.id, e.flavor, e.key, v)
-            self._timers.set(EVICT, v.id, v.preempt_at)
-            out.append(Decision(now, "preempt_warning", v.id, {"by": by.id, "at": v.preempt_at}))
-        if warned:
-            self._epoch += 1
-            self._touch(by.tenant)
-        return not warned
-
-    def _victim_left(self, victim: Request) -> None:
-        """A warned victim is going (evicted, ended, culled): its preemptor looks again."""
-        self._timers.clear(EVICT, victim.id)
-        victim.preempt_at = victim.preempted_by = None
-        rc = self._graces.victim_gone(victim.id)
-        if rc is not None:
-            self._wake_reclaim(rc)
-
-    def _withdraw(self, by: Request, now: float, out: list[Decision]) -> None:
-        """The preemptor was cancelled or admitted elsewhere: its victims keep running."""
-        rc = self._graces.reclaims.get(by.id)
-        for v in self._graces.withdraw(by.id):
-            self._timers.clear(EVICT, v.id)
-            v.preempt_at = v.preempted_by = None
-            out.append(Decision(now, "preempt_withdrawn", v.id, {"by": by.id}))
-        if rc is not None:
-            self._wake_reclaim(rc)
-
-    def _wake_reclaim(self, rc: Reclaim) -> None:
-        by = self._requests.get(rc.preemptor)
-        if by is not None and by.state is State.QUEUED:
-            bucket = self._queues[by.tenant].buckets.get((by.flavor, by.gpus))
-            if bucket is not None:
-                bucket.inadmissible = False
-            self._strict_blocked.discard(by.tenant)
-            self._dirty.add(by.tenant)
-        if rc.preemptor not in self._graces.reclaims and by is not None:
-            # Its room is no longer kept: who was held back for it looks again.
-            self._wake(self._ledger.tree(by.tenant))
+    def _requeue_inadmissible(self, now: float, out: list[Decision]) -> None:
+        if not self._config.policy.autoscale:
+            return
+        resuming = {rid: (f, self._requests[rid].gpus) for rid, f in self._resume_blocked.items()}
+        sizes = scale_sizes(
+            self._config, self._capacity_blocked, self._queues, self._ledger, resuming
+        )
+        out += self._scaler.plan(self._config, sizes, now)

@@ -11,13 +11,27 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from .ledger import Ledger
 from .model import Config, Request, Tenant
 from .nodes import Cluster
-from .preemption import preemption_room
+from .preemption import preemption_candidates, preemption_room
 
-_Bound = tuple[int, int, int, int, bool, list[str]]
+
+@dataclass
+class Bound:
+    """What evicting could do for a head of (tenant, flavor, priority), as of the
+    versions of its pool (the ledger's usage and the holders, in its cohort and flavor)."""
+
+    usage_version: int
+    held_version: int
+    removed: dict[str, int]  # GPUs every candidate holds, per owner (the tenant first)
+    held: int  # their sum
+    own: bool  # some candidates are the tenant's own
+    others: list[str]  # the other members whose holders are candidates
+    borrow_ok: bool  # it may stay borrowing once they are gone
+    room: int = -1  # room in quota once they are all gone; -1: not asked yet
 
 
 class Holders:
@@ -27,7 +41,10 @@ class Holders:
         self.holding: dict[tuple[str, str], dict[str, Request]] = defaultdict(dict)
         self.held_by_priority: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
         self.held_version: dict[tuple[str, str], int] = defaultdict(int)
-        self._bounds: dict[tuple[str, str, int], _Bound] = {}
+        self._bounds: dict[tuple[str, str, int], Bound] = {}
+        # Every admitted request, in the order it was bound (the gateway's wait estimates
+        # walk the running grants, not every live request).
+        self.admitted: dict[str, Request] = {}
         self.pool: dict[str, str] = {}  # tenant -> its cohort, or itself without one
         self._tenants: Mapping[str, Tenant] = {}
 
@@ -37,12 +54,14 @@ class Holders:
         self._bounds.clear()
 
     def hold(self, req: Request, flavor: str) -> None:
+        self.admitted[req.id] = req
         self.held_version[(self.pool[req.tenant], flavor)] += 1
         self.holding[(req.tenant, flavor)][req.id] = req
         by_prio = self.held_by_priority[(req.tenant, flavor)]
         by_prio[req.priority] = by_prio.get(req.priority, 0) + req.gpus
 
     def unhold(self, req: Request, flavor: str) -> None:
+        self.admitted.pop(req.id, None)
         if self.holding[(req.tenant, flavor)].pop(req.id, None) is not None:
             self.held_version[(self.pool[req.tenant], flavor)] += 1
             by_prio = self.held_by_priority[(req.tenant, flavor)]
@@ -60,19 +79,37 @@ class Holders:
         Empty when even evicting all of them could not make room: most failing searches
         end on that bound, computed from GPUs held per priority, without a candidate list.
         """
-        most, own, others = self.bound(req.tenant, flavor, req.priority)
-        if req.gpus > most:
+        b = self.bound(req.tenant, flavor, req.priority)
+        if not self.could_make_room(req.tenant, flavor, b, req.gpus):
             return []
         pool: list[Request] = []
-        if own:
+        if b.own:
             held = self.holding[(req.tenant, flavor)].values()
             pool += [v for v in held if v.priority <= req.priority]
-        for name in others:
+        for name in b.others:
             pool += self.holding[(name, flavor)].values()
+        # A request runs on one node: if evicting every candidate leaves no node with
+        # room, no set of them will (the search would find none; most that fail, fail so).
+        freed: dict[str, int] = {}
+        for v in pool:
+            node = v.node or ""
+            freed[node] = freed.get(node, 0) + v.gpus
+        if not self._cluster.has_room(flavor, req.gpus, freed):
+            return []
         return pool
 
-    def bound(self, tenant: str, flavor: str, prio: int) -> tuple[int, bool, list[str]]:
-        """The most GPUs an eviction could make room for, and the candidates' owners.
+    def could_make_room(self, tenant: str, flavor: str, b: Bound, gpus: int) -> bool:
+        """Could evicting every candidate of `b` make room for `gpus`: their devices and
+        the free ones enough, and quota enough once they are gone? The quota question is
+        the costly one: asked only when the devices would do, and then kept in `b`."""
+        if gpus > b.held + self._cluster.free_in(flavor):
+            return False
+        if b.room < 0:
+            b.room = preemption_room(tenant, flavor, self._ledger, b.removed, b.borrow_ok)
+        return gpus <= b.room
+
+    def bound(self, tenant: str, flavor: str, prio: int) -> Bound:
+        """The candidates' GPUs and owners for a head of `tenant` at `prio` on `flavor`.
 
         Kept per (tenant, flavor, priority) until usage or holders change in that cohort
         and flavor: between two changes, wakes and tries of many heads ask the same."""
@@ -80,12 +117,14 @@ class Holders:
         usage_v = self._ledger.pool_version[pool]
         held_v = self.held_version[pool]
         key = (tenant, flavor, prio)
-        cached = self._bounds.get(key)
-        if cached is None or cached[0] != usage_v or cached[1] != held_v:
-            room = preemption_room(
+        b = self._bounds.get(key)
+        if b is None or b.usage_version != usage_v or b.held_version != held_v:
+            removed, own, borrow_ok = preemption_candidates(
                 self._tenants[tenant], self._ledger, self.held_by_priority, flavor, prio
             )
-            cached = (usage_v, held_v, *room)
-            self._bounds[key] = cached
-        # Victims' devices plus the free ones, and no more than quota allows.
-        return min(cached[2] + self._cluster.free_in(flavor), cached[3]), cached[4], cached[5]
+            others = [name for name in removed if name != tenant]
+            b = Bound(usage_v, held_v, removed, sum(removed.values()), own, others, borrow_ok)
+            if not b.held:
+                b.room = 0  # nobody to evict
+            self._bounds[key] = b
+        return b

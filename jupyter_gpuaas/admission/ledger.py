@@ -19,7 +19,7 @@ cohorts, sum over members of max(0, usage - guaranteed) <= sum of lendable, as b
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from .model import Config, Tenant
 
@@ -98,6 +98,13 @@ class Ledger:
         for (tenant, flavor), used in list(self.usage.items()):
             if used and tenant in self._cohort:
                 self._propagate(tenant, flavor, 0, used)
+        # Per (root cohort, flavor): the members above their nominal quota, the only ones
+        # a preemptor may reclaim from (a preemption bound asks it for every sleeping head).
+        self._borrowers: dict[tuple[str, str], dict[str, None]] = defaultdict(dict)
+        for (tenant, flavor), used in list(self.usage.items()):
+            tree_path = self._path.get(tenant, ())
+            if tree_path and used > self._nominal.get((tenant, flavor), 0):
+                self._borrowers[(tree_path[-1], flavor)][tenant] = None
 
     # --- changes -------------------------------------------------------------------
 
@@ -114,7 +121,14 @@ class Ledger:
         path = self._path[tenant]
         if path:
             self._propagate(tenant, flavor, before, before + delta)
-            self.pool_version[(path[-1], flavor)] += 1
+            pool = (path[-1], flavor)
+            self.pool_version[pool] += 1
+            nominal = self._nominal.get(key, 0)
+            if (before > nominal) != (before + delta > nominal):
+                if before + delta > nominal:
+                    self._borrowers[pool][tenant] = None
+                else:
+                    del self._borrowers[pool][tenant]
         else:
             self.pool_version[key] += 1
 
@@ -155,6 +169,11 @@ class Ledger:
         """The tenants sharing quota with `tenant` (itself included): its whole tree."""
         path = self._path[tenant]
         return self.members[path[-1]] if path else (tenant,)
+
+    def borrowers(self, tenant: str, flavor: str) -> Iterable[str]:
+        """The members of the tenant's tree above their nominal quota of `flavor`."""
+        path = self._path[tenant]
+        return self._borrowers[(path[-1], flavor)] if path else ()
 
     def path(self, tenant: str) -> tuple[str, ...]:
         """The tenant's cohorts, from its own up to the root (empty without a cohort)."""

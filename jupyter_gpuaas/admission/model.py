@@ -124,6 +124,10 @@ class Policy:
     # Seconds a `server`/`kernel` victim keeps its devices after `preempt_warning`
     # (0 = preempted at once, as jobs always are).
     preemption_grace: float = 0.0
+    # A submission of the same user, tenant, kind and size as a parked reservation takes
+    # that reservation over (the gateway: a user coming back within the reservation TTL).
+    # Off in the simulator, whose scenarios replay every request as its own.
+    take_over_parked: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
-"""Nomination: for each tenant whose situation changed, how its best head would be
-admitted right now (Kueue's nominate step: which flavor, does it fit, whom would it
-preempt), and the order in which the nominated heads go.
+"""Step 3 of the cycle, nomination: for each tenant whose situation changed, how its best
+head would be admitted right now (Kueue's nominate step: which flavor, does it fit, whom
+would it preempt), and the key that orders the nominated heads (step 4).
+
+A head that can neither fit nor preempt is not nominated: its bucket is marked
+inadmissible, and `waiting_for` says why (reasons.py) from what nomination left behind.
 
 A base of :class:`~jupyter_gpuaas.admission.core.AdmissionCore`, which owns the state;
 the flavor and victim choice is preemption.py's, the tree tournament fairshare.py's.
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from .fairshare import tournament
@@ -21,17 +25,35 @@ from .reasons import waiting_reason
 from .waking import Waking
 
 
+class Mode(Enum):
+    """How a nominated head would go in (Kueue's assignment mode)."""
+
+    FIT = "fit"  # quota and a node have room now
+    PREEMPT = "preempt"  # room once its victims are gone
+    RESUME = "resume"  # a parked reservation, busy again, back onto devices
+
+
+class Status(Enum):
+    """Where a nominated entry stands in the cycle (Kueue's entry status)."""
+
+    NOMINATED = "nominated"  # found a way in; not acted on yet
+    SKIPPED = "skipped"  # nominated before the last admission: looked at again
+    WAITING = "waiting"  # warned its victims; waits out their grace
+    ASSUMED = "assumed"  # admitted (Kueue: assumed in the cache)
+
+
 @dataclass
 class Entry:
     """A nominated head: how its tenant's best candidate would be admitted right now."""
 
     req: Request
-    mode: str  # "fit" | "preempt" | "resume"
+    mode: Mode
     flavor: str
     borrowing: bool
     victims: list[Request] = field(default_factory=list)
     key: tuple[Any, ...] = ()
     epoch: int = 0  # the core's epoch when nominated: unchanged means still true
+    status: Status = Status.NOMINATED
 
 
 class Nominating(Waking):
@@ -66,7 +88,7 @@ class Nominating(Waking):
             if self._cluster.widest_gap(flavor) >= req.gpus:
                 self._resume_blocked.pop(req.id, None)
                 key = (0, order_key(req))
-                return Entry(req, "resume", flavor, False, key=key, epoch=self._epoch)
+                return Entry(req, Mode.RESUME, flavor, False, key=key, epoch=self._epoch)
             self._resume_blocked[req.id] = flavor
             self._cap_waiters[flavor].add((tenant, None))
             if spec.queueing == "StrictFIFO":
@@ -124,10 +146,10 @@ class Nominating(Waking):
             ):
                 continue
             if not ledger.borrows(tenant, f, req.gpus):
-                return self._entry(req, "fit", f, False)
+                return self._entry(req, Mode.FIT, f, False)
             borrowing_choice = borrowing_choice or f
         if borrowing_choice is not None:
-            return self._entry(req, "fit", borrowing_choice, True)
+            return self._entry(req, Mode.FIT, borrowing_choice, True)
         if not self._preempts[tenant] or self._graces.waiting(req.id):
             flavors = ()  # a waiting preemptor picks no second victim set
         if flavors:
@@ -143,7 +165,7 @@ class Nominating(Waking):
                 f, victims = chosen
                 own = sum(v.gpus for v in victims if v.tenant == req.tenant)
                 borrowing = ledger.borrows(req.tenant, f, req.gpus, own)
-                return self._entry(req, "preempt", f, borrowing, victims)
+                return self._entry(req, Mode.PREEMPT, f, borrowing, victims)
         key = (req.tenant, bkey if bkey is not None else (req.flavor, req.gpus))
         if capacity_flavors:
             self._capacity_blocked[key] = capacity_flavors[0]
@@ -188,7 +210,7 @@ class Nominating(Waking):
     def _entry(
         self,
         req: Request,
-        mode: str,
+        mode: Mode,
         flavor: str,
         borrowing: bool,
         victims: list[Request] | None = None,
@@ -207,4 +229,4 @@ class Nominating(Waking):
     def _order(self, req: Request, flavor: str) -> tuple[Any, ...]:
         """The admission-order key `req` would have if it fit `flavor` now."""
         borrowing = self._ledger.borrows(req.tenant, flavor, req.gpus)
-        return self._entry(req, "fit", flavor, borrowing).key
+        return self._entry(req, Mode.FIT, flavor, borrowing).key

@@ -232,16 +232,19 @@ def choose_flavor(
     return by_priority
 
 
-def preemption_room(
+def preemption_candidates(
     spec: Tenant,
     ledger: Ledger,
     held_by_priority: Mapping[tuple[str, str], Mapping[int, int]],
     flavor: str,
     prio: int,
-) -> tuple[int, int, bool, list[str]]:
+) -> tuple[dict[str, int], bool, bool]:
     """For a head of `spec`'s tenant at priority `prio` on `flavor`: GPUs held by every
-    candidate, room in quota once they are gone, whether any candidate is the tenant's
-    own, and which members' are candidates (the core caches it per pool version)."""
+    candidate per owner (the tenant itself first, with 0 when none of its own is one),
+    whether any candidate is the tenant's own, and whether the tenant may stay borrowing
+    once they are gone (Kueue's attempt with borrowing). The holders cache it per pool
+    version; the room it leaves in quota is `preemption_room`, asked only when the GPUs
+    held could be enough."""
     tenant = spec.name
     p = spec.preemption
     own_gpus = 0
@@ -250,23 +253,23 @@ def preemption_room(
         for q, held in held_by_priority.get((tenant, flavor), {}).items():
             if q < prio or (q == prio and equal_too):
                 own_gpus += held
-    others: list[str] = []
     removed: dict[str, int] = {tenant: own_gpus}
     if spec.cohort and (p.reclaim_within_cohort != "Never" or p.borrow_within_cohort != "Never"):
         anyone = p.reclaim_within_cohort == "Any"
-        usage = ledger.usage
-        for name in ledger.tree(tenant):
-            if name == tenant or usage[(name, flavor)] <= ledger.nominal(name, flavor):
-                continue  # not borrowing: none of its requests can be reclaimed
+        for name in ledger.borrowers(tenant, flavor):
+            if name == tenant:
+                continue  # only members above nominal: others' requests cannot be reclaimed
             by_prio = held_by_priority.get((name, flavor), {})
             held = sum(g for q, g in by_prio.items() if anyone or q < prio)
             if held:
                 # All of it, not just what it borrowed: the last victim may overshoot.
-                others.append(name)
                 removed[name] = held
-    if not own_gpus and not others:
-        return 0, 0, False, others
-    # Evicting its own, a tenant may stay borrowing (Kueue's attempt with borrowing).
     borrow_ok = p.borrow_within_cohort != "Never" or own_gpus > 0 or len(ledger.path(tenant)) > 1
-    room = ledger.room(tenant, flavor, removed, borrow_ok)
-    return sum(removed.values()), room, own_gpus > 0, others
+    return removed, own_gpus > 0, borrow_ok
+
+
+def preemption_room(
+    tenant: str, flavor: str, ledger: Ledger, removed: Mapping[str, int], borrow_ok: bool
+) -> int:
+    """Room in the tenant's quota of `flavor` once every candidate (`removed`) is gone."""
+    return ledger.room(tenant, flavor, removed, borrow_ok)

@@ -6,20 +6,19 @@ A base of :class:`~jupyter_gpuaas.admission.core.AdmissionCore`, which owns the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from . import views
 from .autoscale import Autoscaler
 from .grace import Graces
+from .holders import Holders
 from .ledger import Ledger
 from .model import Config, Request, State
 from .nodes import Cluster
+from .positions import Positions
 from .queues import TenantQueue
-from .timers import Timers
+from .timers import CULL, WARN, Timers
 from .views import NodeState, Position, TenantUsage
-
-# Timer kinds of the idle policy (the core acts on them).
-_CULL, _WARN = "cull", "cull_warning"
 
 
 class Queries:
@@ -32,6 +31,8 @@ class Queries:
     _queues: dict[str, TenantQueue]
     _width: dict[str, int]
     _graces: Graces
+    _holders: Holders
+    _positions: Positions | None  # built at the first position asked for
 
     # ------------------------------------------------------------------ rejections
 
@@ -93,10 +94,10 @@ class Queries:
         if timeout <= 0:
             return
         cull_at = req.idle_since + timeout
-        self._timers.set(_CULL, req.id, cull_at)
+        self._timers.set(CULL, req.id, cull_at)
         lead = self._config.policy.cull_warning
         if 0 < lead < timeout:
-            self._timers.set(_WARN, req.id, cull_at - lead)
+            self._timers.set(WARN, req.id, cull_at - lead)
 
     # ------------------------------------------------------------------ queries
 
@@ -113,11 +114,19 @@ class Queries:
         return iter(self._requests.values())
 
     def position(self, rid: str) -> Position | None:
-        """1-based place of a queued request in its tenant's queue and among all queued."""
+        """1-based place of a queued request in its tenant's queue and among all queued
+        (by bisection: positions.py; `views.position` is the same answer by a scan)."""
         req = self._requests.get(rid)
         if req is None or req.state is not State.QUEUED:
             return None
-        return views.position(self._queues, req)
+        if self._positions is None:  # the first question: from now on kept in step
+            queued = (r for q in self._queues.values() for r in q.requests())
+            self._positions = Positions(queued)
+        return self._positions.position(rid)
+
+    def admitted(self) -> Iterable[Request]:
+        """The admitted requests (the running grants), in the order they were bound."""
+        return self._holders.admitted.values()
 
     def tenant_usage(self) -> list[TenantUsage]:
         return views.tenant_usage(self._config, self._queues, self._ledger)
@@ -135,19 +144,6 @@ class Queries:
     def provisioning(self) -> dict[str, dict[str, float]]:
         """Nodes on their way, by flavor: name -> time they will be ready."""
         return {f: dict(p) for f, p in self._scaler.provisioning.items() if p}
-
-    def _find_parked(self, req: Request) -> Request | None:
-        for other in self._requests.values():
-            if (
-                other.state is State.PARKED
-                and other.user == req.user
-                and other.tenant == req.tenant
-                and other.kind == req.kind
-                and other.gpus == req.gpus
-                and req.flavor in (None, other.assigned_flavor)
-            ):
-                return other
-        return None
 
     def reclaiming(self, rid: str) -> list[Request]:
         """The warned victims a queued preemptor waits for (empty if none)."""

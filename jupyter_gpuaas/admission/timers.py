@@ -45,3 +45,8 @@ class Timers:
         t, _, key = heapq.heappop(self._heap)
         del self._due[key]
         return t, key[0], key[1]
+
+
+# Timer kinds of the idle policy and the leases (the autoscaler has READY and SCALE_DOWN,
+# grace.py EVICT).
+CULL, WARN, EXPIRE, LEASE = "cull", "cull_warning", "expire", "lease"

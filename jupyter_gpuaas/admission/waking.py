@@ -1,19 +1,25 @@
-"""Who to wake: the heads that look again when quota or devices free up.
+"""Waking and requeueing: who looks again when quota or devices free up, and how a
+request goes (back) into its tenant's queue.
 
 A head that can neither fit nor preempt marks its bucket inadmissible, so an idle queue
 costs nothing; these methods clear the marks of exactly the heads that something they
 wait for has changed for: devices of a flavor (capacity waiters), quota of a flavor in
-their tree, or a holder that became a preemption candidate again. A base of
-:class:`~jupyter_gpuaas.admission.core.AdmissionCore`, which owns the state.
+their tree, or a holder that became a preemption candidate again (Kueue's requeue
+step: inadmissible heads wait until an event can change their answer).
+
+Requeueing: every entry into a tenant's queue and every exit goes through `_enqueue` and
+`_dequeue`, which keep the positions index (positions.py) in step once a driver asked for
+a position. A base of :class:`~jupyter_gpuaas.admission.core.AdmissionCore`, which owns
+the state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .holders import Holders
+from .holders import Bound, Holders
 from .ledger import Ledger
-from .model import Config
+from .model import Config, Decision, Request, State
 from .nodes import Cluster
 from .queries import Queries
 from .queues import Bucket, BucketKey, TenantQueue
@@ -32,6 +38,34 @@ class Waking(Queries):
     # Per root cohort, its tenants that may have a sleeping head (a superset): the ones
     # looked at since they were last seen with none. A release wakes these, not the tree.
     _sleepers: dict[str, set[str]]
+
+    # ------------------------------------------------------------------ requeueing
+
+    def _enqueue(self, req: Request) -> Bucket:
+        """Into its tenant's queue (submitted, restored or requeued), QUEUED already."""
+        bucket = self._queues[req.tenant].push(req)
+        if self._positions is not None:
+            self._positions.add(req)
+        self._touch(req.tenant)
+        return bucket
+
+    def _dequeue(self, req: Request) -> None:
+        """Out of its tenant's queue (admitted, or ended while queued)."""
+        self._queues[req.tenant].remove(req.id)
+        if self._positions is not None:
+            self._positions.discard(req.id)
+
+    def _requeue(self, req: Request, now: float, queue_time: float, out: list[Decision]) -> None:
+        """Queued again: a preempted job (by its submit time), a culled request busy again
+        or one whose reservation expired while it wanted devices (by now)."""
+        req.state = State.QUEUED
+        req.queue_time = queue_time
+        req.assigned_flavor = None
+        req.wants_devices = False
+        self._enqueue(req)
+        out.append(Decision(now, "requeue", req.id))
+
+    # ------------------------------------------------------------------ waking
 
     def _looked_at(self, tenant: str) -> None:
         """About to nominate the tenant's heads, which may mark some inadmissible."""
@@ -92,7 +126,7 @@ class Waking(Queries):
             may_preempt = self._preempts[name]
             woken = name in self._strict_blocked
             room = -1  # asked of the ledger at the first sleeping head (most have none)
-            most: dict[int, int] = {}
+            most: dict[int, Bound] = {}
             for bucket in q.buckets.values():
                 pin, gpus = bucket.key
                 if not bucket.inadmissible or pin not in (None, flavor):
@@ -117,7 +151,7 @@ class Waking(Queries):
     def _wake_preemptors(self, tenant: str, flavor: str) -> None:
         for name in self._ledger.tree(tenant):
             q = self._queues[name]
-            most: dict[int, int] = {}
+            most: dict[int, Bound] = {}
             for bucket in q.buckets.values():
                 if (
                     bucket.inadmissible
@@ -128,14 +162,14 @@ class Waking(Queries):
                     self._dirty.add(name)
 
     def _could_preempt(
-        self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, int]
+        self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, Bound]
     ) -> bool:
         """Could the bucket's head make room by preemption? `most` remembers the bound per
         priority for the caller's loop over one tenant's buckets (nothing changes in it)."""
         head = q.head(bucket)
         if head is None:
             return False
-        bound = most.get(head.priority)
-        if bound is None:
-            bound = most[head.priority] = self._holders.bound(tenant, flavor, head.priority)[0]
-        return head.gpus <= bound
+        b = most.get(head.priority)
+        if b is None:
+            b = most[head.priority] = self._holders.bound(tenant, flavor, head.priority)
+        return self._holders.could_make_room(tenant, flavor, b, head.gpus)

@@ -40,7 +40,6 @@ from .events import Event, EventBus
 from .leader import NotLeader
 from .loops import Conflict, Loops, _Op, _Staged
 from .metrics import GatewayMetrics
-from .positions import QueueIndex
 from .scalers import Scaler
 from .store import (
     Batch,
@@ -116,8 +115,6 @@ class Arbiter(Loops, Views):
         self._staging: list[_Staged] | None = None
         self._cycle_scheduled = False
         self._json_cache: dict[str, dict[str, Any]] = {}
-        # Positions and running grants, in step with the committed batches.
-        self.index = QueueIndex()
         check_names(parse_config(self.quotas))  # SpecError: the file breaks the name rule
         self.overrides = store.tenant_overrides()
         for name in self.overrides:
@@ -156,7 +153,10 @@ class Arbiter(Loops, Views):
             name: dataclasses.replace(a, provision=provision)
             for name, a in config.policy.autoscale.items()
         }
-        policy = dataclasses.replace(config.policy, lease_ttl=self.lease_ttl, autoscale=autoscale)
+        # A user coming back within the reservation TTL takes over their parked quota.
+        policy = dataclasses.replace(
+            config.policy, lease_ttl=self.lease_ttl, autoscale=autoscale, take_over_parked=True
+        )
         return dataclasses.replace(config, flavors=flavors, policy=policy)  # keeps cohorts
 
     def autoscale(self, flavor: str) -> Autoscale | None:
@@ -209,8 +209,6 @@ class Arbiter(Loops, Views):
             self.requests[req.id] = req
             # A grant whose node or devices are gone comes back as a `finish` decision.
             decisions += self.core.restore(req, now)
-        for req in self.requests.values():
-            self.index.sync(req)
         for flavor, seconds in self.store.ended_hold_times():
             self.hold_times.setdefault(flavor, []).append(seconds)
         return decisions
@@ -357,12 +355,9 @@ class Arbiter(Loops, Views):
         check_snapshot(snapshot(Batch([(req, extra)], []), now))
         self.requests[req.id] = req
         self.meta[req.id] = {"name": name, "created": now, "updated": now}
-        # A user coming back within the reservation TTL takes over their parked quota
-        # (the core looks for it by scanning every live request: only when there is one).
-        claim = self.index.has_parked(user)
-        decisions = list(self.core.submit(req, now, claim_parked=claim))
+        decisions = list(self.core.submit(req, now))
         if req.state is not State.REJECTED:
-            decisions += self.core.schedule(now)
+            decisions += self.core.step(now)
         self.commit(decisions, now, extra=[req])
         return req, self._json_of(req)
 
@@ -376,7 +371,7 @@ class Arbiter(Loops, Views):
             decisions = self.core.finish(rid, now, reason=f"released by {who}")
         else:
             decisions = self.core.cancel(rid, now)
-        decisions += self.core.schedule(now)
+        decisions += self.core.step(now)
         self.commit(decisions, now, extra=[req])
         return req, self._json_of(req)
 
@@ -393,7 +388,7 @@ class Arbiter(Loops, Views):
         if req.state is not State.ADMITTED:
             raise Conflict(f"request {rid} is {req.state.value}, not admitted")
         decisions = self.core.heartbeat(rid, now, busy=busy)
-        decisions += self.core.schedule(now)
+        decisions += self.core.step(now)
         self.meta[rid]["utilization"] = utilization
         # The renewed lease is written even without decisions: after a restart the
         # holder must not lose a grant it kept renewing.
@@ -415,7 +410,7 @@ class Arbiter(Loops, Views):
             raise Conflict(str(e)) from None
         self.config = config
         self.overrides = overrides
-        self.commit(decisions + self.core.schedule(now), now, tenants=[(name, spec)])
+        self.commit(decisions + self.core.step(now), now, tenants=[(name, spec)])
         return config
 
     def owner_of(self, rid: str) -> str | None:
@@ -456,8 +451,6 @@ class Arbiter(Loops, Views):
         if not touched and not decisions and not tenants:
             return
         self._json_cache = {}
-        for req in touched.values():
-            self.index.sync(req)
         nodes_added: list[tuple[str, str, int]] = []
         nodes_removed: list[str] = []
         if self.scaler.manages_provisioning:

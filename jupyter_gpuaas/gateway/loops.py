@@ -38,7 +38,6 @@ from jupyter_gpuaas.admission.core import AdmissionCore
 
 from .events import Event
 from .leader import NotLeader
-from .positions import QueueIndex
 from .store import (
     CommitUnknown,
     RowError,
@@ -295,7 +294,6 @@ class Loops:
         """Forget everything the core decided: what is left is what the store says."""
         self.requests = {}
         self.meta = {}
-        self.index = QueueIndex()
         self.hold_times = {}
         self._json_cache = {}
         self._last_desired = {}

@@ -208,12 +208,12 @@ class LandingHandler(PageHandler):
                 continue
             visible.append(req)
 
-        # A page, not a dump: the first MAX_ROWS in line (cheap positions from the index),
+        # A page, not a dump: the first MAX_ROWS in line (cheap positions from the core),
         # then the holders; what is left over is counted and is in api/requests.
         def order(req: Any) -> tuple[int, int, str]:
             if req.state is not State.QUEUED:
                 return (1, 0, req.id)
-            pos = arb.index.position(req)
+            pos = arb.core.position(req.id)
             return (0, pos.overall_position if pos else 1 << 30, req.id)
 
         visible.sort(key=order)

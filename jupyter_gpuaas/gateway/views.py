@@ -1,7 +1,7 @@
 """The API's and the metrics' views of the core: what a request, the devices and the
 tenants look like to a client, and the gauges' snapshot (`Arbiter` mixes this in).
 
-Views only read: the core, the queue index and the inventory as of the last committed
+Views only read: the core (positions included) and the inventory as of the last committed
 cycle (the core never holds a decision the store has not committed), or a stored row.
 """
 
@@ -73,9 +73,7 @@ class Views:
             out["parked"] = {"flavor": req.assigned_flavor, "expires": req.park_expires}
         out.update(self._preemption_of(req))
         if state == State.QUEUED.value and live is not None:
-            # One source: the index (by bisection; the core's `position` scans every queue).
-            # tests/gateway/test_positions.py checks that both agree under random load.
-            pos = self.index.position(live)
+            pos = self.core.position(live.id)  # by bisection (admission/positions.py)
             if pos is not None:
                 out["position"] = {
                     "tenant": pos.tenant_position,
@@ -125,7 +123,7 @@ class Views:
             position,
             now=time.time(),
             flavors=flavors,
-            holders=self.index.admitted.values(),
+            holders=self.core.admitted(),
             nodes=self.core.nodes(),
             hold_times=self.hold_times,
             idle_timeout=self._idle_timeout,

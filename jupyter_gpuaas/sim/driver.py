@@ -2,9 +2,11 @@
 
 It plays the parts the real world plays for the gateway: users submit and cancel, holders
 finish after their duration and are busy or idle by their `busy` intervals (measured from
-the request's first admission). At each instant, releases (finish, cancel, idle) and the
-core's own deadlines go first, then arrivals, then one admission pass — so nothing waits
-for a later tick.
+the request's first admission). At each instant the driver hands the core that instant's
+batch of events (holders finishing or going idle, arrivals, cancels) and then calls
+`step(now)` once, as the gateway does after each operation: the core acts on its own
+deadlines (culls, expiries, evictions, nodes) and runs one admission cycle, releases
+before admissions, so nothing waits for a later tick.
 """
 
 from __future__ import annotations
@@ -125,7 +127,6 @@ def run_scenario(scenario: Scenario, until: float | None = None) -> SimRun:
                     decisions += core.finish(rid, now)
             else:
                 decisions += core.activity(rid, what == _BUSY, now)
-        decisions += core.advance(now)
         while users[u][0] == now and users[u][1] == _ARRIVE:
             spec = lives[users[u][3]].spec
             u += 1
@@ -147,6 +148,6 @@ def run_scenario(scenario: Scenario, until: float | None = None) -> SimRun:
                 decisions += core.cancel(rid, now)
         if decisions:
             follow(decisions, now)
-        follow(core.schedule(now), now)
+        follow(core.step(now), now)
     end = limit if stop is not None else now
     return SimRun(out, end, core)

@@ -1,0 +1,153 @@
+"""Releases: what a request gives back when it ends, is culled, expires or is taken
+over, and what a warned victim leaving means for its preemptor.
+
+Every release says what it freed (`_room_freed_in` for devices, `_quota_freed_in` for
+quota: waking.py), so exactly the heads that wait for it look again. A base of
+:class:`~jupyter_gpuaas.admission.core.AdmissionCore`, which owns the state.
+"""
+
+from __future__ import annotations
+
+from .autoscale import Autoscaler
+from .grace import EVICT, Reclaim
+from .model import TERMINAL, Decision, Request, State
+from .nominate import Nominating
+from .positions import Parked
+from .timers import CULL, EXPIRE, LEASE, WARN
+
+
+class Releasing(Nominating):
+    _scaler: Autoscaler
+    _parked: Parked
+
+    def _release_devices(self, req: Request, now: float) -> None:
+        flavor = req.assigned_flavor or ""
+        node = self._cluster.unbind(req.node or "", req.devices, now)
+        self._holders.unhold(req, flavor)
+        if node is not None and not node.holders:
+            self._scaler.arm_scale_down(self._config, node, now)
+        req.node = None
+        req.devices = ()
+        req.idle_since = None
+        for kind in (CULL, WARN, LEASE):
+            self._timers.clear(kind, req.id)
+        req.lease_expires = None
+        self._room_freed_in(flavor)
+
+    def _release_quota(self, req: Request) -> None:
+        flavor = req.assigned_flavor or ""
+        self._ledger.remove(req.tenant, flavor, req.gpus)
+        if req.state is State.PARKED:
+            self._ledger.parked[(req.tenant, flavor)] -= req.gpus
+            self._parked.discard(req)
+            self._queues[req.tenant].resuming.pop(req.id, None)
+            self._resume_blocked.pop(req.id, None)
+            self._timers.clear(EXPIRE, req.id)
+            req.park_expires = None
+        self._quota_freed_in(req.tenant, flavor)
+
+    def _end(self, rid: str, now: float, event: str, state: State, reason: str) -> list[Decision]:
+        req = self._get(rid)
+        if req.state in TERMINAL:
+            return []
+        out: list[Decision] = []
+        if self._graces:
+            if req.preempted_by is not None:
+                self._victim_left(req)  # ended by itself within its grace
+            if self._graces.waiting(rid):
+                self._withdraw(req, now, out)
+        if req.state is State.QUEUED:
+            self._dequeue(req)
+            self._touch(req.tenant)
+        if req.state is State.ADMITTED:
+            self._release_devices(req, now)
+        if req.holds_quota:
+            self._release_quota(req)
+        req.state = state
+        req.reason = reason
+        del self._requests[rid]
+        out.append(Decision(now, event, rid, {"reason": reason} if reason else {}))
+        return out
+
+    def _cull(self, req: Request, now: float, out: list[Decision]) -> None:
+        ttl = self._tenant_setting(req.tenant, "reservation_ttl")
+        self._release_devices(req, now)
+        req.culls += 1
+        if ttl > 0:
+            req.state = State.PARKED
+            req.park_expires = now + ttl
+            self._ledger.parked[(req.tenant, req.assigned_flavor or "")] += req.gpus
+            self._parked.add(req)
+            self._timers.set(EXPIRE, req.id, req.park_expires)
+        else:
+            self._release_quota(req)
+            req.state = State.CULLED
+            if req.preempted_by is not None:
+                self._victim_left(req)
+        out.append(Decision(now, "cull", req.id, {"parked": ttl > 0}))
+
+    def _expire(self, req: Request, now: float, out: list[Decision]) -> None:
+        wanted = req.wants_devices
+        self._release_quota(req)
+        req.state = State.CULLED
+        if req.preempted_by is not None:
+            self._victim_left(req)
+        out.append(Decision(now, "expire", req.id))
+        if wanted:
+            self._requeue(req, now, now, out)
+
+    def _take_over(self, old: Request, req: Request, now: float, out: list[Decision]) -> None:
+        """A new request of the same user and tenant takes over a parked reservation."""
+        q = self._queues[req.tenant]
+        q.resuming.pop(old.id, None)
+        self._resume_blocked.pop(old.id, None)
+        self._parked.discard(old)
+        self._timers.clear(EXPIRE, old.id)
+        req.state = State.PARKED
+        req.assigned_flavor = old.assigned_flavor
+        req.park_expires = old.park_expires
+        req.wants_devices = True
+        req.resumed_from = old.id
+        self._parked.add(req)
+        if req.park_expires is not None:
+            self._timers.set(EXPIRE, req.id, req.park_expires)
+        if old.preempted_by is not None:
+            self._victim_left(old)
+        old.state = State.FINISHED
+        old.reason = f"reservation claimed by {req.id}"
+        del self._requests[old.id]
+        out.append(Decision(now, "finish", old.id, {"reason": old.reason}))
+        q.resuming[req.id] = req
+        self._touch(req.tenant)
+
+    # ------------------------------------------------------------------ warned victims
+
+    def _victim_left(self, victim: Request) -> None:
+        """A warned victim is going (evicted, ended, culled): its preemptor looks again."""
+        self._timers.clear(EVICT, victim.id)
+        victim.preempt_at = victim.preempted_by = None
+        rc = self._graces.victim_gone(victim.id)
+        if rc is not None:
+            self._wake_reclaim(rc)
+
+    def _withdraw(self, by: Request, now: float, out: list[Decision]) -> None:
+        """The preemptor was cancelled or admitted elsewhere: its victims keep running."""
+        rc = self._graces.reclaims.get(by.id)
+        for v in self._graces.withdraw(by.id):
+            self._timers.clear(EVICT, v.id)
+            v.preempt_at = v.preempted_by = None
+            out.append(Decision(now, "preempt_withdrawn", v.id, {"by": by.id}))
+        if rc is not None:
+            self._wake_reclaim(rc)
+
+    def _wake_reclaim(self, rc: Reclaim) -> None:
+        by = self._requests.get(rc.preemptor)
+        if by is not None and by.state is State.QUEUED:
+            bucket = self._queues[by.tenant].buckets.get((by.flavor, by.gpus))
+            if bucket is not None:
+                bucket.inadmissible = False
+            self._strict_blocked.discard(by.tenant)
+            self._dirty.add(by.tenant)
+        if rc.preemptor not in self._graces.reclaims and by is not None:
+            # Its room is no longer kept: who was held back for it looks again.
+            self._wake(self._ledger.tree(by.tenant))
