@@ -145,6 +145,38 @@ def prioritize(nice: int) -> Any:
     return undo
 
 
+HISTORY_COLUMNS = [
+    "id",
+    "tenant",
+    "user",
+    "kind",
+    "gpus",
+    "flavor",
+    "priority",
+    "name",
+    "busy",
+    "state",
+    "submit_time",
+    "queue_time",
+    "seq",
+    "assigned_flavor",
+    "node",
+    "devices",
+    "first_admit",
+    "admit_time",
+    "idle_since",
+    "park_expires",
+    "lease_expires",
+    "wants_devices",
+    "preemptions",
+    "culls",
+    "utilization",
+    "reason",
+    "created",
+    "updated",
+]
+
+
 def prefill(db: Path, n: int, seed: int) -> None:
     """N ended requests over the last 20 days (the schema made by the gateway's store)."""
     from jupyter_gpuaas.gateway.store import Store
@@ -194,7 +226,11 @@ def prefill(db: Path, n: int, seed: int) -> None:
         decisions.append((t + 60, state if state != "finished" else "finish", rid, "{}"))
     con = sqlite3.connect(db)
     try:
-        con.executemany(f"INSERT INTO requests VALUES ({','.join('?' * 28)})", rows)
+        # Name the columns: later migrations add nullable ones (0003: preempt_at,
+        # preempted_by) that an ended row of this history leaves empty.
+        cols = ",".join(HISTORY_COLUMNS)
+        marks = ",".join("?" * len(HISTORY_COLUMNS))
+        con.executemany(f"INSERT INTO requests ({cols}) VALUES ({marks})", rows)
         con.executemany(
             "INSERT INTO decisions (t, event, request_id, fields) VALUES (?, ?, ?, ?)", decisions
         )

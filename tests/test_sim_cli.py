@@ -13,7 +13,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import time
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -337,7 +336,9 @@ def test_cli_csv_unknown_column_and_missing_file(tmp_path: Path) -> None:
     assert_one_line_error(simulate(path), "requests_file", "cannot read 'trace.csv'")
 
 
-def test_csv_is_fast_for_100k_rows(tmp_path: Path) -> None:
+def test_csv_loads_100k_rows(tmp_path: Path) -> None:
+    # How long this takes is measured in benchmarks/, not asserted here (a timed test fails
+    # on a loaded machine and proves nothing on a quiet one).
     rows = "".join(
         f'r{i},vision,u{i % 50},kernel,{1 + i % 4},,,{i * 3},600,"[[0,60],[120,300]]",\n'
         if i % 3 == 0
@@ -345,11 +346,18 @@ def test_csv_is_fast_for_100k_rows(tmp_path: Path) -> None:
         for i in range(100_000)
     )
     path = _csv_scenario(tmp_path, rows)
-    started = time.perf_counter()
     scenario = load_scenario(path)
-    elapsed = time.perf_counter() - started
     assert len(scenario.requests) == 100_000
-    assert elapsed < 5.0, f"parsing 100k rows took {elapsed:.1f}s"
+    first, second, last = scenario.requests[0], scenario.requests[1], scenario.requests[-1]
+    assert (first.id, first.tenant, first.kind, first.gpus, first.submit) == (
+        "r0",
+        "vision",
+        "kernel",
+        1,
+        0,
+    )
+    assert (second.tenant, second.kind, second.flavor, second.priority) == ("nlp", "job", "a100", 1)
+    assert (last.id, last.submit) == ("r99999", 99_999 * 3)
 
 
 # --- parsing details --------------------------------------------------------------------------
@@ -583,7 +591,8 @@ def test_zero_capacity_means_zero_utilization() -> None:
 
 
 @pytest.mark.slow
-def test_report_is_fast_for_a_large_run() -> None:
+def test_report_of_a_large_run_counts_every_decision() -> None:
+    # Its speed is measured in benchmarks/ (month_trace.py), not asserted here.
     n = 100_000
     requests = [
         _req(f"r{i}", submit=float(i), busy=((0.0, 60.0), (120.0, 300.0))) for i in range(n)
@@ -604,13 +613,12 @@ def test_report_is_fast_for_a_large_run() -> None:
             Decision(float(i + 1300), "cull", rid, {"parked": False}),
             Decision(float(i + 1400), "finish", rid),
         ]
-    started = time.perf_counter()
     result = build_result(scenario, decisions, end=float(n + 2000), wall_seconds=0.0)
     table = format_table(result)
-    elapsed = time.perf_counter() - started
     assert result["decisions"] == 10 * n
-    assert "utilization" in table
-    assert elapsed < 10.0, f"report of 1M decisions took {elapsed:.1f}s"
+    summary = result["summary"]
+    assert (summary["requests"], summary["admitted"], summary["never_admitted"]) == (n, n, 0)
+    assert f"requests     {n}: {n} admitted" in table
 
 
 # --- the CLI with a stand-in driver -----------------------------------------------------
