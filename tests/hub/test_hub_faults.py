@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import CHP, Hub
+from hubutil import CHP, Hub
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CHP, REPO, Hub
+from hubutil import CHP, REPO, Hub
 from test_hub_landing import browser, open_landing  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,9 @@ depth against a standalone gateway.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,14 +34,12 @@ ARGS = [
 
 
 def _hub_class() -> Any:
-    # tests/hub/conftest.py under a name of its own (every test directory has a `conftest`).
-    spec = importlib.util.spec_from_file_location(
-        "gpuaas_hub_conftest", ROOT / "tests" / "hub" / "conftest.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    # tests/hub/hubutil.py (and the tests/helpers.py it imports), found from here even when
+    # this module runs alone: the full run puts tests/hub on the path, a lone run does not.
+    for path in (ROOT / "tests", ROOT / "tests" / "hub"):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    return importlib.import_module("hubutil")
 
 
 @pytest.fixture
