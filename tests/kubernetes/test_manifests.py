@@ -371,6 +371,11 @@ def test_provisioning_request_classes() -> None:
         ),
         (["--flavor-selector", "a100"], QUOTAS, "--flavor-selector a100: expected FLAVOR=VALUE"),
         (
+            ["--scale-up", "provisioning-request", "--provisioning-class", "check.example"],
+            QUOTAS,
+            "--provisioning-class: 'check.example' is not one of check-capacity.autoscaling",
+        ),
+        (
             [],
             QUOTAS.replace("max_nodes: 6", "max_nodes: 2"),
             "--scale-up keda: no flavor may grow",
