@@ -264,7 +264,9 @@ class ProvisioningRequestScaler(ClusterScaler):
             ready[node.flavor] = ready.get(node.flavor, 0) + 1
         wanted = {f: max(0, n - ready.get(f, 0)) for f, n in desired.items()}
         per_node = {name: f.gpus_per_node for name, f in core.config.flavors.items()}
-        heads = blocked_heads(core, keep=self._plan)
+        # With no node wanted no head can be provisioned: skip the scan of the whole queue
+        # that finding the blocked heads costs (it runs after every committed change).
+        heads = blocked_heads(core, keep=self._plan) if any(wanted.values()) else []
         self._plan = heads_to_provision(heads, wanted, per_node)
         self._desired = desired
         if self._plan == self._synced or (self._task is not None and not self._task.done()):
