@@ -54,7 +54,9 @@ TERMINAL_JS = """async (command) => {
     ws.onmessage = (ev) => {
       const [kind, text] = JSON.parse(ev.data);
       if (kind === "stdout") out += text;
-      if (out.includes("END-OF-CHECK")) { clearTimeout(done); ws.close(); resolve(out); }
+      // The mark at the start of a line: the terminal's echo of the command holds it too,
+      // and can arrive before the command's output.
+      if (/\\nEND-OF-CHECK/.test(out)) { clearTimeout(done); ws.close(); resolve(out); }
     };
   });
 }"""
