@@ -23,7 +23,7 @@ from .grace import EVICT, Graces
 from .heads import Heads
 from .holders import Holders
 from .ledger import Ledger
-from .model import TERMINAL, Config, Decision, Preemption, Request, State
+from .model import TERMINAL, Config, Decision, Preemption, Request, State, Tenant
 from .nodes import Cluster
 from .nominate import Entry, Status
 from .positions import Parked, Positions
@@ -60,6 +60,7 @@ class AdmissionCore(Admitting):
         self._epoch = 0  # bumps whenever quota or devices are taken
         self._preempts: dict[str, bool] = {}  # tenants with any preemption policy
         self._flavors: dict[str, tuple[str, ...]] = {}  # a tenant's flavors, in quota order
+        self._specs: dict[str, Tenant] = {}
         self._tournament = False  # fair sharing in a cohort tree: heads meet level by level
         self._index_policies()
         self._width: dict[str, int] = {}  # widest node per flavor, for rejections
@@ -83,6 +84,8 @@ class AdmissionCore(Admitting):
             t.name: t.preemption != Preemption() for t in self._config.tenants.values()
         }
         self._flavors = {t.name: tuple(t.quota) for t in self._config.tenants.values()}
+        # A plain dict of the specs: mypyc indexes a dict natively, a Mapping generically.
+        self._specs = dict(self._config.tenants)
         self._tournament = bool(self._config.policy.fair_sharing and self._config.cohorts)
         self._holders.reconfigure(self._config)
 

@@ -10,7 +10,6 @@ else changes it but free devices, which are added at each lookup.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .ledger import Ledger
@@ -19,7 +18,7 @@ from .nodes import Cluster
 from .preemption import preemption_candidates, preemption_room
 
 
-@dataclass
+@dataclass(init=False)  # a written __init__: mypyc compiles it (see model.Request)
 class Bound:
     """What evicting could do for a head of (tenant, flavor, priority), as of the
     versions of its pool (the ledger's usage and the holders, in its cohort and flavor)."""
@@ -31,7 +30,27 @@ class Bound:
     own: bool  # some candidates are the tenant's own
     others: list[str]  # the other members whose holders are candidates
     borrow_ok: bool  # it may stay borrowing once they are gone
-    room: int = -1  # room in quota once they are all gone; -1: not asked yet
+    room: int  # room in quota once they are all gone; -1: not asked yet
+
+    def __init__(
+        self,
+        usage_version: int,
+        held_version: int,
+        removed: dict[str, int],
+        held: int,
+        own: bool,
+        others: list[str],
+        borrow_ok: bool,
+        room: int = -1,
+    ) -> None:
+        self.usage_version = usage_version
+        self.held_version = held_version
+        self.removed = removed
+        self.held = held
+        self.own = own
+        self.others = others
+        self.borrow_ok = borrow_ok
+        self.room = room
 
 
 class Holders:
@@ -46,10 +65,10 @@ class Holders:
         # walk the running grants, not every live request).
         self.admitted: dict[str, Request] = {}
         self.pool: dict[str, str] = {}  # tenant -> its cohort, or itself without one
-        self._tenants: Mapping[str, Tenant] = {}
+        self._tenants: dict[str, Tenant] = {}
 
     def reconfigure(self, config: Config) -> None:
-        self._tenants = config.tenants
+        self._tenants = dict(config.tenants)
         self.pool = {t: self._ledger.root(t) for t in config.tenants}
         self._bounds.clear()
 

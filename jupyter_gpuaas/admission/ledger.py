@@ -19,9 +19,11 @@ cohorts, sum over members of max(0, usage - guaranteed) <= sum of lendable, as b
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .model import Config, Tenant
+
+_NOBODY: dict[str, None] = {}  # never written: the borrowers of a tenant without a cohort
 
 
 class Ledger:
@@ -170,10 +172,11 @@ class Ledger:
         path = self._path[tenant]
         return self.members[path[-1]] if path else (tenant,)
 
-    def borrowers(self, tenant: str, flavor: str) -> Iterable[str]:
-        """The members of the tenant's tree above their nominal quota of `flavor`."""
+    def borrowers(self, tenant: str, flavor: str) -> dict[str, None]:
+        """The members of the tenant's tree above their nominal quota of `flavor` (the keys;
+        a dict, not an abstract iterable: mypyc iterates a dict natively)."""
         path = self._path[tenant]
-        return self._borrowers[(path[-1], flavor)] if path else ()
+        return self._borrowers[(path[-1], flavor)] if path else _NOBODY
 
     def path(self, tenant: str) -> tuple[str, ...]:
         """The tenant's cohorts, from its own up to the root (empty without a cohort)."""
@@ -182,9 +185,7 @@ class Ledger:
     def cohort_usage(self, cohort: str, flavor: str) -> int:
         return self._cusage[(cohort, flavor)]
 
-    def over_quota(
-        self, cohort: str, flavor: str, removed: Mapping[str, int] | None = None
-    ) -> bool:
+    def over_quota(self, cohort: str, flavor: str, removed: dict[str, int] | None = None) -> bool:
         """Does the cohort's subtree use more than its subtree quota (Kueue: not within
         nominal)? `removed` takes GPUs away from tenants first."""
         used = self._with_removed(flavor, removed or {}).get(cohort)
@@ -196,7 +197,7 @@ class Ledger:
         """Cohort usages on the tenant's path with `gpus` more held (changed ones only)."""
         return self._with_removed(flavor, {tenant: -gpus})
 
-    def _with_removed(self, flavor: str, removed: Mapping[str, int]) -> dict[str, int]:
+    def _with_removed(self, flavor: str, removed: dict[str, int]) -> dict[str, int]:
         """Cohort usages with `removed` GPUs taken from those tenants (changed ones only)."""
         out: dict[str, int] = {}
         for name, gone in removed.items():
@@ -220,7 +221,7 @@ class Ledger:
                 delta = max(0, b + delta - lq) - max(0, b - lq)
         return out
 
-    def _available(self, tenant: str, flavor: str, used: int, cu: Mapping[str, int]) -> int:
+    def _available(self, tenant: str, flavor: str, used: int, cu: dict[str, int]) -> int:
         """Kueue's `available`: how much more the tenant may take, walking from its root
         down (`cu` overrides cohort usages; `used` is the tenant's own)."""
         path = self._path[tenant]
@@ -249,7 +250,7 @@ class Ledger:
         tenant: str,
         flavor: str,
         gpus: int,
-        removed: Mapping[str, int] | None = None,
+        removed: dict[str, int] | None = None,
         allow_borrow: bool = True,
     ) -> bool:
         """Would `gpus` more fit the tenant's quota of `flavor`?
@@ -273,7 +274,7 @@ class Ledger:
         self,
         tenant: str,
         flavor: str,
-        removed: Mapping[str, int] | None = None,
+        removed: dict[str, int] | None = None,
         allow_borrow: bool = True,
     ) -> int:
         """The most GPUs of `flavor` the tenant's quota would admit right now (with the

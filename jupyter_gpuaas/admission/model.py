@@ -141,7 +141,10 @@ class Config:
     cohorts: Mapping[str, Cohort] = field(default_factory=dict)
 
 
-@dataclass
+# `init=False` and a written `__init__` on the two classes made by the hundred thousand:
+# compiled with mypyc, a dataclass's generated `__init__` stays interpreted Python (4x
+# slower to build one), a written one is compiled. `@dataclass` still gives eq and repr.
+@dataclass(init=False)
 class Request:
     """A demand for `gpus` GPUs by `user` on behalf of `tenant` (Kueue's Workload).
 
@@ -154,28 +157,86 @@ class Request:
     kind: str
     gpus: int
     submit_time: float
-    flavor: str | None = None
-    priority: int = 0
-    busy: bool = True
+    flavor: str | None
+    priority: int
+    busy: bool
     # --- owned by the core ---
-    state: State = State.QUEUED
-    queue_time: float = 0.0  # ordering time: the submit time, or the time of a re-queue
-    seq: int = 0  # arrival order, the last tie-breaker
-    assigned_flavor: str | None = None  # flavor of the current or parked reservation
-    node: str | None = None
-    devices: tuple[int, ...] = ()
-    first_admit: float | None = None
-    admit_time: float | None = None
-    idle_since: float | None = None
-    park_expires: float | None = None
-    lease_expires: float | None = None
-    wants_devices: bool = False  # parked and busy again: waits to be resumed
-    preemptions: int = 0
-    culls: int = 0
-    reason: str = ""
-    resumed_from: str | None = None  # the parked reservation this request took over
-    preempt_at: float | None = None  # warned victim: evicted then, unless withdrawn
-    preempted_by: str | None = None  # ... to make room for this request
+    state: State
+    queue_time: float  # ordering time: the submit time, or the time of a re-queue
+    seq: int  # arrival order, the last tie-breaker
+    assigned_flavor: str | None  # flavor of the current or parked reservation
+    node: str | None
+    devices: tuple[int, ...]
+    first_admit: float | None
+    admit_time: float | None
+    idle_since: float | None
+    park_expires: float | None
+    lease_expires: float | None
+    wants_devices: bool  # parked and busy again: waits to be resumed
+    preemptions: int
+    culls: int
+    reason: str
+    resumed_from: str | None  # the parked reservation this request took over
+    preempt_at: float | None  # warned victim: evicted then, unless withdrawn
+    preempted_by: str | None  # ... to make room for this request
+
+    def __init__(
+        self,
+        id: str,
+        tenant: str,
+        user: str,
+        kind: str,
+        gpus: int,
+        submit_time: float,
+        flavor: str | None = None,
+        priority: int = 0,
+        busy: bool = True,
+        state: State = State.QUEUED,
+        queue_time: float = 0.0,
+        seq: int = 0,
+        assigned_flavor: str | None = None,
+        node: str | None = None,
+        devices: tuple[int, ...] = (),
+        first_admit: float | None = None,
+        admit_time: float | None = None,
+        idle_since: float | None = None,
+        park_expires: float | None = None,
+        lease_expires: float | None = None,
+        wants_devices: bool = False,
+        preemptions: int = 0,
+        culls: int = 0,
+        reason: str = "",
+        resumed_from: str | None = None,
+        preempt_at: float | None = None,
+        preempted_by: str | None = None,
+    ) -> None:
+        self.id = id
+        self.tenant = tenant
+        self.user = user
+        self.kind = kind
+        self.gpus = gpus
+        self.submit_time = submit_time
+        self.flavor = flavor
+        self.priority = priority
+        self.busy = busy
+        self.state = state
+        self.queue_time = queue_time
+        self.seq = seq
+        self.assigned_flavor = assigned_flavor
+        self.node = node
+        self.devices = devices
+        self.first_admit = first_admit
+        self.admit_time = admit_time
+        self.idle_since = idle_since
+        self.park_expires = park_expires
+        self.lease_expires = lease_expires
+        self.wants_devices = wants_devices
+        self.preemptions = preemptions
+        self.culls = culls
+        self.reason = reason
+        self.resumed_from = resumed_from
+        self.preempt_at = preempt_at
+        self.preempted_by = preempted_by
 
     @property
     def holds_quota(self) -> bool:
@@ -186,7 +247,7 @@ class Request:
         return self.state is State.ADMITTED
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Decision:
     """One thing the core decided at time `t`: an event of SCENARIO.md's table.
 
@@ -195,8 +256,17 @@ class Decision:
 
     t: float
     event: str
-    id: str | None = None
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    id: str | None
+    fields: Mapping[str, Any]
+
+    def __init__(
+        self, t: float, event: str, id: str | None = None, fields: Mapping[str, Any] | None = None
+    ) -> None:
+        # Frozen: set through object's own setattr (mypyc compiles it to a plain store).
+        object.__setattr__(self, "t", t)
+        object.__setattr__(self, "event", event)
+        object.__setattr__(self, "id", id)
+        object.__setattr__(self, "fields", {} if fields is None else fields)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": self.t, "event": self.event}

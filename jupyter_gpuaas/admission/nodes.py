@@ -8,7 +8,7 @@ first. Best fit keeps whole nodes free for wide requests.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -96,7 +96,7 @@ class Cluster:
                 return free
         return 0
 
-    def has_room(self, flavor: str, gpus: int, freed: Mapping[str, int]) -> bool:
+    def has_room(self, flavor: str, gpus: int, freed: dict[str, int]) -> bool:
         """Would some node of the flavor fit `gpus`, counting `freed` devices (by node
         name) as free too? The preemption search asks this for every victim it adds."""
         if self._gap.get(flavor, 0) >= gpus:

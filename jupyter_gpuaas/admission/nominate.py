@@ -12,7 +12,7 @@ the flavor and victim choice is preemption.py's, the tree tournament fairshare.p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -42,7 +42,7 @@ class Status(Enum):
     ASSUMED = "assumed"  # admitted (Kueue: assumed in the cache)
 
 
-@dataclass
+@dataclass(init=False)  # a written __init__: mypyc compiles it (see model.Request)
 class Entry:
     """A nominated head: how its tenant's best candidate would be admitted right now."""
 
@@ -50,10 +50,30 @@ class Entry:
     mode: Mode
     flavor: str
     borrowing: bool
-    victims: list[Request] = field(default_factory=list)
-    key: tuple[Any, ...] = ()
-    epoch: int = 0  # the core's epoch when nominated: unchanged means still true
-    status: Status = Status.NOMINATED
+    victims: list[Request]
+    key: tuple[Any, ...]
+    epoch: int  # the core's epoch when nominated: unchanged means still true
+    status: Status
+
+    def __init__(
+        self,
+        req: Request,
+        mode: Mode,
+        flavor: str,
+        borrowing: bool,
+        victims: list[Request] | None = None,
+        key: tuple[Any, ...] = (),
+        epoch: int = 0,
+        status: Status = Status.NOMINATED,
+    ) -> None:
+        self.req = req
+        self.mode = mode
+        self.flavor = flavor
+        self.borrowing = borrowing
+        self.victims = [] if victims is None else victims
+        self.key = key
+        self.epoch = epoch
+        self.status = status
 
 
 class Nominating(Waking):
@@ -61,7 +81,6 @@ class Nominating(Waking):
     _graces: Graces
     _capacity_blocked: dict[tuple[str, BucketKey], str]
     _resume_blocked: dict[str, str]
-    _flavors: dict[str, tuple[str, ...]]
     _epoch: int
     _tournament: bool
 
@@ -82,7 +101,7 @@ class Nominating(Waking):
 
     def _nominate(self, tenant: str) -> Entry | None:
         q = self._queues[tenant]
-        spec = self._config.tenants[tenant]
+        spec = self._specs[tenant]
         for req in sorted(q.resuming.values(), key=order_key) if q.resuming else ():
             flavor = req.assigned_flavor or ""
             if self._cluster.widest_gap(flavor) >= req.gpus:
@@ -155,7 +174,7 @@ class Nominating(Waking):
         if flavors:
             chosen = choose_flavor(
                 req,
-                self._config.tenants[tenant],
+                self._specs[tenant],
                 flavors,
                 ledger,
                 self._cluster,

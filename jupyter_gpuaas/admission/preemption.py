@@ -17,7 +17,7 @@ breaks ties (Kueue's flavor assigner ranks reclaim above preempt).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 
 from .ledger import Ledger
 from .model import Request, Tenant
@@ -49,7 +49,7 @@ def find_victims(
     flavor: str,
     ledger: Ledger,
     cluster: Cluster,
-    admitted: Iterable[Request],
+    admitted: list[Request],
 ) -> list[Request] | None:
     """The requests to preempt so that `req` fits `flavor`, or None if no set will do.
 
@@ -150,7 +150,7 @@ def _minimal(
     cluster: Cluster,
     candidates: list[Request],
     allow_borrow: bool,
-    below: Mapping[str, tuple[str, ...]],
+    below: dict[str, tuple[str, ...]],
 ) -> list[Request] | None:
     """Evict `candidates` (already in victim order) until `req` fits, then put back, in
     reverse order, every earlier victim it can do without (Kueue's fillBackWorkloads)."""
@@ -209,7 +209,7 @@ def _minimal(
 def choose_flavor(
     req: Request,
     tenant: Tenant,
-    flavors: Iterable[str],
+    flavors: tuple[str, ...],
     ledger: Ledger,
     cluster: Cluster,
     pools: Callable[[str], list[Request]],
@@ -235,7 +235,7 @@ def choose_flavor(
 def preemption_candidates(
     spec: Tenant,
     ledger: Ledger,
-    held_by_priority: Mapping[tuple[str, str], Mapping[int, int]],
+    held_by_priority: dict[tuple[str, str], dict[int, int]],
     flavor: str,
     prio: int,
 ) -> tuple[dict[str, int], bool, bool]:
@@ -269,7 +269,7 @@ def preemption_candidates(
 
 
 def preemption_room(
-    tenant: str, flavor: str, ledger: Ledger, removed: Mapping[str, int], borrow_ok: bool
+    tenant: str, flavor: str, ledger: Ledger, removed: dict[str, int], borrow_ok: bool
 ) -> int:
     """Room in the tenant's quota of `flavor` once every candidate (`removed`) is gone."""
     return ledger.room(tenant, flavor, removed, borrow_ok)

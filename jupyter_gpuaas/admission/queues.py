@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .model import Request
 
@@ -29,13 +29,19 @@ def order_key(req: Request) -> OrderKey:
 _Slot = tuple[int, float, int, Request]
 
 
-@dataclass
+@dataclass(init=False)  # a written __init__: mypyc compiles it (see model.Request)
 class Bucket:
     key: BucketKey
-    heap: list[_Slot] = field(default_factory=list)
-    count: int = 0
+    heap: list[_Slot]
+    count: int
     # Set when the head failed to fit or preempt; cleared when room frees up for it.
-    inadmissible: bool = False
+    inadmissible: bool
+
+    def __init__(self, key: BucketKey) -> None:
+        self.key = key
+        self.heap = []
+        self.count = 0
+        self.inadmissible = False
 
 
 class TenantQueue:
@@ -99,14 +105,17 @@ class TenantQueue:
 
     def heads(self, include_inadmissible: bool = False) -> list[tuple[OrderKey, Bucket, Request]]:
         """Bucket heads in queue order."""
-        out = []
+        out: list[tuple[OrderKey, Bucket, Request]] = []
         for bucket in self.buckets.values():
             if bucket.inadmissible and not include_inadmissible:
                 continue
             top = self._top(bucket)
             if top is not None:
                 out.append(((top[0], top[1], top[2]), bucket, top[3]))
-        out.sort(key=_first)
+        if len(out) > 1:
+            # Order keys are unique (they end in the arrival number), so a plain sort
+            # compares them and never the bucket: no key function called per entry.
+            out.sort()
         return out
 
     def first(self) -> Request | None:
@@ -124,7 +133,3 @@ class TenantQueue:
         """How many queued requests of this tenant go before `req` (a scan: for display)."""
         mine = order_key(req)
         return sum(1 for slot in self._slot.values() if slot[:3] < mine)
-
-
-def _first(entry: tuple[OrderKey, Bucket, Request]) -> OrderKey:
-    return entry[0]

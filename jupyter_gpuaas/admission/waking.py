@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from .holders import Bound, Holders
 from .ledger import Ledger
-from .model import Config, Decision, Request, State
+from .model import Config, Decision, Request, State, Tenant
 from .nodes import Cluster
 from .queries import Queries
 from .queues import Bucket, BucketKey, TenantQueue
@@ -35,6 +35,8 @@ class Waking(Queries):
     _strict_blocked: set[str]
     _cap_waiters: dict[str, set[tuple[str, BucketKey | None]]]
     _preempts: dict[str, bool]
+    _flavors: dict[str, tuple[str, ...]]
+    _specs: dict[str, Tenant]
     # Per root cohort, its tenants that may have a sleeping head (a superset): the ones
     # looked at since they were last seen with none. A release wakes these, not the tree.
     _sleepers: dict[str, set[str]]
@@ -108,7 +110,7 @@ class Waking(Queries):
         # cycle see it. Nothing below changes the nodes: one look for the whole tree.
         gap = 1 << 30 if flavor in self._config.policy.autoscale else None
         gap = gap or self._cluster.widest_gap(flavor)
-        tenants = self._config.tenants
+        flavors = self._flavors
         sleepers = self._sleepers[self._ledger.root(tenant)]
         # Marks are only set by nomination (so a member not looked at since it had none
         # has none); what is done below is order-free (set additions).
@@ -121,7 +123,7 @@ class Waking(Queries):
             ):
                 sleepers.discard(name)
                 continue
-            if flavor not in tenants[name].quota:
+            if flavor not in flavors[name]:
                 continue
             may_preempt = self._preempts[name]
             woken = name in self._strict_blocked
