@@ -35,6 +35,9 @@ def scale_sizes(
     """
     sizes: dict[str, list[int]] = defaultdict(list)
     tentative: list[tuple[str, str, int]] = []
+    # The trial admissions are taken back with the pools' versions, so this question,
+    # asked at every cycle, does not look like a change of usage to the bounds.
+    versions: dict[tuple[str, str], int] = {}
     for (tenant, bkey), flavor in list(capacity_blocked.items()):
         if flavor not in config.policy.autoscale:
             continue
@@ -45,12 +48,14 @@ def scale_sizes(
         gpus = bkey[1]
         n = 0
         while n < bucket.count and ledger.fits(tenant, flavor, gpus):
+            pool = ledger.pool_of(tenant, flavor)
+            if pool not in versions:
+                versions[pool] = ledger.pool_version[pool]
             ledger.add(tenant, flavor, gpus)
             tentative.append((tenant, flavor, gpus))
             n += 1
         sizes[flavor] += [gpus] * n
-    for tenant, flavor, gpus in tentative:
-        ledger.remove(tenant, flavor, gpus)
+    ledger.undo(tentative, versions)
     for flavor, gpus in resume_blocked.values():
         if flavor in config.policy.autoscale:
             sizes[flavor].append(gpus)

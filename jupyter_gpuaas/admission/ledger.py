@@ -116,6 +116,20 @@ class Ledger:
     def remove(self, tenant: str, flavor: str, gpus: int) -> None:
         self._move(tenant, flavor, -gpus)
 
+    def undo(self, moves: list[tuple[str, str, int]], versions: dict[tuple[str, str], int]) -> None:
+        """Take back tentative `add`s (tenant, flavor, gpus) and put the pools' versions
+        back as they were (`versions`, read before the first): the ledger is as before, so
+        what was cached on those versions (the preemption bounds) still holds."""
+        for tenant, flavor, gpus in reversed(moves):
+            self._move(tenant, flavor, -gpus)
+        self.pool_version.update(versions)
+
+    def pool_of(self, tenant: str, flavor: str) -> tuple[str, str]:
+        """The key of the tenant's pool in `pool_version`: (root cohort, flavor), or
+        (tenant, flavor) without a cohort."""
+        path = self._path[tenant]
+        return (path[-1] if path else tenant, flavor)
+
     def _move(self, tenant: str, flavor: str, delta: int) -> None:
         key = (tenant, flavor)
         before = self.usage[key]

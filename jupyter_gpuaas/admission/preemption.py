@@ -34,7 +34,9 @@ def _own_allowed(policy: str, victim: Request, req: Request) -> bool:
     return False
 
 
-def _victim_order(tenant: str, hierarchical: set[str]) -> object:
+def _victim_order(
+    tenant: str, hierarchical: set[str]
+) -> Callable[[Request], tuple[int, int, float, int]]:
     # Groups: holders it has a hierarchical advantage over, other tenants', its own.
     def key(v: Request) -> tuple[int, int, float, int]:
         group = 2 if v.tenant == tenant else 0 if v.tenant in hierarchical else 1
@@ -131,16 +133,44 @@ def find_victims(
     else:
         attempts = (True, False)
     candidates = others + own
-    candidates.sort(key=_victim_order(req.tenant, hierarchical))  # type: ignore[arg-type]
+    order = _victim_order(req.tenant, hierarchical)
     for allow_borrow in attempts:
         if allow_borrow:
             pool = [v for v in candidates if v.tenant == req.tenant or v.id in while_borrowing]
         else:
             pool = candidates
+        # Most attempts fail even with every candidate gone: ask that before sorting.
+        # The order is total (it ends in the arrival number), so sorting the pool is
+        # the same as taking the pool out of the sorted candidates.
+        if not pool or not _all_would_do(req, flavor, ledger, cluster, pool, allow_borrow):
+            continue
+        pool = sorted(pool, key=order)
         victims = _minimal(req, flavor, ledger, cluster, pool, allow_borrow, below)
         if victims is not None:
             return victims
     return None
+
+
+def _all_would_do(
+    req: Request,
+    flavor: str,
+    ledger: Ledger,
+    cluster: Cluster,
+    candidates: list[Request],
+    allow_borrow: bool,
+) -> bool:
+    """Would `req` fit with every candidate gone? Evicting all frees at least as much as
+    any set the greedy pass could pick, so if not, no set will: one check instead of one
+    per candidate."""
+    removed: dict[str, int] = {}
+    freed: dict[str, int] = {}
+    for v in candidates:
+        removed[v.tenant] = removed.get(v.tenant, 0) + v.gpus
+        node = v.node or ""
+        freed[node] = freed.get(node, 0) + v.gpus
+    return ledger.fits(req.tenant, flavor, req.gpus, removed, allow_borrow) and cluster.has_room(
+        flavor, req.gpus, freed
+    )
 
 
 def _minimal(
@@ -152,25 +182,11 @@ def _minimal(
     allow_borrow: bool,
     below: dict[str, tuple[str, ...]],
 ) -> list[Request] | None:
-    """Evict `candidates` (already in victim order) until `req` fits, then put back, in
-    reverse order, every earlier victim it can do without (Kueue's fillBackWorkloads)."""
-    if not candidates:
-        return None
+    """Evict `candidates` (already in victim order, and known to make room all together:
+    `_all_would_do`) until `req` fits, then put back, in reverse order, every earlier
+    victim it can do without (Kueue's fillBackWorkloads)."""
     removed: dict[str, int] = defaultdict(int)
     freed: dict[str, int] = defaultdict(int)
-    # Most searches fail. Evicting every candidate frees at least as much as any set the
-    # greedy pass could pick, so if even that does not fit, no set will: one check instead
-    # of one per candidate.
-    for v in candidates:
-        removed[v.tenant] += v.gpus
-        freed[v.node or ""] += v.gpus
-    if not (
-        ledger.fits(req.tenant, flavor, req.gpus, removed, allow_borrow)
-        and cluster.has_room(flavor, req.gpus, freed)
-    ):
-        return None
-    removed.clear()
-    freed.clear()
 
     def fits() -> bool:
         return ledger.fits(
