@@ -2,9 +2,9 @@
 
 Device holders per (tenant, flavor), and their GPUs per priority: the candidates of a
 preemption search, and a quick bound on what one could achieve. The bound per (tenant,
-flavor, priority) is kept with the versions of the pool it was computed at: usage (the
-ledger's) and holders (`held_version`) in the tenant's cohort and that flavor. Nothing
-else changes it but free devices, which are added at each lookup.
+flavor, priority) is kept with the version of the pool it was computed at: the ledger's
+`pool_version` of the tenant's cohort and that flavor, which usage and holders both bump.
+Nothing else changes it but free devices, which are added at each lookup.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from .preemption import preemption_candidates, preemption_room
 @dataclass(init=False)  # a written __init__: mypyc compiles it (see model.Request)
 class Bound:
     """What evicting could do for a head of (tenant, flavor, priority), as of the
-    versions of its pool (the ledger's usage and the holders, in its cohort and flavor)."""
+    version of its pool (usage and holders in its cohort and flavor)."""
 
-    usage_version: int
-    held_version: int
+    version: int
     removed: dict[str, int]  # GPUs every candidate holds, per owner (the tenant first)
     held: int  # their sum
     own: bool  # some candidates are the tenant's own
@@ -34,8 +33,7 @@ class Bound:
 
     def __init__(
         self,
-        usage_version: int,
-        held_version: int,
+        version: int,
         removed: dict[str, int],
         held: int,
         own: bool,
@@ -43,8 +41,7 @@ class Bound:
         borrow_ok: bool,
         room: int = -1,
     ) -> None:
-        self.usage_version = usage_version
-        self.held_version = held_version
+        self.version = version
         self.removed = removed
         self.held = held
         self.own = own
@@ -59,7 +56,6 @@ class Holders:
         self._cluster = cluster
         self.holding: dict[tuple[str, str], dict[str, Request]] = defaultdict(dict)
         self.held_by_priority: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
-        self.held_version: dict[tuple[str, str], int] = defaultdict(int)
         self._bounds: dict[tuple[str, str, int], Bound] = {}
         # Every admitted request, in the order it was bound (the gateway's wait estimates
         # walk the running grants, not every live request).
@@ -74,7 +70,7 @@ class Holders:
 
     def hold(self, req: Request, flavor: str) -> None:
         self.admitted[req.id] = req
-        self.held_version[(self.pool[req.tenant], flavor)] += 1
+        self._ledger.bump((self.pool[req.tenant], flavor))
         self.holding[(req.tenant, flavor)][req.id] = req
         by_prio = self.held_by_priority[(req.tenant, flavor)]
         by_prio[req.priority] = by_prio.get(req.priority, 0) + req.gpus
@@ -82,7 +78,7 @@ class Holders:
     def unhold(self, req: Request, flavor: str) -> None:
         self.admitted.pop(req.id, None)
         if self.holding[(req.tenant, flavor)].pop(req.id, None) is not None:
-            self.held_version[(self.pool[req.tenant], flavor)] += 1
+            self._ledger.bump((self.pool[req.tenant], flavor))
             by_prio = self.held_by_priority[(req.tenant, flavor)]
             left = by_prio[req.priority] - req.gpus
             if left:
@@ -132,17 +128,15 @@ class Holders:
 
         Kept per (tenant, flavor, priority) until usage or holders change in that cohort
         and flavor: between two changes, wakes and tries of many heads ask the same."""
-        pool = (self.pool[tenant], flavor)
-        usage_v = self._ledger.pool_version[pool]
-        held_v = self.held_version[pool]
+        version = self._ledger.pool_version.get((self.pool[tenant], flavor), 0)
         key = (tenant, flavor, prio)
         b = self._bounds.get(key)
-        if b is None or b.usage_version != usage_v or b.held_version != held_v:
+        if b is None or b.version != version:
             removed, own, borrow_ok = preemption_candidates(
                 self._tenants[tenant], self._ledger, self.held_by_priority, flavor, prio
             )
             others = [name for name in removed if name != tenant]
-            b = Bound(usage_v, held_v, removed, sum(removed.values()), own, others, borrow_ok)
+            b = Bound(version, removed, sum(removed.values()), own, others, borrow_ok)
             if not b.held:
                 b.room = 0  # nobody to evict
             self._bounds[key] = b

@@ -32,8 +32,9 @@ class Ledger:
         self.parked: dict[tuple[str, str], int] = defaultdict(int)
         self._cusage: dict[tuple[str, str], int] = defaultdict(int)  # (cohort, flavor)
         # Bumps on every change of usage in one (root cohort, flavor), or (tenant, flavor)
-        # for a tenant without a cohort: what a cached answer about that pool depends on.
-        self.pool_version: dict[tuple[str, str], int] = defaultdict(int)
+        # for a tenant without a cohort, and of its holders (`bump`, holders.py): what a
+        # cached answer about that pool depends on. A plain dict: mypyc reads it natively.
+        self.pool_version: dict[tuple[str, str], int] = {}
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -116,6 +117,10 @@ class Ledger:
     def remove(self, tenant: str, flavor: str, gpus: int) -> None:
         self._move(tenant, flavor, -gpus)
 
+    def bump(self, pool: tuple[str, str]) -> None:
+        """Something a cached answer about the pool depends on changed (its holders)."""
+        self.pool_version[pool] = self.pool_version.get(pool, 0) + 1
+
     def undo(self, moves: list[tuple[str, str, int]], versions: dict[tuple[str, str], int]) -> None:
         """Take back tentative `add`s (tenant, flavor, gpus) and put the pools' versions
         back as they were (`versions`, read before the first): the ledger is as before, so
@@ -138,7 +143,7 @@ class Ledger:
         if path:
             self._propagate(tenant, flavor, before, before + delta)
             pool = (path[-1], flavor)
-            self.pool_version[pool] += 1
+            self.pool_version[pool] = self.pool_version.get(pool, 0) + 1
             nominal = self._nominal.get(key, 0)
             if (before > nominal) != (before + delta > nominal):
                 if before + delta > nominal:
@@ -146,7 +151,7 @@ class Ledger:
                 else:
                     del self._borrowers[pool][tenant]
         else:
-            self.pool_version[key] += 1
+            self.pool_version[key] = self.pool_version.get(key, 0) + 1
 
     def _propagate(self, tenant: str, flavor: str, before: int, after: int) -> None:
         """Carry a tenant's change of usage up its cohorts: each level passes on what

@@ -85,7 +85,7 @@ class TenantQueue:
         bucket.count -= 1
         if bucket.count == 0:
             del self.buckets[bkey]
-        elif bucket.heap[0] == slot:
+        elif _same(bucket.heap[0], slot):
             self._top(bucket)
         return req
 
@@ -94,7 +94,8 @@ class TenantQueue:
         slots = self._slot
         while heap:
             top = heap[0]
-            if slots.get(top[3].id) == top:
+            live = slots.get(top[3].id)
+            if live is not None and _same(live, top):
                 return top
             heapq.heappop(heap)
         return None
@@ -133,3 +134,10 @@ class TenantQueue:
         """How many queued requests of this tenant go before `req` (a scan: for display)."""
         mine = order_key(req)
         return sum(1 for slot in self._slot.values() if slot[:3] < mine)
+
+
+def _same(a: _Slot, b: _Slot) -> bool:
+    """Is `a` the entry `b` (its request's live one, when `a` is that)? The order key decides:
+    it is unique to one request. Field by field, because mypyc keeps these tuples unboxed,
+    and `a == b` would box them again to compare them generically."""
+    return a[2] == b[2] and a[1] == b[1] and a[0] == b[0]
