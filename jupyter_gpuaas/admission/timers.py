@@ -8,29 +8,40 @@ from __future__ import annotations
 
 import heapq
 
-TimerKey = tuple[str, str]  # (kind, request id or node name)
-
 
 class Timers:
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, TimerKey]] = []
-        self._due: dict[TimerKey, float] = {}
+        # (time, push number, kind, key): flat, so a look at the top builds no tuple.
+        self._heap: list[tuple[float, int, str, str]] = []
+        # kind -> key (request id or node name) -> when: two string lookups, no tuple key
+        # to build and hash for each of the million sets and clears of a month.
+        self._due: dict[str, dict[str, float]] = {}
         self._seq = 0
 
     def set(self, kind: str, key: str, t: float) -> None:
-        self._due[(kind, key)] = t
+        due = self._due.get(kind)
+        if due is None:
+            due = self._due[kind] = {}
+        due[key] = t
         self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, (kind, key)))
+        heapq.heappush(self._heap, (t, self._seq, kind, key))
 
     def clear(self, kind: str, key: str) -> None:
-        self._due.pop((kind, key), None)
+        due = self._due.get(kind)
+        if due is not None and key in due:
+            del due[key]
 
     def get(self, kind: str, key: str) -> float | None:
-        return self._due.get((kind, key))
+        due = self._due.get(kind)
+        return None if due is None else due.get(key)
 
     def _drop_stale(self) -> None:
         heap = self._heap
-        while heap and self._due.get(heap[0][2]) != heap[0][0]:
+        while heap:
+            top = heap[0]
+            due = self._due.get(top[2])
+            if due is not None and due.get(top[3]) == top[0]:
+                return
             heapq.heappop(heap)
 
     def next(self) -> float | None:
@@ -42,9 +53,9 @@ class Timers:
         self._drop_stale()
         if not self._heap or self._heap[0][0] > now:
             return None
-        t, _, key = heapq.heappop(self._heap)
-        del self._due[key]
-        return t, key[0], key[1]
+        t, _, kind, key = heapq.heappop(self._heap)
+        del self._due[kind][key]
+        return t, kind, key
 
 
 # Timer kinds of the idle policy and the leases (the autoscaler has READY and SCALE_DOWN,
