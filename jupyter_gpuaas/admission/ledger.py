@@ -21,16 +21,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
+from .levels import Level, TenantQuota, available, potential
 from .model import Config, Tenant
 
 _NOBODY: dict[str, None] = {}  # never written: the borrowers of a tenant without a cohort
+_UNCHANGED: dict[str, int] = {}  # never written: no cohort usage overridden
 
 
 class Ledger:
     def __init__(self, config: Config) -> None:
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
         self.parked: dict[tuple[str, str], int] = defaultdict(int)
-        self._cusage: dict[tuple[str, str], int] = defaultdict(int)  # (cohort, flavor)
+        # Per (cohort, flavor): its Level, which holds the cohort's usage.
+        self._levels: dict[tuple[str, str], Level] = {}
         # Bumps on every change of usage in one (root cohort, flavor), or (tenant, flavor)
         # for a tenant without a cohort, and of its holders (`bump`, holders.py): what a
         # cached answer about that pool depends on. A plain dict: mypyc reads it natively.
@@ -97,7 +100,20 @@ class Ledger:
                 above = parent[c]
                 if above is not None:
                     self._sq[(above, f)] += self._sq[key] - self._lq[key]
-        self._cusage.clear()
+        self._levels = {
+            (c, f): Level(c, self._sq[(c, f)], self._lq[(c, f)], self._climit.get((c, f)))
+            for c in parent
+            for f in flavors
+        }
+        self._quotas: dict[tuple[str, str], TenantQuota] = {
+            key: TenantQuota(
+                nominal,
+                self._guaranteed[key],
+                self._limit[key],
+                [self._level(c, key[1]) for c in self._path[key[0]]],
+            )
+            for key, nominal in self._nominal.items()
+        }
         for (tenant, flavor), used in list(self.usage.items()):
             if used and tenant in self._cohort:
                 self._propagate(tenant, flavor, 0, used)
@@ -158,15 +174,22 @@ class Ledger:
         changes beyond its local quota."""
         g = self._guaranteed.get((tenant, flavor), 0)
         delta = max(0, after - g) - max(0, before - g)
-        cu = self._cusage
         for c in self._path[tenant]:
             if not delta:
                 return
-            key = (c, flavor)
-            b = cu[key]
-            cu[key] = b + delta
-            lq = self._lq[key]
-            delta = max(0, b + delta - lq) - max(0, b - lq)
+            lv = self._level(c, flavor)
+            b = lv.used
+            lv.used = b + delta
+            delta = max(0, b + delta - lv.lq) - max(0, b - lv.lq)
+
+    def _level(self, cohort: str, flavor: str) -> Level:
+        """The cohort's level of the flavor (one is made for a flavor the config lacks)."""
+        lv = self._levels.get((cohort, flavor))
+        if lv is None:
+            lv = self._levels[(cohort, flavor)] = Level(
+                cohort, self._sq[(cohort, flavor)], self._lq[(cohort, flavor)], None
+            )
+        return lv
 
     # --- questions -----------------------------------------------------------------
 
@@ -202,14 +225,14 @@ class Ledger:
         return self._path[tenant]
 
     def cohort_usage(self, cohort: str, flavor: str) -> int:
-        return self._cusage[(cohort, flavor)]
+        return self._level(cohort, flavor).used
 
     def over_quota(self, cohort: str, flavor: str, removed: dict[str, int] | None = None) -> bool:
         """Does the cohort's subtree use more than its subtree quota (Kueue: not within
         nominal)? `removed` takes GPUs away from tenants first."""
         used = self._with_removed(flavor, removed or {}).get(cohort)
         if used is None:
-            used = self._cusage[(cohort, flavor)]
+            used = self._level(cohort, flavor).used
         return used > self._sq[(cohort, flavor)]
 
     def usage_after(self, tenant: str, flavor: str, gpus: int) -> dict[str, int]:
@@ -232,37 +255,13 @@ class Ledger:
             for c in path:
                 if not delta:
                     break
+                lv = self._level(c, flavor)
                 b = out.get(c)
                 if b is None:
-                    b = self._cusage[(c, flavor)]
+                    b = lv.used
                 out[c] = b + delta
-                lq = self._lq[(c, flavor)]
-                delta = max(0, b + delta - lq) - max(0, b - lq)
+                delta = max(0, b + delta - lv.lq) - max(0, b - lv.lq)
         return out
-
-    def _available(self, tenant: str, flavor: str, used: int, cu: dict[str, int]) -> int:
-        """Kueue's `available`: how much more the tenant may take, walking from its root
-        down (`cu` overrides cohort usages; `used` is the tenant's own)."""
-        path = self._path[tenant]
-        key = (tenant, flavor)
-        nominal = self._nominal[key]
-        if not path:
-            return nominal - used
-        root = path[-1]
-        a = self._sq[(root, flavor)] - cu.get(root, self._cusage[(root, flavor)])
-        for i in range(len(path) - 2, -1, -1):
-            c = path[i]
-            ck = (c, flavor)
-            a = self._step(
-                a, self._sq[ck], self._lq[ck], cu.get(c, self._cusage[ck]), self._climit.get(ck)
-            )
-        return self._step(a, nominal, self._guaranteed[key], used, self._limit[key])
-
-    @staticmethod
-    def _step(parent_avail: int, sq: int, lq: int, used: int, limit: int | None) -> int:
-        if limit is not None:
-            parent_avail = min(parent_avail, sq - lq - max(0, used - lq) + limit)
-        return max(0, lq - used) + parent_avail
 
     def fits(
         self,
@@ -278,16 +277,16 @@ class Ledger:
         preemption search asks "would it fit if these victims went?".
         """
         key = (tenant, flavor)
-        nominal = self._nominal.get(key)
-        if nominal is None:
+        q = self._quotas.get(key)
+        if q is None:
             return False  # a flavor absent from the tenant's quota is not usable by it
         used = self.usage[key]
         if removed:
             used -= removed.get(tenant, 0)
-        if not allow_borrow and used + gpus > nominal:
+        if not allow_borrow and used + gpus > q.nominal:
             return False
-        cu = self._with_removed(flavor, removed) if removed else {}
-        return gpus <= self._available(tenant, flavor, used, cu)
+        cu = self._with_removed(flavor, removed) if removed else _UNCHANGED
+        return gpus <= available(q, used, cu)
 
     def room(
         self,
@@ -299,14 +298,14 @@ class Ledger:
         """The most GPUs of `flavor` the tenant's quota would admit right now (with the
         `removed` GPUs gone first): the largest `gpus` for which `fits` is true."""
         key = (tenant, flavor)
-        nominal = self._nominal.get(key)
-        if nominal is None:
+        q = self._quotas.get(key)
+        if q is None:
             return 0
         used = self.usage[key] - (removed.get(tenant, 0) if removed else 0)
-        cu = self._with_removed(flavor, removed) if removed else {}
-        room = self._available(tenant, flavor, used, cu)
+        cu = self._with_removed(flavor, removed) if removed else _UNCHANGED
+        room = available(q, used, cu)
         if not allow_borrow:
-            room = min(room, nominal - used)
+            room = min(room, q.nominal - used)
         return max(0, room)
 
     def borrows(self, tenant: str, flavor: str, gpus: int, removed: int = 0) -> bool:
@@ -328,7 +327,7 @@ class Ledger:
         remaining = gpus - max(0, self._guaranteed.get(key, 0) - used)
         for c in path:
             ck = (c, flavor)
-            cu = self._cusage[ck]
+            cu = self._level(c, flavor).used
             if cu + remaining <= self._sq[ck]:
                 return self._height[c]
             remaining -= max(0, self._lq[ck] - cu)
@@ -345,7 +344,7 @@ class Ledger:
         remaining = gpus - max(0, self._guaranteed.get(key, 0) - used)
         for c in path[:-1]:
             ck = (c, flavor)
-            cu = self._cusage[ck]
+            cu = self._level(c, flavor).used
             if cu + remaining <= self._sq[ck]:
                 return True
             remaining -= max(0, self._lq[ck] - cu)
@@ -363,31 +362,16 @@ class Ledger:
         for c in self._path[tenant]:
             out[c] = adv
             ck = (c, flavor)
-            cu = self._cusage[ck]
+            cu = self._level(c, flavor).used
             adv = adv or cu + remaining <= self._sq[ck]
             remaining = max(0, remaining - max(0, self._lq[ck] - cu))
         return out
 
     def max_hold(self, tenant: str, flavor: str) -> int:
         """The most the tenant could ever hold of the flavor, with everyone else idle
-        (Kueue's potential available)."""
-        key = (tenant, flavor)
-        nominal = self._nominal.get(key, 0)
-        path = self._path[tenant]
-        if not path:
-            return nominal
-        a = self._sq[(path[-1], flavor)]
-        for i in range(len(path) - 2, -1, -1):
-            ck = (path[i], flavor)
-            a = self._lq[ck] + a
-            limit = self._climit.get(ck)
-            if limit is not None:
-                a = min(a, self._sq[ck] + limit)
-        a = self._guaranteed.get(key, 0) + a
-        limit = self._limit.get(key)
-        if limit is not None:
-            a = min(a, nominal + limit)
-        return a
+        (Kueue's potential available); 0 for a flavor outside its quota."""
+        q = self._quotas.get((tenant, flavor))
+        return 0 if q is None else potential(q)
 
     def share(self, tenant: str, flavor: str = "", gpus: int = 0) -> float:
         """Weighted share for fair sharing: the largest of borrowed / pool / weight, with

@@ -1,0 +1,76 @@
+"""The quota tree's nodes for one flavor, as the ledger keeps them (ledger.py), and Kueue's
+`available` walked over them.
+
+A :class:`Level` is one cohort's resource node for a flavor, a :class:`TenantQuota` one
+tenant's quota of a flavor with its cohorts' levels up to the root. The admission cycle
+asks `available` millions of times: fields of objects built once per configuration, not
+lookups in dicts keyed by (cohort, flavor) tuples.
+"""
+
+from __future__ import annotations
+
+
+class Level:
+    """One cohort's resource node for one flavor: subtree quota, local quota and borrowing
+    limit (fixed until the ledger is reconfigured), and usage (live)."""
+
+    def __init__(self, name: str, sq: int, lq: int, limit: int | None) -> None:
+        self.name = name
+        self.sq = sq
+        self.lq = lq
+        self.limit = limit
+        self.used = 0
+
+
+class TenantQuota:
+    """A tenant's quota of one flavor, with its cohorts' levels from its own to the root."""
+
+    def __init__(self, nominal: int, guaranteed: int, limit: int | None, levels: list[Level]):
+        self.nominal = nominal
+        self.guaranteed = guaranteed
+        self.limit = limit
+        self.levels = levels
+
+
+def _step(parent_avail: int, sq: int, lq: int, used: int, limit: int | None) -> int:
+    if limit is not None:
+        parent_avail = min(parent_avail, sq - lq - max(0, used - lq) + limit)
+    return max(0, lq - used) + parent_avail
+
+
+def available(q: TenantQuota, used: int, cu: dict[str, int]) -> int:
+    """Kueue's `available`: how much more the tenant may take, walking from its root
+    down (`cu` overrides cohort usages; `used` is the tenant's own)."""
+    levels = q.levels
+    n = len(levels)
+    if not n:
+        return q.nominal - used
+    root = levels[n - 1]
+    if cu:
+        a = root.sq - cu.get(root.name, root.used)
+        for i in range(n - 2, -1, -1):
+            lv = levels[i]
+            a = _step(a, lv.sq, lv.lq, cu.get(lv.name, lv.used), lv.limit)
+    else:
+        a = root.sq - root.used
+        for i in range(n - 2, -1, -1):
+            lv = levels[i]
+            a = _step(a, lv.sq, lv.lq, lv.used, lv.limit)
+    return _step(a, q.nominal, q.guaranteed, used, q.limit)
+
+
+def potential(q: TenantQuota) -> int:
+    """Kueue's potential available: the most the tenant could hold with everyone else idle."""
+    levels = q.levels
+    if not levels:
+        return q.nominal
+    a = levels[-1].sq
+    for i in range(len(levels) - 2, -1, -1):
+        lv = levels[i]
+        a = lv.lq + a
+        if lv.limit is not None:
+            a = min(a, lv.sq + lv.limit)
+    a = q.guaranteed + a
+    if q.limit is not None:
+        a = min(a, q.nominal + q.limit)
+    return a
