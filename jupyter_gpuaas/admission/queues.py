@@ -34,6 +34,9 @@ class Bucket:
     key: BucketKey
     heap: list[_Slot]
     count: int
+    # Heap entries of requests that left from below the top (at most): while 0, the top
+    # is live without a look at the queue's index.
+    stale: int
     # Set when the head failed to fit or preempt; cleared when room frees up for it.
     inadmissible: bool
 
@@ -41,6 +44,7 @@ class Bucket:
         self.key = key
         self.heap = []
         self.count = 0
+        self.stale = 0
         self.inadmissible = False
 
 
@@ -86,11 +90,16 @@ class TenantQueue:
         if bucket.count == 0:
             del self.buckets[bkey]
         elif _same(bucket.heap[0], slot):
+            heapq.heappop(bucket.heap)  # the head leaves (an admission): no stale entry
             self._top(bucket)
+        else:
+            bucket.stale += 1
         return req
 
     def _top(self, bucket: Bucket) -> _Slot | None:
         heap = bucket.heap
+        if not bucket.stale:
+            return heap[0] if heap else None
         slots = self._slot
         while heap:
             top = heap[0]
@@ -98,6 +107,7 @@ class TenantQueue:
             if live is not None and _same(live, top):
                 return top
             heapq.heappop(heap)
+            bucket.stale -= 1
         return None
 
     def head(self, bucket: Bucket) -> Request | None:
