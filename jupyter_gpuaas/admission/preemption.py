@@ -88,14 +88,23 @@ def find_victims(
     while_borrowing: set[str] = set()  # others' candidates that stay valid when borrowing
     hierarchical: set[str] = set()
     below: dict[str, tuple[str, ...]] = {}  # a holder's cohorts below the common ancestor
+    # The policies' answers, asked once and not per holder (a pool holds hundreds).
+    me = req.tenant
+    within = p.within_tenant
+    others_allowed = tenant.cohort is not None and (p.reclaim_within_cohort != "Never" or bwc)
+    lends: dict[str, bool] = {}  # a member above its nominal quota (it lends some back)
     for v in admitted:
-        if v.tenant == req.tenant:
-            if _own_allowed(p.within_tenant, v, req):
+        vt = v.tenant
+        if vt == me:
+            if within != "Never" and _own_allowed(within, v, req):
                 own.append(v)
             continue
-        if tenant.cohort is None or (p.reclaim_within_cohort == "Never" and not bwc):
+        if not others_allowed:
             continue
-        if ledger.usage[(v.tenant, flavor)] <= ledger.nominal(v.tenant, flavor):
+        over = lends.get(vt)
+        if over is None:
+            over = lends[vt] = ledger.usage[(vt, flavor)] > ledger.nominal(vt, flavor)
+        if not over:
             continue  # a member within nominal lends nothing back
         path = below.get(v.tenant)
         if path is None:
