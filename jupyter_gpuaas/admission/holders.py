@@ -2,9 +2,14 @@
 
 Device holders per (tenant, flavor), and their GPUs per priority: the candidates of a
 preemption search, and a quick bound on what one could achieve. The bound per (tenant,
-flavor, priority) is kept with the version of the pool it was computed at: the ledger's
-`pool_version` of the tenant's cohort and that flavor, which usage and holders both bump.
-Nothing else changes it but free devices, which are added at each lookup.
+flavor, priority) keeps its candidates while no holder that could be one came or went in
+its cohort and flavor (a version per priority threshold, below) and the cohort's set of
+borrowers is the same; its quota room while the ledger's `pool_version` (usage) is the
+same. Nothing else changes it but free devices, which are added at each lookup.
+
+Most holders that come and go cannot be a head's candidates (a kernel admitted beside
+jobs does not change what a kernel head may evict): nine in ten recomputations of the
+bound on one version per pool gave the same candidates.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ class Bound:
     """What evicting could do for a head of (tenant, flavor, priority), as of the
     version of its pool (usage and holders in its cohort and flavor)."""
 
-    version: int
+    version: int  # of its candidates (Holders._versions)
+    usage_version: int  # of the usage its room was asked at (the ledger's pool_version)
     removed: dict[str, int]  # GPUs every candidate holds, per owner (the tenant first)
     held: int  # their sum
     own: bool  # some candidates are the tenant's own
@@ -34,6 +40,7 @@ class Bound:
     def __init__(
         self,
         version: int,
+        usage_version: int,
         removed: dict[str, int],
         held: int,
         own: bool,
@@ -42,6 +49,7 @@ class Bound:
         room: int = -1,
     ) -> None:
         self.version = version
+        self.usage_version = usage_version
         self.removed = removed
         self.held = held
         self.own = own
@@ -57,6 +65,12 @@ class Holders:
         self.holding: dict[tuple[str, str], dict[str, Request]] = defaultdict(dict)
         self.held_by_priority: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
         self._bounds: dict[tuple[str, str, int], Bound] = {}
+        # Per (pool, flavor, threshold): bumps when a holder of priority <= threshold comes
+        # or goes there, or the pool's borrowers change. A bound for a head at priority p
+        # reads threshold p (None: every priority, for a tenant that reclaims with Any).
+        self._versions: dict[tuple[str, str, int | None], int] = {}
+        self._thresholds: dict[tuple[str, str], list[int | None]] = {}
+        self._reclaims_any: dict[str, bool] = {}
         # Every admitted request, in the order it was bound (the gateway's wait estimates
         # walk the running grants, not every live request).
         self.admitted: dict[str, Request] = {}
@@ -66,11 +80,23 @@ class Holders:
     def reconfigure(self, config: Config) -> None:
         self._tenants = dict(config.tenants)
         self.pool = {t: self._ledger.root(t) for t in config.tenants}
+        self._reclaims_any = {
+            t.name: t.preemption.reclaim_within_cohort == "Any" for t in config.tenants.values()
+        }
         self._bounds.clear()
+        self._ledger.on_borrowers = self._changed
+
+    def _changed(self, pool: str, flavor: str, prio: int | None = None) -> None:
+        """Holders or borrowers changed in (pool, flavor): bounds that could see it, recompute
+        their candidates. `prio` None: the borrowers (every threshold)."""
+        for t in self._thresholds.get((pool, flavor), ()):
+            if prio is None or t is None or prio <= t:
+                key = (pool, flavor, t)
+                self._versions[key] = self._versions[key] + 1
 
     def hold(self, req: Request, flavor: str) -> None:
         self.admitted[req.id] = req
-        self._ledger.bump((self.pool[req.tenant], flavor))
+        self._changed(self.pool[req.tenant], flavor, req.priority)
         self.holding[(req.tenant, flavor)][req.id] = req
         by_prio = self.held_by_priority[(req.tenant, flavor)]
         by_prio[req.priority] = by_prio.get(req.priority, 0) + req.gpus
@@ -78,7 +104,7 @@ class Holders:
     def unhold(self, req: Request, flavor: str) -> None:
         self.admitted.pop(req.id, None)
         if self.holding[(req.tenant, flavor)].pop(req.id, None) is not None:
-            self._ledger.bump((self.pool[req.tenant], flavor))
+            self._changed(self.pool[req.tenant], flavor, req.priority)
             by_prio = self.held_by_priority[(req.tenant, flavor)]
             left = by_prio[req.priority] - req.gpus
             if left:
@@ -126,9 +152,16 @@ class Holders:
     def bound(self, tenant: str, flavor: str, prio: int) -> Bound:
         """The candidates' GPUs and owners for a head of `tenant` at `prio` on `flavor`.
 
-        Kept per (tenant, flavor, priority) until usage or holders change in that cohort
-        and flavor: between two changes, wakes and tries of many heads ask the same."""
-        version = self._ledger.pool_version.get((self.pool[tenant], flavor), 0)
+        Kept per (tenant, flavor, priority): its candidates until a holder that could be
+        one comes or goes in that cohort and flavor, or its borrowers change; its room until
+        usage changes there. Between two changes, wakes and tries of many heads ask the same."""
+        pool = self.pool[tenant]
+        vkey = (pool, flavor, None if self._reclaims_any[tenant] else prio)
+        version = self._versions.get(vkey)
+        if version is None:
+            version = self._versions[vkey] = 0
+            self._thresholds.setdefault((pool, flavor), []).append(vkey[2])
+        usage_version = self._ledger.pool_version.get((pool, flavor), 0)
         key = (tenant, flavor, prio)
         b = self._bounds.get(key)
         if b is None or b.version != version:
@@ -136,8 +169,14 @@ class Holders:
                 self._tenants[tenant], self._ledger, self.held_by_priority, flavor, prio
             )
             others = [name for name in removed if name != tenant]
-            b = Bound(version, removed, sum(removed.values()), own, others, borrow_ok)
+            b = Bound(
+                version, usage_version, removed, sum(removed.values()), own, others, borrow_ok
+            )
             if not b.held:
                 b.room = 0  # nobody to evict
             self._bounds[key] = b
+        elif b.usage_version != usage_version:
+            b.usage_version = usage_version
+            if b.held:
+                b.room = -1  # the same candidates; the quota they would leave, asked again
         return b

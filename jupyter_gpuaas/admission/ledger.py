@@ -19,7 +19,7 @@ cohorts, sum over members of max(0, usage - guaranteed) <= sum of lendable, as b
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .levels import Level, TenantQuota, available, potential
 from .model import Config, Tenant
@@ -35,9 +35,12 @@ class Ledger:
         # Per (cohort, flavor): its Level, which holds the cohort's usage.
         self._levels: dict[tuple[str, str], Level] = {}
         # Bumps on every change of usage in one (root cohort, flavor), or (tenant, flavor)
-        # for a tenant without a cohort, and of its holders (`bump`, holders.py): what a
-        # cached answer about that pool depends on. A plain dict: mypyc reads it natively.
+        # for a tenant without a cohort: what a cached answer about that pool's quota (a
+        # preemption bound's room) depends on. A plain dict: mypyc reads it natively.
         self.pool_version: dict[tuple[str, str], int] = {}
+        # Told (root cohort, flavor) when a member starts or stops borrowing (holders.py
+        # keeps preemption bounds that list the borrowers).
+        self.on_borrowers: Callable[[str, str], None] | None = None
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
@@ -133,10 +136,6 @@ class Ledger:
     def remove(self, tenant: str, flavor: str, gpus: int) -> None:
         self._move(tenant, flavor, -gpus)
 
-    def bump(self, pool: tuple[str, str]) -> None:
-        """Something a cached answer about the pool depends on changed (its holders)."""
-        self.pool_version[pool] = self.pool_version.get(pool, 0) + 1
-
     def undo(self, moves: list[tuple[str, str, int]], versions: dict[tuple[str, str], int]) -> None:
         """Take back tentative `add`s (tenant, flavor, gpus) and put the pools' versions
         back as they were (`versions`, read before the first): the ledger is as before, so
@@ -166,6 +165,8 @@ class Ledger:
                     self._borrowers[pool][tenant] = None
                 else:
                     del self._borrowers[pool][tenant]
+                if self.on_borrowers is not None:
+                    self.on_borrowers(pool[0], flavor)
         else:
             self.pool_version[key] = self.pool_version.get(key, 0) + 1
 

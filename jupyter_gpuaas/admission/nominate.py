@@ -144,13 +144,13 @@ class Nominating(Waking):
         tenant = req.tenant
         flavors = (req.flavor,) if req.flavor else self._flavors[tenant]
         ledger = self._ledger
-        gap = self._cluster.widest_gap
+        cluster = self._cluster  # (a bound method kept in a local is a generic call)
         borrowing_choice: str | None = None
         capacity_flavors: list[str] = []
         for f in flavors:
             if not ledger.fits(tenant, f, req.gpus):
                 continue
-            if gap(f) < req.gpus:
+            if cluster.widest_gap(f) < req.gpus:
                 capacity_flavors.append(f)
                 continue
             if self._graces and kept_for_reclaim(
