@@ -50,7 +50,7 @@ def scale_sizes(
         while n < bucket.count and ledger.fits(tenant, flavor, gpus):
             pool = ledger.pool_of(tenant, flavor)
             if pool not in versions:
-                versions[pool] = ledger.pool_version.get(pool, 0)
+                versions[pool] = ledger.version(pool).n
             ledger.add(tenant, flavor, gpus)
             tentative.append((tenant, flavor, gpus))
             n += 1

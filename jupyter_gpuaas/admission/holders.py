@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .ledger import Ledger
+from .ledger import Ledger, Version
 from .model import Config, Request, Tenant
 from .nodes import Cluster
 from .preemption import preemption_candidates, preemption_room
@@ -25,11 +25,13 @@ from .preemption import preemption_candidates, preemption_room
 
 @dataclass(init=False)  # a written __init__: mypyc compiles it (see model.Request)
 class Bound:
-    """What evicting could do for a head of (tenant, flavor, priority), as of the
-    version of its pool (usage and holders in its cohort and flavor)."""
+    """What evicting could do for a head of (tenant, flavor, priority): valid while the
+    counters it keeps (`candidates`, `usage`) still read what they read when it was made."""
 
-    version: int  # of its candidates (Holders._versions)
-    usage_version: int  # of the usage its room was asked at (the ledger's pool_version)
+    candidates: Version  # of its candidates (a threshold's, Holders._versions)
+    version: int
+    usage: Version  # of the usage its room was asked at (the ledger's pool version)
+    usage_version: int
     removed: dict[str, int]  # GPUs every candidate holds, per owner (the tenant first)
     held: int  # their sum
     own: bool  # some candidates are the tenant's own
@@ -39,23 +41,23 @@ class Bound:
 
     def __init__(
         self,
-        version: int,
-        usage_version: int,
+        candidates: Version,
+        usage: Version,
         removed: dict[str, int],
-        held: int,
         own: bool,
         others: list[str],
         borrow_ok: bool,
-        room: int = -1,
     ) -> None:
-        self.version = version
-        self.usage_version = usage_version
+        self.candidates = candidates
+        self.version = candidates.n
+        self.usage = usage
+        self.usage_version = usage.n
         self.removed = removed
-        self.held = held
+        self.held = sum(removed.values())
         self.own = own
         self.others = others
         self.borrow_ok = borrow_ok
-        self.room = room
+        self.room = -1 if self.held else 0  # 0: nobody to evict
 
 
 class Holders:
@@ -68,8 +70,8 @@ class Holders:
         # Per (pool, flavor, threshold): bumps when a holder of priority <= threshold comes
         # or goes there, or the pool's borrowers change. A bound for a head at priority p
         # reads threshold p (None: every priority, for a tenant that reclaims with Any).
-        self._versions: dict[tuple[str, str, int | None], int] = {}
-        self._thresholds: dict[tuple[str, str], list[int | None]] = {}
+        self._versions: dict[tuple[str, str, int | None], Version] = {}
+        self._thresholds: dict[tuple[str, str], list[tuple[int | None, Version]]] = {}
         self._reclaims_any: dict[str, bool] = {}
         # Every admitted request, in the order it was bound (the gateway's wait estimates
         # walk the running grants, not every live request).
@@ -89,10 +91,9 @@ class Holders:
     def _changed(self, pool: str, flavor: str, prio: int | None = None) -> None:
         """Holders or borrowers changed in (pool, flavor): bounds that could see it, recompute
         their candidates. `prio` None: the borrowers (every threshold)."""
-        for t in self._thresholds.get((pool, flavor), ()):
+        for t, version in self._thresholds.get((pool, flavor), ()):
             if prio is None or t is None or prio <= t:
-                key = (pool, flavor, t)
-                self._versions[key] = self._versions[key] + 1
+                version.n += 1
 
     def hold(self, req: Request, flavor: str) -> None:
         self.admitted[req.id] = req
@@ -155,28 +156,24 @@ class Holders:
         Kept per (tenant, flavor, priority): its candidates until a holder that could be
         one comes or goes in that cohort and flavor, or its borrowers change; its room until
         usage changes there. Between two changes, wakes and tries of many heads ask the same."""
-        pool = self.pool[tenant]
-        vkey = (pool, flavor, None if self._reclaims_any[tenant] else prio)
-        version = self._versions.get(vkey)
-        if version is None:
-            version = self._versions[vkey] = 0
-            self._thresholds.setdefault((pool, flavor), []).append(vkey[2])
-        usage_version = self._ledger.pool_version.get((pool, flavor), 0)
         key = (tenant, flavor, prio)
         b = self._bounds.get(key)
-        if b is None or b.version != version:
-            removed, own, borrow_ok = preemption_candidates(
-                self._tenants[tenant], self._ledger, self.held_by_priority, flavor, prio
-            )
-            others = [name for name in removed if name != tenant]
-            b = Bound(
-                version, usage_version, removed, sum(removed.values()), own, others, borrow_ok
-            )
-            if not b.held:
-                b.room = 0  # nobody to evict
-            self._bounds[key] = b
-        elif b.usage_version != usage_version:
-            b.usage_version = usage_version
-            if b.held:
-                b.room = -1  # the same candidates; the quota they would leave, asked again
+        if b is not None and b.candidates.n == b.version:
+            if b.usage.n != b.usage_version:
+                b.usage_version = b.usage.n
+                if b.held:
+                    b.room = -1  # the same candidates; the quota they would leave, asked again
+            return b
+        pool = self.pool[tenant]
+        vkey = (pool, flavor, None if self._reclaims_any[tenant] else prio)
+        candidates = self._versions.get(vkey)
+        if candidates is None:
+            candidates = self._versions[vkey] = Version()
+            self._thresholds.setdefault((pool, flavor), []).append((vkey[2], candidates))
+        removed, own, borrow_ok = preemption_candidates(
+            self._tenants[tenant], self._ledger, self.held_by_priority, flavor, prio
+        )
+        others = [name for name in removed if name != tenant]
+        b = Bound(candidates, self._ledger.version((pool, flavor)), removed, own, others, borrow_ok)
+        self._bounds[key] = b
         return b

@@ -28,6 +28,14 @@ _NOBODY: dict[str, None] = {}  # never written: the borrowers of a tenant withou
 _UNCHANGED: dict[str, int] = {}  # never written: no cohort usage overridden
 
 
+class Version:
+    """A counter that cached answers are kept against. The cache keeps the counter itself,
+    so checking an answer costs an attribute read, not a dict lookup."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 class Ledger:
     def __init__(self, config: Config) -> None:
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
@@ -37,7 +45,7 @@ class Ledger:
         # Bumps on every change of usage in one (root cohort, flavor), or (tenant, flavor)
         # for a tenant without a cohort: what a cached answer about that pool's quota (a
         # preemption bound's room) depends on. A plain dict: mypyc reads it natively.
-        self.pool_version: dict[tuple[str, str], int] = {}
+        self.pool_version: dict[tuple[str, str], Version] = {}
         # Told (root cohort, flavor) when a member starts or stops borrowing (holders.py
         # keeps preemption bounds that list the borrowers).
         self.on_borrowers: Callable[[str, str], None] | None = None
@@ -142,7 +150,15 @@ class Ledger:
         what was cached on those versions (the preemption bounds) still holds."""
         for tenant, flavor, gpus in reversed(moves):
             self._move(tenant, flavor, -gpus)
-        self.pool_version.update(versions)
+        for pool, n in versions.items():
+            self.version(pool).n = n
+
+    def version(self, pool: tuple[str, str]) -> Version:
+        """The usage version of a pool (a key of `pool_of`)."""
+        v = self.pool_version.get(pool)
+        if v is None:
+            v = self.pool_version[pool] = Version()
+        return v
 
     def pool_of(self, tenant: str, flavor: str) -> tuple[str, str]:
         """The key of the tenant's pool in `pool_version`: (root cohort, flavor), or
@@ -158,7 +174,7 @@ class Ledger:
         if path:
             self._propagate(tenant, flavor, before, before + delta)
             pool = (path[-1], flavor)
-            self.pool_version[pool] = self.pool_version.get(pool, 0) + 1
+            self.version(pool).n += 1
             nominal = self._nominal.get(key, 0)
             if (before > nominal) != (before + delta > nominal):
                 if before + delta > nominal:
@@ -168,7 +184,7 @@ class Ledger:
                 if self.on_borrowers is not None:
                     self.on_borrowers(pool[0], flavor)
         else:
-            self.pool_version[key] = self.pool_version.get(key, 0) + 1
+            self.version(key).n += 1
 
     def _propagate(self, tenant: str, flavor: str, before: int, after: int) -> None:
         """Carry a tenant's change of usage up its cohorts: each level passes on what
