@@ -67,12 +67,15 @@ class Holders:
         self.holding: dict[tuple[str, str], dict[str, Request]] = defaultdict(dict)
         self.held_by_priority: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
         self._bounds: dict[tuple[str, str, int], Bound] = {}
-        # Per (pool, flavor, threshold): bumps when a holder of priority <= threshold comes
-        # or goes there, or the pool's borrowers change. A bound for a head at priority p
-        # reads threshold p (None: every priority, for a tenant that reclaims with Any).
-        self._versions: dict[tuple[str, str, int | None], Version] = {}
-        self._thresholds: dict[tuple[str, str], list[tuple[int | None, Version]]] = {}
+        # Per (pool, flavor, threshold, equal too): bumps when a holder of priority below
+        # the threshold (or equal to it, for a tenant whose own equal-priority holders may
+        # be candidates: LowerOrNewerEqualPriority) comes or goes there, or the pool's
+        # borrowers change. A bound for a head at priority p reads threshold p (None: every
+        # priority, for a tenant that reclaims with Any).
+        self._versions: dict[tuple[str, str, int | None, bool], Version] = {}
+        self._thresholds: dict[tuple[str, str], list[tuple[int | None, bool, Version]]] = {}
         self._reclaims_any: dict[str, bool] = {}
+        self._equal_too: dict[str, bool] = {}
         # Every admitted request, in the order it was bound (the gateway's wait estimates
         # walk the running grants, not every live request).
         self.admitted: dict[str, Request] = {}
@@ -85,14 +88,18 @@ class Holders:
         self._reclaims_any = {
             t.name: t.preemption.reclaim_within_cohort == "Any" for t in config.tenants.values()
         }
+        self._equal_too = {
+            t.name: t.preemption.within_tenant == "LowerOrNewerEqualPriority"
+            for t in config.tenants.values()
+        }
         self._bounds.clear()
         self._ledger.on_borrowers = self._changed
 
     def _changed(self, pool: str, flavor: str, prio: int | None = None) -> None:
         """Holders or borrowers changed in (pool, flavor): bounds that could see it, recompute
         their candidates. `prio` None: the borrowers (every threshold)."""
-        for t, version in self._thresholds.get((pool, flavor), ()):
-            if prio is None or t is None or prio <= t:
+        for t, equal_too, version in self._thresholds.get((pool, flavor), ()):
+            if prio is None or t is None or prio < t or (equal_too and prio == t):
                 version.n += 1
 
     def hold(self, req: Request, flavor: str) -> None:
@@ -165,11 +172,15 @@ class Holders:
                     b.room = -1  # the same candidates; the quota they would leave, asked again
             return b
         pool = self.pool[tenant]
-        vkey = (pool, flavor, None if self._reclaims_any[tenant] else prio)
+        threshold = None if self._reclaims_any[tenant] else prio
+        equal_too = self._equal_too[tenant]
+        vkey = (pool, flavor, threshold, equal_too)
         candidates = self._versions.get(vkey)
         if candidates is None:
             candidates = self._versions[vkey] = Version()
-            self._thresholds.setdefault((pool, flavor), []).append((vkey[2], candidates))
+            self._thresholds.setdefault((pool, flavor), []).append(
+                (threshold, equal_too, candidates)
+            )
         removed, own, borrow_ok = preemption_candidates(
             self._tenants[tenant], self._ledger, self.held_by_priority, flavor, prio
         )
