@@ -91,28 +91,29 @@ class TenantQueue:
             del self.buckets[bkey]
         elif _same(bucket.heap[0], slot):
             heapq.heappop(bucket.heap)  # the head leaves (an admission): no stale entry
-            self._top(bucket)
+            self._live(bucket)
         else:
             bucket.stale += 1
         return req
 
-    def _top(self, bucket: Bucket) -> _Slot | None:
+    def _live(self, bucket: Bucket) -> bool:
+        """Drop stale entries from the top; True when the bucket's heap has a head. (A bool,
+        not the entry: mypyc keeps the entry unboxed, and an optional one is boxed again.)"""
         heap = bucket.heap
         if not bucket.stale:
-            return heap[0] if heap else None
+            return bool(heap)
         slots = self._slot
         while heap:
             top = heap[0]
             live = slots.get(top[3].id)
             if live is not None and _same(live, top):
-                return top
+                return True
             heapq.heappop(heap)
             bucket.stale -= 1
-        return None
+        return False
 
     def head(self, bucket: Bucket) -> Request | None:
-        top = self._top(bucket)
-        return None if top is None else top[3]
+        return bucket.heap[0][3] if self._live(bucket) else None
 
     def heads(self, include_inadmissible: bool = False) -> list[tuple[OrderKey, Bucket, Request]]:
         """Bucket heads in queue order."""
@@ -120,8 +121,8 @@ class TenantQueue:
         for bucket in self.buckets.values():
             if bucket.inadmissible and not include_inadmissible:
                 continue
-            top = self._top(bucket)
-            if top is not None:
+            if self._live(bucket):
+                top = bucket.heap[0]
                 out.append(((top[0], top[1], top[2]), bucket, top[3]))
         if len(out) > 1:
             # Order keys are unique (they end in the arrival number), so a plain sort
