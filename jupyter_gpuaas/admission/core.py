@@ -61,6 +61,7 @@ class AdmissionCore(Admitting):
         self._preempts: dict[str, bool] = {}  # tenants with any preemption policy
         self._flavors: dict[str, tuple[str, ...]] = {}  # a tenant's flavors, in quota order
         self._specs: dict[str, Tenant] = {}
+        self._names: dict[str, str] = {}
         self._tournament = False  # fair sharing in a cohort tree: heads meet level by level
         self._index_policies()
         self._width: dict[str, int] = {}  # widest node per flavor, for rejections
@@ -86,6 +87,11 @@ class AdmissionCore(Admitting):
         self._flavors = {t.name: tuple(t.quota) for t in self._config.tenants.values()}
         # A plain dict of the specs: mypyc indexes a dict natively, a Mapping generically.
         self._specs = dict(self._config.tenants)
+        # The config's own name objects. A name read from a trace row or a request body is
+        # an equal but distinct string, and each dict hit on it compares bytes: requests
+        # are given these (`_canonical`), so the tables' keys match by identity.
+        self._names = {t.name: t.name for t in self._config.tenants.values()}
+        self._names.update({f: f for f in self._config.flavors})
         self._tournament = bool(self._config.policy.fair_sharing and self._config.cohorts)
         self._holders.reconfigure(self._config)
 
@@ -117,6 +123,7 @@ class AdmissionCore(Admitting):
                 now, "submit", req.id, {"tenant": req.tenant, "kind": req.kind, "gpus": req.gpus}
             )
         ]
+        self._canonical(req)
         req.seq = self._seq = self._seq + 1
         req.queue_time = req.submit_time
         reason = self.never_fits(req)
@@ -201,27 +208,6 @@ class AdmissionCore(Admitting):
         self._room_freed_in(flavor)
         return []
 
-    def remove_node(self, name: str, now: float) -> list[Decision]:
-        """A node left: whoever held its devices loses them. A job is requeued, as a
-        preempted job is (it runs again from the start, keeping its place by submit
-        time); servers and kernels end."""
-        out: list[Decision] = []
-        node = self._cluster.nodes.get(name)
-        if node is None:
-            return out
-        for rid in sorted(set(node.holders.values())):
-            req = self._get(rid)
-            if req.kind == "job" and req.state is State.ADMITTED:
-                self._release_devices(req, now)
-                self._release_quota(req)
-                self._requeue(req, now, req.submit_time, out)
-                continue
-            out += self._end(rid, now, "finish", State.FINISHED, f"node {name} left")
-        self._cluster.remove(name)
-        self._width.pop(node.flavor, None)
-        self._timers.clear(SCALE_DOWN, name)
-        return out
-
     def restore(self, req: Request, now: float) -> list[Decision]:
         """Put back a request read from the store, in the state it was stored in.
 
@@ -231,6 +217,7 @@ class AdmissionCore(Admitting):
         out: list[Decision] = []
         if req.state in TERMINAL:
             return out
+        self._canonical(req)
         self._requests[req.id] = req
         if req.state is State.QUEUED:
             self._enqueue(req)
@@ -269,6 +256,14 @@ class AdmissionCore(Admitting):
                 self._touch(req.tenant)
             self._restore_warning(req)
         return out
+
+    def _canonical(self, req: Request) -> None:
+        names = self._names
+        req.tenant = names.get(req.tenant, req.tenant)
+        if req.flavor is not None:
+            req.flavor = names.get(req.flavor, req.flavor)
+        if req.assigned_flavor is not None:
+            req.assigned_flavor = names.get(req.assigned_flavor, req.assigned_flavor)
 
     def _restore_warning(self, req: Request) -> None:
         if req.preempt_at is not None and req.preempted_by is not None:

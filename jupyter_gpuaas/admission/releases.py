@@ -1,5 +1,5 @@
-"""Releases: what a request gives back when it ends, is culled, expires or is taken
-over, and what a warned victim leaving means for its preemptor.
+"""Releases: what a request gives back when it ends, is culled, expires, is taken over or
+loses its node, and what a warned victim leaving means for its preemptor.
 
 Every release says what it freed (`_room_freed_in` for devices, `_quota_freed_in` for
 quota: waking.py), so exactly the heads that wait for it look again. A base of
@@ -8,7 +8,7 @@ quota: waking.py), so exactly the heads that wait for it look again. A base of
 
 from __future__ import annotations
 
-from .autoscale import Autoscaler
+from .autoscale import SCALE_DOWN, Autoscaler
 from .grace import EVICT, Reclaim
 from .model import TERMINAL, Decision, Request, State
 from .nominate import Nominating
@@ -67,6 +67,27 @@ class Releasing(Nominating):
         req.reason = reason
         del self._requests[rid]
         out.append(Decision(now, event, rid, {"reason": reason} if reason else {}))
+        return out
+
+    def remove_node(self, name: str, now: float) -> list[Decision]:
+        """A node left: whoever held its devices loses them. A job is requeued, as a
+        preempted job is (it runs again from the start, keeping its place by submit
+        time); servers and kernels end."""
+        out: list[Decision] = []
+        node = self._cluster.nodes.get(name)
+        if node is None:
+            return out
+        for rid in sorted(set(node.holders.values())):
+            req = self._get(rid)
+            if req.kind == "job" and req.state is State.ADMITTED:
+                self._release_devices(req, now)
+                self._release_quota(req)
+                self._requeue(req, now, req.submit_time, out)
+                continue
+            out += self._end(rid, now, "finish", State.FINISHED, f"node {name} left")
+        self._cluster.remove(name)
+        self._width.pop(node.flavor, None)
+        self._timers.clear(SCALE_DOWN, name)
         return out
 
     def _cull(self, req: Request, now: float, out: list[Decision]) -> None:
