@@ -23,7 +23,7 @@ from .grace import EVICT, Graces
 from .heads import Heads
 from .holders import Holders
 from .ledger import Ledger
-from .model import TERMINAL, Config, Decision, Preemption, Request, State, Tenant
+from .model import KINDS, TERMINAL, Config, Decision, Preemption, Request, State, Tenant
 from .nodes import Cluster
 from .nominate import Entry, Status
 from .positions import Parked, Positions
@@ -92,6 +92,7 @@ class AdmissionCore(Admitting):
         # are given these (`_canonical`), so the tables' keys match by identity.
         self._names = {t.name: t.name for t in self._config.tenants.values()}
         self._names.update({f: f for f in self._config.flavors})
+        self._names.update({k: k for k in KINDS})
         self._tournament = bool(self._config.policy.fair_sharing and self._config.cohorts)
         self._holders.reconfigure(self._config)
 
@@ -260,6 +261,7 @@ class AdmissionCore(Admitting):
     def _canonical(self, req: Request) -> None:
         names = self._names
         req.tenant = names.get(req.tenant, req.tenant)
+        req.kind = names.get(req.kind, req.kind)
         if req.flavor is not None:
             req.flavor = names.get(req.flavor, req.flavor)
         if req.assigned_flavor is not None:

@@ -113,7 +113,9 @@ def want_name(value: Any, key: str) -> str:
 def want_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
     if not isinstance(value, str) or value not in choices:
         fail(key, f"must be one of {', '.join(choices)} (got {value!r})")
-    return value
+    # The choice's own object (a literal, interned): the core compares policies with
+    # literals millions of times, and identity is the fast path of a string compare.
+    return choices[choices.index(value)]
 
 
 def optional(block: Mapping[str, Any], name: str) -> Any:
