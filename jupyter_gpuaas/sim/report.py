@@ -21,12 +21,11 @@ Choices where SCENARIO.md is silent, kept consistent across the whole report:
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jupyter_gpuaas.admission.model import Decision
-from jupyter_gpuaas.sim.scenario import Scenario
+from jupyter_gpuaas.sim.scenario import Scenario, ScenarioRequest
 from jupyter_gpuaas.words import format_duration, reason_sentence
 
 __all__ = ["build_result", "format_table", "percentile"]
@@ -44,16 +43,26 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
 
 
 def _busy_overlap(
-    start: float, stop: float, origin: float, busy: Sequence[tuple[float, float]]
+    start: float, stop: float, origin: float, busy: tuple[tuple[float, float], ...]
 ) -> float:
     """Seconds of [start, stop) inside the busy intervals, which are relative to `origin`."""
     if stop <= start or not busy:
         return 0.0
     total = 0.0
-    # Skip intervals that end before `start` (busy lists are sorted and disjoint).
-    i = bisect_right(busy, (start - origin, math.inf)) - 1
-    i = max(i, 0)
-    for s, e in busy[i:]:
+    # Skip the intervals before the last one that starts at or before `start` (busy lists
+    # are sorted and disjoint): a binary search by hand, as bisect_right(busy, (start -
+    # origin, inf)) - 1 would find, without a key tuple per call or a slice.
+    at = start - origin
+    lo = 0
+    hi = len(busy)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if busy[mid][0] <= at:
+            lo = mid + 1
+        else:
+            hi = mid
+    for i in range(max(lo - 1, 0), len(busy)):
+        s, e = busy[i]
         s += origin
         if s >= stop:
             break
@@ -61,6 +70,38 @@ def _busy_overlap(
         if e > start:
             total += min(e, stop) - max(s, start)
     return total
+
+
+class _Track:
+    """What the decisions say of one request: one object per id, so a decision costs
+    one dict lookup (a dict per field cost ~0.3 s of a month's report)."""
+
+    def __init__(self, req: ScenarioRequest | None) -> None:
+        self.req = req  # None: an id the scenario does not have
+        self.state = "queued"
+        self.first_admit: float | None = None
+        self.flavor: str | None = None
+        self.preemptions = 0
+        self.culls = 0
+        self.cancelled_at: float | None = None
+        self.reason = ""  # a rejected request's, as its reject event said
+        self.gpus = 0
+        self.bound_since = 0.0  # while in `bound`
+        self.alloc = 0.0  # GPU-seconds bound to devices
+        self.busy = 0.0  # GPU-seconds bound and busy
+        self.unbound = False  # alloc and busy counted at least once
+
+
+class _Totals:
+    """One tenant's counts over its requests (the per_tenant row, before rounding)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.admitted = 0
+        self.rejected = 0
+        self.alloc = 0.0
+        self.busy = 0.0
+        self.waits: list[float] = []  # of the requests that count in wait percentiles
 
 
 def build_result(
@@ -75,17 +116,14 @@ def build_result(
     `waiting_for` (the core's, at `end`) gives a request still queued when the clock
     stopped its `waiting_for: {kind, message}`, the message in words.py's sentence."""
     by_id = {r.id: r for r in scenario.requests}
-    state: dict[str, str] = {}
-    first_admit: dict[str, float] = {}
-    flavor_of: dict[str, str | None] = {}
-    preemptions: dict[str, int] = {}
-    culls: dict[str, int] = {}
-    cancelled_at: dict[str, float] = {}
-    reasons: dict[str, str] = {}  # rejected request -> why, as its reject event said
-    gpus_of: dict[str, int] = {}
-    bound_since: dict[str, float] = {}
-    alloc: dict[str, float] = {}  # GPU-seconds bound to devices
-    busy_s: dict[str, float] = {}  # GPU-seconds bound and busy
+    tracks: dict[str, _Track] = {}
+    # The requests bound to devices now, in the order a dict of their bind times would
+    # keep (a re-bind without an unbind keeps its place): the clock's end unbinds them in
+    # that order.
+    bound: dict[str, _Track] = {}
+    # Tracks in the order of their first unbind, which the GPU-hour totals add up in
+    # (float sums depend on the order).
+    unbound: list[_Track] = []
 
     flavors = scenario.config.flavors
     node_start: dict[str, float] = {}
@@ -96,19 +134,6 @@ def build_result(
             node_gpus[f"{f.name}-{i}"] = f.gpus_per_node
     node_seconds = 0.0
     gpu_node_seconds = 0.0
-
-    def unbind(rid: str, t: float) -> None:
-        since = bound_since.pop(rid, None)
-        if since is None:
-            return
-        gpus = gpus_of.get(rid, 0)
-        alloc[rid] = alloc.get(rid, 0.0) + gpus * (t - since)
-        req = by_id.get(rid)
-        if req is None or req.busy is None:
-            busy = t - since
-        else:
-            busy = _busy_overlap(since, t, first_admit.get(rid, since), req.busy)
-        busy_s[rid] = busy_s.get(rid, 0.0) + gpus * busy
 
     for d in decisions:
         ev = d.event
@@ -127,41 +152,46 @@ def build_result(
                     node_seconds += t - began
                     gpu_node_seconds += (t - began) * node_gpus.get(node, 0)
             continue
+        track = tracks.get(rid)
+        if track is None:
+            track = tracks[rid] = _Track(by_id.get(rid))
         if ev == "admit":
-            state[rid] = "admitted"
-            if rid not in first_admit:
-                first_admit[rid] = t
-            flavor_of[rid] = d.fields.get("flavor")
-            req = by_id.get(rid)
-            gpus_of[rid] = req.gpus if req is not None else int(d.fields.get("gpus", 0))
-            bound_since[rid] = t
+            track.state = "admitted"
+            if track.first_admit is None:
+                track.first_admit = t
+            track.flavor = d.fields.get("flavor")
+            req = track.req
+            track.gpus = req.gpus if req is not None else int(d.fields.get("gpus", 0))
+            track.bound_since = t
+            bound[rid] = track
         elif ev == "resume":
-            state[rid] = "admitted"
-            bound_since[rid] = t
+            track.state = "admitted"
+            track.bound_since = t
+            bound[rid] = track
         elif ev == "finish":
-            unbind(rid, t)
-            state[rid] = "finished"
+            _unbind(bound, unbound, rid, t)
+            track.state = "finished"
         elif ev == "cull":
-            unbind(rid, t)
-            culls[rid] = culls.get(rid, 0) + 1
-            state[rid] = "parked" if d.fields.get("parked") else "culled"
+            _unbind(bound, unbound, rid, t)
+            track.culls += 1
+            track.state = "parked" if d.fields.get("parked") else "culled"
         elif ev == "preempt":
-            unbind(rid, t)
-            preemptions[rid] = preemptions.get(rid, 0) + 1
-            state[rid] = "preempted"
+            _unbind(bound, unbound, rid, t)
+            track.preemptions += 1
+            track.state = "preempted"
         elif ev == "cancel":
-            unbind(rid, t)
-            state[rid] = "cancelled"
-            cancelled_at[rid] = t
+            _unbind(bound, unbound, rid, t)
+            track.state = "cancelled"
+            track.cancelled_at = t
         elif ev == "requeue" or ev == "submit":
-            state[rid] = "queued"
+            track.state = "queued"
         elif ev == "expire":
-            state[rid] = "culled"
+            track.state = "culled"
         elif ev == "reject":
-            state[rid] = "rejected"
-            reasons[rid] = str(d.fields.get("reason") or "")
-    for rid in list(bound_since):
-        unbind(rid, end)
+            track.state = "rejected"
+            track.reason = str(d.fields.get("reason") or "")
+    for rid in list(bound):
+        _unbind(bound, unbound, rid, end)
     for node, began in node_start.items():
         if began < end:
             node_seconds += end - began
@@ -169,46 +199,34 @@ def build_result(
 
     requests: dict[str, dict[str, Any]] = {}
     all_waits: list[float] = []
-    tenant_waits: dict[str, list[float]] = {name: [] for name in scenario.config.tenants}
-    tenant_stats: dict[str, dict[str, Any]] = {}
+    totals = {name: _Totals() for name in scenario.config.tenants}
     admitted = rejected = never = 0
 
-    def stats_for(tenant: str) -> dict[str, Any]:
-        st = tenant_stats.get(tenant)
-        if st is None:
-            st = tenant_stats[tenant] = {
-                "requests": 0,
-                "admitted": 0,
-                "rejected": 0,
-                "alloc": 0.0,
-                "busy": 0.0,
-            }
-            tenant_waits.setdefault(tenant, [])
-        return st
-
-    for name in scenario.config.tenants:
-        stats_for(name)
-
+    no_track = _Track(None)
     for req in scenario.requests:
         rid = req.id
-        st = stats_for(req.tenant)
-        st["requests"] += 1
-        s = state.get(rid, "queued")
-        admitted_at = first_admit.get(rid)
+        st = totals.get(req.tenant)
+        if st is None:
+            st = totals[req.tenant] = _Totals()
+        st.requests += 1
+        track = tracks.get(rid, no_track)
+        s = track.state
+        admitted_at = track.first_admit
+        cancelled_at = track.cancelled_at
         counted = True
         if s == "rejected":
             wait = 0.0
             counted = False
             rejected += 1
-            st["rejected"] += 1
+            st.rejected += 1
         elif admitted_at is not None:
             wait = admitted_at - req.submit
             admitted += 1
-            st["admitted"] += 1
+            st.admitted += 1
         else:
             never += 1
-            if rid in cancelled_at:
-                wait = max(0.0, cancelled_at[rid] - req.submit)
+            if cancelled_at is not None:
+                wait = max(0.0, cancelled_at - req.submit)
             elif req.submit > end:
                 wait = 0.0
                 counted = False
@@ -216,18 +234,18 @@ def build_result(
                 wait = end - req.submit
         if counted:
             all_waits.append(wait)
-            tenant_waits[req.tenant].append(wait)
-        st["alloc"] += alloc.get(rid, 0.0)
-        st["busy"] += busy_s.get(rid, 0.0)
+            st.waits.append(wait)
+        st.alloc += track.alloc
+        st.busy += track.busy
         requests[rid] = {
             "state": s,
             "admitted_at": admitted_at,
             "wait": wait,
-            "flavor": flavor_of.get(rid),
-            "preemptions": preemptions.get(rid, 0),
-            "culls": culls.get(rid, 0),
+            "flavor": track.flavor,
+            "preemptions": track.preemptions,
+            "culls": track.culls,
         }
-        if s == "queued" and waiting_for is not None and rid not in cancelled_at:
+        if s == "queued" and waiting_for is not None and cancelled_at is None:
             why = waiting_for(rid) if req.submit <= end else None
             if why is not None:
                 requests[rid]["waiting_for"] = {
@@ -236,28 +254,29 @@ def build_result(
                 }
         if s == "rejected":
             # SCENARIO.md: a rejected request carries `reason`; its tenant for the table.
-            requests[rid]["reason"] = reasons.get(rid, "")
+            requests[rid]["reason"] = track.reason
             requests[rid]["tenant"] = req.tenant
 
     all_waits.sort()
-    allocated = sum(alloc.values()) / _HOUR
-    busy_hours = sum(busy_s.values()) / _HOUR
+    allocated = sum([tr.alloc for tr in unbound]) / _HOUR
+    busy_hours = sum([tr.busy for tr in unbound]) / _HOUR
     capacity = gpu_node_seconds / _HOUR
     per_tenant: dict[str, dict[str, Any]] = {}
-    for tenant, st in tenant_stats.items():
-        waits = sorted(tenant_waits[tenant])
+    for tenant, st in totals.items():
+        waits = sorted(st.waits)
         per_tenant[tenant] = {
-            "requests": st["requests"],
-            "admitted": st["admitted"],
-            "rejected": st["rejected"],
-            "gpu_hours_allocated": _r(st["alloc"] / _HOUR),
-            "gpu_hours_busy": _r(st["busy"] / _HOUR),
+            "requests": st.requests,
+            "admitted": st.admitted,
+            "rejected": st.rejected,
+            "gpu_hours_allocated": _r(st.alloc / _HOUR),
+            "gpu_hours_busy": _r(st.busy / _HOUR),
             "wait_p50": percentile(waits, 50),
             "wait_p95": percentile(waits, 95),
         }
         spec = scenario.config.tenants.get(tenant)
         if spec is not None and spec.cohort is not None:
             per_tenant[tenant]["cohort"] = spec.cohort
+    tenant_waits = {tenant: st.waits for tenant, st in totals.items()}
     per_cohort = _per_cohort(scenario, per_tenant, tenant_waits)
     summary: dict[str, Any] = {
         "requests": len(scenario.requests),
@@ -273,8 +292,8 @@ def build_result(
         "gpu_hours_idle_allocated": _r(max(0.0, allocated - busy_hours)),
         "utilization": _r(busy_hours / capacity) if capacity > 0 else 0.0,
         "node_hours": _r(node_seconds / _HOUR),
-        "preemptions": sum(preemptions.values()),
-        "culls": sum(culls.values()),
+        "preemptions": sum([tr.preemptions for tr in tracks.values()]),
+        "culls": sum([tr.culls for tr in tracks.values()]),
         "end": float(end),
         "per_tenant": per_tenant,
     }
@@ -286,6 +305,26 @@ def build_result(
         "decisions": len(decisions),
         "wall_seconds": round(wall_seconds, 6),
     }
+
+
+def _unbind(bound: dict[str, _Track], unbound: list[_Track], rid: str, t: float) -> None:
+    """Count the GPU-seconds of `rid`'s binding that ends at `t`, if it is bound."""
+    track = bound.pop(rid, None)
+    if track is None:
+        return
+    since = track.bound_since
+    gpus = track.gpus
+    if not track.unbound:
+        track.unbound = True
+        unbound.append(track)
+    track.alloc += gpus * (t - since)
+    req = track.req
+    if req is None or req.busy is None:
+        busy = t - since
+    else:
+        first = track.first_admit
+        busy = _busy_overlap(since, t, since if first is None else first, req.busy)
+    track.busy += gpus * busy
 
 
 def _per_cohort(
