@@ -125,9 +125,12 @@ class _Replay:
         u = 0
         now = 0.0
         while True:
+            # The heap's first time, read once per look (compiled, reading heap[0][0]
+            # unboxes the whole entry, type checks and all).
+            due = heap[0][0] if heap else math.inf
             t_next = users[u]
-            if heap and heap[0][0] < t_next:
-                t_next = heap[0][0]
+            if due < t_next:
+                t_next = due
             deadline = core.next_deadline()
             if deadline is not None and deadline < t_next:
                 t_next = deadline
@@ -135,7 +138,7 @@ class _Replay:
                 return now
             now = t_next
             decisions: list[Decision] = []
-            while heap and heap[0][0] == now:
+            while due == now:
                 _, seq, what, life, n = heappop(heap)
                 spec = life.spec
                 if what != _FINISH:
@@ -148,13 +151,13 @@ class _Replay:
                     elif n + 1 < len(busy):
                         heappush(heap, (anchor + busy[n + 1][0], seq + 1, _BUSY, life, n + 1))
                 rid = spec.id
-                if core.get(rid) is None:
-                    continue
-                if what == _FINISH:
-                    if n == life.generation:
-                        decisions += core.finish(rid, now)
-                else:
-                    decisions += core.activity(rid, what == _BUSY, now)
+                if core.get(rid) is not None:
+                    if what == _FINISH:
+                        if n == life.generation:
+                            decisions += core.finish(rid, now)
+                    else:
+                        decisions += core.activity(rid, what == _BUSY, now)
+                due = heap[0][0] if heap else math.inf
             while users[u] == now and arrives[u]:
                 spec = specs[u]
                 u += 1
