@@ -575,15 +575,24 @@ class Replay:
         life = self.lives[rid]
         life.warned_by = life.evict_at = life.warned_t = None
 
+    def pool_of(self, tenant: str) -> str:
+        """The quota pool a tenant shares: the root of its cohort tree, or itself alone."""
+        spec = self.cfg.tenants.get(tenant)
+        c = spec.cohort if spec is not None else None
+        if c is None:
+            return tenant
+        while c in self.cfg.cohorts and self.cfg.cohorts[c].parent is not None:
+            c = self.cfg.cohorts[c].parent or c
+        return c
+
     def warned_pools(self) -> set[str]:
-        """Cohorts (or lone tenants) where a preemptor waits for warned victims."""
+        """Cohort trees (by root) or lone tenants where a preemptor waits for warned
+        victims: the room they free is kept for it in its whole tree."""
         out: set[str] = set()
         for life in self.lives.values():
             by = self.lives.get(life.warned_by) if life.warned_by else None
-            if by is not None and by.spec is not None:
-                tenant = self.cfg.tenants.get(by.spec.tenant)
-                if tenant is not None:
-                    out.add(tenant.cohort or tenant.name)
+            if by is not None and by.spec is not None and by.spec.tenant in self.cfg.tenants:
+                out.add(self.pool_of(by.spec.tenant))
         return out
 
     def apply_node(self, t: float, kind: str | None, ev: Event) -> None:
@@ -692,8 +701,8 @@ class Replay:
         # While a preemptor waits for warned victims, the room they free is kept for it
         # (Kueue keeps a preempting workload's usage in the cycle): its cohort is skipped.
         reclaiming = self.warned_pools()
-        for name, tenant in self.cfg.tenants.items():
-            if (tenant.cohort or name) in reclaiming:
+        for name in self.cfg.tenants:
+            if self.pool_of(name) in reclaiming:
                 blocked.add(name)
         for life in self.lives.values():
             if life.state == "parked" and life.spec is not None:
