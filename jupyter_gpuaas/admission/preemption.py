@@ -90,9 +90,14 @@ def find_victims(
     below: dict[str, tuple[str, ...]] = {}  # a holder's cohorts below the common ancestor
     # The policies' answers, asked once and not per holder (a pool holds hundreds).
     me = req.tenant
+    prio = req.priority
     within = p.within_tenant
-    others_allowed = tenant.cohort is not None and (p.reclaim_within_cohort != "Never" or bwc)
-    lends: dict[str, bool] = {}  # a member above its nominal quota (it lends some back)
+    reclaim = p.reclaim_within_cohort
+    others_allowed = tenant.cohort is not None and (reclaim != "Never" or bwc)
+    # Per other member, decided at its first holder: 0 lends nothing back (within nominal,
+    # or its subtree within its quota), 1 a candidate owner, 2 one with a hierarchical
+    # advantage over it.
+    owners: dict[str, int] = {}
     for v in admitted:
         vt = v.tenant
         if vt == me:
@@ -101,32 +106,16 @@ def find_victims(
             continue
         if not others_allowed:
             continue
-        over = lends.get(vt)
-        if over is None:
-            over = lends[vt] = ledger.usage[(vt, flavor)] > ledger.nominal(vt, flavor)
-        if not over:
-            continue  # a member within nominal lends nothing back
-        path = below.get(v.tenant)
-        if path is None:
-            lca = ""
-            up: list[str] = []
-            for c in ledger.path(v.tenant):
-                if c in mine:
-                    lca = c
-                    break
-                up.append(c)
-            path = below[v.tenant] = tuple(up)
-            if any(not ledger.over_quota(c, flavor) for c in path):
-                below[v.tenant] = path = ("",)  # its subtree is within its quota
-            elif advantage.get(lca, False) and p.reclaim_within_cohort != "Never":
-                hierarchical.add(v.tenant)
-        if path == ("",):
+        owner = owners.get(vt)
+        if owner is None:
+            owner = owners[vt] = _owner(ledger, vt, flavor, mine, advantage, reclaim, below)
+            if owner == 2:
+                hierarchical.add(vt)
+        if not owner:
             continue
-        lower = v.priority < req.priority
-        by_reclaim = p.reclaim_within_cohort == "Any" or (
-            p.reclaim_within_cohort == "LowerPriority" and lower
-        )
-        if (v.tenant in hierarchical and by_reclaim) or (bwc and lower):
+        lower = v.priority < prio
+        by_reclaim = reclaim == "Any" or (reclaim == "LowerPriority" and lower)
+        if (owner == 2 and by_reclaim) or (bwc and lower):
             while_borrowing.add(v.id)
         elif not by_reclaim:
             continue
@@ -158,6 +147,34 @@ def find_victims(
         if victims is not None:
             return victims
     return None
+
+
+def _owner(
+    ledger: Ledger,
+    name: str,
+    flavor: str,
+    mine: set[str],
+    advantage: dict[str, bool],
+    reclaim: str,
+    below: dict[str, tuple[str, ...]],
+) -> int:
+    """What another member is to a preemption search (find_victims): 0 lends nothing back,
+    1 a candidate owner, 2 one the preemptor has a hierarchical advantage over. Records
+    its cohorts below the common ancestor in `below` (("",) when it lends nothing)."""
+    if ledger.usage[(name, flavor)] <= ledger.nominal(name, flavor):
+        return 0  # a member within nominal lends nothing back
+    lca = ""
+    up: list[str] = []
+    for c in ledger.path(name):
+        if c in mine:
+            lca = c
+            break
+        up.append(c)
+    path = below[name] = tuple(up)
+    if any(not ledger.over_quota(c, flavor) for c in path):
+        below[name] = ("",)  # its subtree is within its quota
+        return 0
+    return 2 if advantage.get(lca, False) and reclaim != "Never" else 1
 
 
 def _all_would_do(
