@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,18 @@ def test_the_magics_still_load_by_the_package_name() -> None:
         "assert 'gpu_job' in ip.magics_manager.magics['cell']\n"
     )
     assert "jupyter_gpuaas.notebook.magics" in mods
+
+
+PACKAGE = Path(__file__).resolve().parent.parent / "jupyter_gpuaas"
+
+
+def _too_long(modules: list[Path], most: int) -> list[str]:
+    lengths = {p: len(p.read_text().splitlines()) for p in modules}
+    return [f"{p.relative_to(PACKAGE)}: {n} lines" for p, n in lengths.items() if n > most]
+
+
+def test_every_module_reads_in_one_sitting() -> None:
+    """Modules stay under 600 lines, and the admission core's under 400 (issue 15: each
+    step of the cycle a small module)."""
+    assert _too_long(sorted(PACKAGE.rglob("*.py")), 600) == []
+    assert _too_long(sorted((PACKAGE / "admission").glob("*.py")), 400) == []

@@ -19,6 +19,25 @@ from .model import Cohort, Tenant
 Head = tuple[str, str, int]  # tenant, flavor, GPUs
 
 
+def share(ledger: Ledger, tenant: str, flavor: str = "", gpus: int = 0) -> float:
+    """A tenant's weighted share (the flat rule, and a tenant's side of the tournament):
+    the largest of borrowed / pool / weight over its flavors, with `gpus` more of `flavor`
+    held (the head being ranked, as if admitted). The pool is the subtree quota of the
+    tenant's cohort."""
+    t = ledger.tenants[tenant]
+    if t.cohort is None:
+        return 0.0
+    best = 0.0
+    for f in t.quota:
+        pool = ledger.pool(t.cohort, f)
+        b = ledger.borrowed(tenant, f)
+        if f == flavor and gpus:
+            b = max(0, ledger.usage[(tenant, f)] + gpus - ledger.nominal(tenant, f))
+        if b and pool:
+            best = max(best, b / pool / t.weight)
+    return best
+
+
 def _side(
     ledger: Ledger,
     tenants: Mapping[str, Tenant],
@@ -30,7 +49,7 @@ def _side(
     tenant, flavor, gpus = head
     if child == tenant:
         borrowing = ledger.borrows(tenant, flavor, gpus)
-        return borrowing, ledger.share(tenant, flavor, gpus) if borrowing else 0.0
+        return borrowing, share(ledger, tenant, flavor, gpus) if borrowing else 0.0
     after = ledger.usage_after(tenant, flavor, gpus).get(child, ledger.cohort_usage(child, flavor))
     over = after - ledger.pool(child, flavor)
     if over <= 0:

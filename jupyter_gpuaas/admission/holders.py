@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .ledger import Ledger, Version
+from .ledger import Ledger
+from .levels import Version
 from .model import Config, Request, Tenant
 from .nodes import Cluster
 from .preemption import preemption_candidates, preemption_room

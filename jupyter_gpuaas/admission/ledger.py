@@ -21,19 +21,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
-from .levels import Level, TenantQuota, available, potential
+from .levels import Level, TenantQuota, Version, available, potential
 from .model import Config, Tenant
 
 _NOBODY: dict[str, None] = {}  # never written: the borrowers of a tenant without a cohort
 _UNCHANGED: dict[str, int] = {}  # never written: no cohort usage overridden
-
-
-class Version:
-    """A counter that cached answers are kept against. The cache keeps the counter itself,
-    so checking an answer costs an attribute read, not a dict lookup."""
-
-    def __init__(self) -> None:
-        self.n = 0
 
 
 class Ledger:
@@ -389,21 +381,3 @@ class Ledger:
         (Kueue's potential available); 0 for a flavor outside its quota."""
         q = self._quotas.get((tenant, flavor))
         return 0 if q is None else potential(q)
-
-    def share(self, tenant: str, flavor: str = "", gpus: int = 0) -> float:
-        """Weighted share for fair sharing: the largest of borrowed / pool / weight, with
-        `gpus` more of `flavor` held (the head being ranked, as if admitted). The pool is
-        the subtree quota of the tenant's cohort."""
-        t = self.tenants[tenant]
-        if t.cohort is None:
-            return 0.0
-        best = 0.0
-        for f in t.quota:
-            pool = self._sq[(t.cohort, f)]
-            b = self.borrowed(tenant, f)
-            if f == flavor and gpus:
-                key = (tenant, f)
-                b = max(0, self.usage[key] + gpus - self._nominal.get(key, 0))
-            if b and pool:
-                best = max(best, b / pool / t.weight)
-        return best

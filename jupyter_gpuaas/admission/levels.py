@@ -4,10 +4,19 @@
 A :class:`Level` is one cohort's resource node for a flavor, a :class:`TenantQuota` one
 tenant's quota of a flavor with its cohorts' levels up to the root. The admission cycle
 asks `available` millions of times: fields of objects built once per configuration, not
-lookups in dicts keyed by (cohort, flavor) tuples.
+lookups in dicts keyed by (cohort, flavor) tuples. A :class:`Version` counts the changes of
+one pool's usage, for the answers cached against it (holders.py).
 """
 
 from __future__ import annotations
+
+
+class Version:
+    """A counter that cached answers are kept against. The cache keeps the counter itself,
+    so checking an answer costs an attribute read, not a dict lookup."""
+
+    def __init__(self) -> None:
+        self.n = 0
 
 
 class Level:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from .fairshare import tournament
+from .fairshare import share, tournament
 from .grace import Graces, kept_for_reclaim
 from .model import Request, State
 from .preemption import choose_flavor
@@ -234,15 +234,15 @@ class Nominating(Waking):
         borrowing: bool,
         victims: list[Request] | None = None,
     ) -> Entry:
-        share = 0.0
+        weighted = 0.0
         if borrowing and self._config.policy.fair_sharing:
             # Ranked by its share as it would be with the head admitted (Kueue simulates
             # the addition), so a big head does not jump a small one on a lower share.
-            share = self._ledger.share(req.tenant, flavor, req.gpus)
+            weighted = share(self._ledger, req.tenant, flavor, req.gpus)
         # Kueue's borrowing height: who borrows from fewer levels of its tree goes first
         # (a flat cohort: 0 within nominal, 1 borrowing).
         height = self._ledger.height(req.tenant, flavor, req.gpus) if borrowing else 0
-        key = (1, height, share, *order_key(req))
+        key = (1, height, weighted, *order_key(req))
         return Entry(req, mode, flavor, borrowing, victims or [], key, self._epoch)
 
     def _order(self, req: Request, flavor: str) -> tuple[Any, ...]:
