@@ -140,6 +140,9 @@ class Holders:
             pool += self.holding[(name, flavor)].values()
         # A request runs on one node: if evicting every candidate leaves no node with
         # room, no set of them will (the search would find none; most that fail, fail so).
+        # Where a node has the room already (most heads wait for quota), no tally.
+        if self._cluster.widest_gap(flavor) >= req.gpus:
+            return pool
         freed: dict[str, int] = {}
         for v in pool:
             node = v.node or ""

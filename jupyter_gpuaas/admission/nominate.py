@@ -6,12 +6,11 @@ A head that can neither fit nor preempt is not nominated: its bucket is marked
 inadmissible, and `waiting_for` says why (reasons.py) from what nomination left behind.
 
 A base of :class:`~jupyter_gpuaas.admission.core.AdmissionCore`, which owns the state;
-the flavor and victim choice is preemption.py's, the tree tournament fairshare.py's.
+the victim choice is preemption.py's, the tree tournament fairshare.py's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from .fairshare import share, tournament
 from .grace import Graces, kept_for_reclaim
 from .model import Request, State
-from .preemption import choose_flavor
+from .preemption import find_victims
 from .queues import BucketKey, order_key
 from .reasons import waiting_reason
 from .waking import Waking
@@ -172,14 +171,7 @@ class Nominating(Waking):
         if not self._preempts[tenant] or self._graces.waiting(req.id):
             flavors = ()  # a waiting preemptor picks no second victim set
         if flavors:
-            chosen = choose_flavor(
-                req,
-                self._specs[tenant],
-                flavors,
-                ledger,
-                self._cluster,
-                self._pool_for(req),
-            )
+            chosen = self._choose_flavor(req, flavors)
             if chosen is not None:
                 f, victims = chosen
                 own = sum(v.gpus for v in victims if v.tenant == req.tenant)
@@ -217,14 +209,30 @@ class Nominating(Waking):
         )
         return None if reason is None else (reason.kind, reason.details())
 
-    def _pool_for(self, req: Request) -> Callable[[str], list[Request]]:
-        def pool(flavor: str) -> list[Request]:
-            holding = self._holders.victim_pool(req, flavor)
-            if self._graces:  # a warned victim is promised to its own preemptor
-                holding = [v for v in holding if not self._graces.warned(v.id)]
-            return holding
-
-        return pool
+    def _choose_flavor(
+        self, req: Request, flavors: tuple[str, ...]
+    ) -> tuple[str, list[Request]] | None:
+        """The flavor to preempt in and its victims, or None (Kueue's flavor assigner ranks
+        reclaim above preempt): the first flavor whose victims are all other tenants'
+        wins; else the first where the tenant evicts its own by priority; quota order
+        breaks ties."""
+        spec = self._specs[req.tenant]
+        graces = self._graces
+        by_priority: tuple[str, list[Request]] | None = None
+        for f in flavors:
+            holding = self._holders.victim_pool(req, f)
+            if holding and graces:  # a warned victim is promised to its own preemptor
+                holding = [v for v in holding if not graces.warned(v.id)]
+            if not holding:
+                continue
+            victims = find_victims(req, spec, f, self._ledger, self._cluster, holding)
+            if victims is None:
+                continue
+            if all(v.tenant != req.tenant for v in victims):
+                return f, victims
+            if by_priority is None:
+                by_priority = (f, victims)
+        return by_priority
 
     def _entry(
         self,

@@ -9,9 +9,9 @@ borrowing afterwards (`find_victims` gives the order); each takes candidates gre
 other tenants first, then lower priority, then most recently admitted — until the request
 fits, and then puts back, in reverse order, every victim the request can do without.
 
-Across flavors (`choose_flavor`), one where preemption only reclaims what other tenants
-borrowed is preferred over one that evicts the tenant's own by priority; quota order
-breaks ties (Kueue's flavor assigner ranks reclaim above preempt).
+Across flavors (nominate.py's `_choose_flavor`), one where preemption only reclaims what
+other tenants borrowed is preferred over one that evicts the tenant's own by priority;
+quota order breaks ties (Kueue's flavor assigner ranks reclaim above preempt).
 """
 
 from __future__ import annotations
@@ -189,14 +189,17 @@ def _all_would_do(
     any set the greedy pass could pick, so if not, no set will: one check instead of one
     per candidate."""
     removed: dict[str, int] = {}
-    freed: dict[str, int] = {}
     for v in candidates:
         removed[v.tenant] = removed.get(v.tenant, 0) + v.gpus
+    if not ledger.fits(req.tenant, flavor, req.gpus, removed, allow_borrow):
+        return False
+    if cluster.widest_gap(flavor) >= req.gpus:
+        return True  # a node has the room already: no tally of the freed devices
+    freed: dict[str, int] = {}
+    for v in candidates:
         node = v.node or ""
         freed[node] = freed.get(node, 0) + v.gpus
-    return ledger.fits(req.tenant, flavor, req.gpus, removed, allow_borrow) and cluster.has_room(
-        flavor, req.gpus, freed
-    )
+    return cluster.has_room(flavor, req.gpus, freed)
 
 
 def _minimal(
@@ -246,32 +249,6 @@ def _minimal(
             removed[v.tenant] += v.gpus
             freed[v.node or ""] += v.gpus
     return targets
-
-
-def choose_flavor(
-    req: Request,
-    tenant: Tenant,
-    flavors: tuple[str, ...],
-    ledger: Ledger,
-    cluster: Cluster,
-    pools: Callable[[str], list[Request]],
-) -> tuple[str, list[Request]] | None:
-    """The flavor to preempt in and its victims, or None. `pools(flavor)` gives the
-    candidates holding that flavor. The first flavor whose victims are all other tenants'
-    (a reclaim) wins; else the first where the tenant evicts its own by priority."""
-    by_priority: tuple[str, list[Request]] | None = None
-    for f in flavors:
-        holding = pools(f)
-        if not holding:
-            continue
-        victims = find_victims(req, tenant, f, ledger, cluster, holding)
-        if victims is None:
-            continue
-        if all(v.tenant != req.tenant for v in victims):
-            return f, victims
-        if by_priority is None:
-            by_priority = (f, victims)
-    return by_priority
 
 
 def preemption_candidates(
