@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 from .ledger import Ledger
 from .model import Config, Decision
@@ -16,7 +17,9 @@ from .nodes import Cluster, Node
 from .queues import BucketKey, TenantQueue
 from .timers import Timers
 
-READY, SCALE_DOWN = "node_ready", "scale_down"  # timer kinds
+# Timer kinds (Final: compiled, a plain module constant is a dict lookup at each use).
+READY: Final = "node_ready"
+SCALE_DOWN: Final = "scale_down"
 
 
 def scale_sizes(

@@ -21,14 +21,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from .ledger import Ledger
 from .model import Request
 from .nodes import Cluster
 
 #: The core's timer kind for evictions at the end of a grace period.
-EVICT = "evict"
+EVICT: Final = "evict"
 
 
 @dataclass

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from typing import Final
 
 from .levels import Level, TenantQuota, Version, available, potential
 from .model import Config, Tenant
 
-_NOBODY: dict[str, None] = {}  # never written: the borrowers of a tenant without a cohort
-_UNCHANGED: dict[str, int] = {}  # never written: no cohort usage overridden
+_NOBODY: Final[dict[str, None]] = {}  # never written: the borrowers of a tenant without a cohort
+_UNCHANGED: Final[dict[str, int]] = {}  # never written: no cohort usage overridden
 
 
 class Ledger:

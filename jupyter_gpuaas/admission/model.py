@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Final
 
-KINDS = ("server", "kernel", "job")
+KINDS: Final = ("server", "kernel", "job")
 QUEUEING = ("BestEffortFIFO", "StrictFIFO")
 WITHIN_TENANT = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 RECLAIM_WITHIN_COHORT = ("Never", "LowerPriority", "Any")
@@ -32,7 +32,7 @@ class State(str, Enum):
 
 
 #: States after which a request holds nothing and will never run again.
-TERMINAL = frozenset({State.FINISHED, State.CANCELLED, State.REJECTED, State.PREEMPTED})
+TERMINAL: Final = frozenset({State.FINISHED, State.CANCELLED, State.REJECTED, State.PREEMPTED})
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from .ledger import Ledger
 from .model import Request
 from .nodes import Cluster
 from .queues import BucketKey, TenantQueue
 
-QUOTA = "quota"
-CAPACITY = "capacity"
-FIFO = "fifo"
+QUOTA: Final = "quota"
+CAPACITY: Final = "capacity"
+FIFO: Final = "fifo"
 
 
 @dataclass(frozen=True)

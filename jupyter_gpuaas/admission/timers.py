@@ -7,6 +7,7 @@ heap entry behind, and it is skipped when it surfaces.
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
 
 class Timers:
@@ -17,11 +18,17 @@ class Timers:
         # to build and hash for each of the million sets and clears of a month.
         self._due: dict[str, dict[str, float]] = {}
         self._seq = 0
+        # The heap's top is known live (or the heap empty): nothing made it stale since it
+        # was last looked at. The driver asks for the next deadline at every instant, and
+        # most instants set or clear nothing.
+        self._top_live = True
 
     def set(self, kind: str, key: str, t: float) -> None:
         due = self._due.get(kind)
         if due is None:
             due = self._due[kind] = {}
+        elif key in due:
+            self._top_live = False  # its old entry, stale now, may be the top
         due[key] = t
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, key))
@@ -30,19 +37,23 @@ class Timers:
         due = self._due.get(kind)
         if due is not None and key in due:
             del due[key]
+            self._top_live = False
 
     def get(self, kind: str, key: str) -> float | None:
         due = self._due.get(kind)
         return None if due is None else due.get(key)
 
     def _drop_stale(self) -> None:
+        if self._top_live:
+            return
         heap = self._heap
         while heap:
             top = heap[0]
             due = self._due.get(top[2])
             if due is not None and due.get(top[3]) == top[0]:
-                return
+                break
             heapq.heappop(heap)
+        self._top_live = True
 
     def next(self) -> float | None:
         self._drop_stale()
@@ -55,9 +66,13 @@ class Timers:
             return None
         t, _, kind, key = heapq.heappop(self._heap)
         del self._due[kind][key]
+        self._top_live = False
         return t, kind, key
 
 
 # Timer kinds of the idle policy and the leases (the autoscaler has READY and SCALE_DOWN,
 # grace.py EVICT).
-CULL, WARN, EXPIRE, LEASE = "cull", "cull_warning", "expire", "lease"
+CULL: Final = "cull"
+WARN: Final = "cull_warning"
+EXPIRE: Final = "expire"
+LEASE: Final = "lease"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from jupyter_gpuaas.admission.model import Decision
 from jupyter_gpuaas.sim.scenario import Scenario, ScenarioRequest
@@ -30,7 +30,7 @@ from jupyter_gpuaas.words import format_duration, reason_sentence
 
 __all__ = ["build_result", "format_table", "percentile"]
 
-_HOUR = 3600.0
+_HOUR: Final = 3600.0
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float:
