@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from .nominate import Entry
+
+# heapq's functions as C statics: compiled, a module attribute is looked up at each call.
+heapify: Final = heapq.heapify
+heappop: Final = heapq.heappop
+heappush: Final = heapq.heappush
 
 
 class Heads:
@@ -33,11 +38,11 @@ class Heads:
             return
         self.entries[tenant] = entry
         self._pushed += 1
-        heapq.heappush(self._heap, (entry.key, self._pushed, tenant, entry))
+        heappush(self._heap, (entry.key, self._pushed, tenant, entry))
         if len(self._heap) > 4 * len(self.entries) + 1024:
             # Mostly stale: rebuild, so memory follows the live heads, not the history.
             self._heap = [x for x in self._heap if self.entries.get(x[2]) is x[3]]
-            heapq.heapify(self._heap)
+            heapify(self._heap)
 
     def best(self, wins: Callable[[Entry, Entry], bool] | None) -> Entry | None:
         """The head that goes first: the least key, or by `wins` when given."""
@@ -53,5 +58,5 @@ class Heads:
             top = heap[0]
             if entries.get(top[2]) is top[3]:
                 return top[3]
-            heapq.heappop(heap)
+            heappop(heap)
         return None

@@ -10,6 +10,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Final
+
+# heapq's functions as C statics: compiled, a module attribute is looked up at each call.
+heappop: Final = heapq.heappop
+heappush: Final = heapq.heappush
 
 
 @dataclass
@@ -120,13 +125,13 @@ class Cluster:
                     node = nodes.get(name)
                     if node is not None and node.order == order:
                         return node
-                    heapq.heappop(heap)
+                    heappop(heap)
         return None
 
     def _file_oldest(self, node: Node) -> None:
         key = (node.flavor, node.free)
         heap = self._oldest.setdefault(key, [])
-        heapq.heappush(heap, (node.order, node.name))
+        heappush(heap, (node.order, node.name))
         if len(heap) > 2 * len(self._by_free[node.flavor][node.free]) + 64:
             nodes = self._by_free[node.flavor][node.free]
             heap[:] = sorted((n.order, n.name) for n in nodes.values())  # sorted: a heap

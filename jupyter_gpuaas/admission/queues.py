@@ -12,8 +12,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from .model import Request
+
+# heapq's functions as C statics: compiled, a module attribute is looked up at each call.
+heappop: Final = heapq.heappop
+heappush: Final = heapq.heappush
+
 
 BucketKey = tuple[str | None, int]  # (pinned flavor or None, gpus)
 OrderKey = tuple[int, float, int]  # (-priority, queue time, arrival)
@@ -71,7 +77,7 @@ class TenantQueue:
         if bucket is None:
             bucket = self.buckets[bkey] = Bucket(bkey)
         slot = (-req.priority, req.queue_time, req.seq, req)
-        heapq.heappush(bucket.heap, slot)
+        heappush(bucket.heap, slot)
         bucket.count += 1
         self._slot[req.id] = slot
         return bucket
@@ -90,7 +96,7 @@ class TenantQueue:
         if bucket.count == 0:
             del self.buckets[bkey]
         elif _same(bucket.heap[0], slot):
-            heapq.heappop(bucket.heap)  # the head leaves (an admission): no stale entry
+            heappop(bucket.heap)  # the head leaves (an admission): no stale entry
             self._live(bucket)
         else:
             bucket.stale += 1
@@ -108,7 +114,7 @@ class TenantQueue:
             live = slots.get(top[3].id)
             if live is not None and _same(live, top):
                 return True
-            heapq.heappop(heap)
+            heappop(heap)
             bucket.stale -= 1
         return False
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 import heapq
 from typing import Final
 
+# heapq's functions as C statics: compiled, a module attribute is looked up at each call.
+heappop: Final = heapq.heappop
+heappush: Final = heapq.heappush
+
 
 class Timers:
     def __init__(self) -> None:
@@ -31,7 +35,7 @@ class Timers:
             self._top_live = False  # its old entry, stale now, may be the top
         due[key] = t
         self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, kind, key))
+        heappush(self._heap, (t, self._seq, kind, key))
 
     def clear(self, kind: str, key: str) -> None:
         due = self._due.get(kind)
@@ -52,7 +56,7 @@ class Timers:
             due = self._due.get(top[2])
             if due is not None and due.get(top[3]) == top[0]:
                 break
-            heapq.heappop(heap)
+            heappop(heap)
         self._top_live = True
 
     def next(self) -> float | None:
@@ -64,7 +68,7 @@ class Timers:
         self._drop_stale()
         if not self._heap or self._heap[0][0] > now:
             return None
-        t, _, kind, key = heapq.heappop(self._heap)
+        t, _, kind, key = heappop(self._heap)
         del self._due[kind][key]
         self._top_live = False
         return t, kind, key
