@@ -43,6 +43,18 @@ def test_a_jobs_command_in_a_shell_never_imports_ipywidgets(argv: list[str]) -> 
     assert not {m for m in mods if m.startswith("jupyter_gpuaas.notebook")}
 
 
+def test_simulate_pays_for_no_service_at_start_up() -> None:
+    # Every command registers every subcommand first: the gateway's Application (traitlets,
+    # ssl, asyncio) is imported only when `gateway` runs.
+    mods = _imported_after(
+        "from jupyter_gpuaas.cli import main\n"
+        "try:\n    main(['simulate', '--help'])\nexcept SystemExit:\n    pass\n"
+    )
+    assert "jupyter_gpuaas.sim.cli" in mods
+    heavy = ("asyncio", "ssl", "traitlets", "tornado", "jupyter_gpuaas.gateway.app")
+    assert not {m for m in mods if m.split(".")[0] in heavy or m in heavy}
+
+
 def test_the_magics_still_load_by_the_package_name() -> None:
     mods = _imported_after(
         "from IPython.testing.globalipapp import start_ipython\n"

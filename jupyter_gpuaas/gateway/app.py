@@ -8,7 +8,6 @@ Every knob is a trait, so `--config gateway_config.py` sets the same things as t
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import ssl
@@ -389,22 +388,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         raise
     return 0
-
-
-def add_parser(subparsers: Any) -> None:
-    # The traitlets Application parses its own flags: hand it everything after `gateway`.
-    p = subparsers.add_parser(
-        "gateway",
-        help="run the gateway service (standalone or as a JupyterHub service)",
-        add_help=False,
-        prefix_chars="\x00",
-    )
-    p.add_argument("argv", nargs="*")
-    p.set_defaults(run=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    return main(list(args.argv))
 
 
 if __name__ == "__main__":

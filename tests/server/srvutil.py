@@ -54,7 +54,7 @@ def gateway_command() -> list[str]:
     from jupyter_gpuaas.cli import SUBCOMMAND_MODULES
 
     exe = ROOT / ".venv" / "bin" / "jupyter-gpuaas"
-    if "jupyter_gpuaas.gateway.app" in SUBCOMMAND_MODULES and exe.exists():
+    if "jupyter_gpuaas.gateway.cli" in SUBCOMMAND_MODULES and exe.exists():
         return [str(exe), "gateway"]
     # Until the gateway registers its subcommand: the same entry point, as a module.
     return [sys.executable, "-m", "jupyter_gpuaas.gateway.app"]
