@@ -321,7 +321,10 @@ class AdmissionCore(Admitting):
     def step(self, now: float) -> list[Decision]:
         """What both drivers call once per batch of events: act on the deadlines due by
         `now`, then run the admission cycle."""
-        return self.advance(now) + self.schedule(now)
+        out = self.advance(now)
+        if self._dirty:  # (most instants of a replay change no queue: no second list)
+            out += self.schedule(now)
+        return out
 
     # ------------------------------------------------------------------ the cycle
 

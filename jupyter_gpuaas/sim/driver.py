@@ -48,8 +48,9 @@ class _Life:
 
     def __init__(self, spec: ScenarioRequest) -> None:
         self.spec = spec
-        # First admission: busy intervals count from here.
-        self.anchor: float | None = None
+        # First admission: busy intervals count from here; -1 until then (a float, not an
+        # optional one: compiled, it is kept unboxed in the object, no float to chase).
+        self.anchor = -1.0
         # Bumps when a job restarts, so its old finish is ignored.
         self.generation = 0
 
@@ -106,7 +107,7 @@ class _Replay:
                 heappush(self.heap, (t + spec.duration, self.seq, _FINISH, life, life.generation))
                 continue
             anchor = life.anchor
-            if anchor is None:
+            if anchor < 0:
                 anchor = life.anchor = t
                 seq = self.seq + 1
                 heappush(self.heap, (t + spec.duration, seq, _FINISH, life, 0))
@@ -154,7 +155,7 @@ class _Replay:
                     # Push the interval's next event, numbered next.
                     busy = spec.busy
                     anchor = life.anchor
-                    assert busy is not None and anchor is not None
+                    assert busy is not None
                     if what == _BUSY:
                         heappush(heap, (anchor + busy[n][1], seq + 1, _IDLE, life, n))
                     elif n + 1 < len(busy):
