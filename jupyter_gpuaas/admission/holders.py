@@ -67,7 +67,9 @@ class Holders:
         self._cluster = cluster
         self.holding: dict[tuple[str, str], dict[str, Request]] = defaultdict(dict)
         self.held_by_priority: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
-        self._bounds: dict[tuple[str, str, int], Bound] = {}
+        # tenant -> flavor -> priority -> its bound: string and int keys (compiled, a
+        # tuple key is built and hashed at each of the 2 M lookups of a month).
+        self._bounds: dict[str, dict[str, dict[int, Bound]]] = {}
         # Per (pool, flavor, threshold, equal too): bumps when a holder of priority below
         # the threshold (or equal to it, for a tenant whose own equal-priority holders may
         # be candidates: LowerOrNewerEqualPriority) comes or goes there, or the pool's
@@ -167,8 +169,13 @@ class Holders:
         Kept per (tenant, flavor, priority): its candidates until a holder that could be
         one comes or goes in that cohort and flavor, or its borrowers change; its room until
         usage changes there. Between two changes, wakes and tries of many heads ask the same."""
-        key = (tenant, flavor, prio)
-        b = self._bounds.get(key)
+        of_tenant = self._bounds.get(tenant)
+        if of_tenant is None:
+            of_tenant = self._bounds[tenant] = {}
+        of_flavor = of_tenant.get(flavor)
+        if of_flavor is None:
+            of_flavor = of_tenant[flavor] = {}
+        b = of_flavor.get(prio)
         if b is not None and b.candidates.n == b.version:
             if b.usage.n != b.usage_version:
                 b.usage_version = b.usage.n
@@ -190,5 +197,5 @@ class Holders:
         )
         others = [name for name in removed if name != tenant]
         b = Bound(candidates, self._ledger.version((pool, flavor)), removed, own, others, borrow_ok)
-        self._bounds[key] = b
+        of_flavor[prio] = b
         return b
