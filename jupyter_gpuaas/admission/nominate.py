@@ -125,7 +125,8 @@ class Nominating(Waking):
         # head with the same flavor choice, as many GPUs or more and no higher priority:
         # they would fail the same checks, so they are marked without being tried.
         failed: list[tuple[str | None, int, int]] = []
-        for _, bucket, req in q.heads():
+        for bucket in q.heads():
+            req = bucket.heap[0][3]
             if any(f == req.flavor and req.gpus >= g and req.priority <= p for f, g, p in failed):
                 bucket.inadmissible = True
                 continue

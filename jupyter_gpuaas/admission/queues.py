@@ -121,24 +121,28 @@ class TenantQueue:
     def head(self, bucket: Bucket) -> Request | None:
         return bucket.heap[0][3] if self._live(bucket) else None
 
-    def heads(self, include_inadmissible: bool = False) -> list[tuple[OrderKey, Bucket, Request]]:
-        """Bucket heads in queue order."""
-        out: list[tuple[OrderKey, Bucket, Request]] = []
+    def heads(self, include_inadmissible: bool = False) -> list[Bucket]:
+        """The buckets with a head, in queue order of their heads (each bucket's head is
+        `bucket.heap[0][3]`, live: stale entries above it were dropped)."""
+        out: list[Bucket] = []
         for bucket in self.buckets.values():
             if bucket.inadmissible and not include_inadmissible:
                 continue
             if self._live(bucket):
-                top = bucket.heap[0]
-                out.append(((top[0], top[1], top[2]), bucket, top[3]))
-        if len(out) > 1:
-            # Order keys are unique (they end in the arrival number), so a plain sort
-            # compares them and never the bucket: no key function called per entry.
-            out.sort()
+                out.append(bucket)
+        n = len(out)
+        # Most nominations see one or two heads: those are ordered by hand, building no
+        # key (compiled, a key read off the heap is a new tuple each time).
+        if n == 2:
+            if _before(out[1].heap[0], out[0].heap[0]):
+                out.reverse()
+        elif n > 2:
+            out.sort(key=_head_key)
         return out
 
     def first(self) -> Request | None:
         heads = self.heads(include_inadmissible=True)
-        return heads[0][2] if heads else None
+        return heads[0].heap[0][3] if heads else None
 
     def clear_marks(self) -> None:
         for bucket in self.buckets.values():
@@ -151,6 +155,20 @@ class TenantQueue:
         """How many queued requests of this tenant go before `req` (a scan: for display)."""
         mine = order_key(req)
         return sum(1 for slot in self._slot.values() if slot[:3] < mine)
+
+
+def _head_key(bucket: Bucket) -> OrderKey:
+    top = bucket.heap[0]
+    return (top[0], top[1], top[2])
+
+
+def _before(a: _Slot, b: _Slot) -> bool:
+    """Does entry `a` go before `b` in queue order? (Their order keys differ: unique.)"""
+    if a[0] != b[0]:
+        return a[0] < b[0]
+    if a[1] != b[1]:
+        return a[1] < b[1]
+    return a[2] < b[2]
 
 
 def _same(a: _Slot, b: _Slot) -> bool:
