@@ -58,6 +58,7 @@ class AdmissionCore(Admitting):
         # there; bucket None for the tenant itself (StrictFIFO head, waiting resume).
         self._cap_waiters: dict[str, set[tuple[str, BucketKey | None]]] = defaultdict(set)
         self._epoch = 0  # bumps whenever quota or devices are taken
+        self._by_capacity = False  # nominate.py
         self._preempts: dict[str, bool] = {}  # tenants with any preemption policy
         self._flavors: dict[str, tuple[str, ...]] = {}  # a tenant's flavors, in quota order
         self._specs: dict[str, Tenant] = {}

@@ -82,6 +82,9 @@ class Nominating(Waking):
     _resume_blocked: dict[str, str]
     _epoch: int
     _tournament: bool
+    # Whether the last failed `_try` was held back by devices (its key is then in
+    # `_capacity_blocked`), so nomination need not build the key again to ask.
+    _by_capacity: bool
 
     def _wins(self, e: Entry, other: Entry) -> bool:
         """With fair sharing in a cohort tree: Kueue's tournament (fairshare.py) decides
@@ -124,17 +127,21 @@ class Nominating(Waking):
         # A head that fails by quota (not capacity) and cannot preempt condemns every later
         # head with the same flavor choice, as many GPUs or more and no higher priority:
         # they would fail the same checks, so they are marked without being tried.
-        failed: list[tuple[str | None, int, int]] = []
+        failed: list[tuple[str | None, int, int]] | None = None
         for bucket in q.heads():
             req = bucket.heap[0][3]
-            if any(f == req.flavor and req.gpus >= g and req.priority <= p for f, g, p in failed):
+            if failed is not None and any(
+                f == req.flavor and req.gpus >= g and req.priority <= p for f, g, p in failed
+            ):
                 bucket.inadmissible = True
                 continue
             entry = self._try(req, bucket.key)
             if entry is not None:
                 return entry
             bucket.inadmissible = True
-            if (tenant, bucket.key) not in self._capacity_blocked:
+            if not self._by_capacity:
+                if failed is None:
+                    failed = []
                 failed.append((req.flavor, req.gpus, req.priority))
         return None
 
@@ -178,14 +185,16 @@ class Nominating(Waking):
                 own = sum(v.gpus for v in victims if v.tenant == req.tenant)
                 borrowing = ledger.borrows(req.tenant, f, req.gpus, own)
                 return self._entry(req, Mode.PREEMPT, f, borrowing, victims)
-        key = (req.tenant, bkey if bkey is not None else (req.flavor, req.gpus))
-        if capacity_flavors:
-            self._capacity_blocked[key] = capacity_flavors[0]
-            waiter = (req.tenant, None if strict else key[1])
-            for f in capacity_flavors:
-                self._cap_waiters[f].add(waiter)
-        else:
-            self._capacity_blocked.pop(key, None)
+        self._by_capacity = bool(capacity_flavors)
+        if capacity_flavors or self._capacity_blocked:  # (else no key to build)
+            key = (req.tenant, bkey if bkey is not None else (req.flavor, req.gpus))
+            if capacity_flavors:
+                self._capacity_blocked[key] = capacity_flavors[0]
+                waiter = (req.tenant, None if strict else key[1])
+                for f in capacity_flavors:
+                    self._cap_waiters[f].add(waiter)
+            else:
+                self._capacity_blocked.pop(key, None)
         return None
 
     def waiting_for(self, rid: str) -> tuple[str, dict[str, Any]] | None:
