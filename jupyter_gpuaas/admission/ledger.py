@@ -109,15 +109,18 @@ class Ledger:
             for c in parent
             for f in flavors
         }
-        self._quotas: dict[tuple[str, str], TenantQuota] = {
-            key: TenantQuota(
+        # tenant -> flavor -> its quota, with its usage: string keys, no tuple to build
+        # for each of the millions of `fits` of a month.
+        self._quotas: dict[str, dict[str, TenantQuota]] = {t: {} for t in config.tenants}
+        for key, nominal in self._nominal.items():
+            q = TenantQuota(
                 nominal,
                 self._guaranteed[key],
                 self._limit[key],
                 [self._level(c, key[1]) for c in self._path[key[0]]],
             )
-            for key, nominal in self._nominal.items()
-        }
+            q.used = self.usage.get(key, 0)
+            self._quotas[key[0]][key[1]] = q
         for (tenant, flavor), used in list(self.usage.items()):
             if used and tenant in self._cohort:
                 self._propagate(tenant, flavor, 0, used)
@@ -163,6 +166,9 @@ class Ledger:
         key = (tenant, flavor)
         before = self.usage[key]
         self.usage[key] = before + delta
+        q = self._quota(tenant, flavor)
+        if q is not None:
+            q.used = before + delta
         path = self._path[tenant]
         if path:
             self._propagate(tenant, flavor, before, before + delta)
@@ -191,6 +197,10 @@ class Ledger:
             b = lv.used
             lv.used = b + delta
             delta = max(0, b + delta - lv.lq) - max(0, b - lv.lq)
+
+    def _quota(self, tenant: str, flavor: str) -> TenantQuota | None:
+        of_tenant = self._quotas.get(tenant)
+        return None if of_tenant is None else of_tenant.get(flavor)
 
     def _level(self, cohort: str, flavor: str) -> Level:
         """The cohort's level of the flavor (one is made for a flavor the config lacks)."""
@@ -286,11 +296,10 @@ class Ledger:
         `removed` takes GPUs away from tenants first (per tenant, this flavor): the
         preemption search asks "would it fit if these victims went?".
         """
-        key = (tenant, flavor)
-        q = self._quotas.get(key)
+        q = self._quota(tenant, flavor)
         if q is None:
             return False  # a flavor absent from the tenant's quota is not usable by it
-        used = self.usage[key]
+        used = q.used
         if removed:
             used -= removed.get(tenant, 0)
         if not allow_borrow and used + gpus > q.nominal:
@@ -307,11 +316,10 @@ class Ledger:
     ) -> int:
         """The most GPUs of `flavor` the tenant's quota would admit right now (with the
         `removed` GPUs gone first): the largest `gpus` for which `fits` is true."""
-        key = (tenant, flavor)
-        q = self._quotas.get(key)
+        q = self._quota(tenant, flavor)
         if q is None:
             return 0
-        used = self.usage[key] - (removed.get(tenant, 0) if removed else 0)
+        used = q.used - (removed.get(tenant, 0) if removed else 0)
         cu = self._with_removed(flavor, removed) if removed else _UNCHANGED
         room = available(q, used, cu)
         if not allow_borrow:
@@ -320,8 +328,10 @@ class Ledger:
 
     def borrows(self, tenant: str, flavor: str, gpus: int, removed: int = 0) -> bool:
         """Would holding `gpus` more put the tenant above its nominal quota?"""
-        key = (tenant, flavor)
-        return self.usage[key] - removed + gpus > self._nominal.get(key, 0)
+        q = self._quota(tenant, flavor)
+        if q is None:
+            return self.usage[(tenant, flavor)] - removed + gpus > 0
+        return q.used - removed + gpus > q.nominal
 
     def height(self, tenant: str, flavor: str, gpus: int) -> int:
         """Kueue's borrowing height: 0 when `gpus` more fit within nominal; else the height
@@ -380,5 +390,5 @@ class Ledger:
     def max_hold(self, tenant: str, flavor: str) -> int:
         """The most the tenant could ever hold of the flavor, with everyone else idle
         (Kueue's potential available); 0 for a flavor outside its quota."""
-        q = self._quotas.get((tenant, flavor))
+        q = self._quota(tenant, flavor)
         return 0 if q is None else potential(q)

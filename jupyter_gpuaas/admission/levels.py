@@ -39,6 +39,7 @@ class TenantQuota:
         self.guaranteed = guaranteed
         self.limit = limit
         self.levels = levels
+        self.used = 0  # the tenant's usage of the flavor (the ledger's `usage`, kept here too)
 
 
 def _step(parent_avail: int, sq: int, lq: int, used: int, limit: int | None) -> int:
