@@ -51,20 +51,23 @@ class Timers:
         # to build and hash for each of the million sets and clears of a month.
         self._due: dict[str, dict[str, float]] = {}
         self._seq = 0
-        # The earliest live entry, while `_known`: none (`_empty`), or its time and where it
-        # is (-1 the heap, else a lane's index). The driver asks for the next deadline at
-        # every instant, and most instants set or clear nothing.
+        # The earliest live entry, while `_known`: none (`_empty`), or its time, kind and key
+        # and where it is (-1 the heap, else a lane's index). The driver asks for the next
+        # deadline at every instant; most instants set or clear nothing, and what they
+        # clear is rarely the earliest (every entry before it is gone).
         self._known = True
         self._empty = True
         self._next = 0.0
+        self._next_kind = ""
+        self._next_key = ""
         self._where = -1
 
     def set(self, kind: str, key: str, t: float) -> None:
         due = self._due.get(kind)
         if due is None:
             due = self._due[kind] = {}
-        elif key in due:
-            self._known = False  # its old entry, stale now, may be the earliest
+        elif key in due and key == self._next_key and kind == self._next_kind:
+            self._known = False  # its old entry, stale now, was the earliest
         due[key] = t
         self._seq += 1
         entry = (t, self._seq, kind, key)
@@ -92,7 +95,8 @@ class Timers:
         due = self._due.get(kind)
         if due is not None and key in due:
             del due[key]
-            self._known = False
+            if key == self._next_key and kind == self._next_kind:
+                self._known = False  # the earliest is stale now
 
     def get(self, kind: str, key: str) -> float | None:
         due = self._due.get(kind)
@@ -122,12 +126,15 @@ class Timers:
                         where, best_t, best_seq = i, t, front[1]
             if where == -2:
                 self._empty = True
+                self._next_kind = self._next_key = ""
                 break
             e = heap[0] if where < 0 else lanes[where].items[lanes[where].head]
             due = self._due.get(e[2])
             if due is not None and due.get(e[3]) == e[0]:
                 self._empty = False
                 self._next = e[0]
+                self._next_kind = e[2]
+                self._next_key = e[3]
                 self._where = where
                 break
             if where < 0:
