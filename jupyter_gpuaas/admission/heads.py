@@ -12,16 +12,11 @@ so there the best is found by the same pairwise scan as before (`wins`).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
+from .heap import heapify, heappop, heappush
 from .nominate import Entry
-
-# heapq's functions as C statics: compiled, a module attribute is looked up at each call.
-heapify: Final = heapq.heapify
-heappop: Final = heapq.heappop
-heappush: Final = heapq.heappush
 
 
 class Heads:

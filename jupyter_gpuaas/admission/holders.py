@@ -142,16 +142,7 @@ class Holders:
             pool += self.holding[(name, flavor)].values()
         # A request runs on one node: if evicting every candidate leaves no node with
         # room, no set of them will (the search would find none; most that fail, fail so).
-        # Where a node has the room already (most heads wait for quota), no tally.
-        if self._cluster.widest_gap(flavor) >= req.gpus:
-            return pool
-        freed: dict[str, int] = {}
-        for v in pool:
-            node = v.node or ""
-            freed[node] = freed.get(node, 0) + v.gpus
-        if not self._cluster.has_room(flavor, req.gpus, freed):
-            return []
-        return pool
+        return pool if self._cluster.has_room_without(flavor, req.gpus, pool) else []
 
     def could_make_room(self, tenant: str, flavor: str, b: Bound, gpus: int) -> bool:
         """Could evicting every candidate of `b` make room for `gpus`: their devices and

@@ -7,14 +7,11 @@ first. Best fit keeps whole nodes free for wide requests.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
 
-# heapq's functions as C statics: compiled, a module attribute is looked up at each call.
-heappop: Final = heapq.heappop
-heappush: Final = heapq.heappush
+from .heap import heappop, heappush
+from .model import Request
 
 
 @dataclass
@@ -112,6 +109,17 @@ class Cluster:
             if n and node is not None and node.flavor == flavor and node.free + n >= gpus:
                 return True
         return False
+
+    def has_room_without(self, flavor: str, gpus: int, holders: Iterable[Request]) -> bool:
+        """Would some node of the flavor fit `gpus` with all of `holders` gone? Where a node
+        has the room already (most preemption searches wait for quota), no tally."""
+        if self._gap.get(flavor, 0) >= gpus:
+            return True
+        freed: dict[str, int] = {}
+        for v in holders:
+            node = v.node or ""
+            freed[node] = freed.get(node, 0) + v.gpus
+        return self.has_room(flavor, gpus, freed)
 
     def best_fit(self, flavor: str, gpus: int) -> Node | None:
         """The node to place `gpus` on: fewest free devices that suffice, oldest on a tie."""

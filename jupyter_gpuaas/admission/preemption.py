@@ -191,15 +191,9 @@ def _all_would_do(
     removed: dict[str, int] = {}
     for v in candidates:
         removed[v.tenant] = removed.get(v.tenant, 0) + v.gpus
-    if not ledger.fits(req.tenant, flavor, req.gpus, removed, allow_borrow):
-        return False
-    if cluster.widest_gap(flavor) >= req.gpus:
-        return True  # a node has the room already: no tally of the freed devices
-    freed: dict[str, int] = {}
-    for v in candidates:
-        node = v.node or ""
-        freed[node] = freed.get(node, 0) + v.gpus
-    return cluster.has_room(flavor, req.gpus, freed)
+    return ledger.fits(
+        req.tenant, flavor, req.gpus, removed, allow_borrow
+    ) and cluster.has_room_without(flavor, req.gpus, candidates)
 
 
 def _minimal(

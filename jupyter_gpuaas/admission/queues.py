@@ -9,17 +9,11 @@ a cycle is then in the number of buckets (a few), never in the number of queued 
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
 
+from .heap import heappop, heappush
 from .model import Request
-
-# heapq's functions as C statics: compiled, a module attribute is looked up at each call.
-heappop: Final = heapq.heappop
-heappush: Final = heapq.heappush
-
 
 BucketKey = tuple[str | None, int]  # (pinned flavor or None, gpus)
 OrderKey = tuple[int, float, int]  # (-priority, queue time, arrival)

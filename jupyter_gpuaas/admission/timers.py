@@ -14,12 +14,9 @@ clears most of them: in a heap each cost a push and a pop of log n comparisons.
 
 from __future__ import annotations
 
-import heapq
 from typing import Final
 
-# heapq's functions as C statics: compiled, a module attribute is looked up at each call.
-heappop: Final = heapq.heappop
-heappush: Final = heapq.heappush
+from .heap import heappop, heappush
 
 # (time, order set, kind, key): flat, so a look at the front builds no tuple.
 _Entry = tuple[float, int, str, str]

@@ -11,12 +11,12 @@ before admissions, so nothing waits for a later tick.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Final
 
 from ..admission.core import AdmissionCore
+from ..admission.heap import heappop, heappush
 from ..admission.model import Decision, Request
 from .scenario import Scenario, ScenarioRequest
 
@@ -25,10 +25,6 @@ from .scenario import Scenario, ScenarioRequest
 _FINISH: Final = 0
 _IDLE: Final = 1
 _BUSY: Final = 2
-# The heap's functions as C statics (compiled, `heapq.heappush` is a module attribute
-# looked up at each call, two million times a month).
-heappush: Final = heapq.heappush
-heappop: Final = heapq.heappop
 # Within one instant, users' arrivals go before their cancels (so a request cancelled at
 # its own submit instant is never admitted).
 _ARRIVE: Final = 0
