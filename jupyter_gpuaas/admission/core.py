@@ -141,11 +141,7 @@ class AdmissionCore(Admitting):
                 self._take_over(old, req, now, out)
                 return out
         req.state = State.QUEUED
-        bucket = self._enqueue(req)
-        if bucket.inadmissible and self._queues[req.tenant].head(bucket) is req:
-            # A new head may preempt where the old one could not (a higher priority).
-            bucket.inadmissible = False
-            self._strict_blocked.discard(req.tenant)
+        self._enqueue(req)
         return out
 
     def cancel(self, rid: str, now: float, reason: str = "") -> list[Decision]:

@@ -45,7 +45,15 @@ class Waking(Queries):
 
     def _enqueue(self, req: Request) -> Bucket:
         """Into its tenant's queue (submitted, restored or requeued), QUEUED already."""
-        bucket = self._queues[req.tenant].push(req)
+        q = self._queues[req.tenant]
+        bucket = q.push(req)
+        # A new head may go where the old one could not (a higher priority may preempt):
+        # its bucket, or a StrictFIFO tenant, looks again. A requeued request (a preempted
+        # job, a culled one busy again) can be such a head as much as a new one.
+        if bucket.inadmissible and q.head(bucket) is req:
+            bucket.inadmissible = False
+        if req.tenant in self._strict_blocked and q.first() is req:
+            self._strict_blocked.discard(req.tenant)
         if self._positions is not None:
             self._positions.add(req)
         self._touch(req.tenant)
