@@ -55,8 +55,10 @@ class AdmissionCore(Admitting):
         # Bucket heads held back by capacity alone (quota would admit them): scale demand.
         self._capacity_blocked: dict[tuple[str, BucketKey], str] = {}
         # Who to wake when devices of a flavor free up: (tenant, bucket) blocked by capacity
-        # there; bucket None for the tenant itself (StrictFIFO head, waiting resume).
+        # there (quota would admit it, or make room for it by preemption, but no node has
+        # room); bucket None for the tenant itself (StrictFIFO head, waiting resume).
         self._cap_waiters: dict[str, set[tuple[str, BucketKey | None]]] = defaultdict(set)
+        self._short: list[str] = []  # nominate.py
         self._epoch = 0  # bumps whenever quota or devices are taken
         self._by_capacity = False  # nominate.py
         self._preempts: dict[str, bool] = {}  # tenants with any preemption policy
@@ -203,7 +205,7 @@ class AdmissionCore(Admitting):
         node.empty_since = now
         self._scaler.joined(flavor, name)
         self._scaler.arm_scale_down(self._config, node, now)
-        self._room_freed_in(flavor)
+        self._room_freed_in(flavor, node)
         return []
 
     def restore(self, req: Request, now: float) -> list[Decision]:
@@ -289,7 +291,7 @@ class AdmissionCore(Admitting):
                     out.append(
                         Decision(t, "node_ready", None, {"flavor": node.flavor, "node": key})
                     )
-                    self._room_freed_in(node.flavor)
+                    self._room_freed_in(node.flavor, node)
                 continue
             if kind == SCALE_DOWN:
                 gone = self._scaler.scale_down(key, t)
@@ -314,6 +316,12 @@ class AdmissionCore(Admitting):
                     self._victim_left(req)
                 else:
                     self._preempt(req, by, t, out)
+
+    def look_at_everyone(self) -> None:
+        """Wake every head, as if each queue had changed: the next cycle nominates every
+        tenant. Not for production (it is slow): the reference that the wake-ups, which
+        wake only the heads whose answer an event can change, are checked against."""
+        self._wake(self._config.tenants)
 
     def step(self, now: float) -> list[Decision]:
         """What both drivers call once per batch of events: act on the deadlines due by

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .ledger import Ledger
 from .levels import Version
 from .model import Config, Request, Tenant
-from .nodes import Cluster
+from .nodes import Cluster, Node
 from .preemption import preemption_candidates, preemption_room
 
 
@@ -123,17 +123,25 @@ class Holders:
             else:
                 del by_prio[req.priority]
 
-    def victim_pool(self, req: Request, flavor: str) -> list[Request]:
+    def victim_pool(self, req: Request, flavor: str) -> list[Request] | None:
         """Requests holding `flavor` that the preemption policy could ever evict for `req`:
         its own tenant's (unless within_tenant is Never) and those of cohort members above
         their nominal quota (unless the cohort policies are Never).
 
-        Empty when even evicting all of them could not make room: most failing searches
-        end on that bound, computed from GPUs held per priority, without a candidate list.
+        None when even evicting all of them could not make room: most failing searches end
+        on that bound, computed from GPUs held per priority, without a candidate list.
+        Empty when they could in quota but no node would have room for `req` (it waits for
+        devices: `room_on`).
         """
         b = self.bound(req.tenant, flavor, req.priority)
+        if req.gpus > b.held + self._cluster.free_in(flavor):
+            # Not the devices, even with every candidate gone: does quota rule it out too?
+            # (Asked of the ledger only here, rarely: a month has a few thousand.)
+            if b.room < 0:
+                b.room = preemption_room(req.tenant, flavor, self._ledger, b.removed, b.borrow_ok)
+            return [] if req.gpus <= b.room else None
         if not self.could_make_room(req.tenant, flavor, b, req.gpus):
-            return []
+            return None
         pool: list[Request] = []
         if b.own:
             held = self.holding[(req.tenant, flavor)].values()
@@ -143,6 +151,24 @@ class Holders:
         # A request runs on one node: if evicting every candidate leaves no node with
         # room, no set of them will (the search would find none; most that fail, fail so).
         return pool if self._cluster.has_room_without(flavor, req.gpus, pool) else []
+
+    def room_on(self, node: Node, tenant: str, prio: int) -> int:
+        """The devices of `node` a head of `tenant` at `prio` could have by preempting: its
+        free ones and those of the holders `victim_pool` would offer it."""
+        b = self.bound(tenant, node.flavor, prio)
+        room = node.free
+        seen: set[str] = set()
+        for rid in node.holders.values():
+            v = self.admitted.get(rid)
+            if v is None or rid in seen:
+                continue
+            seen.add(rid)
+            if v.tenant == tenant:
+                if b.own and v.priority <= prio:
+                    room += v.gpus
+            elif v.tenant in b.removed:
+                room += v.gpus
+        return room
 
     def could_make_room(self, tenant: str, flavor: str, b: Bound, gpus: int) -> bool:
         """Could evicting every candidate of `b` make room for `gpus`: their devices and

@@ -85,6 +85,10 @@ class Nominating(Waking):
     # Whether the last failed `_try` was held back by devices (its key is then in
     # `_capacity_blocked`), so nomination need not build the key again to ask.
     _by_capacity: bool
+    # The flavors where the head `_choose_flavor` last looked at could make room in quota
+    # by preempting (the holders' bound says so) but found no victims while no node has
+    # room for it: it may wait for devices there too (`_cap_waiters`).
+    _short: list[str]
 
     def _wins(self, e: Entry, other: Entry) -> bool:
         """With fair sharing in a cohort tree: Kueue's tournament (fairshare.py) decides
@@ -185,6 +189,12 @@ class Nominating(Waking):
                 own = sum(v.gpus for v in victims if v.tenant == req.tenant)
                 borrowing = ledger.borrows(req.tenant, f, req.gpus, own)
                 return self._entry(req, Mode.PREEMPT, f, borrowing, victims)
+            if self._short:
+                # Evicting could make room in quota, but no node has room for it: devices
+                # freed on a node where its candidates sit may change that (waking.py).
+                waiter = (req.tenant, None if strict else bkey or (req.flavor, req.gpus))
+                for f in self._short:
+                    self._cap_waiters[f].add(waiter)
         self._by_capacity = bool(capacity_flavors)
         if capacity_flavors or self._capacity_blocked:  # (else no key to build)
             key = (req.tenant, bkey if bkey is not None else (req.flavor, req.gpus))
@@ -229,14 +239,22 @@ class Nominating(Waking):
         spec = self._specs[req.tenant]
         graces = self._graces
         by_priority: tuple[str, list[Request]] | None = None
+        self._short = []
         for f in flavors:
             holding = self._holders.victim_pool(req, f)
-            if holding and graces:  # a warned victim is promised to its own preemptor
-                holding = [v for v in holding if not graces.warned(v.id)]
-            if not holding:
+            if holding is None:
                 continue
+            if not holding:
+                self._short.append(f)
+                continue
+            if graces:  # a warned victim is promised to its own preemptor
+                holding = [v for v in holding if not graces.warned(v.id)]
+                if not holding:
+                    continue
             victims = find_victims(req, spec, f, self._ledger, self._cluster, holding)
             if victims is None:
+                if self._cluster.widest_gap(f) < req.gpus:
+                    self._short.append(f)  # perhaps for want of a node: it waits there too
                 continue
             if all(v.tenant != req.tenant for v in victims):
                 return f, victims

@@ -32,7 +32,7 @@ class Releasing(Nominating):
         for kind in (CULL, WARN, LEASE):
             self._timers.clear(kind, req.id)
         req.lease_expires = None
-        self._room_freed_in(flavor)
+        self._room_freed_in(flavor, node)
 
     def _release_quota(self, req: Request) -> None:
         flavor = req.assigned_flavor or ""

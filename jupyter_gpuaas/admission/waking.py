@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from .holders import Bound, Holders
 from .ledger import Ledger
 from .model import Config, Decision, Request, State, Tenant
-from .nodes import Cluster
+from .nodes import Cluster, Node
 from .queries import Queries
 from .queues import Bucket, BucketKey, TenantQueue
 
@@ -61,7 +61,13 @@ class Waking(Queries):
 
     def _dequeue(self, req: Request) -> None:
         """Out of its tenant's queue (admitted, or ended while queued)."""
-        self._queues[req.tenant].remove(req.id)
+        q = self._queues[req.tenant]
+        if req.tenant in self._strict_blocked and q.first() is req:
+            # The head that blocked a StrictFIFO queue leaves (cancelled, say): the next
+            # one may fit.
+            self._strict_blocked.discard(req.tenant)
+            self._touch(req.tenant)
+        q.remove(req.id)
         if self._positions is not None:
             self._positions.discard(req.id)
 
@@ -90,9 +96,12 @@ class Waking(Queries):
             self._strict_blocked.discard(t)
             self._dirty.add(t)
 
-    def _room_freed_in(self, flavor: str) -> None:
-        """Devices of `flavor` freed: wake who waits for devices there and now fits on one
-        node. Those who wait for quota are woken by quota released in their cohort."""
+    def _room_freed_in(self, flavor: str, node: Node | None = None) -> None:
+        """Devices of `flavor` freed (on `node`; None: a node joined, or gone): wake who
+        waits for devices there and now fits on one node, or, where it may preempt, could
+        now make room on `node`: its free devices and its candidates' there together (only
+        that node changed). Those who wait for quota are woken by quota released in their
+        cohort."""
         waiters = self._cap_waiters.get(flavor)
         if not waiters:
             return
@@ -100,15 +109,25 @@ class Waking(Queries):
         still: set[tuple[str, BucketKey | None]] = set()
         for tenant, bkey in waiters:
             if bkey is not None:
-                if bkey[1] > gap:
+                bucket = self._queues[tenant].buckets.get(bkey)
+                if bkey[1] > gap and not (
+                    node is not None
+                    and bucket is not None
+                    and bucket.inadmissible
+                    and self._preempts[tenant]
+                    and self._room_on(node, tenant, bucket) >= bkey[1]
+                ):
                     still.add((tenant, bkey))  # no node has room for it yet
                     continue
-                bucket = self._queues[tenant].buckets.get(bkey)
                 if bucket is not None:
                     bucket.inadmissible = False
             self._strict_blocked.discard(tenant)
             self._dirty.add(tenant)
         self._cap_waiters[flavor] = still
+
+    def _room_on(self, node: Node, tenant: str, bucket: Bucket) -> int:
+        head = self._queues[tenant].head(bucket)
+        return -1 if head is None else self._holders.room_on(node, tenant, head.priority)
 
     def _quota_freed_in(self, tenant: str, flavor: str) -> None:
         """Quota of `flavor` freed in the tenant's cohort: wake the members' heads that could

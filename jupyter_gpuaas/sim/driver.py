@@ -76,8 +76,9 @@ class _Replay:
     A request gone from the core pushes no more: the chain ends at its next event.
     """
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, exhaustive: bool = False) -> None:
         self.core = AdmissionCore(scenario.config)
+        self.exhaustive = exhaustive
         self.lives = {r.id: _Life(r) for r in scenario.requests}
         self.heap: list[_Due] = []
         self.seq = 0
@@ -188,10 +189,18 @@ class _Replay:
                     decisions += core.cancel(rid, now)
             if decisions:
                 self.follow(decisions, now)
+            if self.exhaustive:
+                core.look_at_everyone()
             self.follow(core.step(now), now)
 
 
-def run_scenario(scenario: Scenario, until: float | None = None) -> SimRun:
+def run_scenario(
+    scenario: Scenario, until: float | None = None, *, exhaustive: bool = False
+) -> SimRun:
+    """Replay `scenario` until `until` (default: its own `until`, else until no event is
+    left). `exhaustive`: every tenant is nominated at every instant, as if no head ever
+    slept (`AdmissionCore.look_at_everyone`): slow, the reference the core's wake-ups are
+    checked against (tests/test_wakes.py)."""
     stop = until if until is not None else scenario.until
     limit = math.inf if stop is None else float(stop)
     # Users' actions are known in advance: sorted once by (time, arrival before cancel,
@@ -204,7 +213,7 @@ def run_scenario(scenario: Scenario, until: float | None = None) -> SimRun:
     users = [a[0] for a in actions] + [math.inf]
     arrives = [a[1] == _ARRIVE for a in actions] + [False]
     specs = [requests[a[2]] for a in actions]
-    replay = _Replay(scenario)
+    replay = _Replay(scenario, exhaustive)
     now = replay.run(users, arrives, specs, limit)
     end = limit if stop is not None else now
     return SimRun(replay.out, end, replay.core)
