@@ -44,9 +44,11 @@ class Admitting(Releasing):
         self._bind(req, node, e.flavor, now)
         e.status = Status.ASSUMED
         self._epoch += 1
-        if resume:
+        if resume or self._ledger.borrowed(req.tenant, e.flavor):
             # Parked, it held quota that no one could take; holding devices again, it is a
-            # candidate for preemption: heads that may evict it look again.
+            # candidate for preemption. Or its tenant borrows, now more than before, and
+            # the cohort may reclaim as much as it borrows (Kueue's reclaimWithinCohort
+            # and borrowWithinCohort). Either way, heads that may evict look again.
             self._wake_preemptors(req.tenant, e.flavor)
         if resume and req.resumed_from is None:
             out.append(

@@ -175,9 +175,11 @@ class AdmissionCore(Admitting):
             if busy:
                 q.resuming[rid] = req
                 self._touch(req.tenant)
-            else:
-                q.resuming.pop(rid, None)
+            elif q.resuming.pop(rid, None) is not None:
+                # No longer waiting to resume (served first; it may hold a StrictFIFO queue).
                 self._resume_blocked.pop(rid, None)
+                self._strict_blocked.discard(req.tenant)
+                self._touch(req.tenant)
         elif req.state is State.CULLED and busy:
             self._requeue(req, now, now, out)
         return out
@@ -319,8 +321,7 @@ class AdmissionCore(Admitting):
 
     def look_at_everyone(self) -> None:
         """Wake every head, as if each queue had changed: the next cycle nominates every
-        tenant. Not for production (it is slow): the reference that the wake-ups, which
-        wake only the heads whose answer an event can change, are checked against."""
+        tenant. Slow: the reference the wake-ups are checked against (test_wakes.py)."""
         self._wake(self._config.tenants)
 
     def step(self, now: float) -> list[Decision]:
