@@ -136,11 +136,19 @@ const STATE_WORDS: Record<string, string> = {
   cancelled: 'cancelled',
   rejected: 'rejected',
   preempted: 'preempted',
-  expired: 'expired'
+  expired: 'expired',
+  failed: 'failed'
 };
 
 export function stateWords(state: string): string {
   return STATE_WORDS[state] ?? state;
+}
+
+/** The state a "My work" row shows. The gateway ends a job's request as "finished"
+ * whether the notebook ran through or raised: the job's own state says which, so a failed
+ * job's row says "failed", as its row under Jobs does. */
+export function rowState(req: GpuRequest, job?: { state: string }): string {
+  return req.state === 'finished' && job?.state === 'failed' ? 'failed' : req.state;
 }
 
 /** The terminal gateway states: nothing more will happen to such a request. */

@@ -5,6 +5,8 @@ import {
   formatWait,
   ordinal,
   quotaSentence,
+  rowState,
+  stateWords,
   statusText,
   waitKind,
   waitReason
@@ -117,6 +119,17 @@ describe('positions and reasons', () => {
     expect(waitReason(behind)).toBe('2 earlier requests of vision are ahead of it.');
     expect(waitKind(behind)).toBe('turn');
     expect(waitKind(request())).toBe('quota');
+  });
+});
+
+describe('rowState', () => {
+  it("says a failed job's request failed, not finished", () => {
+    const ended = request({ kind: 'job', state: 'finished' });
+    expect(stateWords(rowState(ended, { state: 'failed' }))).toBe('failed');
+    expect(stateWords(rowState(ended, { state: 'succeeded' }))).toBe('finished');
+    expect(rowState(ended)).toBe('finished');
+    // Only an ended request: a job whose state is stale does not hide a running one.
+    expect(rowState(request({ kind: 'job', state: 'admitted' }), { state: 'failed' })).toBe('admitted');
   });
 });
 

@@ -8,6 +8,7 @@ import {
   formatWait,
   gpuWords,
   percent,
+  rowState,
   stateWords,
   waitReason
 } from '../format';
@@ -56,8 +57,9 @@ export class MyWorkSection {
     const kernel = model.kernelOf(r.id);
     const notebook = kernel ? model.notebooks.get(kernel.kernel_id) : undefined;
     const job = r.kind === 'job' ? model.jobs.get(r.id) : undefined;
-    row.className = `jp-gpuaas-row jp-gpuaas-state-${r.state}`;
-    row.dataset.state = r.state;
+    const state = rowState(r, job);
+    row.className = `jp-gpuaas-row jp-gpuaas-state-${state}`;
+    row.dataset.state = state;
     row.replaceChildren();
     const error = h('p', { class: 'jp-gpuaas-error', role: 'alert' });
 
@@ -84,8 +86,8 @@ export class MyWorkSection {
       });
     }
     const badge = h('span', {
-      class: `jp-gpuaas-badge jp-gpuaas-badge-${r.state}`,
-      text: stateWords(r.state)
+      class: `jp-gpuaas-badge jp-gpuaas-badge-${state}`,
+      text: stateWords(state)
     });
     row.append(h('div', { class: 'jp-gpuaas-row-head' }, title, badge));
     const what = `${gpuWords(r.gpus, r.grant?.flavor ?? r.flavor)} for ${r.tenant}`;

@@ -428,6 +428,10 @@ test('a job that fails: an error notification with links to the executed noteboo
   const job = panel.locator('.jp-gpuaas-job', { hasText: 'diverge.ipynb' }).first();
   await expect(job).toHaveAttribute('data-state', 'failed', { timeout: 90000 });
   await expect(job.locator('.jp-gpuaas-badge')).toHaveText('failed'); // in words, not colour alone
+  // Its row under My work says so too (the gateway ends the request as "finished").
+  const work = panel.locator('.jp-gpuaas-work li', { hasText: 'diverge.ipynb' }).first();
+  await expect(work).toHaveAttribute('data-state', 'failed');
+  await expect(work.locator('.jp-gpuaas-badge')).toHaveText('failed');
   const toast = page.locator('.Toastify__toast', { hasText: 'Job diverge.ipynb failed' });
   await expect(toast).toHaveCount(1);
   await expect(toast).toHaveClass(/Toastify__toast--error/);
