@@ -44,18 +44,23 @@ import os
 import platform
 import random
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+# Run as a script, benchmarks/ is sys.path[0]: the siblings import as top-level modules.
+from _load_client import SSE, open_listener, quiet
+from _load_client import Pool as Pool  # re-exported: _replay.py uses gl.Pool
+from _load_store import TENANTS, expected_deliveries, last_seq, prefill, users
+from _load_store import token_of as token_of  # re-exported: gateway_replay.py, _replay.py
 
 TARGETS = {
     "submit_p99_ms": 50.0,
@@ -64,22 +69,11 @@ TARGETS = {
     "release_to_admit_ms": 100.0,
 }
 
-TENANTS = ("t0", "t1", "t2", "t3")
-USERS_PER_TENANT = 4
 VIEWERS = ("viewer0", "viewer1")
 PROBE = "probe"
 
 
 # --------------------------------------------------------------------------- setup
-
-
-def users() -> list[tuple[str, str]]:
-    """(user, tenant) of the submitting users."""
-    return [(f"{t}u{i}", t) for t in TENANTS for i in range(USERS_PER_TENANT)]
-
-
-def token_of(user: str) -> str:
-    return f"tok-{user}-0123456789"
 
 
 def write_config(tmp: Path) -> tuple[Path, Path]:
@@ -143,100 +137,6 @@ def prioritize(nice: int) -> Any:
             pass
 
     return undo
-
-
-HISTORY_COLUMNS = [
-    "id",
-    "tenant",
-    "user",
-    "kind",
-    "gpus",
-    "flavor",
-    "priority",
-    "name",
-    "busy",
-    "state",
-    "submit_time",
-    "queue_time",
-    "seq",
-    "assigned_flavor",
-    "node",
-    "devices",
-    "first_admit",
-    "admit_time",
-    "idle_since",
-    "park_expires",
-    "lease_expires",
-    "wants_devices",
-    "preemptions",
-    "culls",
-    "utilization",
-    "reason",
-    "created",
-    "updated",
-]
-
-
-def prefill(db: Path, n: int, seed: int) -> None:
-    """N ended requests over the last 20 days (the schema made by the gateway's store)."""
-    from jupyter_gpuaas.gateway.store import Store
-
-    Store.open(f"sqlite:///{db}").close()
-    rng = random.Random(seed)
-    who = users()
-    now = time.time()
-    rows, decisions = [], []
-    for i in range(n):
-        user, tenant = who[rng.randrange(len(who))]
-        t = now - rng.uniform(60.0, 20 * 86400.0)
-        state = rng.choices(("finished", "cancelled", "rejected"), (60, 25, 15))[0]
-        rid = f"r-{i:016x}"
-        rows.append(
-            (
-                rid,
-                tenant,
-                user,
-                rng.choice(("kernel", "job")),
-                1,
-                None,
-                0,
-                "old",
-                True,
-                state,
-                t,
-                t,
-                i,
-                None,
-                None,
-                "[]",
-                None,
-                None,
-                None,
-                None,
-                None,
-                False,
-                0,
-                0,
-                None,
-                "",
-                t,
-                t + 60,
-            )
-        )
-        decisions.append((t + 60, state if state != "finished" else "finish", rid, "{}"))
-    con = sqlite3.connect(db)
-    try:
-        # Name the columns: later migrations add nullable ones (0003: preempt_at,
-        # preempted_by) that an ended row of this history leaves empty.
-        cols = ",".join(HISTORY_COLUMNS)
-        marks = ",".join("?" * len(HISTORY_COLUMNS))
-        con.executemany(f"INSERT INTO requests ({cols}) VALUES ({marks})", rows)
-        con.executemany(
-            "INSERT INTO decisions (t, event, request_id, fields) VALUES (?, ?, ?, ?)", decisions
-        )
-        con.commit()
-    finally:
-        con.close()
 
 
 def start_gateway(
@@ -338,165 +238,6 @@ def pct(values: list[float], p: float) -> float:
         return math.nan
     s = sorted(values)
     return s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))]
-
-
-# --------------------------------------------------------------------------- HTTP client
-
-
-class Conn:
-    """One keep-alive HTTP/1.1 connection (the gateway always sends Content-Length)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.used = time.monotonic()  # when it last answered (or was opened)
-
-    async def call(
-        self, method: str, path: str, token: str, body: bytes = b""
-    ) -> tuple[int, bytes]:
-        head = (
-            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Authorization: token {token}\r\nContent-Length: {len(body)}\r\n"
-        )
-        if body:
-            head += "Content-Type: application/json\r\n"
-        self.writer.write(head.encode() + b"\r\n" + body)
-        status_line = await self.reader.readuntil(b"\r\n")
-        headers = await self.reader.readuntil(b"\r\n\r\n")
-        length = 0
-        for line in headers.split(b"\r\n"):
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
-        payload = await self.reader.readexactly(length) if length else b""
-        return int(status_line.split(b" ", 2)[1]), payload
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class Pool:
-    """Keep-alive connections, the most recently used first. One left idle longer than
-    `max_idle` seconds is closed rather than reused: the gateway closes idle connections
-    after `--GatewayApp.header_timeout` (60 s), and a request sent on one it just closed
-    would fail for no fault of the gateway's."""
-
-    def __init__(self, port: int, max_idle: float = 30.0) -> None:
-        self.port = port
-        self.idle: deque[Conn] = deque()
-        self.opened = 0
-        self.max_idle = max_idle
-
-    async def _open(self) -> Conn:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.opened += 1
-        return Conn(reader, writer)
-
-    async def warm(self, n: int) -> None:
-        conns = await asyncio.gather(*(self._open() for _ in range(n)))
-        self.idle.extend(conns)
-
-    async def call(
-        self, method: str, path: str, token: str, body: bytes = b""
-    ) -> tuple[int, bytes]:
-        conn = None
-        while self.idle:
-            conn = self.idle.pop()
-            if time.monotonic() - conn.used < self.max_idle:
-                break
-            conn.close()
-            conn = None
-        if conn is None:
-            conn = await self._open()
-        try:
-            result = await conn.call(method, path, token, body)
-        except BaseException:
-            conn.close()
-            raise
-        conn.used = time.monotonic()
-        self.idle.append(conn)
-        return result
-
-    def close(self) -> None:
-        while self.idle:
-            self.idle.pop().close()
-
-
-# --------------------------------------------------------------------------- SSE listeners
-
-
-class SSE(asyncio.Protocol):
-    """A listener on api/events that counts events and the decision-to-receipt lag.
-
-    Parsing is kept cheap (the generator shares the CPUs with the gateway): the decision's
-    `t` is the first key of every event's data, so it is read without decoding the JSON.
-    `watch` listeners decode every event and hand it to `on_event`.
-    """
-
-    def __init__(self, who: str, lags: list[float], on_event: Any = None) -> None:
-        self.who = who
-        self.lags = lags
-        self.on_event = on_event
-        self.buf = b""
-        self.events = 0
-        self.by_name: Counter[str] = Counter()
-        self.connected = asyncio.get_running_loop().create_future()
-        self.closed = False
-        self.headers_done = False
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        req = (
-            "GET /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Authorization: token {token_of(self.who)}\r\nAccept: text/event-stream\r\n\r\n"
-        )
-        transport.write(req.encode())
-
-    def data_received(self, data: bytes) -> None:
-        now = time.time()
-        buf = self.buf + data
-        if not self.headers_done:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                self.buf = buf
-                return
-            status = buf[: buf.find(b"\r\n")]
-            if b" 200 " not in status and not self.connected.done():
-                self.connected.set_exception(RuntimeError(status.decode()))
-            self.headers_done = True
-            buf = buf[end + 4 :]
-            # chunked transfer: the chunk-size lines are stripped below, per block
-        blocks = buf.split(b"\n\n")
-        self.buf = blocks.pop()
-        for block in blocks:
-            i = block.find(b"event: ")
-            if i < 0:
-                if b": connected" in block and not self.connected.done():
-                    self.connected.set_result(None)
-                continue
-            j = block.index(b"\n", i)
-            name = block[i + 7 : j].decode()
-            k = block.index(b'{"t": ', j)
-            t = float(block[k + 6 : block.index(b",", k)])
-            self.events += 1
-            self.by_name[name] += 1
-            self.lags.append(now - t)
-            if self.on_event is not None:
-                data_at = block.index(b"data: ", j) + 6
-                self.on_event(name, json.loads(block[data_at:]), now)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if not self.connected.done():
-            self.connected.set_exception(exc or ConnectionError("closed"))
-
-
-async def open_listener(port: int, listener: SSE) -> None:
-    loop = asyncio.get_running_loop()
-    await loop.create_connection(lambda: listener, "127.0.0.1", port)
-    await asyncio.wait_for(listener.connected, 30)
 
 
 # --------------------------------------------------------------------------- the load
@@ -642,46 +383,6 @@ async def release_probes(pool: Pool, port: int, probes: int) -> dict[str, Any]:
         "p95_ms": round(pct(ms, 95), 1),
         "max_ms": round(max(ms), 1),
     }
-
-
-# --------------------------------------------------------------------------- accounting
-
-
-def expected_deliveries(db: Path, after_seq: int, upto_seq: int) -> tuple[Counter[str], int]:
-    """Decisions committed in (after_seq, upto_seq], per request owner; and the total."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        rows = con.execute(
-            "SELECT r.user, count(*) FROM decisions d LEFT JOIN requests r "
-            "ON r.id = d.request_id WHERE d.seq > ? AND d.seq <= ? GROUP BY r.user",
-            (after_seq, upto_seq),
-        ).fetchall()
-    finally:
-        con.close()
-    per_user: Counter[str] = Counter()
-    for user, n in rows:
-        per_user[user or ""] += n
-    return per_user, sum(per_user.values())
-
-
-def last_seq(db: Path) -> int:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return int(con.execute("SELECT coalesce(max(seq), 0) FROM decisions").fetchone()[0])
-    finally:
-        con.close()
-
-
-async def quiet(listeners: list[SSE], settle: float = 1.0, limit: float = 60.0) -> None:
-    """Wait until no listener has received anything for `settle` seconds."""
-    deadline = time.monotonic() + limit
-    last = -1
-    while time.monotonic() < deadline:
-        total = sum(sse.events for sse in listeners)
-        if total == last:
-            return
-        last = total
-        await asyncio.sleep(settle)
 
 
 # --------------------------------------------------------------------------- main
