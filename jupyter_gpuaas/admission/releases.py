@@ -40,7 +40,10 @@ class Releasing(Nominating):
         if req.state is State.PARKED:
             self._ledger.parked[(req.tenant, flavor)] -= req.gpus
             self._parked.discard(req)
-            self._queues[req.tenant].resuming.pop(req.id, None)
+            if self._queues[req.tenant].resuming.pop(req.id, None) is not None:
+                # A StrictFIFO queue waits behind a reservation that wants its devices
+                # back (nomination stops there): with it gone, its head looks again.
+                self._touch(req.tenant)
             self._resume_blocked.pop(req.id, None)
             self._timers.clear(EXPIRE, req.id)
             req.park_expires = None
