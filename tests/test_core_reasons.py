@@ -80,6 +80,35 @@ def test_capacity_without_autoscale() -> None:
     assert why(core, "b") == ("capacity", "no a100 node has 1 free GPU")
 
 
+def test_capacity_names_the_flavor_it_would_go_to_now() -> None:
+    """A head blocked by devices in its first flavor, whose quota there is then taken by
+    another admission while it sleeps, waits for devices of its next flavor: the reason
+    says so at once (and autoscaling asks for those nodes: scenario 79)."""
+    core = core_of(
+        {
+            "flavors": {
+                "t4": {"nodes": 1, "gpus_per_node": 4},
+                "a100": {"nodes": 1, "gpus_per_node": 4},
+            },
+            "tenants": {"beta": {"quota": {"t4": 3, "a100": 5}}, "ops": {"quota": {"t4": 2}}},
+        }
+    )
+    pinned = {"z": ("ops", "t4", 2), "x": ("beta", "a100", 2)}
+    for rid, (tenant, flavor, gpus) in pinned.items():
+        r = req(rid, tenant, gpus, user=rid)
+        r.flavor = flavor
+        core.submit(r, 0.0)
+    core.submit(req("w", "beta", 3), 0.0)
+    core.step(0.0)
+    assert why(core, "w") == ("capacity", "no t4 node has 3 free GPUs")
+    y = req("y", "beta", 1, user="bob")
+    y.flavor = "t4"
+    core.submit(y, 1.0)
+    core.step(1.0)
+    assert core.get("y").state.value == "admitted"
+    assert why(core, "w") == ("capacity", "no a100 node has 3 free GPUs")
+
+
 def test_strict_fifo_head_and_the_requests_behind_it() -> None:
     core = core_of(
         {

@@ -8,7 +8,7 @@ autoscaled nodes that stay empty for `scale_down_after`.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from .ledger import Ledger
@@ -22,31 +22,52 @@ READY: Final = "node_ready"
 SCALE_DOWN: Final = "scale_down"
 
 
+def capacity_flavor(
+    tenant: str, bkey: BucketKey, flavors: Sequence[str], ledger: Ledger, cluster: Cluster
+) -> str | None:
+    """The flavor a capacity-blocked head waits for devices of, as its nomination would
+    name it now: the first of its flavors whose quota would admit it and where no node
+    has room (None: quota holds it back everywhere). Asked afresh, not remembered: an
+    admission or a release of its tree may have moved quota from one flavor to another
+    while the head slept, and its demand for nodes moves with it."""
+    pin, gpus = bkey
+    for f in (pin,) if pin else flavors:
+        if ledger.fits(tenant, f, gpus) and cluster.widest_gap(f) < gpus:
+            return f
+    return None
+
+
 def scale_sizes(
     config: Config,
     capacity_blocked: dict[tuple[str, BucketKey], str],
     queues: Mapping[str, TenantQueue],
     ledger: Ledger,
+    cluster: Cluster,
     resume_blocked: Mapping[str, tuple[str, int]],
 ) -> dict[str, list[int]]:
     """Sizes of the requests that only more nodes could place, per autoscaled flavor.
 
-    Bucket heads held back by capacity (quota would admit them) count as many of their
-    bucket as quota admits together (tried on the ledger, then undone); parked requests
-    waiting to resume (`resume_blocked`: id -> flavor, gpus) count too. Buckets that are
-    gone are dropped from `capacity_blocked`.
+    Bucket heads held back by capacity count as many of their bucket as quota admits
+    together (tried on the ledger, then undone), in the flavor `capacity_flavor` names
+    now (kept in `capacity_blocked`); parked requests waiting to resume (`resume_blocked`:
+    id -> flavor, gpus) count too. Buckets that are gone are dropped from
+    `capacity_blocked`.
     """
     sizes: dict[str, list[int]] = defaultdict(list)
     tentative: list[tuple[str, str, int]] = []
     # The trial admissions are taken back with the pools' versions, so this question,
     # asked at every cycle, does not look like a change of usage to the bounds.
     versions: dict[tuple[str, str], int] = {}
-    for (tenant, bkey), flavor in list(capacity_blocked.items()):
-        if flavor not in config.policy.autoscale:
-            continue
+    for tenant, bkey in list(capacity_blocked):
         bucket = queues[tenant].buckets.get(bkey)
         if bucket is None:
             del capacity_blocked[(tenant, bkey)]
+            continue
+        found = capacity_flavor(tenant, bkey, tuple(config.tenants[tenant].quota), ledger, cluster)
+        if found is None:
+            continue  # (its reason says quota; its next nomination drops it)
+        flavor = capacity_blocked[(tenant, bkey)] = found
+        if flavor not in config.policy.autoscale:
             continue
         gpus = bkey[1]
         n = 0

@@ -54,9 +54,8 @@ class AdmissionCore(Admitting):
         self._strict_blocked: set[str] = set()
         # Bucket heads held back by capacity alone (quota would admit them): scale demand.
         self._capacity_blocked: dict[tuple[str, BucketKey], str] = {}
-        # Who to wake when devices of a flavor free up: (tenant, bucket) blocked by capacity
-        # there (quota would admit it, or make room for it by preemption, but no node has
-        # room); bucket None for the tenant itself (StrictFIFO head, waiting resume).
+        # Who to wake when devices of a flavor free up: (tenant, bucket) with quota there (or
+        # room by preemption) but no node; bucket None: the tenant (StrictFIFO head, resume).
         self._cap_waiters: dict[str, set[tuple[str, BucketKey | None]]] = defaultdict(set)
         self._short: list[str] = []  # nominate.py
         self._epoch = 0  # bumps whenever quota or devices are taken
@@ -394,7 +393,8 @@ class AdmissionCore(Admitting):
         if not self._config.policy.autoscale:
             return
         resuming = {rid: (f, self._requests[rid].gpus) for rid, f in self._resume_blocked.items()}
+        blocked = self._capacity_blocked
         sizes = scale_sizes(
-            self._config, self._capacity_blocked, self._queues, self._ledger, resuming
+            self._config, blocked, self._queues, self._ledger, self._cluster, resuming
         )
         out += self._scaler.plan(self._config, sizes, now)

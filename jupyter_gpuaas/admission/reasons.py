@@ -2,8 +2,9 @@
 "inadmissible because ..." on a workload), as plain data.
 
 Nomination records, for each bucket head it could not admit, whether quota or devices
-stopped it (`_capacity_blocked`: the flavor with quota but no node with room; absent,
-quota stopped it). `waiting_reason` turns that record and the core's counts into a
+stopped it (in `_capacity_blocked`: quota would admit it but no node has room; absent,
+quota stopped it; the flavor it waits in is asked again when read, as
+autoscale.capacity_flavor has it now). `waiting_reason` turns that record and the core's counts into a
 :class:`Reason`; the sentence a person reads is built from it outside the core
 (words.reason_sentence), so the core stays free of wording and of the package around it.
 """
@@ -14,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from .autoscale import capacity_flavor
 from .ledger import Ledger
 from .model import Request
 from .nodes import Cluster
@@ -92,7 +94,9 @@ def waiting_reason(
         top = queue.head(bucket)
         if top is not None:
             head = top
-    flavor = capacity_blocked.get((tenant, bkey))
+    flavor = None
+    if (tenant, bkey) in capacity_blocked:  # (as it stands now: quota may have moved)
+        flavor = capacity_flavor(tenant, bkey, flavors, ledger, cluster)
     behind = "" if head is req else head.id
     if flavor is not None:
         coming = len(provisioning.get(flavor, {}))
