@@ -8,7 +8,7 @@ autoscaled nodes that stay empty for `scale_down_after`.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 from .ledger import Ledger
@@ -23,7 +23,7 @@ SCALE_DOWN: Final = "scale_down"
 
 
 def capacity_flavor(
-    tenant: str, bkey: BucketKey, flavors: Sequence[str], ledger: Ledger, cluster: Cluster
+    tenant: str, bkey: BucketKey, flavors: Iterable[str], ledger: Ledger, cluster: Cluster
 ) -> str | None:
     """The flavor a capacity-blocked head waits for devices of, as its nomination would
     name it now: the first of its flavors whose quota would admit it and where no node
@@ -49,7 +49,7 @@ def scale_sizes(
 
     Bucket heads held back by capacity count as many of their bucket as quota admits
     together (tried on the ledger, then undone), in the flavor `capacity_flavor` names
-    now (kept in `capacity_blocked`); parked requests waiting to resume (`resume_blocked`:
+    now; parked requests waiting to resume (`resume_blocked`:
     id -> flavor, gpus) count too. Buckets that are gone are dropped from
     `capacity_blocked`.
     """
@@ -58,18 +58,18 @@ def scale_sizes(
     # The trial admissions are taken back with the pools' versions, so this question,
     # asked at every cycle, does not look like a change of usage to the bounds.
     versions: dict[tuple[str, str], int] = {}
+    autoscale = config.policy.autoscale
     for tenant, bkey in list(capacity_blocked):
         bucket = queues[tenant].buckets.get(bkey)
         if bucket is None:
             del capacity_blocked[(tenant, bkey)]
             continue
-        found = capacity_flavor(tenant, bkey, tuple(config.tenants[tenant].quota), ledger, cluster)
-        if found is None:
-            continue  # (its reason says quota; its next nomination drops it)
-        flavor = capacity_blocked[(tenant, bkey)] = found
-        if flavor not in config.policy.autoscale:
-            continue
-        gpus = bkey[1]
+        pin, gpus = bkey
+        if pin is not None and pin not in autoscale:
+            continue  # (pinned: no other flavor to move to)
+        flavor = capacity_flavor(tenant, bkey, config.tenants[tenant].quota, ledger, cluster)
+        if flavor is None or flavor not in autoscale:
+            continue  # (None: quota holds it back now; its next nomination drops it)
         n = 0
         while n < bucket.count and ledger.fits(tenant, flavor, gpus):
             pool = ledger.pool_of(tenant, flavor)
@@ -81,7 +81,7 @@ def scale_sizes(
         sizes[flavor] += [gpus] * n
     ledger.undo(tentative, versions)
     for flavor, gpus in resume_blocked.values():
-        if flavor in config.policy.autoscale:
+        if flavor in autoscale:
             sizes[flavor].append(gpus)
     return sizes
 

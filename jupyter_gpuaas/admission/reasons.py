@@ -3,10 +3,11 @@
 
 Nomination records, for each bucket head it could not admit, whether quota or devices
 stopped it (in `_capacity_blocked`: quota would admit it but no node has room; absent,
-quota stopped it; the flavor it waits in is asked again when read, as
-autoscale.capacity_flavor has it now). `waiting_reason` turns that record and the core's counts into a
-:class:`Reason`; the sentence a person reads is built from it outside the core
-(words.reason_sentence), so the core stays free of wording and of the package around it.
+quota stopped it). The flavor it waits in is asked again when read
+(autoscale.capacity_flavor): quota may have moved since. `waiting_reason` turns that
+record and the core's counts into a :class:`Reason`; the sentence a person reads is
+built from it outside the core (words.reason_sentence), so the core stays free of
+wording and of the package around it.
 """
 
 from __future__ import annotations

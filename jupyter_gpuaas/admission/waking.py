@@ -181,6 +181,16 @@ class Waking(Queries):
         for name in self._ledger.tree(tenant):
             q = self._queues[name]
             most: dict[int, Bound] = {}
+            if name in self._strict_blocked:  # (its head is its first request, unmarked)
+                first = q.first()
+                if (
+                    first is not None
+                    and first.flavor in (None, flavor)
+                    and self._could_preempt_head(name, flavor, first, most)
+                ):
+                    self._strict_blocked.discard(name)
+                    self._dirty.add(name)
+                continue
             for bucket in q.buckets.values():
                 if (
                     bucket.inadmissible
@@ -196,8 +206,11 @@ class Waking(Queries):
         """Could the bucket's head make room by preemption? `most` remembers the bound per
         priority for the caller's loop over one tenant's buckets (nothing changes in it)."""
         head = q.head(bucket)
-        if head is None:
-            return False
+        return head is not None and self._could_preempt_head(tenant, flavor, head, most)
+
+    def _could_preempt_head(
+        self, tenant: str, flavor: str, head: Request, most: dict[int, Bound]
+    ) -> bool:
         b = most.get(head.priority)
         if b is None:
             b = most[head.priority] = self._holders.bound(tenant, flavor, head.priority)
