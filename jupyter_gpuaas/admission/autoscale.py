@@ -54,6 +54,8 @@ def scale_sizes(
     `capacity_blocked`.
     """
     sizes: dict[str, list[int]] = defaultdict(list)
+    if not capacity_blocked and not resume_blocked:
+        return sizes  # (most cycles: asked after each one)
     tentative: list[tuple[str, str, int]] = []
     # The trial admissions are taken back with the pools' versions, so this question,
     # asked at every cycle, does not look like a change of usage to the bounds.
@@ -125,7 +127,8 @@ class Autoscaler:
             ready = len(self._cluster.of(flavor))
             coming = len(self.provisioning[flavor]) if auto.provision else 0
             room = max(0, auto.max_nodes - ready - coming)
-            new = nodes_needed(sizes.get(flavor, ()), spec.gpus_per_node, coming, room)
+            wanted = sizes.get(flavor)
+            new = nodes_needed(wanted, spec.gpus_per_node, coming, room) if wanted else 0
             if new and auto.provision:
                 for name in self._new_names(flavor, new):
                     self.provisioning[flavor][name] = now + auto.provision_delay
