@@ -133,7 +133,7 @@ class Nominating(Waking):
         # they would fail the same checks, so they are marked without being tried.
         failed: list[tuple[str | None, int, int]] | None = None
         for bucket in q.heads():
-            req = bucket.heap[0][3]
+            req = bucket.front()[3]
             if failed is not None and any(
                 f == req.flavor and req.gpus >= g and req.priority <= p for f, g, p in failed
             ):

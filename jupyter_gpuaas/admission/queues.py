@@ -1,18 +1,19 @@
 """A tenant's queue, split into buckets of requests that fit or fail alike.
 
 Two queued requests of one tenant with the same GPU count and the same flavor choice fit
-the quota and the nodes in exactly the same way at any instant. So the queue keeps one
-priority heap per (pinned flavor, gpus) bucket, and an admission cycle tries only each
-bucket's head: if the head does not fit, nobody behind it in that bucket does. The cost of
-a cycle is then in the number of buckets (a few), never in the number of queued requests.
+the quota and the nodes in exactly the same way at any instant. So the queue keeps them in
+buckets by (pinned flavor, gpus), each in queue order, and an admission cycle tries only
+each bucket's head: if the head does not fit, nobody behind it in that bucket does. The
+cost of a cycle is then in the number of buckets (a few), never in the number of queued
+requests.
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .heap import heappop, heappush
 from .model import Request
 
 BucketKey = tuple[str | None, int]  # (pinned flavor or None, gpus)
@@ -24,35 +25,66 @@ def order_key(req: Request) -> OrderKey:
     return (-req.priority, req.queue_time, req.seq)
 
 
-# A heap entry: the order key's fields, flat (one pointer less to follow per comparison
-# in a heap of 10,000s), then the request. Unique before the request (seq is).
+# An entry: the order key's fields, flat (one pointer less to follow per comparison),
+# then the request. Unique before the request (seq is).
 _Slot = tuple[int, float, int, Request]
 
 
 @dataclass(init=False)  # a written __init__: mypyc compiles it (see model.Request)
-class Bucket:
-    key: BucketKey
-    heap: list[_Slot]
-    count: int
-    # Heap entries of requests that left from below the top (at most): while 0, the top
-    # is live without a look at the queue's index.
+class _Level:
+    """A bucket's entries of one priority, in queue order from `start` (those before it
+    have left). Requests arrive in queue order (a queue time is the time it is queued at,
+    and the arrival number grows), so an entry is appended and the head taken from the
+    front, at no cost in the length: only a job requeued by its older submit time is
+    inserted in its place."""
+
+    slots: list[_Slot]
+    start: int
+    # Entries that left from behind the front (at most): while 0, the front is live
+    # without a look at the queue's index.
     stale: int
+
+    def __init__(self) -> None:
+        self.slots = []
+        self.start = 0
+        self.stale = 0
+
+
+@dataclass(init=False)  # a written __init__: mypyc compiles it (see model.Request)
+class Bucket:
+    """A bucket's requests by priority: the head is the front of the highest level.
+    (A heap of them all was O(log n) per admission, a cache miss per level at 100,000
+    queued; the levels are few.)"""
+
+    key: BucketKey
+    levels: dict[int, _Level]  # by priority
+    prios: list[int]  # the levels' priorities, highest first
+    top: _Level | None  # the level of prios[0]
+    count: int
     # Set when the head failed to fit or preempt; cleared when room frees up for it.
     inadmissible: bool
 
     def __init__(self, key: BucketKey) -> None:
         self.key = key
-        self.heap = []
+        self.levels = {}
+        self.prios = []
+        self.top = None
         self.count = 0
-        self.stale = 0
         self.inadmissible = False
+
+    def front(self) -> _Slot:
+        """The head's entry: the bucket has one, and stale entries before it were dropped
+        (`TenantQueue._live`)."""
+        level = self.top
+        assert level is not None
+        return level.slots[level.start]
 
 
 class TenantQueue:
     def __init__(self) -> None:
         self.buckets: dict[BucketKey, Bucket] = {}
-        # Each queued request's live heap entry. An entry on a heap that is not the one
-        # here (the request left, or was pushed again) is stale and dropped at the top.
+        # Each queued request's live entry. An entry in a level that is not the one here
+        # (the request left, or was queued again) is stale and dropped at the front.
         # One dict for membership, order and the request: a queue of 100,000 is mostly
         # cache misses, and each dict touched on a submit is one more.
         self._slot: dict[str, _Slot] = {}
@@ -70,16 +102,31 @@ class TenantQueue:
         bucket = self.buckets.get(bkey)
         if bucket is None:
             bucket = self.buckets[bkey] = Bucket(bkey)
-        slot = (-req.priority, req.queue_time, req.seq, req)
-        heappush(bucket.heap, slot)
+        prio = req.priority
+        level = bucket.levels.get(prio)
+        if level is None:
+            level = bucket.levels[prio] = _Level()
+            prios = bucket.prios
+            i = 0
+            while i < len(prios) and prios[i] > prio:
+                i += 1
+            prios.insert(i, prio)
+            if i == 0:
+                bucket.top = level
+        slot = (-prio, req.queue_time, req.seq, req)
+        slots = level.slots
+        if len(slots) == level.start or _before(slots[-1], slot):
+            slots.append(slot)
+        else:
+            insort(slots, slot, level.start)  # queued again by an earlier time
         bucket.count += 1
         self._slot[req.id] = slot
         return bucket
 
     def remove(self, rid: str) -> Request | None:
-        """Take a request out. Its heap entry is dropped now if it is the bucket's head,
-        else when it reaches the top: the removal pays for its own heap work, not the
-        next cycle that looks at the head."""
+        """Take a request out. Its entry is dropped now if it heads its level, else when
+        it reaches the front: the removal pays for its own work, not the next cycle that
+        looks at the head."""
         slot = self._slot.pop(rid, None)
         if slot is None:
             return None
@@ -89,35 +136,46 @@ class TenantQueue:
         bucket.count -= 1
         if bucket.count == 0:
             del self.buckets[bkey]
-        elif _same(bucket.heap[0], slot):
-            heappop(bucket.heap)  # the head leaves (an admission): no stale entry
-            self._live(bucket)
+            return req
+        level = bucket.levels[-slot[0]]
+        if level.start < len(level.slots) and _same(level.slots[level.start], slot):
+            level.start += 1  # the head leaves (an admission): no stale entry
+            if level is bucket.top:
+                self._live(bucket)
         else:
-            bucket.stale += 1
+            level.stale += 1
         return req
 
     def _live(self, bucket: Bucket) -> bool:
-        """Drop stale entries from the top; True when the bucket's heap has a head. (A bool,
-        not the entry: mypyc keeps the entry unboxed, and an optional one is boxed again.)"""
-        heap = bucket.heap
-        if not bucket.stale:
-            return bool(heap)
-        slots = self._slot
-        while heap:
-            top = heap[0]
-            live = slots.get(top[3].id)
-            if live is not None and _same(live, top):
+        """Drop stale entries from the front of the top level, and empty levels; True
+        when the bucket has a head."""
+        slots_of = self._slot
+        while True:
+            level = bucket.top
+            if level is None:
+                return False
+            slots = level.slots
+            while level.stale and level.start < len(slots):
+                front = slots[level.start]
+                live = slots_of.get(front[3].id)
+                if live is not None and _same(live, front):
+                    break
+                level.start += 1
+                level.stale -= 1
+            if level.start < len(slots):
+                if level.start > 64 and 2 * level.start > len(slots):
+                    del slots[: level.start]  # (amortized: the front was passed over)
+                    level.start = 0
                 return True
-            heappop(heap)
-            bucket.stale -= 1
-        return False
+            del bucket.levels[bucket.prios.pop(0)]
+            bucket.top = bucket.levels[bucket.prios[0]] if bucket.prios else None
 
     def head(self, bucket: Bucket) -> Request | None:
-        return bucket.heap[0][3] if self._live(bucket) else None
+        return bucket.front()[3] if self._live(bucket) else None
 
     def heads(self, include_inadmissible: bool = False) -> list[Bucket]:
         """The buckets with a head, in queue order of their heads (each bucket's head is
-        `bucket.heap[0][3]`, live: stale entries above it were dropped)."""
+        `bucket.front()[3]`, live: stale entries before it were dropped)."""
         out: list[Bucket] = []
         for bucket in self.buckets.values():
             if bucket.inadmissible and not include_inadmissible:
@@ -126,9 +184,9 @@ class TenantQueue:
                 out.append(bucket)
         n = len(out)
         # Most nominations see one or two heads: those are ordered by hand, building no
-        # key (compiled, a key read off the heap is a new tuple each time).
+        # key (compiled, a key read off an entry is a new tuple each time).
         if n == 2:
-            if _before(out[1].heap[0], out[0].heap[0]):
+            if _before(out[1].front(), out[0].front()):
                 out.reverse()
         elif n > 2:
             out.sort(key=_head_key)
@@ -136,7 +194,7 @@ class TenantQueue:
 
     def first(self) -> Request | None:
         heads = self.heads(include_inadmissible=True)
-        return heads[0].heap[0][3] if heads else None
+        return heads[0].front()[3] if heads else None
 
     def clear_marks(self) -> None:
         for bucket in self.buckets.values():
@@ -152,7 +210,7 @@ class TenantQueue:
 
 
 def _head_key(bucket: Bucket) -> OrderKey:
-    top = bucket.heap[0]
+    top = bucket.front()
     return (top[0], top[1], top[2])
 
 
