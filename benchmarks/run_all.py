@@ -198,9 +198,9 @@ tests: nothing in `tests/` depends on them.
 - **Admission core:** {mach.get("core", "pure Python")} (`make bench` compiles it first;
   `GPUAAS_PURE=1` runs the pure-Python source)
 - **Load average** (1/5/15 min) at start: {meta["load_start"]}; at end: {meta["load_end"]}.
-  The machine is shared with other work (other engineers' test suites ran meanwhile): wall
-  times are best-of runs with the median, and the child's CPU time (user + system) is given
-  too, as it suffers less from a busy neighbour. Pass/fail is on wall time.
+  The machine is a VM on a shared host whose speed moves through the day (the load above
+  is only this VM's): wall times are best-of runs with the median, and the child's CPU
+  time (user + system) is given too. Pass/fail is on wall time.
 - **Commit:** {meta["commit"]}
 
 ### Summary
