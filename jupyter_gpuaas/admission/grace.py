@@ -10,8 +10,9 @@ elsewhere in the meantime, it withdraws the warnings and the victims keep runnin
 While a reclaim waits, the room it was promised is kept for it, as Kueue keeps a
 preempting workload's usage in the cycle's snapshot: a request ordered after the
 preemptor is not admitted on that flavor of its cohort if, with it admitted, the
-preemptor would no longer fit once its victims are gone. Without that, a job preempted
-at once would be admitted again into its own freed room at the same instant.
+preemptor would no longer fit once its victims are gone, nor may such a request preempt
+its way into that room. Without that, a job preempted at once would be admitted again
+into its own freed room at the same instant.
 
 Pure: the core owns the state and calls in; nothing here reads a clock.
 """
@@ -19,13 +20,13 @@ Pure: the core owns the state and calls in; nothing here reads a clock.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .ledger import Ledger
 from .model import Request
-from .nodes import Cluster
+from .nodes import Cluster, Node
 
 #: The core's timer kind for evictions at the end of a grace period.
 EVICT: Final = "evict"
@@ -100,9 +101,11 @@ def keeps_room(
     gpus: int,
     ledger: Ledger,
     cluster: Cluster,
+    evicted: Sequence[Request] = (),
 ) -> bool:
     """Would the preemptor still fit once its victims are gone, with `gpus` more GPUs of
-    `tenant` admitted on the reclaim's flavor now (on the node best fit would pick)?"""
+    `tenant` admitted on the reclaim's flavor now (on the node best fit would pick), after
+    evicting `evicted` for them (a second preemptor's victims)?"""
     flavor = rc.flavor
     removed: dict[str, int] = defaultdict(int)
     freed: dict[str, int] = defaultdict(int)
@@ -110,17 +113,37 @@ def keeps_room(
         removed[v.tenant] += v.gpus
         if v.node is not None:
             freed[v.node] += v.gpus
+    gone: dict[str, int] = {}  # devices the evicted give back, by node
+    for v in evicted:
+        removed[v.tenant] += v.gpus
+        if v.node is not None:
+            gone[v.node] = gone.get(v.node, 0) + v.gpus
     removed[tenant] -= gpus  # "removed" a negative amount: admitted (the ledger is untouched)
     if not ledger.fits(preemptor.tenant, flavor, preemptor.gpus, removed):
         return False
-    taken = cluster.best_fit(flavor, gpus)
+    taken = _landing(cluster, flavor, gpus, gone) if gone else cluster.best_fit(flavor, gpus)
     for node in cluster.of(flavor):
-        free = node.free + freed.get(node.name, 0)
+        free = node.free + freed.get(node.name, 0) + gone.get(node.name, 0)
         if taken is node:
             free -= gpus
         if free >= preemptor.gpus:
             return True
     return False
+
+
+def _landing(cluster: Cluster, flavor: str, gpus: int, gone: Mapping[str, int]) -> Node | None:
+    """The node best fit would pick for `gpus` once `gone` devices are free too (fewest
+    free that suffice, oldest on a tie: `Cluster.best_fit`'s rule, on a what-if)."""
+    best: Node | None = None
+    for node in cluster.of(flavor):
+        free = node.free + gone.get(node.name, 0)
+        if free >= gpus and (
+            best is None
+            or free < best.free + gone.get(best.name, 0)
+            or (free == best.free + gone.get(best.name, 0) and node.order < best.order)
+        ):
+            best = node
+    return best
 
 
 def kept_for_reclaim(
@@ -132,10 +155,12 @@ def kept_for_reclaim(
     order: Callable[[Request, str], tuple[Any, ...]],
     ledger: Ledger,
     cluster: Cluster,
+    evicted: Sequence[Request] = (),
 ) -> bool:
     """Would admitting `req` on `flavor` take room kept for a preemptor of its pool
     (cohort) ordered ahead of it, whose victims are in their grace? `order` gives a
-    request's admission-order key on a flavor."""
+    request's admission-order key on a flavor. `evicted`: the victims `req` would
+    preempt first (a preemptor may no more take kept room than a fitting request)."""
     pool = pool_of[req.tenant]
     key: tuple[Any, ...] | None = None
     for rc in graces:
@@ -146,6 +171,6 @@ def kept_for_reclaim(
             rc.key = order(by, flavor)
         if key is None:
             key = order(req, flavor)
-        if rc.key < key and not keeps_room(rc, by, req.tenant, req.gpus, ledger, cluster):
+        if rc.key < key and not keeps_room(rc, by, req.tenant, req.gpus, ledger, cluster, evicted):
             return True
     return False

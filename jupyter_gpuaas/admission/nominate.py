@@ -256,11 +256,26 @@ class Nominating(Waking):
                 if self._cluster.widest_gap(f) < req.gpus:
                     self._short.append(f)  # perhaps for want of a node: it waits there too
                 continue
+            if graces and self._takes_kept_room(req, f, victims):
+                continue
             if all(v.tenant != req.tenant for v in victims):
                 return f, victims
             if by_priority is None:
                 by_priority = (f, victims)
         return by_priority
+
+    def _takes_kept_room(self, req: Request, flavor: str, victims: list[Request]) -> bool:
+        return kept_for_reclaim(
+            self._graces,
+            req,
+            flavor,
+            self._requests,
+            self._holders.pool,
+            self._order,
+            self._ledger,
+            self._cluster,
+            victims,
+        )
 
     def _entry(
         self,
