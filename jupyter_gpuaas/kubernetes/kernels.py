@@ -37,7 +37,7 @@ from typing import Any
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
 from jupyter_gpuaas.server.kernels import GpuKernel
-from jupyter_gpuaas.server.provisioner import GpuaasProvisioner
+from jupyter_gpuaas.server.provisioner import GpuaasProvisioner, GpuKernelKnobs
 
 from .kernel_pods import (
     DEFAULT_ENV_EXCLUDE,
@@ -77,35 +77,10 @@ KubernetesProvisioner, RemoteProvisionerBase = _import_gateway_provisioners()
 ENDED_PHASES = ("Succeeded", "Failed")
 
 
-class GpuaasKubernetesProvisioner(KubernetesProvisioner):  # type: ignore[misc]
-    """A GPU kernel in its own pod on the node the jupyter-gpuaas gateway granted."""
-
-    # The knobs of the local `gpuaas` provisioner, handed to the one this one holds.
-    gpus = Integer(1, min=1, help="GPUs the kernel needs (kernelspec config `gpus`).").tag(
-        config=True
-    )
-    flavor = Unicode(
-        None, allow_none=True, help="GPU flavor (a100, t4, ...); unset: the tenant's flavors."
-    ).tag(config=True)
-    tenant = Unicode(
-        None,
-        allow_none=True,
-        help="Tenant (team) charged; unset: the user's only or first tenant.",
-    ).tag(config=True)
-    priority = Integer(0, help="Request priority within the tenant (higher first).").tag(
-        config=True
-    )
-    poll_interval = Float(
-        2.0, min=0.01, help="Seconds between polls of a waiting request (events wake it sooner)."
-    ).tag(config=True)
-    admission_timeout = Float(
-        0.0, min=0.0, help="Seconds to wait for admission before giving up (0: no limit)."
-    ).tag(config=True)
-    standalone_heartbeat = Float(
-        30.0,
-        min=0.1,
-        help="Seconds between lease renewals when no jupyter_gpuaas server extension runs.",
-    ).tag(config=True)
+class GpuaasKubernetesProvisioner(GpuKernelKnobs, KubernetesProvisioner):  # type: ignore[misc]
+    """A GPU kernel in its own pod on the node the jupyter-gpuaas gateway granted. Its
+    request's knobs (`GpuKernelKnobs`) are the local `gpuaas` provisioner's, handed to
+    the one it holds."""
 
     namespace = Unicode(
         help="Namespace of the kernel pods. Default: the server pod's own ($KERNEL_NAMESPACE "

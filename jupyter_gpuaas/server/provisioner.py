@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
-from traitlets import Integer, Unicode
+from traitlets import HasTraits, Integer, Unicode
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, launch_environment
 from jupyter_gpuaas.holder import TERMINAL_STATES, Lease, Seconds, grant_holder
@@ -47,10 +47,15 @@ class GpuAdmissionError(RuntimeError):
         self.status = status
 
 
-class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
-    """Launches a local kernel on GPUs granted by the jupyter-gpuaas gateway."""
+class GpuKernelKnobs(HasTraits):  # type: ignore[misc]
+    """What a GPU kernelspec's provisioner `config` says about the request, and how its
+    provisioner waits and renews: one definition for the local `gpuaas` provisioner and
+    the `gpuaas-kubernetes` one (kubernetes/kernels.py), which hands them to the local
+    one it holds."""
 
-    gpus = Integer(1, help="GPUs the kernel needs (kernelspec config `gpus`).").tag(config=True)
+    gpus = Integer(1, min=1, help="GPUs the kernel needs (kernelspec config `gpus`).").tag(
+        config=True
+    )
     flavor = Unicode(
         None,
         allow_none=True,
@@ -82,6 +87,10 @@ class GpuaasProvisioner(LocalProvisioner):  # type: ignore[misc]
         "activity (nbclient, jupyter console). Such a kernel always reports busy: whoever "
         "runs it without a server is running code, and there is nobody to cull it for.",
     ).tag(config=True)
+
+
+class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[misc]
+    """Launches a local kernel on GPUs granted by the jupyter-gpuaas gateway."""
 
     record: GpuKernel | None = None
     lease: Lease | None = None

@@ -34,6 +34,7 @@ from kubeutil import (
     rule_verbs,
     run_cell,
 )
+from traitlets import TraitError
 
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.kubernetes.kernel_pods import (
@@ -43,7 +44,9 @@ from jupyter_gpuaas.kubernetes.kernel_pods import (
     shared_volumes,
     working_dir,
 )
+from jupyter_gpuaas.kubernetes.kernels import GpuaasKubernetesProvisioner
 from jupyter_gpuaas.kubernetes.manifests import singleuser_rules
+from jupyter_gpuaas.server.provisioner import GpuaasProvisioner
 
 REQUEST = {
     "id": "r-77",
@@ -230,6 +233,18 @@ def test_kernelspec_for_pods(tmp_path: Path) -> None:
         "provisioner_name": "gpuaas-kubernetes",
         "config": {"gpus": 1, "flavor": "a100", "image_name": "img:1"},
     }
+
+
+@pytest.mark.parametrize("provisioner", [GpuaasProvisioner, GpuaasKubernetesProvisioner])
+def test_both_provisioners_read_a_kernelspecs_request_alike(provisioner: type[Any]) -> None:
+    """One definition of the request's knobs (GpuKernelKnobs): the same config is read the
+    same way, and the same bad values are refused, by the local and the pod provisioner."""
+    p = provisioner(gpus=2, flavor="a100", tenant="vision", poll_interval=0.5)
+    assert (p.gpus, p.flavor, p.tenant, p.poll_interval) == (2, "a100", "vision", 0.5)
+    assert (p.admission_timeout, p.standalone_heartbeat) == (0.0, 30.0)
+    for bad in ({"gpus": 0}, {"poll_interval": 0}, {"admission_timeout": -1}):
+        with pytest.raises(TraitError):
+            provisioner(**bad)
 
 
 def test_kernelspec_install_kubernetes_cli(
