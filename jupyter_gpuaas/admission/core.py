@@ -49,6 +49,7 @@ class AdmissionCore(Admitting):
         self._queues: dict[str, TenantQueue] = {t: TenantQueue() for t in config.tenants}
         self._holders = Holders(self._ledger, self._cluster)  # preemption candidates
         self._heads = Heads()  # the nominated heads, of tenants that have one
+        self._nominees = self._heads.entries  # waking.py
         self._dirty: set[str] = set()
         self._sleepers: dict[str, set[str]] = defaultdict(set)  # waking.py
         self._strict_blocked: set[str] = set()
@@ -324,8 +325,7 @@ class AdmissionCore(Admitting):
         self._wake(self._config.tenants)
 
     def step(self, now: float) -> list[Decision]:
-        """What both drivers call once per batch of events: act on the deadlines due by
-        `now`, then run the admission cycle."""
+        """Both drivers' call per batch of events: the deadlines due by `now`, a cycle."""
         out = self.advance(now)
         if self._dirty:  # (most instants of a replay change no queue: no second list)
             out += self.schedule(now)

@@ -16,6 +16,7 @@ the state.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from .holders import Bound, Holders
 from .ledger import Ledger
@@ -40,6 +41,8 @@ class Waking(Queries):
     # Per root cohort, its tenants that may have a sleeping head (a superset): the ones
     # looked at since they were last seen with none. A release wakes these, not the tree.
     _sleepers: dict[str, set[str]]
+    # The tenants holding a head nominated in the cycle under way (the Heads' entries).
+    _nominees: dict[str, Any]
 
     # ------------------------------------------------------------------ requeueing
 
@@ -90,6 +93,16 @@ class Waking(Queries):
     def _touch(self, tenant: str) -> None:
         self._dirty.add(tenant)
 
+    def _rouse(self, tenant: str) -> None:
+        """A tenant whose sleeping head was woken is nominated again, at once unless it
+        holds a head nominated in the cycle under way: that one is nominated again when it
+        comes first (`_still_true`), as in the reference, where no bucket sleeps and so
+        nothing wakes (`look_at_everyone`). What a cycle decides must not depend on which
+        buckets happened to be marked: a head nominated afresh here could rank above a
+        stale one the reference keeps (the 100,000-request month parted at t=43,250)."""
+        if tenant not in self._nominees:
+            self._dirty.add(tenant)
+
     def _wake(self, tenants: Iterable[str]) -> None:
         for t in tenants:
             self._queues[t].clear_marks()
@@ -122,7 +135,7 @@ class Waking(Queries):
                 if bucket is not None:
                     bucket.inadmissible = False
             self._strict_blocked.discard(tenant)
-            self._dirty.add(tenant)
+            self._rouse(tenant)
         self._cap_waiters[flavor] = still
 
     def _room_on(self, node: Node, tenant: str, bucket: Bucket) -> int:
@@ -175,7 +188,7 @@ class Waking(Queries):
                 woken = True
             if woken or q.resuming:
                 self._strict_blocked.discard(name)
-                self._dirty.add(name)
+                self._rouse(name)
 
     def _wake_preemptors(self, tenant: str, flavor: str) -> None:
         for name in self._ledger.tree(tenant):
@@ -189,7 +202,7 @@ class Waking(Queries):
                     and self._could_preempt_head(name, flavor, first, most)
                 ):
                     self._strict_blocked.discard(name)
-                    self._dirty.add(name)
+                    self._rouse(name)
                 continue
             for bucket in q.buckets.values():
                 if (
@@ -198,7 +211,7 @@ class Waking(Queries):
                     and self._could_preempt(name, flavor, q, bucket, most)
                 ):
                     bucket.inadmissible = False
-                    self._dirty.add(name)
+                    self._rouse(name)
 
     def _could_preempt(
         self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, Bound]
