@@ -38,7 +38,10 @@ class Bound:
     own: bool  # some candidates are the tenant's own
     others: list[str]  # the other members whose holders are candidates
     borrow_ok: bool  # it may stay borrowing once they are gone
-    room: int  # room in quota once they are all gone; -1: not asked yet
+    room: int  # the most GPUs evicting could make room for in quota; -1: not asked yet
+    # The most for which other members' holders can help (preemption_room): above it,
+    # only the tenant's own are candidates.
+    room_all: int
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class Bound:
         self.others = others
         self.borrow_ok = borrow_ok
         self.room = -1 if self.held else 0  # 0: nobody to evict
+        self.room_all = 0
 
 
 class Holders:
@@ -138,7 +142,7 @@ class Holders:
             # Not the devices, even with every candidate gone: does quota rule it out too?
             # (Asked of the ledger only here, rarely: a month has a few thousand.)
             if b.room < 0:
-                b.room = preemption_room(req.tenant, flavor, self._ledger, b.removed, b.borrow_ok)
+                self._ask_room(req.tenant, flavor, b)
             return [] if req.gpus <= b.room else None
         if not self.could_make_room(req.tenant, flavor, b, req.gpus):
             return None
@@ -146,8 +150,9 @@ class Holders:
         if b.own:
             held = self.holding[(req.tenant, flavor)].values()
             pool += [v for v in held if v.priority <= req.priority]
-        for name in b.others:
-            pool += self.holding[(name, flavor)].values()
+        if req.gpus <= b.room_all:
+            for name in b.others:
+                pool += self.holding[(name, flavor)].values()
         # A request runs on one node: if evicting every candidate leaves no node with
         # room, no set of them will (the search would find none; most that fail, fail so).
         return pool if self._cluster.has_room_without(flavor, req.gpus, pool) else []
@@ -177,8 +182,12 @@ class Holders:
         if gpus > b.held + self._cluster.free_in(flavor):
             return False
         if b.room < 0:
-            b.room = preemption_room(tenant, flavor, self._ledger, b.removed, b.borrow_ok)
+            self._ask_room(tenant, flavor, b)
         return gpus <= b.room
+
+    def _ask_room(self, tenant: str, flavor: str, b: Bound) -> None:
+        spec = self._tenants[tenant]
+        b.room, b.room_all = preemption_room(spec, flavor, self._ledger, b.removed, b.borrow_ok)
 
     def bound(self, tenant: str, flavor: str, prio: int) -> Bound:
         """The candidates' GPUs and owners for a head of `tenant` at `prio` on `flavor`.
