@@ -178,10 +178,12 @@ class Waking(Queries):
                 if gpus <= room and gpus > gap:
                     # The quota is there now, the devices are not: wait for those.
                     self._cap_waiters[flavor].add((name, bucket.key))
-                    if not (may_preempt and self._could_preempt(name, flavor, q, bucket, most)):
+                    if not (
+                        may_preempt and self._could_preempt(name, flavor, q, bucket, most, room)
+                    ):
                         continue
                 elif gpus > room and not (
-                    may_preempt and self._could_preempt(name, flavor, q, bucket, most)
+                    may_preempt and self._could_preempt(name, flavor, q, bucket, most, room)
                 ):
                     continue
                 bucket.inadmissible = False
@@ -199,32 +201,50 @@ class Waking(Queries):
                 if (
                     first is not None
                     and first.flavor in (None, flavor)
-                    and self._could_preempt_head(name, flavor, first, most)
+                    and self._could_preempt_head(name, flavor, first, most, -1)
                 ):
                     self._strict_blocked.discard(name)
                     self._rouse(name)
                 continue
+            room = -1  # asked of the ledger at the first sleeping head
             for bucket in q.buckets.values():
-                if (
-                    bucket.inadmissible
-                    and bucket.key[0] in (None, flavor)
-                    and self._could_preempt(name, flavor, q, bucket, most)
-                ):
+                if not bucket.inadmissible or bucket.key[0] not in (None, flavor):
+                    continue
+                if room < 0:
+                    room = self._ledger.room(name, flavor)
+                if self._could_preempt(name, flavor, q, bucket, most, room):
                     bucket.inadmissible = False
                     self._rouse(name)
 
     def _could_preempt(
-        self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, Bound]
+        self,
+        tenant: str,
+        flavor: str,
+        q: TenantQueue,
+        bucket: Bucket,
+        most: dict[int, Bound],
+        room: int,
     ) -> bool:
         """Could the bucket's head make room by preemption? `most` remembers the bound per
-        priority for the caller's loop over one tenant's buckets (nothing changes in it)."""
+        priority for the caller's loop over one tenant's buckets (nothing changes in it);
+        `room` is the tenant's room in quota now. Most heads are ruled out by the bound of
+        the bucket's highest level before the head is looked for: a stale entry at the
+        front is only ever above the head, and a bound only grows with the priority."""
+        if bucket.prios and not self._holders.may_make_room(
+            self._bound(tenant, flavor, bucket.prios[0], most), flavor, bucket.key[1], room
+        ):
+            return False
         head = q.head(bucket)
-        return head is not None and self._could_preempt_head(tenant, flavor, head, most)
+        return head is not None and self._could_preempt_head(tenant, flavor, head, most, room)
 
     def _could_preempt_head(
-        self, tenant: str, flavor: str, head: Request, most: dict[int, Bound]
+        self, tenant: str, flavor: str, head: Request, most: dict[int, Bound], room: int
     ) -> bool:
-        b = most.get(head.priority)
+        b = self._bound(tenant, flavor, head.priority, most)
+        return self._holders.could_make_room(tenant, flavor, b, head.gpus, room)
+
+    def _bound(self, tenant: str, flavor: str, prio: int, most: dict[int, Bound]) -> Bound:
+        b = most.get(prio)
         if b is None:
-            b = most[head.priority] = self._holders.bound(tenant, flavor, head.priority)
-        return self._holders.could_make_room(tenant, flavor, b, head.gpus)
+            b = most[prio] = self._holders.bound(tenant, flavor, prio)
+        return b
