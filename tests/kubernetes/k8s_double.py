@@ -560,6 +560,11 @@ class KubernetesDouble:
                     _status(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists'),
                     status=409,
                 )
+            if plural == "pods":
+                # The API server gives a new pod a status at once, and KubeSpawner reads
+                # `pod["status"]` with no default: a watch event before the scheduler's pass
+                # must not be a KeyError in its is_pod_running.
+                body.setdefault("status", {"phase": "Pending"})
             return web.json_response(self.put(prefix, plural, body, ns), status=201)
         if request.method in ("PUT", "PATCH"):
             old = self.get(prefix, plural, name, ns)
