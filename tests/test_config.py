@@ -1,7 +1,7 @@
 """parse_config: every validation rule names its key; valid blocks become the model.
 
-`CONFIG_CASES` is also replayed through the real CLI by test_sim_cli.py, so each rule is
-checked both in-process and as the one-line error a user sees.
+`CONFIG_CASES` is also replayed through the real CLI by test_sim_cli_parsing.py, so each
+rule is checked both in-process and as the one-line error a user sees.
 """
 
 from __future__ import annotations
