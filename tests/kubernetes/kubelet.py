@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from k8s_double import KubernetesDouble, label_selector_matches
+from k8s_double import KubernetesDouble
+from k8s_store import label_selector_matches
 
 
 class LocalKubelet:
