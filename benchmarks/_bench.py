@@ -100,7 +100,10 @@ class Timing:
 
 
 def run_measured(
-    command: Sequence[str], cwd: str | Path | None = None, timeout: float | None = None
+    command: Sequence[str],
+    cwd: str | Path | None = None,
+    timeout: float | None = None,
+    env: dict[str, str] | None = None,
 ) -> Run:
     """Run `command` to completion; wall time and peak RSS of that child alone.
 
@@ -111,7 +114,7 @@ def run_measured(
         tempfile.TemporaryFile("w+b") as errf,
     ):
         started = time.perf_counter()
-        proc = subprocess.Popen(list(command), stdout=out, stderr=errf, cwd=cwd)
+        proc = subprocess.Popen(list(command), stdout=out, stderr=errf, cwd=cwd, env=env)
         killer = threading.Timer(timeout, proc.kill) if timeout else None
         if killer is not None:
             killer.start()
@@ -140,17 +143,19 @@ def time_simulate(
     repeat: int = 3,
     stop_over: float | None = None,
     timeout: float | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[Timing, dict[str, Any]]:
     """`jupyter-gpuaas simulate SCENARIO --json`, `repeat` times; the timing and one result.
 
     A run slower than `stop_over` seconds is not repeated (it has missed its target by
     far; repeating only costs time); one past `timeout` is killed and ends the series.
+    `env`: the child's environment (`pure_env`: the core as pure Python).
     """
     command = [cli_path(), "simulate", str(scenario), "--json"]
     timing = Timing(command)
     result: dict[str, Any] = {}
     for _ in range(repeat):
-        run = run_measured(command, timeout=timeout)
+        run = run_measured(command, timeout=timeout, env=env)
         timing.runs.append(run)
         if run.timed_out:
             break
@@ -214,6 +219,23 @@ def core_build() -> str:
     import jupyter_gpuaas.admission.core as core
 
     return "pure Python" if core.__file__.endswith(".py") else "compiled with mypyc"
+
+
+def pure_copy(dest: Path) -> Path:
+    """The package's sources without compiled modules, for PYTHONPATH (pure Python)."""
+    src = REPO / "jupyter_gpuaas"
+    shutil.copytree(
+        src, dest / "jupyter_gpuaas", ignore=shutil.ignore_patterns("*.so", "__pycache__")
+    )
+    return dest
+
+
+def pure_env(pure: Path) -> dict[str, str]:
+    """An environment whose `jupyter_gpuaas` is the copy in `pure` (`pure_copy`), run as
+    pure Python: the same decisions as compiled, as a machine without a C compiler runs them.
+    (PYTHONPATH goes before the editable install's path; the console script's own folder,
+    first on sys.path, holds no package.)"""
+    return {**os.environ, "PYTHONPATH": str(pure), "GPUAAS_PURE": "1"}
 
 
 def self_max_rss_mib() -> float:

@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import pstats
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -121,22 +120,13 @@ def measure(out: Path, repeat: int = 3, scale: float = 1.0) -> dict[str, Any]:
 # --------------------------------------------------------------------------- profile
 
 
-def pure_copy(dest: Path) -> Path:
-    """The package's sources without compiled modules, for PYTHONPATH (pure Python)."""
-    src = _bench.REPO / "jupyter_gpuaas"
-    shutil.copytree(
-        src, dest / "jupyter_gpuaas", ignore=shutil.ignore_patterns("*.so", "__pycache__")
-    )
-    return dest
-
-
 def profile_one(scenario: Path, pure: Path, stats: Path) -> None:
     # main(argv) given its argv returns (the console script's os._exit would lose the stats)
     code = (
         "import cProfile; from jupyter_gpuaas.cli import main; "
         f"cProfile.run(\"main(['simulate', {str(scenario)!r}, '--json'])\", {str(stats)!r})"
     )
-    env = {**os.environ, "PYTHONPATH": str(pure), "GPUAAS_PURE": "1"}
+    env = _bench.pure_env(pure)
     # cwd outside the repository: '' first on sys.path must not find the compiled tree
     proc = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=pure, capture_output=True, text=True
@@ -161,7 +151,7 @@ def profile(out: Path, top: int = 25) -> dict[str, Any]:
     shapes = {"baseline": kueue_baseline.generate(out), "large": generate(out)}
     n = {"baseline": len(kueue_baseline.build()["requests"]), "large": len(build()["requests"])}
     with tempfile.TemporaryDirectory(prefix="kueue-large-prof-") as tmp:
-        pure = pure_copy(Path(tmp))
+        pure = _bench.pure_copy(Path(tmp))
         funcs = {}
         for k, p in shapes.items():
             stats = Path(tmp) / f"{k}.prof"
