@@ -215,7 +215,7 @@ def machine() -> dict[str, Any]:
 
 def core_build() -> str:
     """Whether the admission core runs compiled (mypyc, scripts/build_core.py) or as pure
-    Python: the same decisions, about a third apart in speed."""
+    Python: the same decisions, pure Python about three times slower."""
     import jupyter_gpuaas.admission.core as core
 
     return "pure Python" if core.__file__.endswith(".py") else "compiled with mypyc"
