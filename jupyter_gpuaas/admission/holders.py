@@ -181,7 +181,7 @@ class Holders:
         """Could evicting every candidate of `b` make room for `gpus`: their devices and
         the free ones enough, and quota enough once they are gone? The quota question is
         the costly one: asked only when the devices would do, and then kept in `b`.
-        Before it, the quick one (`may_make_room`), with `room` the tenant's room in
+        Before it, the quick one (`reach`), with `room` the tenant's room in
         quota now (-1: asked here): nine in ten heads of a month end there."""
         if gpus > b.held + self._cluster.free_in(flavor):
             return False
@@ -193,10 +193,11 @@ class Holders:
             self._ask_room(tenant, flavor, b)
         return gpus <= b.room
 
-    def may_make_room(self, b: Bound, flavor: str, gpus: int, room: int) -> bool:
-        """What `could_make_room` needs first: evicting every candidate frees their
-        devices, and at most as much quota as they hold (`room`: the tenant's now)."""
-        return gpus <= b.held + min(room, self._cluster.free_in(flavor))
+    def reach(self, b: Bound, flavor: str, room: int) -> int:
+        """What `could_make_room` needs first: the most GPUs evicting every candidate of
+        `b` could make room for. It frees their devices, and at most as much quota as they
+        hold (`room`: the tenant's now)."""
+        return b.held + min(room, self._cluster.free_in(flavor))
 
     def _ask_room(self, tenant: str, flavor: str, b: Bound) -> None:
         spec = self._tenants[tenant]

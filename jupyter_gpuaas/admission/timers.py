@@ -102,9 +102,8 @@ class Timers:
     def _settle(self) -> None:
         """Find the earliest live entry, dropping stale ones only while they are the
         earliest (as a single heap would: a stale entry may come alive again when its
-        key is set to the same time)."""
-        if self._known:
-            return
+        key is set to the same time). Called only when the earliest is not known: most
+        instants of a replay set or clear nothing, and there the look costs no call."""
         heap = self._heap
         lanes = self._lanes
         while True:
@@ -141,12 +140,14 @@ class Timers:
         self._known = True
 
     def next(self) -> float | None:
-        self._settle()
+        if not self._known:
+            self._settle()
         return None if self._empty else self._next
 
     def pop_due(self, now: float) -> tuple[float, str, str] | None:
         """The earliest deadline at or before `now`, removed; None if nothing is due."""
-        self._settle()
+        if not self._known:
+            self._settle()
         if self._empty or self._next > now:
             return None
         if self._where < 0:

@@ -156,41 +156,41 @@ class Waking(Queries):
         # has none); what is done below is order-free (set additions).
         for name in list(sleepers):
             q = self._queues[name]
-            if not (
-                q.resuming
-                or name in self._strict_blocked
-                or any(b.inadmissible for b in q.buckets.values())
-            ):
-                sleepers.discard(name)
-                continue
+            strict = name in self._strict_blocked
             if flavor not in flavors[name]:
+                if not (q.resuming or strict or any(b.inadmissible for b in q.buckets.values())):
+                    sleepers.discard(name)
                 continue
             may_preempt = self._preempts[name]
-            woken = name in self._strict_blocked
+            asleep = False  # any bucket marked, of whichever flavor
+            woken = strict
             room = -1  # asked of the ledger at the first sleeping head (most have none)
             most: dict[int, Bound] = {}
+            reach: dict[int, int] = {}
             for bucket in q.buckets.values():
+                if not bucket.inadmissible:
+                    continue
+                asleep = True
                 pin, gpus = bucket.key
-                if not bucket.inadmissible or pin not in (None, flavor):
+                if pin is not None and pin != flavor:
                     continue
                 if room < 0:
                     room = self._ledger.room(name, flavor)
                 if gpus <= room and gpus > gap:
                     # The quota is there now, the devices are not: wait for those.
                     self._cap_waiters[flavor].add((name, bucket.key))
-                    if not (
-                        may_preempt and self._could_preempt(name, flavor, q, bucket, most, room)
-                    ):
+                if gpus > room or gpus > gap:  # it would have to preempt
+                    if not may_preempt:
                         continue
-                elif gpus > room and not (
-                    may_preempt and self._could_preempt(name, flavor, q, bucket, most, room)
-                ):
-                    continue
+                    if not self._could_preempt(name, flavor, q, bucket, most, reach, room):
+                        continue
                 bucket.inadmissible = False
                 woken = True
             if woken or q.resuming:
                 self._strict_blocked.discard(name)
                 self._rouse(name)
+            elif not asleep:
+                sleepers.discard(name)  # nothing of it sleeps: not looked at again till then
 
     def _wake_preemptors(self, tenant: str, flavor: str) -> None:
         for name in self._ledger.tree(tenant):
@@ -207,12 +207,13 @@ class Waking(Queries):
                     self._rouse(name)
                 continue
             room = -1  # asked of the ledger at the first sleeping head
+            reach: dict[int, int] = {}
             for bucket in q.buckets.values():
                 if not bucket.inadmissible or bucket.key[0] not in (None, flavor):
                     continue
                 if room < 0:
                     room = self._ledger.room(name, flavor)
-                if self._could_preempt(name, flavor, q, bucket, most, room):
+                if self._could_preempt(name, flavor, q, bucket, most, reach, room):
                     bucket.inadmissible = False
                     self._rouse(name)
 
@@ -223,17 +224,23 @@ class Waking(Queries):
         q: TenantQueue,
         bucket: Bucket,
         most: dict[int, Bound],
+        reach: dict[int, int],
         room: int,
     ) -> bool:
-        """Could the bucket's head make room by preemption? `most` remembers the bound per
-        priority for the caller's loop over one tenant's buckets (nothing changes in it);
-        `room` is the tenant's room in quota now. Most heads are ruled out by the bound of
-        the bucket's highest level before the head is looked for: a stale entry at the
-        front is only ever above the head, and a bound only grows with the priority."""
-        if bucket.prios and not self._holders.may_make_room(
-            self._bound(tenant, flavor, bucket.prios[0], most), flavor, bucket.key[1], room
-        ):
-            return False
+        """Could the bucket's head make room by preemption? `most` and `reach` remember, per
+        priority, the bound and the most GPUs it could ever make room for (`Holders.reach`)
+        for the caller's loop over one tenant's buckets (nothing changes in it); `room` is
+        the tenant's room in quota now. Most heads are ruled out by the reach of the
+        bucket's highest level before the head is looked for: a stale entry at the front
+        is only ever above the head, and a bound only grows with the priority."""
+        if bucket.prios:
+            top = bucket.prios[0]
+            most_gpus = reach.get(top)
+            if most_gpus is None:
+                b = self._bound(tenant, flavor, top, most)
+                most_gpus = reach[top] = self._holders.reach(b, flavor, room)
+            if bucket.key[1] > most_gpus:
+                return False
         head = q.head(bucket)
         return head is not None and self._could_preempt_head(tenant, flavor, head, most, room)
 
