@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import secrets
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -131,7 +132,10 @@ class EventBus:
 
     Deliveries are batched in time: a listener's stream is written at most once per
     `coalesce` seconds (every event published meanwhile in one write). Under load that
-    divides the writes to 500 streams several times over for a few ms of delay.
+    divides the writes to 500 streams several times over for a few ms of delay. After a
+    quiet period the first events go out on the loop's next turn, not a period later: a
+    holder waiting for its admission hears of it at once (the events of one operation
+    still go together, published before the loop turns).
     """
 
     def __init__(
@@ -153,6 +157,7 @@ class EventBus:
         self._by_owner: dict[str, set[Listener]] = {}
         self._to_deliver: dict[Listener, None] = {}  # ordered set
         self._scheduled = False
+        self._last_flush = -math.inf  # the loop's time when the last flush began
 
     def subscribe(
         self,
@@ -246,10 +251,17 @@ class EventBus:
     def _schedule(self) -> None:
         if self._to_deliver and not self._scheduled:
             try:
-                asyncio.get_running_loop().call_later(self.coalesce, self.flush)
-                self._scheduled = True
+                loop = asyncio.get_running_loop()
             except RuntimeError:  # no loop (nobody is listening yet)
-                pass
+                return
+            # A period after the last flush began: at once when that is past (a lone
+            # event is not held back), else when it ends (one write per period under load).
+            wait = self._last_flush + self.coalesce - loop.time()
+            if wait > 0:
+                loop.call_later(wait, self.flush)
+            else:
+                loop.call_soon(self.flush)
+            self._scheduled = True
 
     def flush(self) -> None:
         """Hand listeners with pending events to their streams (once each).
@@ -257,6 +269,9 @@ class EventBus:
         At most `chunk` per loop iteration: writing to 500 streams takes ~20 ms, and
         requests waiting for the loop (a submission's 201) go in between.
         """
+        loop = asyncio.get_running_loop()
+        if self._last_flush + self.coalesce <= loop.time():
+            self._last_flush = loop.time()  # a new period (not a chunk's continuation)
         listeners = list(self._to_deliver)[: self.chunk]
         for listener in listeners:
             del self._to_deliver[listener]
@@ -267,7 +282,7 @@ class EventBus:
                 self.unsubscribe(listener)
                 listener.end()
         if self._to_deliver:
-            asyncio.get_running_loop().call_soon(self.flush)
+            loop.call_soon(self.flush)
         else:
             self._scheduled = False
 

@@ -123,3 +123,29 @@ async def test_bus_batches_delivery_and_drops_a_listener_that_falls_behind() -> 
     await asyncio.sleep(bus.coalesce + 0.05)
     assert got == ["bob's", "node"] and calls == []
     assert Event("x", {"t": 1.0}).wire == b'event: x\ndata: {"t": 1.0}\n\n'
+
+
+async def test_bus_sends_a_lone_event_at_once_and_batches_the_rest_of_its_period() -> None:
+    """After a quiet period an event goes out on the loop's next turn, not a period later
+    (a holder hears of its admission at once); events in the period after it wait for
+    the period's end, in one write."""
+    from jupyter_gpuaas.gateway.events import Event, EventBus
+
+    bus = EventBus(coalesce=0.6)
+    writes: list[list[str]] = []
+    me = bus.subscribe(lambda: writes.append([e.name for e in me.take()]), owner="bob")
+    bus.publish(Event("admit", {"t": 0.0}, user="bob"))
+    bus.publish(Event("update", {"t": 0.0}, user="bob"))  # the same operation's
+    assert writes == []  # nothing before the loop turns
+    await asyncio.sleep(0.1)
+    assert writes == [["admit", "update"]]  # not 0.6 s later
+    bus.publish(Event("finish", {"t": 1.0}, user="bob"))
+    bus.publish(Event("update", {"t": 1.0}, user="bob"))
+    await asyncio.sleep(0.1)
+    assert writes == [["admit", "update"]]  # within the period: held back
+    await asyncio.sleep(0.6)
+    assert writes == [["admit", "update"], ["finish", "update"]]
+    await asyncio.sleep(0.7)  # quiet for a whole period again
+    bus.publish(Event("submit", {"t": 2.0}, user="bob"))
+    await asyncio.sleep(0.1)
+    assert writes[-1] == ["submit"]
