@@ -34,7 +34,6 @@ KINDS = {
     "deployments": "Deployment",
     "provisioningrequests": "ProvisioningRequest",
 }
-CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses", "clusterroles"}
 
 
 def _get_path(obj: Any, dotted: str) -> Any:
