@@ -264,14 +264,14 @@ class EventBus:
             self._scheduled = True
 
     def flush(self) -> None:
-        """Hand listeners with pending events to their streams (once each).
+        """Hand listeners with pending events to their streams (once each): a period
+        begins, timed from now."""
+        self._last_flush = asyncio.get_running_loop().time()
+        self._deliver_some()
 
-        At most `chunk` per loop iteration: writing to 500 streams takes ~20 ms, and
-        requests waiting for the loop (a submission's 201) go in between.
-        """
-        loop = asyncio.get_running_loop()
-        if self._last_flush + self.coalesce <= loop.time():
-            self._last_flush = loop.time()  # a new period (not a chunk's continuation)
+    def _deliver_some(self) -> None:
+        """At most `chunk` listeners per loop iteration: writing to 500 streams takes
+        ~20 ms, and requests waiting for the loop (a submission's 201) go in between."""
         listeners = list(self._to_deliver)[: self.chunk]
         for listener in listeners:
             del self._to_deliver[listener]
@@ -282,7 +282,7 @@ class EventBus:
                 self.unsubscribe(listener)
                 listener.end()
         if self._to_deliver:
-            loop.call_soon(self.flush)
+            asyncio.get_running_loop().call_soon(self._deliver_some)
         else:
             self._scheduled = False
 

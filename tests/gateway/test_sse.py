@@ -149,3 +149,28 @@ async def test_bus_sends_a_lone_event_at_once_and_batches_the_rest_of_its_period
     bus.publish(Event("submit", {"t": 2.0}, user="bob"))
     await asyncio.sleep(0.1)
     assert writes[-1] == ["submit"]
+
+
+async def test_bus_writes_many_streams_a_chunk_per_loop_turn() -> None:
+    """500 streams are written a chunk per loop turn, so requests go in between; every
+    stream gets the event, and the next event after a quiet period goes out at once."""
+    from jupyter_gpuaas.gateway.events import Event, EventBus
+
+    bus = EventBus(coalesce=0.3, chunk=2)
+    got: dict[int, list[str]] = {i: [] for i in range(5)}
+    turns: list[int] = []  # how many streams had their write at each loop turn
+
+    def listener(i: int) -> None:
+        me = bus.subscribe(lambda: got[i].extend(e.name for e in me.take()))
+
+    for i in range(5):
+        listener(i)
+    bus.publish(Event("node", {"t": 0.0}))  # about no request: every stream
+    for _ in range(4):
+        await asyncio.sleep(0)
+        turns.append(sum(1 for names in got.values() if names))
+    assert turns[-1] == 5 and turns[0] <= 2  # not all in one turn
+    await asyncio.sleep(0.4)
+    bus.publish(Event("node2", {"t": 1.0}))
+    await asyncio.sleep(0.05)
+    assert all(names == ["node", "node2"] for names in got.values())
