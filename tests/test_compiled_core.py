@@ -60,17 +60,18 @@ def decision_stream(path: str) -> str:
     Runs in this process (compiled core) and in the pure subprocess alike. A replay that
     raises yields the exception's class instead: both sides must then raise the same.
     """
-    from jupyter_gpuaas.sim.cli import _write_events
     from jupyter_gpuaas.sim.driver import run_scenario
+    from jupyter_gpuaas.sim.report import Tally
     from jupyter_gpuaas.sim.scenario import load_scenario
 
     scenario = load_scenario(path)
+    out = io.StringIO()
+    tally = Tally(scenario, out)
     try:
-        sim = run_scenario(scenario)
+        run_scenario(scenario, tally=tally)
     except Exception as exc:
         return f"raised {type(exc).__name__}\n"
-    out = io.StringIO()
-    _write_events(out, sim.decisions)
+    tally.flush()
     return out.getvalue()
 
 

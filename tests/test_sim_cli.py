@@ -10,6 +10,7 @@ they share in simutil.py.
 from __future__ import annotations
 
 import copy
+import io
 import json
 import sys
 import types
@@ -33,7 +34,7 @@ from simutil import (
 
 from jupyter_gpuaas.admission.model import Decision
 from jupyter_gpuaas.cli import main
-from jupyter_gpuaas.sim.report import build_result
+from jupyter_gpuaas.sim.report import Tally, build_result
 from jupyter_gpuaas.sim.scenario import Scenario, load_scenario
 
 # --- the CLI with a stand-in driver -----------------------------------------------------
@@ -47,10 +48,13 @@ class _FakeRun:
 
 @pytest.fixture
 def fake_driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float | None]]:
-    """A stand-in `jupyter_gpuaas.sim.driver`: admits everything at submit on a100-0."""
+    """A stand-in `jupyter_gpuaas.sim.driver`: admits everything at submit on a100-0. Like
+    the real one, with a `tally` it hands the decisions to it and keeps none."""
     untils: list[float | None] = []
 
-    def run_scenario(scenario: Scenario, until: float | None = None) -> _FakeRun:
+    def run_scenario(
+        scenario: Scenario, until: float | None = None, tally: Tally | None = None
+    ) -> _FakeRun:
         untils.append(until)
         out: list[Decision] = []
         end = 0.0
@@ -79,6 +83,9 @@ def fake_driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float | None]]
                 out.append(Decision(stop, "finish", r.id))
             end = max(end, stop)
         out.sort(key=lambda d: d.t)
+        if tally is not None:
+            tally.add(out)
+            out = []
         return _FakeRun(out, end if until is None else until)
 
     module = types.ModuleType("jupyter_gpuaas.sim.driver")
@@ -346,12 +353,14 @@ def test_a_replay_leaves_no_growing_reference_cycles(
         path = month_trace.generate(out, requests=n, seed=3)
         gc.collect()
         scenario = load_scenario(path)
-        sim = run_scenario(scenario)
-        result = build_result(scenario, sim.decisions, sim.end, 0.0, sim.core.waiting_for)
-        events = {d.event for d in sim.decisions}
+        lines = io.StringIO()
+        tally = Tally(scenario, lines)  # as `simulate` runs it
+        sim = run_scenario(scenario, tally=tally)
+        result = tally.result(sim.end, 0.0, sim.core.waiting_for)
+        events = {json.loads(line)["event"] for line in lines.getvalue().splitlines()}
         assert {"cull", "expire", "cancel", "finish", "reject"} <= events, events
         assert result["summary"]["requests"] == n
-        del scenario, sim, result
+        del scenario, sim, result, tally, lines
         return gc.collect()
 
     was_enabled = gc.isenabled()
@@ -361,3 +370,40 @@ def test_a_replay_leaves_no_growing_reference_cycles(
     finally:
         if was_enabled:
             gc.enable()
+
+
+@needs_driver
+@pytest.mark.parametrize("trace", ["month", "kueue-baseline"])
+def test_a_tally_fed_as_it_goes_reports_what_the_kept_decisions_do(
+    tmp_path: Path, trace: str
+) -> None:
+    """`simulate` hands each batch of decisions to the report as they are made and keeps
+    none (sim/report.py's Tally): its result and events file must be what a report over
+    the whole kept stream gives, float sums and all. The two traces have every kind of
+    event between them: culls, resumes, expiries and rejections in a month, preemptions
+    in Kueue's baseline."""
+    from jupyter_gpuaas.sim.driver import run_scenario
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import kueue_baseline
+        import month_trace
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    if trace == "month":
+        path = month_trace.generate(tmp_path, requests=3000, seed=5, preempt_interactive=True)
+        kinds = {"admit", "cull", "resume", "expire", "reject", "cancel"}
+    else:
+        path = kueue_baseline.generate(tmp_path)
+        kinds = {"admit", "preempt", "requeue", "finish"}
+    scenario = load_scenario(path)
+    kept = run_scenario(scenario)
+    expected = build_result(scenario, kept.decisions, kept.end, 1.5, kept.core.waiting_for)
+    assert {d.event for d in kept.decisions} >= kinds
+
+    lines = io.StringIO()
+    tally = Tally(scenario, lines)
+    streamed = run_scenario(scenario, tally=tally)
+    assert streamed.decisions == []  # nothing kept
+    assert tally.result(streamed.end, 1.5, streamed.core.waiting_for) == expected
+    assert lines.getvalue().splitlines() == [json.dumps(d.to_json()) for d in kept.decisions]

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from jupyter_gpuaas.sim.report import build_result, format_table
+    from jupyter_gpuaas.sim.report import Tally, format_table
     from jupyter_gpuaas.sim.scenario import load_scenario, parse_override
 
     try:
@@ -106,18 +106,20 @@ def _run(args: argparse.Namespace) -> int:
     from jupyter_gpuaas.sim.driver import run_scenario
 
     until = args.until if args.until is not None else scenario.until
+    # The decisions go to the report (and the events file) as they are made, and are
+    # not kept: a month's would take half the process's memory.
+    tally = Tally(scenario, events_file)
     try:
         started = time.perf_counter()
-        sim = run_scenario(scenario, until=until)
+        sim = run_scenario(scenario, until=until, tally=tally)
         wall = time.perf_counter() - started
-        if events_file is not None:
-            _write_events(events_file, sim.decisions)
+        tally.flush()
     finally:
         if events_file is not None:
             events_file.close()
     # The core at the end of the clock says why each request still queued waits.
     waiting_for = getattr(getattr(sim, "core", None), "waiting_for", None)
-    result = build_result(scenario, sim.decisions, sim.end, wall, waiting_for)
+    result = tally.result(sim.end, wall, waiting_for)
     if args.json:
         # dumps, not dump: dump encodes in pure Python, chunk by chunk (1.5 s for a month).
         sys.stdout.write(json.dumps(result))
@@ -126,18 +128,3 @@ def _run(args: argparse.Namespace) -> int:
         title = f"scenario {scenario.name}" if scenario.name else "scenario"
         sys.stdout.write(f"{title}\n\n{format_table(result)}")
     return 0
-
-
-def _write_events(fh: Any, decisions: Any) -> None:
-    """JSON lines, written in chunks: a million decisions should take seconds, not minutes."""
-    encode = json.JSONEncoder().encode
-    chunk: list[str] = []
-    for d in decisions:
-        chunk.append(encode(d.to_json()))
-        if len(chunk) >= 10000:
-            fh.write("\n".join(chunk))
-            fh.write("\n")
-            chunk.clear()
-    if chunk:
-        fh.write("\n".join(chunk))
-        fh.write("\n")

@@ -18,6 +18,7 @@ from typing import Final
 from ..admission.core import AdmissionCore
 from ..admission.heap import heappop, heappush
 from ..admission.model import Decision, Request
+from .report import Tally
 from .scenario import Scenario, ScenarioRequest
 
 # What a holder does, in the driver's event heap. (Final: compiled, a plain module
@@ -76,9 +77,12 @@ class _Replay:
     A request gone from the core pushes no more: the chain ends at its next event.
     """
 
-    def __init__(self, scenario: Scenario, exhaustive: bool = False) -> None:
+    def __init__(
+        self, scenario: Scenario, exhaustive: bool = False, tally: Tally | None = None
+    ) -> None:
         self.core = AdmissionCore(scenario.config)
         self.exhaustive = exhaustive
+        self.tally = tally
         self.lives = {r.id: _Life(r) for r in scenario.requests}
         self.heap: list[_Due] = []
         self.seq = 0
@@ -86,7 +90,7 @@ class _Replay:
 
     def follow(self, decisions: list[Decision], t: float) -> None:
         """Record decisions and play the holders' side of admissions."""
-        self.out.extend(decisions)
+        self.record(decisions)
         for d in decisions:
             rid = d.id
             if rid is None:
@@ -122,7 +126,14 @@ class _Replay:
                 self.seq = seq
             core = self.core
             if core.get(rid) is not None:  # not preempted in the same pass
-                self.out.extend(core.activity(rid, _busy_at(spec, t - anchor), t))
+                self.record(core.activity(rid, _busy_at(spec, t - anchor), t))
+
+    def record(self, decisions: list[Decision]) -> None:
+        """Kept in `out`, or handed to the tally, which keeps what the report needs."""
+        if self.tally is None:
+            self.out.extend(decisions)
+        elif decisions:
+            self.tally.add(decisions)
 
     def run(
         self, users: list[float], arrives: list[bool], specs: list[ScenarioRequest], limit: float
@@ -195,12 +206,17 @@ class _Replay:
 
 
 def run_scenario(
-    scenario: Scenario, until: float | None = None, *, exhaustive: bool = False
+    scenario: Scenario,
+    until: float | None = None,
+    *,
+    exhaustive: bool = False,
+    tally: Tally | None = None,
 ) -> SimRun:
     """Replay `scenario` until `until` (default: its own `until`, else until no event is
     left). `exhaustive`: every tenant is nominated at every instant, as if no head ever
     slept (`AdmissionCore.look_at_everyone`): slow, the reference the core's wake-ups are
-    checked against (tests/test_wakes.py)."""
+    checked against (tests/test_wakes.py). With a `tally`, the decisions go to it as they
+    are made and are not kept (`SimRun.decisions` is empty): `simulate` reports so."""
     stop = until if until is not None else scenario.until
     limit = math.inf if stop is None else float(stop)
     # Users' actions are known in advance: sorted once by (time, arrival before cancel,
@@ -213,7 +229,7 @@ def run_scenario(
     users = [a[0] for a in actions] + [math.inf]
     arrives = [a[1] == _ARRIVE for a in actions] + [False]
     specs = [requests[a[2]] for a in actions]
-    replay = _Replay(scenario, exhaustive)
+    replay = _Replay(scenario, exhaustive, tally)
     now = replay.run(users, arrives, specs, limit)
     end = limit if stop is not None else now
     return SimRun(replay.out, end, replay.core)

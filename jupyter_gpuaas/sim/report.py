@@ -20,15 +20,16 @@ Choices where SCENARIO.md is silent, kept consistent across the whole report:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import IO, Any, Final
 
 from jupyter_gpuaas.admission.model import Decision
 from jupyter_gpuaas.sim.scenario import Scenario, ScenarioRequest
 from jupyter_gpuaas.words import format_duration, reason_sentence
 
-__all__ = ["build_result", "format_table", "percentile"]
+__all__ = ["Tally", "build_result", "format_table", "percentile"]
 
 _HOUR: Final = 3600.0
 
@@ -115,196 +116,249 @@ def build_result(
 
     `waiting_for` (the core's, at `end`) gives a request still queued when the clock
     stopped its `waiting_for: {kind, message}`, the message in words.py's sentence."""
-    by_id = {r.id: r for r in scenario.requests}
-    tracks: dict[str, _Track] = {}
-    # The requests bound to devices now, in the order a dict of their bind times would
-    # keep (a re-bind without an unbind keeps its place): the clock's end unbinds them in
-    # that order.
-    bound: dict[str, _Track] = {}
-    # Tracks in the order of their first unbind, which the GPU-hour totals add up in
-    # (float sums depend on the order).
-    unbound: list[_Track] = []
+    tally = Tally(scenario)
+    tally.add(decisions if isinstance(decisions, list) else list(decisions), end)
+    return tally.result(end, wall_seconds, waiting_for)
 
-    flavors = scenario.config.flavors
-    node_start: dict[str, float] = {}
-    node_gpus: dict[str, int] = {}
-    for f in flavors.values():
-        for i in range(f.nodes):
-            node_start[f"{f.name}-{i}"] = 0.0
-            node_gpus[f"{f.name}-{i}"] = f.gpus_per_node
-    node_seconds = 0.0
-    gpu_node_seconds = 0.0
 
-    for d in decisions:
-        ev = d.event
-        rid = d.id
-        t = d.t if d.t < end else end
-        if rid is None:
-            if ev == "node_ready":
-                node = str(d.fields.get("node"))
-                fl = flavors.get(str(d.fields.get("flavor")))
-                node_start[node] = t
-                node_gpus[node] = fl.gpus_per_node if fl is not None else 0
-            elif ev == "scale_down":
-                node = str(d.fields.get("node"))
-                began = node_start.pop(node, None)
-                if began is not None:
-                    node_seconds += t - began
-                    gpu_node_seconds += (t - began) * node_gpus.get(node, 0)
-            continue
-        track = tracks.get(rid)
-        if track is None:
-            track = tracks[rid] = _Track(by_id.get(rid))
-        if ev == "admit":
-            track.state = "admitted"
-            if track.first_admit is None:
-                track.first_admit = t
-            track.flavor = d.fields.get("flavor")
-            req = track.req
-            track.gpus = req.gpus if req is not None else int(d.fields.get("gpus", 0))
-            track.bound_since = t
-            bound[rid] = track
-        elif ev == "resume":
-            track.state = "admitted"
-            track.bound_since = t
-            bound[rid] = track
-        elif ev == "finish":
-            _unbind(bound, unbound, rid, t)
-            track.state = "finished"
-        elif ev == "cull":
-            _unbind(bound, unbound, rid, t)
-            track.culls += 1
-            track.state = "parked" if d.fields.get("parked") else "culled"
-        elif ev == "preempt":
-            _unbind(bound, unbound, rid, t)
-            track.preemptions += 1
-            track.state = "preempted"
-        elif ev == "cancel":
-            _unbind(bound, unbound, rid, t)
-            track.state = "cancelled"
-            track.cancelled_at = t
-        elif ev == "requeue" or ev == "submit":
-            track.state = "queued"
-        elif ev == "expire":
-            track.state = "culled"
-        elif ev == "reject":
-            track.state = "rejected"
-            track.reason = str(d.fields.get("reason") or "")
-    for rid in list(bound):
-        _unbind(bound, unbound, rid, end)
-    for node, began in node_start.items():
-        if began < end:
-            node_seconds += end - began
-            gpu_node_seconds += (end - began) * node_gpus.get(node, 0)
+class Tally:
+    """The report's one pass over the decisions, fed as they are made (`add`), so a
+    replay need not keep them: a month's 680,000 decisions held to the end took half the
+    process's memory, and the pages they were written to ~5% of its time. `events`, when
+    given, gets every decision as a JSON line too (`simulate --events`). `result` turns
+    what was seen into the result object once the clock has stopped."""
 
-    requests: dict[str, dict[str, Any]] = {}
-    all_waits: list[float] = []
-    totals = {name: _Totals() for name in scenario.config.tenants}
-    admitted = rejected = never = 0
+    def __init__(self, scenario: Scenario, events: IO[str] | None = None) -> None:
+        self.scenario = scenario
+        self.events = events
+        self._lines: list[str] = []
+        self._encode = json.JSONEncoder().encode
+        self.count = 0  # decisions seen
+        self.by_id = {r.id: r for r in scenario.requests}
+        self.tracks: dict[str, _Track] = {}
+        # The requests bound to devices now, in the order a dict of their bind times would
+        # keep (a re-bind without an unbind keeps its place): the clock's end unbinds them
+        # in that order.
+        self.bound: dict[str, _Track] = {}
+        # Tracks in the order of their first unbind, which the GPU-hour totals add up in
+        # (float sums depend on the order).
+        self.unbound: list[_Track] = []
+        self.node_start: dict[str, float] = {}
+        self.node_gpus: dict[str, int] = {}
+        for f in scenario.config.flavors.values():
+            for i in range(f.nodes):
+                self.node_start[f"{f.name}-{i}"] = 0.0
+                self.node_gpus[f"{f.name}-{i}"] = f.gpus_per_node
+        self.node_seconds = 0.0
+        self.gpu_node_seconds = 0.0
 
-    no_track = _Track(None)
-    for req in scenario.requests:
-        rid = req.id
-        st = totals.get(req.tenant)
-        if st is None:
-            st = totals[req.tenant] = _Totals()
-        st.requests += 1
-        track = tracks.get(rid, no_track)
-        s = track.state
-        admitted_at = track.first_admit
-        cancelled_at = track.cancelled_at
-        counted = True
-        if s == "rejected":
-            wait = 0.0
-            counted = False
-            rejected += 1
-            st.rejected += 1
-        elif admitted_at is not None:
-            wait = admitted_at - req.submit
-            admitted += 1
-            st.admitted += 1
-        else:
-            never += 1
-            if cancelled_at is not None:
-                wait = max(0.0, cancelled_at - req.submit)
-            elif req.submit > end:
+    def add(self, decisions: list[Decision], end: float = math.inf) -> None:
+        """Take in the next decisions, in the order they were made. A time past `end` is
+        counted as `end` (a replay's decisions never are: its clock stops after them)."""
+        self.count += len(decisions)
+        if self.events is not None:
+            encode = self._encode
+            lines = self._lines
+            for d in decisions:
+                lines.append(encode(d.to_json()))
+            if len(lines) >= 10000:
+                self.flush()
+        flavors = self.scenario.config.flavors
+        tracks = self.tracks
+        bound = self.bound
+        unbound = self.unbound
+        for d in decisions:
+            ev = d.event
+            rid = d.id
+            t = d.t if d.t < end else end
+            if rid is None:
+                if ev == "node_ready":
+                    node = str(d.fields.get("node"))
+                    fl = flavors.get(str(d.fields.get("flavor")))
+                    self.node_start[node] = t
+                    self.node_gpus[node] = fl.gpus_per_node if fl is not None else 0
+                elif ev == "scale_down":
+                    node = str(d.fields.get("node"))
+                    began = self.node_start.pop(node, None)
+                    if began is not None:
+                        self.node_seconds += t - began
+                        self.gpu_node_seconds += (t - began) * self.node_gpus.get(node, 0)
+                continue
+            track = tracks.get(rid)
+            if track is None:
+                track = tracks[rid] = _Track(self.by_id.get(rid))
+            if ev == "admit":
+                track.state = "admitted"
+                if track.first_admit is None:
+                    track.first_admit = t
+                track.flavor = d.fields.get("flavor")
+                req = track.req
+                track.gpus = req.gpus if req is not None else int(d.fields.get("gpus", 0))
+                track.bound_since = t
+                bound[rid] = track
+            elif ev == "resume":
+                track.state = "admitted"
+                track.bound_since = t
+                bound[rid] = track
+            elif ev == "finish":
+                _unbind(bound, unbound, rid, t)
+                track.state = "finished"
+            elif ev == "cull":
+                _unbind(bound, unbound, rid, t)
+                track.culls += 1
+                track.state = "parked" if d.fields.get("parked") else "culled"
+            elif ev == "preempt":
+                _unbind(bound, unbound, rid, t)
+                track.preemptions += 1
+                track.state = "preempted"
+            elif ev == "cancel":
+                _unbind(bound, unbound, rid, t)
+                track.state = "cancelled"
+                track.cancelled_at = t
+            elif ev == "requeue" or ev == "submit":
+                track.state = "queued"
+            elif ev == "expire":
+                track.state = "culled"
+            elif ev == "reject":
+                track.state = "rejected"
+                track.reason = str(d.fields.get("reason") or "")
+
+    def flush(self) -> None:
+        """Write the JSON lines kept so far to `events`."""
+        if self.events is not None and self._lines:
+            self.events.write("\n".join(self._lines))
+            self.events.write("\n")
+            self._lines.clear()
+
+    def result(
+        self,
+        end: float,
+        wall_seconds: float,
+        waiting_for: Callable[[str], tuple[str, Mapping[str, Any]] | None] | None = None,
+    ) -> dict[str, Any]:
+        """The result object, with the clock stopped at `end` (every decision taken in)."""
+        self.flush()
+        scenario = self.scenario
+        tracks = self.tracks
+        bound = self.bound
+        unbound = self.unbound
+        for rid in list(bound):
+            _unbind(bound, unbound, rid, end)
+        node_seconds = self.node_seconds
+        gpu_node_seconds = self.gpu_node_seconds
+        for node, began in self.node_start.items():
+            if began < end:
+                node_seconds += end - began
+                gpu_node_seconds += (end - began) * self.node_gpus.get(node, 0)
+
+        requests: dict[str, dict[str, Any]] = {}
+        all_waits: list[float] = []
+        totals = {name: _Totals() for name in scenario.config.tenants}
+        admitted = rejected = never = 0
+
+        no_track = _Track(None)
+        for req in scenario.requests:
+            rid = req.id
+            st = totals.get(req.tenant)
+            if st is None:
+                st = totals[req.tenant] = _Totals()
+            st.requests += 1
+            track = tracks.get(rid, no_track)
+            s = track.state
+            admitted_at = track.first_admit
+            cancelled_at = track.cancelled_at
+            counted = True
+            if s == "rejected":
                 wait = 0.0
                 counted = False
+                rejected += 1
+                st.rejected += 1
+            elif admitted_at is not None:
+                wait = admitted_at - req.submit
+                admitted += 1
+                st.admitted += 1
             else:
-                wait = end - req.submit
-        if counted:
-            all_waits.append(wait)
-            st.waits.append(wait)
-        st.alloc += track.alloc
-        st.busy += track.busy
-        requests[rid] = {
-            "state": s,
-            "admitted_at": admitted_at,
-            "wait": wait,
-            "flavor": track.flavor,
-            "preemptions": track.preemptions,
-            "culls": track.culls,
-        }
-        if s == "queued" and waiting_for is not None and cancelled_at is None:
-            why = waiting_for(rid) if req.submit <= end else None
-            if why is not None:
-                requests[rid]["waiting_for"] = {
-                    "kind": why[0],
-                    "message": reason_sentence(why[0], why[1]),
-                }
-        if s == "rejected":
-            # SCENARIO.md: a rejected request carries `reason`; its tenant for the table.
-            requests[rid]["reason"] = track.reason
-            requests[rid]["tenant"] = req.tenant
+                never += 1
+                if cancelled_at is not None:
+                    wait = max(0.0, cancelled_at - req.submit)
+                elif req.submit > end:
+                    wait = 0.0
+                    counted = False
+                else:
+                    wait = end - req.submit
+            if counted:
+                all_waits.append(wait)
+                st.waits.append(wait)
+            st.alloc += track.alloc
+            st.busy += track.busy
+            requests[rid] = {
+                "state": s,
+                "admitted_at": admitted_at,
+                "wait": wait,
+                "flavor": track.flavor,
+                "preemptions": track.preemptions,
+                "culls": track.culls,
+            }
+            if s == "queued" and waiting_for is not None and cancelled_at is None:
+                why = waiting_for(rid) if req.submit <= end else None
+                if why is not None:
+                    requests[rid]["waiting_for"] = {
+                        "kind": why[0],
+                        "message": reason_sentence(why[0], why[1]),
+                    }
+            if s == "rejected":
+                # SCENARIO.md: a rejected request carries `reason`; its tenant for the table.
+                requests[rid]["reason"] = track.reason
+                requests[rid]["tenant"] = req.tenant
 
-    all_waits.sort()
-    allocated = sum([tr.alloc for tr in unbound]) / _HOUR
-    busy_hours = sum([tr.busy for tr in unbound]) / _HOUR
-    capacity = gpu_node_seconds / _HOUR
-    per_tenant: dict[str, dict[str, Any]] = {}
-    for tenant, st in totals.items():
-        waits = sorted(st.waits)
-        per_tenant[tenant] = {
-            "requests": st.requests,
-            "admitted": st.admitted,
-            "rejected": st.rejected,
-            "gpu_hours_allocated": _r(st.alloc / _HOUR),
-            "gpu_hours_busy": _r(st.busy / _HOUR),
-            "wait_p50": percentile(waits, 50),
-            "wait_p95": percentile(waits, 95),
+        all_waits.sort()
+        allocated = sum([tr.alloc for tr in unbound]) / _HOUR
+        busy_hours = sum([tr.busy for tr in unbound]) / _HOUR
+        capacity = gpu_node_seconds / _HOUR
+        per_tenant: dict[str, dict[str, Any]] = {}
+        for tenant, st in totals.items():
+            waits = sorted(st.waits)
+            per_tenant[tenant] = {
+                "requests": st.requests,
+                "admitted": st.admitted,
+                "rejected": st.rejected,
+                "gpu_hours_allocated": _r(st.alloc / _HOUR),
+                "gpu_hours_busy": _r(st.busy / _HOUR),
+                "wait_p50": percentile(waits, 50),
+                "wait_p95": percentile(waits, 95),
+            }
+            spec = scenario.config.tenants.get(tenant)
+            if spec is not None and spec.cohort is not None:
+                per_tenant[tenant]["cohort"] = spec.cohort
+        tenant_waits = {tenant: st.waits for tenant, st in totals.items()}
+        per_cohort = _per_cohort(scenario, per_tenant, tenant_waits)
+        summary: dict[str, Any] = {
+            "requests": len(scenario.requests),
+            "admitted": admitted,
+            "rejected": rejected,
+            "never_admitted": never,
+            "wait_p50": percentile(all_waits, 50),
+            "wait_p95": percentile(all_waits, 95),
+            "wait_max": float(all_waits[-1]) if all_waits else 0.0,
+            "gpu_hours_capacity": _r(capacity),
+            "gpu_hours_allocated": _r(allocated),
+            "gpu_hours_busy": _r(busy_hours),
+            "gpu_hours_idle_allocated": _r(max(0.0, allocated - busy_hours)),
+            "utilization": _r(busy_hours / capacity) if capacity > 0 else 0.0,
+            "node_hours": _r(node_seconds / _HOUR),
+            "preemptions": sum([tr.preemptions for tr in tracks.values()]),
+            "culls": sum([tr.culls for tr in tracks.values()]),
+            "end": float(end),
+            "per_tenant": per_tenant,
         }
-        spec = scenario.config.tenants.get(tenant)
-        if spec is not None and spec.cohort is not None:
-            per_tenant[tenant]["cohort"] = spec.cohort
-    tenant_waits = {tenant: st.waits for tenant, st in totals.items()}
-    per_cohort = _per_cohort(scenario, per_tenant, tenant_waits)
-    summary: dict[str, Any] = {
-        "requests": len(scenario.requests),
-        "admitted": admitted,
-        "rejected": rejected,
-        "never_admitted": never,
-        "wait_p50": percentile(all_waits, 50),
-        "wait_p95": percentile(all_waits, 95),
-        "wait_max": float(all_waits[-1]) if all_waits else 0.0,
-        "gpu_hours_capacity": _r(capacity),
-        "gpu_hours_allocated": _r(allocated),
-        "gpu_hours_busy": _r(busy_hours),
-        "gpu_hours_idle_allocated": _r(max(0.0, allocated - busy_hours)),
-        "utilization": _r(busy_hours / capacity) if capacity > 0 else 0.0,
-        "node_hours": _r(node_seconds / _HOUR),
-        "preemptions": sum([tr.preemptions for tr in tracks.values()]),
-        "culls": sum([tr.culls for tr in tracks.values()]),
-        "end": float(end),
-        "per_tenant": per_tenant,
-    }
-    if per_cohort:
-        summary["per_cohort"] = per_cohort
-    return {
-        "requests": requests,
-        "summary": summary,
-        "decisions": len(decisions),
-        "wall_seconds": round(wall_seconds, 6),
-    }
+        if per_cohort:
+            summary["per_cohort"] = per_cohort
+        return {
+            "requests": requests,
+            "summary": summary,
+            "decisions": self.count,
+            "wall_seconds": round(wall_seconds, 6),
+        }
 
 
 def _unbind(bound: dict[str, _Track], unbound: list[_Track], rid: str, t: float) -> None:
