@@ -407,3 +407,36 @@ def test_a_tally_fed_as_it_goes_reports_what_the_kept_decisions_do(
     assert streamed.decisions == []  # nothing kept
     assert tally.result(streamed.end, 1.5, streamed.core.waiting_for) == expected
     assert lines.getvalue().splitlines() == [json.dumps(d.to_json()) for d in kept.decisions]
+
+
+@needs_driver
+def test_an_instant_s_events_play_in_the_order_they_were_pushed() -> None:
+    """The driver files holders' events by time; events sharing an instant play in the
+    order they were pushed, however many share it (Kueue's large shape finishes
+    thousands at once), and one pushed for the instant while it plays (a busy interval
+    starting where the last ended) plays within it."""
+    from jupyter_gpuaas.sim.driver import run_scenario
+    from jupyter_gpuaas.sim.scenario import parse_scenario
+
+    jobs = [
+        {"id": f"j{i}", "tenant": "t", "user": "u", "kind": "job", "gpus": 1}
+        | {"submit": float(i % 7), "duration": 100.0 - i % 7}  # every one ends at 100
+        for i in range(300)
+    ]
+    kernel = {"id": "k", "tenant": "t", "user": "u", "kind": "kernel", "gpus": 1}
+    kernel |= {"submit": 0.0, "duration": 500.0, "busy": [[0, 40], [40, 60]]}
+    doc = {
+        "flavors": {"a100": {"nodes": 40, "gpus_per_node": 8}},
+        "tenants": {"t": {"quota": {"a100": 320}}},
+        "policy": {"idle_timeout": 1},
+        "requests": [kernel, *jobs],
+    }
+    decisions = run_scenario(parse_scenario(doc)).decisions
+    admitted = [d.id for d in decisions if d.event == "admit" and d.id != "k"]
+    finished = [d.id for d in decisions if d.event == "finish" and d.t == 100.0]
+    assert len(finished) == 300
+    assert finished == admitted  # pushed at admission, in that order
+    # Idle at 40 and busy again at 40, in that order: never culled (idle_timeout 1 s).
+    assert [d.event for d in decisions if d.id == "k"][:2] == ["submit", "admit"]
+    culls = [d.t for d in decisions if d.id == "k" and d.event == "cull"]
+    assert culls == [61.0]

@@ -72,7 +72,8 @@ class _Replay:
     (`times`); an instant's events go in push order, the least first. A heap of plain
     floats compares one float a step, where one of (time, order, ...) tuples compared
     them element by element and allocated a tuple per push: its pops were 6% of a
-    compiled month. Times are rarely shared, so an instant's list is nearly always one.
+    compiled month. A month's instants nearly all have one event; a batch trace's may
+    have thousands, sorted once.
 
     A request's busy intervals are numbered in push order at its first admission, but
     pushed one at a time, each when the one before pops (busy k, then idle k, then busy
@@ -171,15 +172,17 @@ class _Replay:
             now = t_next
             decisions: list[Decision] = []
             if due == now:
-                # The instant's events, the least push order first; an event pushed for
-                # this same instant while they play joins the list in its place.
+                # The instant's events, the least push order first: sorted down, taken
+                # from the end. An event pushed for this same instant while they play is
+                # appended, and the list sorted again (a trace's whole batch can share
+                # an instant: Kueue's large shape finishes thousands at once).
                 at = self.due[now]
+                ordered = 1
                 while at:
-                    i = 0
-                    for j in range(1, len(at)):
-                        if at[j][0] < at[i][0]:
-                            i = j
-                    seq, what, life, n = at.pop(i)
+                    if len(at) > ordered:
+                        at.sort(reverse=True)  # (push orders are unique: no tie to compare)
+                    seq, what, life, n = at.pop()
+                    ordered = len(at)
                     rid = life.spec.id
                     if core.get(rid) is None:
                         # Gone (finished, cancelled, preempted): its holder's events end
