@@ -183,6 +183,12 @@ class Waking(Queries):
                     if not may_preempt:
                         continue
                     if not self._could_preempt(name, flavor, q, bucket, most, reach, room):
+                        if gpus > gap:
+                            # Perhaps quota alone no longer stands in its way (this release
+                            # freed some), and evicting would make room once devices free
+                            # up: another tree's release frees them, and only waiters hear
+                            # of that (a hunt found it missed).
+                            self._cap_waiters[flavor].add((name, bucket.key))
                         continue
                 bucket.inadmissible = False
                 woken = True
