@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from .ledger import Ledger
 from .model import Cohort, Tenant
 
-Head = tuple[str, str, int]  # tenant, flavor, GPUs
+# tenant, flavor, GPUs, and the GPUs of its own tenant's requests it would evict: a
+# preemptor is ranked as its tenant would stand after the eviction, as in the flat order.
+Head = tuple[str, str, int, int]
 
 
 def share(ledger: Ledger, tenant: str, flavor: str = "", gpus: int = 0) -> float:
@@ -46,11 +48,13 @@ def _side(
     child: str,
     parent: str,
 ) -> tuple[bool, float]:
-    tenant, flavor, gpus = head
+    tenant, flavor, gpus, own = head
     if child == tenant:
-        borrowing = ledger.borrows(tenant, flavor, gpus)
+        borrowing = ledger.borrows(tenant, flavor, gpus, own)
         return borrowing, share(ledger, tenant, flavor, gpus) if borrowing else 0.0
-    after = ledger.usage_after(tenant, flavor, gpus).get(child, ledger.cohort_usage(child, flavor))
+    after = ledger.usage_after(tenant, flavor, gpus - own).get(
+        child, ledger.cohort_usage(child, flavor)
+    )
     over = after - ledger.pool(child, flavor)
     if over <= 0:
         return False, 0.0

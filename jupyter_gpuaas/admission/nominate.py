@@ -75,6 +75,12 @@ class Entry:
         self.status = status
 
 
+def own_victims(req: Request, victims: list[Request]) -> int:
+    """The GPUs of `req`'s own tenant among its victims: its tenant holds that much less
+    once they are evicted (whether it borrows afterwards, and its rank, count that)."""
+    return sum(v.gpus for v in victims if v.tenant == req.tenant)
+
+
 class Nominating(Waking):
     _requests: dict[str, Request]
     _graces: Graces
@@ -98,8 +104,13 @@ class Nominating(Waking):
                 self._ledger,
                 self._config.tenants,
                 self._config.cohorts,
-                (e.req.tenant, e.flavor, e.req.gpus),
-                (other.req.tenant, other.flavor, other.req.gpus),
+                (e.req.tenant, e.flavor, e.req.gpus, own_victims(e.req, e.victims)),
+                (
+                    other.req.tenant,
+                    other.flavor,
+                    other.req.gpus,
+                    own_victims(other.req, other.victims),
+                ),
             )
             if won is not None:
                 return won
@@ -186,8 +197,7 @@ class Nominating(Waking):
             chosen = self._choose_flavor(req, flavors)
             if chosen is not None:
                 f, victims = chosen
-                own = sum(v.gpus for v in victims if v.tenant == req.tenant)
-                borrowing = ledger.borrows(req.tenant, f, req.gpus, own)
+                borrowing = ledger.borrows(req.tenant, f, req.gpus, own_victims(req, victims))
                 return self._entry(req, Mode.PREEMPT, f, borrowing, victims)
             if self._short:
                 # Evicting could make room in quota, but no node has room for it: devices
