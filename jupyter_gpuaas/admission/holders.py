@@ -141,9 +141,7 @@ class Holders:
         if req.gpus > b.held + self._cluster.free_in(flavor):
             # Not the devices, even with every candidate gone: does quota rule it out too?
             # (Asked of the ledger only here, rarely: a month has a few thousand.)
-            if b.room < 0:
-                self._ask_room(req.tenant, flavor, b)
-            return [] if req.gpus <= b.room else None
+            return [] if req.gpus <= self.quota_room(req.tenant, flavor, b) else None
         if not self.could_make_room(req.tenant, flavor, b, req.gpus):
             return None
         pool: list[Request] = []
@@ -192,6 +190,12 @@ class Holders:
                 return False
             self._ask_room(tenant, flavor, b)
         return gpus <= b.room
+
+    def quota_room(self, tenant: str, flavor: str, b: Bound) -> int:
+        """The most GPUs evicting every candidate of `b` would leave room for in quota."""
+        if b.room < 0:
+            self._ask_room(tenant, flavor, b)
+        return b.room
 
     def reach(self, b: Bound, flavor: str, room: int) -> int:
         """What `could_make_room` needs first: the most GPUs evicting every candidate of

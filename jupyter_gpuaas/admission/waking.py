@@ -183,11 +183,10 @@ class Waking(Queries):
                     if not may_preempt:
                         continue
                     if not self._could_preempt(name, flavor, q, bucket, most, reach, room):
-                        if gpus > gap:
-                            # Perhaps quota alone no longer stands in its way (this release
-                            # freed some), and evicting would make room once devices free
-                            # up: another tree's release frees them, and only waiters hear
-                            # of that (a hunt found it missed).
+                        if gpus > gap and self._evicting_makes_quota(name, flavor, q, bucket, most):
+                            # Quota no longer stands in its way once it evicts (this release
+                            # freed some), devices do: another tree's release frees them,
+                            # and only waiters hear of that (a hunt found it missed).
                             self._cap_waiters[flavor].add((name, bucket.key))
                         continue
                 bucket.inadmissible = False
@@ -249,6 +248,17 @@ class Waking(Queries):
                 return False
         head = q.head(bucket)
         return head is not None and self._could_preempt_head(tenant, flavor, head, most, room)
+
+    def _evicting_makes_quota(
+        self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, Bound]
+    ) -> bool:
+        """Would evicting every candidate leave quota enough for the bucket's head (devices
+        aside)? A head that quota stops even so has nothing to gain from freed devices."""
+        head = q.head(bucket)
+        if head is None:
+            return False
+        b = self._bound(tenant, flavor, head.priority, most)
+        return head.gpus <= self._holders.quota_room(tenant, flavor, b)
 
     def _could_preempt_head(
         self, tenant: str, flavor: str, head: Request, most: dict[int, Bound], room: int
