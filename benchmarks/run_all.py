@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,22 @@ def _load() -> str:
         return " / ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "n/a"
+
+
+# A fixed piece of pure-Python work, timed in a child of this interpreter at the start and
+# the end of a run: the host's speed moves through the day by a third or more, and the
+# probe says which hour a table was measured in (lower is faster).
+PROBE = "x = 0\nfor i in range(20_000_000):\n    x += i & 7\n"
+
+
+def probe(runs: int = 3) -> float:
+    """Seconds for PROBE, the best of `runs`, interpreter start included."""
+    best = math.inf
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", PROBE], check=True)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def run_one(script: str, args: list[str]) -> tuple[str, dict[str, Any]]:
@@ -210,6 +228,8 @@ tests: nothing in `tests/` depends on them.
   The machine is a VM on a shared host whose speed moves through the day (the load above
   is only this VM's): wall times are best-of runs with the median, and the child's CPU
   time (user + system) is given too. Pass/fail is on wall time.
+- **Host speed probe** (`benchmarks/run_all.py`'s `PROBE`, a fixed pure-Python loop, best
+  of 3; lower is faster): {meta["probe_start"]:.2f} s at start, {meta["probe_end"]:.2f} s at end.
 - **Commit:** {meta["commit"]}
 
 ### Summary
@@ -416,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write and args.quick:
         raise SystemExit("--write records real numbers: run it without --quick")
     load_start = _load()
+    probe_start = probe(1 if args.quick else 3)
+    print(f"host speed probe: {probe_start:.2f} s", file=sys.stderr, flush=True)
     tmp = tempfile.TemporaryDirectory() if args.tmp else None
     out = Path(tmp.name) if tmp else _bench.GENERATED
     out_args = ["--out", str(out)] if tmp else []
@@ -455,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": _bench.machine(),
             "load_start": load_start,
             "load_end": _load(),
+            "probe_start": probe_start,
+            "probe_end": probe(),
             "commit": commit or "unknown",
         }
         commands = {
