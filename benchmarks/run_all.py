@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +50,7 @@ PROBE = "x = 0\nfor i in range(20_000_000):\n    x += i & 7\n"
 
 def probe(runs: int = 3) -> float:
     """Seconds for PROBE, the best of `runs`, interpreter start included."""
-    best = math.inf
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", PROBE], check=True)
-        best = min(best, time.perf_counter() - start)
-    return best
+    return min(_bench.run_measured([sys.executable, "-c", PROBE]).wall for _ in range(runs))
 
 
 def run_one(script: str, args: list[str]) -> tuple[str, dict[str, Any]]:
