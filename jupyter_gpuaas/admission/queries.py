@@ -6,6 +6,7 @@ A base of :class:`~jupyter_gpuaas.admission.core.AdmissionCore`, which owns the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 
 from . import views
@@ -87,17 +88,40 @@ class Queries:
         own = getattr(self._config.tenants[tenant], name)
         return float(own if own is not None else getattr(self._config.policy, name))
 
-    def _arm_cull(self, req: Request) -> None:
-        if req.kind == "job" or req.idle_since is None:
-            return
+    def _cull_times(self, req: Request, idle_since: float) -> tuple[float, float | None] | None:
+        """When a holder of `req` idle since `idle_since` would be culled, and warned first
+        (None: no warning); None when it never is."""
+        if req.kind == "job":
+            return None
         timeout = self._tenant_setting(req.tenant, "idle_timeout")
         if timeout <= 0:
-            return
-        cull_at = req.idle_since + timeout
-        self._timers.set(CULL, req.id, cull_at)
+            return None
+        cull_at = idle_since + timeout
         lead = self._config.policy.cull_warning
-        if 0 < lead < timeout:
-            self._timers.set(WARN, req.id, cull_at - lead)
+        return cull_at, (cull_at - lead if 0 < lead < timeout else None)
+
+    def _arm_cull(self, req: Request) -> None:
+        if req.idle_since is None:
+            return
+        times = self._cull_times(req, req.idle_since)
+        if times is None:
+            return
+        cull_at, warn_at = times
+        self._timers.set(CULL, req.id, cull_at)
+        if warn_at is not None:
+            self._timers.set(WARN, req.id, warn_at)
+
+    def idle_deadline(self, rid: str, idle_since: float) -> float:
+        """The first time the core would act on the holder of `rid` if it went idle at
+        `idle_since` and stayed so: its cull warning, else its cull (inf: never culled).
+        A holder busy again before it has changed nothing the core decides on; the
+        simulator's driver uses this to leave such short idle spells unsaid."""
+        req = self._get(rid)
+        times = self._cull_times(req, idle_since)
+        if times is None:
+            return math.inf
+        cull_at, warn_at = times
+        return cull_at if warn_at is None else warn_at
 
     # ------------------------------------------------------------------ queries
 
