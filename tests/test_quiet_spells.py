@@ -46,49 +46,44 @@ def compare(scenario: Scenario) -> tuple[str | None, int]:
     return f"event {i} (unsaid, then told, pairwise):\n{where}", quiet.quiet_spells
 
 
-def test_a_short_spell_is_unsaid_and_a_long_one_still_culls() -> None:
-    """A kernel busy 0-10, idle 10-20 (shorter than the 30 s timeout), busy 20-30, then
-    idle: culled at 30 + 30 = 60 either way, and the short spell was not told."""
-    data = {
+def one_kernel(busy: list[list[int]]) -> dict[str, Any]:
+    """A kernel alone on one GPU for 500 s, idle timeout 30 s with a 5 s warning."""
+    return {
         "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
         "tenants": {"vision": {"quota": {"a100": 1}}},
         "policy": {"idle_timeout": 30, "cull_warning": 5},
         "requests": [
             {"id": "k", "tenant": "vision", "user": "ann", "kind": "kernel", "gpus": 1,
-             "submit": 0, "duration": 500, "busy": [[0, 10], [20, 30], [200, 210]]},
+             "submit": 0, "duration": 500, "busy": busy},
         ],
     }  # fmt: skip
-    problem, unsaid = compare(parse_scenario(data, name="short-spell"))
+
+
+def culls(data: dict[str, Any]) -> tuple[list[tuple[float, str]], int]:
+    """(its warnings and culls, as (time, event); the spells left unsaid), having checked
+    that telling every spell decides the same."""
+    scenario = parse_scenario(data, name="one-kernel")
+    problem, unsaid = compare(scenario)
     assert problem is None, problem
+    events = events_of(run_scenario(scenario).decisions)
+    return [(e["t"], e["event"]) for e in events if e["event"] in ("cull", "cull_warning")], unsaid
+
+
+def test_a_short_spell_is_unsaid_and_a_long_one_still_culls() -> None:
+    """Busy 0-10, idle 10-20 (shorter than the timeout), busy 20-30, then idle: warned at
+    30 + 25 = 55 and culled at 60 either way, and the short spell was not told."""
+    events, unsaid = culls(one_kernel([[0, 10], [20, 30], [200, 210]]))
     assert unsaid == 1
-    events = [(e["t"], e["event"]) for e in events_of(run_scenario(parse_scenario(data)).decisions)]
-    assert (55.0, "cull_warning") in events and (60.0, "cull") in events
-    assert not any(event in ("cull", "cull_warning") and t < 55 for t, event in events)
+    assert events[:2] == [(55.0, "cull_warning"), (60.0, "cull")]
 
 
 def test_a_spell_that_reaches_the_warning_is_told() -> None:
-    """Idle 10-28 with a 30 s timeout and a 5 s warning: the warning at 35 would come
-    after the spell, so it is unsaid; idle 10-36 reaches it, so it is told. (Idle again
-    from 400 on, both are warned at 425 and culled at 430.)"""
-
-    def run(back: int) -> list[tuple[float, str]]:
-        data = {
-            "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
-            "tenants": {"vision": {"quota": {"a100": 1}}},
-            "policy": {"idle_timeout": 30, "cull_warning": 5},
-            "requests": [
-                {"id": "k", "tenant": "vision", "user": "ann", "kind": "kernel", "gpus": 1,
-                 "submit": 0, "duration": 500, "busy": [[0, 10], [back, 400]]},
-            ],
-        }  # fmt: skip
-        problem, _ = compare(parse_scenario(data, name="warned"))
-        assert problem is None, problem
-        decisions = run_scenario(parse_scenario(data)).decisions
-        return [(e["t"], e["event"]) for e in events_of(decisions)]
-
-    early = [(t, event) for t, event in run(28) if event.startswith("cull") and t < 400]
-    assert early == []
-    assert (35.0, "cull_warning") in run(36)  # (then busy from 36: no cull)
+    """Idle 10-28: the warning at 35 would come after the spell, so it is unsaid; idle
+    10-36 reaches it, so it is told. (Idle again from 400 on, both are warned at 425.)"""
+    events, unsaid = culls(one_kernel([[0, 10], [28, 400]]))
+    assert unsaid == 1 and events[0] == (425.0, "cull_warning")
+    events, unsaid = culls(one_kernel([[0, 10], [36, 400]]))
+    assert unsaid == 0 and events[0] == (35.0, "cull_warning")  # (busy from 36: no cull)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
