@@ -105,11 +105,22 @@ export class EventConnection {
       this.options
         .reload()
         .then(() => {
+          if (this.source !== source) {
+            return; // dropped meanwhile: its successor says when it is live
+          }
           this.retry = 1000;
           void this.poll.stop();
           this.options.onState('live');
         })
-        .catch(e => this.options.onState('unreachable', (e as Error).message));
+        .catch(e => {
+          this.options.onState('unreachable', (e as Error).message);
+          // The gateway did not answer behind an open stream. The stream may well stay
+          // open while the gateway comes back (the server reconnects to it by itself), and
+          // nothing would then ever say it is live: drop it and open again, with backoff.
+          if (this.source === source) {
+            this.dropped();
+          }
+        });
     };
     const handle = (name: string) => (msg: MessageEvent) => {
       let data: GatewayEvent['data'] = {};
@@ -125,13 +136,20 @@ export class EventConnection {
     }
     source.onmessage = handle('message');
     source.onerror = () => {
-      // The stream dropped (or never opened): poll meanwhile, reconnect with backoff.
-      this.close();
-      void this.poll.start();
-      void this.poll.refresh();
-      this.timer = window.setTimeout(() => this.open(), this.retry);
-      this.retry = Math.min(this.retry * 2, 30000);
+      if (this.source === source) {
+        this.dropped();
+      }
     };
+  }
+
+  /** The stream dropped, never opened, or opened without a gateway behind it: poll
+   * meanwhile, and open it again with backoff. */
+  private dropped(): void {
+    this.close();
+    void this.poll.start();
+    void this.poll.refresh();
+    this.timer = window.setTimeout(() => this.open(), this.retry);
+    this.retry = Math.min(this.retry * 2, 30000);
   }
 
   private close(): void {

@@ -287,8 +287,13 @@ def main() -> int:
         argv += sys.argv[1:]  # e.g. -g "cancel" to run one test
         rc = subprocess.call(argv, cwd=ROOT / "labextension", env=run_env)
         if rc != 0:
-            for name, log in (("gateway", glog), ("jupyter lab", llog), ("viewer lab", vlog)):
-                print(f"--- {name} log (last lines) ---\n{log.read_text()[-4000:]}")
+            logs = [("gateway", glog), ("jupyter lab", llog), ("viewer lab", vlog)]
+            # The gateway the last test started again, when it got that far.
+            logs += [("gateway, started again", base / "gateway2.log")]
+            for name, log in logs:
+                if log.exists():
+                    print(f"--- {name} log (last lines) ---\n{log.read_text()[-4000:]}")
+                    shutil.copy(log, ARTIFACTS / log.name)  # whole, beside the screenshots
         return rc
     finally:
         stop(viewer)

@@ -2,7 +2,8 @@
  * The controller on standby: a hidden panel with nothing of mine live polls nothing; a
  * hidden browser tab closes the event stream and polls nothing; shown again, one fresh
  * read. (That the panel never makes a GPU kernel busy is checked in the browser: the
- * Galata cull-warning test.)
+ * Galata cull-warning test.) And the event stream itself: one that opens while the gateway
+ * behind the server is still down is not left open and unlive.
  *
  * Node has no DOM: `document` (its visibility), `window` and `EventSource` are stubbed
  * before the controller (and @lumino/polling, which reads `document` on load) is required.
@@ -59,6 +60,7 @@ g.EventSource = FakeEventSource;
 // Required only now, after the stubs (an import would be hoisted above them).
 const { GpuController } = jest.requireActual<typeof import('../controller')>('../controller');
 const { GpuModel } = jest.requireActual<typeof import('../model')>('../model');
+const { EventConnection } = jest.requireActual<typeof import('../connection')>('../connection');
 
 const ME = { name: 'alice', groups: ['vision'], use: true, view: false, admin: false, tenants: ['vision'] };
 
@@ -147,4 +149,48 @@ describe('the controller stands by', () => {
     controller.dispose();
   });
 
+});
+
+describe('the event stream', () => {
+  beforeEach(() => {
+    jest.useFakeTimers();
+    FakeEventSource.all = [];
+    doc.visibilityState = 'visible';
+  });
+  afterEach(() => {
+    jest.useRealTimers();
+  });
+
+  it('opened while the gateway is down, it is dropped and opened again, then goes live', async () => {
+    // The server's proxy answers the stream at once, whether the gateway behind it is up or
+    // not; the server reconnects to the gateway by itself, so that stream may stay open.
+    let gatewayUp = false;
+    const states: string[] = [];
+    const connection = new EventConnection({
+      url: () => '/gpuaas/api/events',
+      onEvent: () => undefined,
+      reload: async () => {
+        if (!gatewayUp) {
+          throw new Error('GPU service unreachable — retrying.');
+        }
+      },
+      onState: state => states.push(state)
+    });
+    connection.start();
+    await settle(10);
+    expect(FakeEventSource.all).toHaveLength(1);
+    FakeEventSource.all[0].onopen!(); // open, but its fresh read fails
+    await settle(10);
+    expect(states[states.length - 1]).toBe('unreachable');
+    expect(FakeEventSource.all[0].closed).toBe(true); // not left open, never to be live
+
+    gatewayUp = true;
+    await settle(1_100); // the first reconnect comes after 1 s
+    expect(FakeEventSource.all).toHaveLength(2);
+    FakeEventSource.all[1].onopen!();
+    await settle(10);
+    expect(states[states.length - 1]).toBe('live');
+    expect(FakeEventSource.all[1].closed).toBe(false);
+    connection.dispose();
+  });
 });
