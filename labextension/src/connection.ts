@@ -50,6 +50,9 @@ export class EventConnection {
   private retry = 1000;
   private timer: number | null = null;
   private disposed = false;
+  /** Said live (a stream open with a fresh read behind it): a poll or a first read still
+   * in flight then has nothing to say about the connection. */
+  private live = false;
   private readonly poll: Poll;
 
   constructor(private readonly options: ConnectionOptions) {
@@ -58,9 +61,13 @@ export class EventConnection {
       factory: async () => {
         try {
           await options.reload();
-          options.onState('polling');
+          if (!this.live) {
+            options.onState('polling');
+          }
         } catch (e) {
-          options.onState('unreachable', (e as Error).message);
+          if (!this.live) {
+            options.onState('unreachable', (e as Error).message);
+          }
           throw e;
         }
       },
@@ -78,8 +85,10 @@ export class EventConnection {
   /** Read the state now (the stream may open only at its first event), then listen. */
   start(): void {
     this.options.reload().catch(e => {
-      this.options.onState('unreachable', (e as Error).message);
-      void this.poll.start();
+      if (!this.live) {
+        this.options.onState('unreachable', (e as Error).message);
+        void this.poll.start();
+      }
     });
     this.open();
   }
@@ -109,6 +118,7 @@ export class EventConnection {
             return; // dropped meanwhile: its successor says when it is live
           }
           this.retry = 1000;
+          this.live = true;
           void this.poll.stop();
           this.options.onState('live');
         })
@@ -153,6 +163,7 @@ export class EventConnection {
   }
 
   private close(): void {
+    this.live = false;
     if (this.timer !== null) {
       window.clearTimeout(this.timer);
       this.timer = null;

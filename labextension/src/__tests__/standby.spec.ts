@@ -193,4 +193,31 @@ describe('the event stream', () => {
     expect(FakeEventSource.all[1].closed).toBe(false);
     connection.dispose();
   });
+
+  it('a poll still in flight when the stream goes live does not take it back', async () => {
+    const reads: Array<() => void> = [];
+    const states: string[] = [];
+    const connection = new EventConnection({
+      url: () => '/gpuaas/api/events',
+      onEvent: () => undefined,
+      // Each read answers only when the test says so, in the order it chooses.
+      reload: () => new Promise<void>(resolve => reads.push(resolve)),
+      onState: state => states.push(state)
+    });
+    connection.start();
+    reads.shift()!(); // the first read
+    FakeEventSource.all[0].onerror!(); // the stream drops: the fallback poll reads
+    await settle(10);
+    const polled = reads.shift()!; // ... and its answer is slow
+    await settle(1_100); // the stream opens again, and its fresh read is quick
+    FakeEventSource.all[1].onopen!();
+    await settle(10);
+    reads.shift()!();
+    await settle(10);
+    expect(states[states.length - 1]).toBe('live');
+    polled(); // the slow poll answers only now
+    await settle(10);
+    expect(states[states.length - 1]).toBe('live');
+    connection.dispose();
+  });
 });
