@@ -88,16 +88,17 @@ async function settle(ms: number): Promise<void> {
   await jest.advanceTimersByTimeAsync(ms);
 }
 
-describe('the controller stands by', () => {
-  beforeEach(() => {
-    jest.useFakeTimers();
-    FakeEventSource.all = [];
-    doc.visibilityState = 'visible';
-  });
-  afterEach(() => {
-    jest.useRealTimers();
-  });
+// Every test: fake timers, no stream yet, the tab shown.
+beforeEach(() => {
+  jest.useFakeTimers();
+  FakeEventSource.all = [];
+  doc.visibilityState = 'visible';
+});
+afterEach(() => {
+  jest.useRealTimers();
+});
 
+describe('the controller stands by', () => {
   it('polls only while the panel is shown, and nothing while the tab is hidden', async () => {
     const calls: string[] = [];
     const controller = new GpuController({
@@ -152,15 +153,6 @@ describe('the controller stands by', () => {
 });
 
 describe('the event stream', () => {
-  beforeEach(() => {
-    jest.useFakeTimers();
-    FakeEventSource.all = [];
-    doc.visibilityState = 'visible';
-  });
-  afterEach(() => {
-    jest.useRealTimers();
-  });
-
   it('opened while the gateway is down, it is dropped and opened again, then goes live', async () => {
     // The server's proxy answers the stream at once, whether the gateway behind it is up or
     // not; the server reconnects to the gateway by itself, so that stream may stay open.
