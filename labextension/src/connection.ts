@@ -123,13 +123,14 @@ export class EventConnection {
           this.options.onState('live');
         })
         .catch(e => {
+          if (this.source !== source) {
+            return; // dropped meanwhile: its successor says how the connection is
+          }
           this.options.onState('unreachable', (e as Error).message);
           // The gateway did not answer behind an open stream. The stream may well stay
           // open while the gateway comes back (the server reconnects to it by itself), and
           // nothing would then ever say it is live: drop it and open again, with backoff.
-          if (this.source === source) {
-            this.dropped();
-          }
+          this.dropped();
         });
     };
     const handle = (name: string) => (msg: MessageEvent) => {
