@@ -10,6 +10,7 @@ under test catches what this raises.
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,7 +161,8 @@ class FakeNvml:
             raise pynvml.NVMLError_NotSupported()  # as on real MIG instances
         if not gpu.process_utilization:
             raise pynvml.NVMLError_NotFound()  # no samples since `since`
-        self.clock += 1  # every call sees a new window, as a sampling loop would
+        # Every call sees a new window, stamped as NVML does (µs since the epoch).
+        self.clock = max(self.clock + 1, int(time.time() * 1e6))
         return [
             argparse.Namespace(pid=pid, smUtil=util, memUtil=0, timeStamp=self.clock)
             for pid, util in gpu.process_utilization.items()

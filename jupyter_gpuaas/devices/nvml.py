@@ -18,9 +18,11 @@ an exception that would stop the sampling loop for every other device.
 from __future__ import annotations
 
 import math
+import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -316,9 +318,15 @@ class NvmlInventory(Inventory):
         except Exception:
             rows = []  # NotFound when no process ran since then; NotSupported on old GPUs
         for row in rows:
-            pid = int(row.pid)
+            pid, stamp = int(row.pid), int(row.timeStamp)
+            self._last_seen[key] = max(self._last_seen.get(key, 0), stamp)
+            started = process_start(pid)
+            if started is not None and stamp / 1e6 < started - START_SLACK:
+                # Seen on an H200: the first window after a process starts can carry the
+                # previous holder's last sample (99 % of a process that has exited),
+                # stamped before this PID existed. It is not this process's work.
+                continue
             out[pid] = max(out.get(pid, 0.0), min(1.0, row.smUtil / 100.0))
-            self._last_seen[key] = max(self._last_seen.get(key, 0), int(row.timeStamp))
         return out
 
     def close(self) -> None:
@@ -333,3 +341,23 @@ class NvmlInventory(Inventory):
 def _text(value: str | bytes) -> str:
     # Older nvidia-ml-py returned bytes; current versions return str.
     return value.decode() if isinstance(value, bytes) else value
+
+
+#: Seconds a process's start time may be off: /proc counts it in clock ticks (10 ms).
+START_SLACK = 0.05
+
+
+def process_start(pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch (NVML's sample clock), to a
+    clock tick; None where this host cannot say (no /proc, the process is gone or in
+    another PID namespace)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # Field 22, starttime, in ticks since boot; the command name (field 2) may hold
+        # spaces, so count from its closing parenthesis (field 3 is the next one).
+        ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
+        booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        return booted + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import time
 
 import pytest
 
@@ -17,6 +18,7 @@ from jupyter_gpuaas.devices import (
     parse_devices_spec,
 )
 from jupyter_gpuaas.devices import cli as devices_cli
+from jupyter_gpuaas.devices.nvml import process_start
 
 
 def _nvml_available() -> bool:
@@ -234,6 +236,8 @@ class _FakeNvml:
         self.NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
         self.lost = False
         self.shutdowns = 0
+        self.busy_pid = 1000  # the PID of device 0's per-process sample
+        self.stamp: int | None = None  # its timeStamp (µs since the epoch); None: now
 
     def nvmlInit(self) -> None:
         pass
@@ -279,7 +283,8 @@ class _FakeNvml:
             import pynvml
 
             raise pynvml.NVMLError_NotFound()
-        return [argparse.Namespace(pid=1000, smUtil=70, timeStamp=since + 5)]
+        stamp = self.stamp if self.stamp is not None else max(since + 5, int(time.time() * 1e6))
+        return [argparse.Namespace(pid=self.busy_pid, smUtil=70, timeStamp=stamp)]
 
 
 def test_nvml_inventory_against_a_fake_library(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -302,3 +307,31 @@ def test_nvml_inventory_against_a_fake_library(monkeypatch: pytest.MonkeyPatch) 
     inv.close()
     inv.close()
     assert fake.shutdowns == 1
+
+
+def test_a_sample_stamped_before_its_process_started_is_not_its_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On an H200, NVML's first window for a new process carried the previous holder's
+    last sample (99 %), stamped before the new PID existed: that reading is dropped, so a
+    kernel that just started does not read busy with its predecessor's work."""
+    import os
+    import sys
+
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    inv = NvmlInventory(node="box")
+    fake.busy_pid = os.getpid()
+    started = process_start(os.getpid())
+    assert started is not None and abs(started - time.time()) < 86400  # a real start time
+    fake.stamp = int((started - 1.0) * 1e6)
+    s0, _ = inv.sample()
+    assert os.getpid() not in s0.processes  # nor in the running list, which is PID 1000
+    fake.stamp = int(time.time() * 1e6)
+    s0, _ = inv.sample()
+    assert s0.processes == {1000: 0.0, os.getpid(): 0.7}
+    # A PID this host cannot see (another namespace, or gone) keeps NVML's word.
+    fake.busy_pid, fake.stamp = 2**22 + 7, 5
+    s0, _ = inv.sample()
+    assert s0.processes[2**22 + 7] == 0.7
+    inv.close()
