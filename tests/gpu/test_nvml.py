@@ -3,14 +3,13 @@
 They run where a GPU is (`pytest -m gpu tests/gpu`): every device is named by its UUID
 (`GPU-…`, or `MIG-…` for a MIG instance), a grant's launch environment names that UUID,
 and a process started with it sees exactly that device. The child asks the CUDA driver
-itself (libcuda through ctypes: no torch needed), since NVML ignores CUDA_VISIBLE_DEVICES.
+itself (libcuda through ctypes: no torch needed), since NVML ignores CUDA_VISIBLE_DEVICES
+(tests/gpu/gpuutil.py holds the children).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,22 +17,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from gpuutil import BURNER, CUDA_CHILD, array_library, child_env, gpu_count, seen_by_child
 
 from jupyter_gpuaas.client import launch_environment
 from jupyter_gpuaas.devices import DeviceInfo, NvmlInventory, attribute, parse_devices_spec
-
-
-def _gpu_count() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return 0
 
 
 def _nvml_view() -> tuple[int, set[str]]:
@@ -67,7 +54,7 @@ def _nvml_view() -> tuple[int, set[str]]:
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(_gpu_count() == 0, reason="no NVML library or no NVIDIA GPU here"),
+    pytest.mark.skipif(gpu_count() == 0, reason="no NVML library or no NVIDIA GPU here"),
 ]
 
 
@@ -120,68 +107,6 @@ def test_launch_environment_names_each_devices_uuid(inventory: NvmlInventory) ->
         assert env["GPUAAS_NODE"] == d.node
 
 
-# The child: which devices does the CUDA driver show it? One JSON line: the 8-4-4-4-12
-# hex of each visible device's UUID (cuDeviceGetUuid_v2 gives a MIG instance's own), in
-# CUDA's order. With "hold" it also makes a context on device 0 and waits to be killed.
-_CUDA_CHILD = r"""
-import ctypes, json, sys, time
-try:
-    cuda = ctypes.CDLL("libcuda.so.1")
-except OSError as e:
-    print(json.dumps({"skip": f"no libcuda: {e}"}), flush=True)
-    sys.exit(0)
-
-def check(result, what):
-    if result != 0:
-        print(json.dumps({"error": f"{what} answered CUresult {result}"}), flush=True)
-        sys.exit(1)
-
-check(cuda.cuInit(0), "cuInit")
-count = ctypes.c_int()
-check(cuda.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
-get_uuid = getattr(cuda, "cuDeviceGetUuid_v2", None) or cuda.cuDeviceGetUuid
-uuids = []
-for ordinal in range(count.value):
-    dev = ctypes.c_int()
-    check(cuda.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
-    raw = (ctypes.c_char * 16)()
-    check(get_uuid(raw, dev), "cuDeviceGetUuid")
-    h = bytes(raw).hex()
-    uuids.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
-if sys.argv[1:] == ["hold"] and uuids:
-    dev = ctypes.c_int()
-    ctx = ctypes.c_void_p()
-    check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-    check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    ptr = ctypes.c_uint64()
-    check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(64 << 20)), "cuMemAlloc")
-print(json.dumps({"uuids": uuids}), flush=True)
-if sys.argv[1:] == ["hold"]:
-    time.sleep(60)
-"""
-
-
-def _child_env(grant: dict[str, Any]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "NVIDIA_"))}
-    return {**env, **launch_environment(grant)}
-
-
-def _seen_by_child(grant: dict[str, Any]) -> list[str]:
-    p = subprocess.run(
-        [sys.executable, "-c", _CUDA_CHILD],
-        env=_child_env(grant),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    answer = json.loads(p.stdout.strip().splitlines()[-1])
-    if "skip" in answer:
-        pytest.skip(answer["skip"])
-    assert p.returncode == 0 and "error" not in answer, (answer, p.stderr)
-    return list(answer["uuids"])
-
-
 def _bare(uuid: str) -> str:
     return uuid.split("-", 1)[1]  # "GPU-…"/"MIG-…" → the 8-4-4-4-12 hex
 
@@ -190,7 +115,7 @@ def test_a_process_launched_with_a_grant_sees_exactly_its_device(
     inventory: NvmlInventory,
 ) -> None:
     for d in inventory.devices():
-        assert _seen_by_child(_grant(inventory, [d])) == [_bare(d.uuid)], d
+        assert seen_by_child(_grant(inventory, [d])) == [_bare(d.uuid)], d
 
 
 def test_a_two_device_grant_sees_both_in_the_grants_order(inventory: NvmlInventory) -> None:
@@ -203,7 +128,7 @@ def test_a_two_device_grant_sees_both_in_the_grants_order(inventory: NvmlInvento
     if pair is None:
         pytest.skip("no node here has two whole GPUs")
     backwards = [pair[1], pair[0]]
-    assert _seen_by_child(_grant(inventory, backwards)) == [_bare(d.uuid) for d in backwards]
+    assert seen_by_child(_grant(inventory, backwards)) == [_bare(d.uuid) for d in backwards]
 
 
 def test_the_launched_process_shows_on_its_device_only(inventory: NvmlInventory) -> None:
@@ -211,8 +136,8 @@ def test_the_launched_process_shows_on_its_device_only(inventory: NvmlInventory)
     device: the child's context is on its granted device and on no other."""
     d = inventory.devices()[-1]  # the last: on a mixed host, not position 0 of NVML
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CUDA_CHILD, "hold"],
-        env=_child_env(_grant(inventory, [d])),
+        [sys.executable, "-c", CUDA_CHILD, "hold"],
+        env=child_env(_grant(inventory, [d])),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -263,35 +188,13 @@ def test_flavor_override(inventory: NvmlInventory) -> None:
         named.close()
 
 
-_BURNER = """
-import sys, time
-mod = sys.argv[1]
-if mod == "torch":
-    import torch
-    x = torch.randn(4096, 4096, device="cuda")
-    step = lambda: torch.mm(x, x)
-    sync = torch.cuda.synchronize
-else:
-    import cupy
-    x = cupy.random.rand(4096, 4096, dtype=cupy.float32)
-    step = lambda: x @ x
-    sync = cupy.cuda.Device().synchronize
-print("ready", flush=True)
-end = time.time() + float(sys.argv[2])
-while time.time() < end:
-    for _ in range(20):
-        step()
-    sync()
-"""
-
-
 def test_per_process_attribution_of_a_busy_process(inventory: NvmlInventory) -> None:
-    lib = next((m for m in ("torch", "cupy") if importlib.util.find_spec(m)), None)
+    lib = array_library()
     if lib is None:
         pytest.skip("neither torch nor cupy is importable to load the GPU")
-    env = _child_env(_grant(inventory, [inventory.devices()[0]]))
+    env = child_env(_grant(inventory, [inventory.devices()[0]]))
     proc = subprocess.Popen(
-        [sys.executable, "-c", _BURNER, lib, "20"], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", BURNER, lib, "20"], env=env, stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
