@@ -317,13 +317,16 @@ class NvmlInventory(Inventory):
             rows = nv.nvmlDeviceGetProcessUtilization(handle, self._last_seen.get(key, 0))
         except Exception:
             rows = []  # NotFound when no process ran since then; NotSupported on old GPUs
+        starts: dict[int, float | None] = {}  # a PID may have several samples here
         for row in rows:
             pid, stamp = int(row.pid), int(row.timeStamp)
             self._last_seen[key] = max(self._last_seen.get(key, 0), stamp)
-            started = process_start(pid)
+            if pid not in starts:
+                starts[pid] = process_start(pid)
+            started = starts[pid]
             if started is not None and stamp / 1e6 < started - START_SLACK:
                 # Seen on an H200: the first window after a process starts can carry the
-                # previous holder's last sample (99 % of a process that has exited),
+                # previous holder's last sample (92-99 % from a process that has exited),
                 # stamped before this PID existed. It is not this process's work.
                 continue
             out[pid] = max(out.get(pid, 0.0), min(1.0, row.smUtil / 100.0))
