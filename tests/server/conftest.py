@@ -129,3 +129,10 @@ def gpu_app(jp_serverapp: Any, jp_asyncio_loop: Any, gateway: GatewayProc) -> It
     ext = gpu_extension(jp_serverapp)
     jp_asyncio_loop.run_until_complete(ext.stop_extension())
     jp_asyncio_loop.run_until_complete(jp_serverapp.kernel_manager.shutdown_all(now=True))
+    # Close the kernel manager's zmq context here, while its sockets are still reachable.
+    # Left to the garbage collector, the server app and its sockets become one cycle: the
+    # collector clears the context's WeakSet of sockets before it runs finalizers, so the
+    # kernel manager's __del__ may call Context.destroy() without seeing sockets not yet
+    # closed, and Context.term() then waits for them forever, hanging a later test (seen
+    # in the setup of test_grace_kernel, inside the next ServerApp's GC pass).
+    jp_serverapp.kernel_manager.context.destroy(linger=0)

@@ -42,4 +42,5 @@ async def test_standalone_kernel_renews_its_lease_and_releases_on_shutdown(
         assert renewed > first  # renewed by the provisioner itself
     finally:
         await km.shutdown_kernel(now=True)
+        km.context.destroy(linger=0)  # not left to a GC pass: see gpu_app in conftest.py
     assert gateway.request(record.request_id)["state"] == "finished"
