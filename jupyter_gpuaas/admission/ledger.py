@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from .levels import Level, TenantQuota, Version, available, potential
+from .levels import Level, TenantQuota, Version, available, beyond, potential
 from .model import Config, Tenant
 
 _NOBODY: Final[dict[str, None]] = {}  # never written: the borrowers of a tenant without a cohort
@@ -189,14 +189,14 @@ class Ledger:
         """Carry a tenant's change of usage up its cohorts: each level passes on what
         changes beyond its local quota."""
         g = self._guaranteed.get((tenant, flavor), 0)
-        delta = max(0, after - g) - max(0, before - g)
+        delta = beyond(after, g) - beyond(before, g)
         for c in self._path[tenant]:
             if not delta:
                 return
             lv = self._level(c, flavor)
             b = lv.used
             lv.used = b + delta
-            delta = max(0, b + delta - lv.lq) - max(0, b - lv.lq)
+            delta = beyond(b + delta, lv.lq) - beyond(b, lv.lq)
 
     def _quota(self, tenant: str, flavor: str) -> TenantQuota | None:
         of_tenant = self._quotas.get(tenant)
@@ -271,7 +271,7 @@ class Ledger:
             key = (name, flavor)
             u = self.usage[key]
             g = self._guaranteed.get(key, 0)
-            delta = max(0, u - gone - g) - max(0, u - g)
+            delta = beyond(u - gone, g) - beyond(u, g)
             for c in path:
                 if not delta:
                     break
@@ -280,7 +280,7 @@ class Ledger:
                 if b is None:
                     b = lv.used
                 out[c] = b + delta
-                delta = max(0, b + delta - lv.lq) - max(0, b - lv.lq)
+                delta = beyond(b + delta, lv.lq) - beyond(b, lv.lq)
         return out
 
     def fits(
@@ -296,7 +296,8 @@ class Ledger:
         `removed` takes GPUs away from tenants first (per tenant, this flavor): the
         preemption search asks "would it fit if these victims went?".
         """
-        q = self._quota(tenant, flavor)
+        of_tenant = self._quotas.get(tenant)  # (`_quota`, written out: the hottest question)
+        q = None if of_tenant is None else of_tenant.get(flavor)
         if q is None:
             return False  # a flavor absent from the tenant's quota is not usable by it
         used = q.used
