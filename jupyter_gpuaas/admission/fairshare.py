@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .ledger import Ledger
+from .levels import beyond
 from .model import Cohort, Tenant
 
 # tenant, flavor, GPUs, and the GPUs of its own tenant's requests it would evict: a
@@ -34,9 +35,11 @@ def share(ledger: Ledger, tenant: str, flavor: str = "", gpus: int = 0) -> float
         pool = ledger.pool(t.cohort, f)
         b = ledger.borrowed(tenant, f)
         if f == flavor and gpus:
-            b = max(0, ledger.usage[(tenant, f)] + gpus - ledger.nominal(tenant, f))
+            b = beyond(ledger.usage[(tenant, f)] + gpus, ledger.nominal(tenant, f))
         if b and pool:
-            best = max(best, b / pool / t.weight)
+            weighted = b / pool / t.weight
+            if weighted > best:
+                best = weighted
     return best
 
 

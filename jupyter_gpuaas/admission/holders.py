@@ -146,8 +146,13 @@ class Holders:
             return None
         pool: list[Request] = []
         if b.own:
-            held = self.holding[(req.tenant, flavor)].values()
-            pool += [v for v in held if v.priority <= req.priority]
+            key = (req.tenant, flavor)
+            held = self.holding[key].values()
+            prios = self.held_by_priority[key]
+            if prios and max(prios) <= req.priority:
+                pool += held  # all of them (a kernel head among kernels and jobs): no filter
+            else:
+                pool += [v for v in held if v.priority <= req.priority]
         if req.gpus <= b.room_all:
             for name in b.others:
                 pool += self.holding[(name, flavor)].values()

@@ -218,7 +218,7 @@ class Ledger:
 
     def borrowed(self, tenant: str, flavor: str) -> int:
         key = (tenant, flavor)
-        return max(0, self.usage[key] - self._nominal.get(key, 0))
+        return beyond(self.usage[key], self._nominal.get(key, 0))
 
     def pool(self, cohort: str, flavor: str) -> int:
         """A cohort's subtree quota of `flavor` (for a flat cohort: what its members lend)."""
@@ -323,9 +323,9 @@ class Ledger:
         used = q.used - (removed.get(tenant, 0) if removed else 0)
         cu = self._with_removed(flavor, removed) if removed else _UNCHANGED
         room = available(q, used, cu)
-        if not allow_borrow:
-            room = min(room, q.nominal - used)
-        return max(0, room)
+        if not allow_borrow and q.nominal - used < room:
+            room = q.nominal - used
+        return room if room > 0 else 0
 
     def borrows(self, tenant: str, flavor: str, gpus: int, removed: int = 0) -> bool:
         """Would holding `gpus` more put the tenant above its nominal quota?"""

@@ -70,16 +70,11 @@ def available(q: TenantQuota, used: int, cu: dict[str, int]) -> int:
     if not n:
         return q.nominal - used
     root = levels[n - 1]
-    if cu:
-        a = root.sq - cu.get(root.name, root.used)
+    a = root.sq - (cu.get(root.name, root.used) if cu else root.used)
+    if n > 1:  # (a flat cohort has its root alone: no range to build)
         for i in range(n - 2, -1, -1):
             lv = levels[i]
-            a = _step(a, lv.sq, lv.lq, cu.get(lv.name, lv.used), lv.limit)
-    else:
-        a = root.sq - root.used
-        for i in range(n - 2, -1, -1):
-            lv = levels[i]
-            a = _step(a, lv.sq, lv.lq, lv.used, lv.limit)
+            a = _step(a, lv.sq, lv.lq, cu.get(lv.name, lv.used) if cu else lv.used, lv.limit)
     # The tenant's own step, written out: most tenants sit in a flat cohort, where this
     # is the only step (a call less for each of the month's 3 M questions).
     limit = q.limit
