@@ -15,6 +15,7 @@ import csv
 import functools
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -440,37 +441,35 @@ class _Columns:
         )
 
 
+# A busy cell written the plain way: JSON integers (no sign, no leading zero) of at most
+# 15 digits, exact as floats, so comparing the floats says what comparing JSON's ints
+# says; pairs separated by "],[" and nothing else.
+_PLAIN_NUMBER = r"(?:0|[1-9][0-9]{0,14})"
+_PLAIN_PAIR = f"{_PLAIN_NUMBER},{_PLAIN_NUMBER}"
+_PLAIN_BUSY: Final = re.compile(rf"\[\[{_PLAIN_PAIR}(?:\],\[{_PLAIN_PAIR})*\]\]")
+
+
 def _plain_busy(cell: str) -> tuple[Interval, ...] | None:
     """The intervals of a busy cell written the plain way, `[[0,600],[1200,1800]]`, or
     None for anything else (spaces, fractions, a problem), which json.loads and
     `_parse_busy` then read. The same intervals as that way, for a fraction of its cost
-    (json.loads runs three interpreted frames per call, and a month has 80,000 cells)."""
-    if not cell.startswith("[[") or not cell.endswith("]]"):
+    (json.loads runs three interpreted frames per call, and a month has 80,000 cells).
+    The form is checked by one regular expression over the whole cell: checked number
+    by number, a month's 1.2 M numbers cost ~2% of its time, interpreted."""
+    if _PLAIN_BUSY.fullmatch(cell) is None:
         return None
+    # Only digits between the separators: the numbers, two by two.
+    numbers = cell[2:-2].replace("],[", ",").split(",")
     out: list[Interval] = []
     prev = 0.0
-    for pair in cell[2:-2].split("],["):
-        a, comma, b = pair.partition(",")
-        if not comma or not _plain_int(a) or not _plain_int(b):
-            return None
-        start = float(a)
-        end = float(b)
+    for i in range(0, len(numbers), 2):
+        start = float(numbers[i])
+        end = float(numbers[i + 1])
         if not (prev <= start < end):
             return None
         out.append((start, end))
         prev = end
     return tuple(out)
-
-
-def _plain_int(text: str) -> bool:
-    """A JSON integer (no sign, no leading zero) of at most 15 digits: exact as a float,
-    so comparing floats says what comparing JSON's ints says."""
-    return (
-        0 < len(text) <= 15
-        and text.isascii()
-        and text.isdigit()
-        and (text[0] != "0" or len(text) == 1)
-    )
 
 
 def _convert_cell(col: str, cell: str, key: str) -> Any:
