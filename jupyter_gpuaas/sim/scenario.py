@@ -15,6 +15,7 @@ import csv
 import functools
 import json
 import math
+import operator
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -446,6 +447,8 @@ class _Columns:
 # says; pairs separated by "],[" and nothing else.
 _PLAIN_NUMBER = r"(?:0|[1-9][0-9]{0,14})"
 _PLAIN_PAIR = f"{_PLAIN_NUMBER},{_PLAIN_NUMBER}"
+_LT: Final = operator.lt
+_LE: Final = operator.le
 _PLAIN_BUSY: Final = re.compile(rf"\[\[{_PLAIN_PAIR}(?:\],\[{_PLAIN_PAIR})*\]\]")
 
 
@@ -458,18 +461,16 @@ def _plain_busy(cell: str) -> tuple[Interval, ...] | None:
     by number, a month's 1.2 M numbers cost ~2% of its time, interpreted."""
     if _PLAIN_BUSY.fullmatch(cell) is None:
         return None
-    # Only digits between the separators: the numbers, two by two.
-    numbers = cell[2:-2].replace("],[", ",").split(",")
-    out: list[Interval] = []
-    prev = 0.0
-    for i in range(0, len(numbers), 2):
-        start = float(numbers[i])
-        end = float(numbers[i + 1])
-        if not (prev <= start < end):
-            return None
-        out.append((start, end))
-        prev = end
-    return tuple(out)
+    # Only digits between the separators: the numbers, two by two, read and compared
+    # in C (map, not a loop: interpreted, the loop over a month's 600,000 pairs was
+    # 1.6% of it). Each interval starts no earlier than the one before ends (the first
+    # at 0 or later: no sign) and ends after it starts.
+    numbers = list(map(float, cell[2:-2].replace("],[", ",").split(",")))
+    starts = numbers[0::2]
+    ends = numbers[1::2]
+    if not all(map(_LT, starts, ends)) or not all(map(_LE, ends, starts[1:])):
+        return None
+    return tuple(zip(starts, ends, strict=True))
 
 
 def _convert_cell(col: str, cell: str, key: str) -> Any:
