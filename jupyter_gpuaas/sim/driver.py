@@ -30,8 +30,6 @@ _BUSY: Final = 2
 # its own submit instant is never admitted).
 _ARRIVE: Final = 0
 _CANCEL: Final = 1
-# With a tally, the decisions are handed to it in batches of at least this many.
-_BATCH: Final = 4096
 
 
 @dataclass
@@ -132,10 +130,11 @@ class _Replay:
     def follow(self, decisions: list[Decision], t: float) -> None:
         """Record decisions and play the holders' side of admissions (`decisions` is not
         empty: a call per instant that decided nothing cost ~2% of a month)."""
-        out = self.out
-        out.extend(decisions)
-        if len(out) >= _BATCH and self.tally is not None:
-            self.hand_over()
+        tally = self.tally
+        if tally is None:
+            self.out.extend(decisions)
+        else:
+            tally.add(decisions)
         for d in decisions:
             event = d.event
             if event != "admit" and event != "resume":
@@ -188,21 +187,12 @@ class _Replay:
             at.append(event)
 
     def record(self, decisions: list[Decision]) -> None:
-        """Kept in `out`; with a tally, handed to it by the few thousand (`hand_over`)."""
-        out = self.out
-        out.extend(decisions)
-        if len(out) >= _BATCH and self.tally is not None:
-            self.hand_over()
-
-    def hand_over(self) -> None:
-        """Give the tally the decisions kept, which it takes in order and keeps what the
-        report needs of: one call per few thousand, where one per instant that decided
-        something was 495,000 calls in a month (each ~0.5 us before its first decision)."""
+        """Kept in `out`, or handed to the tally, which keeps what the report needs."""
         tally = self.tally
-        out = self.out
-        if tally is not None and out:
-            tally.add(out)
-            out.clear()
+        if tally is None:
+            self.out.extend(decisions)
+        elif decisions:
+            tally.add(decisions)
 
     def run(
         self, users: list[float], arrives: list[bool], specs: list[ScenarioRequest], limit: float
@@ -342,9 +332,6 @@ def run_scenario(
     arrives = [a[1] == _ARRIVE for a in actions] + [False]
     specs = [requests[a[2]] for a in actions]
     replay = _Replay(scenario, exhaustive, tally, every_spell)
-    try:
-        now = replay.run(users, arrives, specs, limit)
-    finally:
-        replay.hand_over()  # (the last few: `out` is then empty, as a tally's replay says)
+    now = replay.run(users, arrives, specs, limit)
     end = limit if stop is not None else now
     return SimRun(replay.out, end, replay.core, replay.quiet_spells)
