@@ -62,14 +62,16 @@ def _busy_overlap(
             lo = mid + 1
         else:
             hi = mid
-    for i in range(max(lo - 1, 0), len(busy)):
+    # (Conditional expressions, not max/min: interpreted, a builtin call costs ~7 times
+    # as much.)
+    for i in range(lo - 1 if lo > 0 else 0, len(busy)):
         s, e = busy[i]
         s += origin
         if s >= stop:
             break
         e += origin
         if e > start:
-            total += min(e, stop) - max(s, start)
+            total += (stop if stop < e else e) - (start if start > s else s)
     return total
 
 
@@ -163,18 +165,22 @@ class Tally:
                 lines.append(encode(d.to_json()))
             if len(lines) >= 10000:
                 self.flush()
-        flavors = self.scenario.config.flavors
         tracks = self.tracks
         bound = self.bound
         unbound = self.unbound
+        # The branches go by how often a month takes them (admit 171,000, submit 100,000,
+        # cull 98,000, finish 93,000, requeue 79,000, resume 53,000, preempt 46,000...):
+        # interpreted, each string compared on the way down costs.
         for d in decisions:
             ev = d.event
             rid = d.id
-            t = d.t if d.t < end else end
+            t = d.t
+            if not t < end:
+                t = end
             if rid is None:
                 if ev == "node_ready":
                     node = str(d.fields.get("node"))
-                    fl = flavors.get(str(d.fields.get("flavor")))
+                    fl = self.scenario.config.flavors.get(str(d.fields.get("flavor")))
                     self.node_start[node] = t
                     self.node_gpus[node] = fl.gpus_per_node if fl is not None else 0
                 elif ev == "scale_down":
@@ -196,29 +202,29 @@ class Tally:
                 track.gpus = req.gpus if req is not None else int(d.fields.get("gpus", 0))
                 track.bound_since = t
                 bound[rid] = track
-            elif ev == "resume":
-                track.state = "admitted"
-                track.bound_since = t
-                bound[rid] = track
-            elif ev == "finish":
-                _unbind(bound, unbound, rid, t)
-                track.state = "finished"
+            elif ev == "submit" or ev == "requeue":
+                track.state = "queued"
             elif ev == "cull":
                 _unbind(bound, unbound, rid, t)
                 track.culls += 1
                 track.state = "parked" if d.fields.get("parked") else "culled"
+            elif ev == "finish":
+                _unbind(bound, unbound, rid, t)
+                track.state = "finished"
+            elif ev == "resume":
+                track.state = "admitted"
+                track.bound_since = t
+                bound[rid] = track
             elif ev == "preempt":
                 _unbind(bound, unbound, rid, t)
                 track.preemptions += 1
                 track.state = "preempted"
+            elif ev == "expire":
+                track.state = "culled"
             elif ev == "cancel":
                 _unbind(bound, unbound, rid, t)
                 track.state = "cancelled"
                 track.cancelled_at = t
-            elif ev == "requeue" or ev == "submit":
-                track.state = "queued"
-            elif ev == "expire":
-                track.state = "culled"
             elif ev == "reject":
                 track.state = "rejected"
                 track.reason = str(d.fields.get("reason") or "")
