@@ -120,7 +120,8 @@ class Waking(Queries):
             return
         gap = self._cluster.widest_gap(flavor)
         still: set[tuple[str, BucketKey | None]] = set()
-        for tenant, bkey in waiters:
+        for waiter in waiters:
+            tenant, bkey = waiter
             if bkey is not None:
                 bucket = self._queues[tenant].buckets.get(bkey)
                 if bkey[1] > gap and not (
@@ -128,9 +129,11 @@ class Waking(Queries):
                     and bucket is not None
                     and bucket.inadmissible
                     and self._preempts[tenant]
+                    # (No node gives more than it has: half the asks a month end here.)
+                    and bkey[1] <= node.gpus
                     and self._room_on(node, tenant, bucket) >= bkey[1]
                 ):
-                    still.add((tenant, bkey))  # no node has room for it yet
+                    still.add(waiter)  # no node has room for it yet
                     continue
                 if bucket is not None:
                     bucket.inadmissible = False
