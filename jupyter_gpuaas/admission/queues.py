@@ -188,6 +188,19 @@ class TenantQueue:
         for bucket in self.buckets.values():
             if bucket.inadmissible and not include_inadmissible:
                 continue
+            # `_live`'s common case, inline (a month asks 1.9 M times here): the top level's
+            # front is known live and the level needs no compaction: nothing to drop.
+            level = bucket.top
+            if level is not None:
+                start = level.start
+                n = len(level.slots)
+                if (
+                    (not level.stale or start == level.checked)
+                    and start < n
+                    and (start <= 64 or 2 * start <= n)
+                ):
+                    out.append(bucket)
+                    continue
             if self._live(bucket):
                 out.append(bucket)
         # Ordered by hand, building no key: a tenant has a few buckets, and compiled,
