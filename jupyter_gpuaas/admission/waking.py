@@ -120,7 +120,8 @@ class Waking(Queries):
             return
         gap = self._cluster.widest_gap(flavor)
         still: set[tuple[str, BucketKey | None]] = set()
-        for tenant, bkey in waiters:
+        for waiter in waiters:
+            tenant, bkey = waiter
             if bkey is not None:
                 bucket = self._queues[tenant].buckets.get(bkey)
                 if bkey[1] > gap and not (
@@ -128,9 +129,11 @@ class Waking(Queries):
                     and bucket is not None
                     and bucket.inadmissible
                     and self._preempts[tenant]
+                    # (No node gives more than it has: half the asks a month end here.)
+                    and bkey[1] <= node.gpus
                     and self._room_on(node, tenant, bucket) >= bkey[1]
                 ):
-                    still.add((tenant, bkey))  # no node has room for it yet
+                    still.add(waiter)  # no node has room for it yet
                     continue
                 if bucket is not None:
                     bucket.inadmissible = False
@@ -150,7 +153,9 @@ class Waking(Queries):
         # cycle see it. Nothing below changes the nodes: one look for the whole tree.
         gap = 1 << 30 if flavor in self._config.policy.autoscale else None
         gap = gap or self._cluster.widest_gap(flavor)
+        free = self._cluster.free_in(flavor)
         flavors = self._flavors
+        holders = self._holders
         sleepers = self._sleepers[self._ledger.root(tenant)]
         # Marks are only set by nomination (so a member not looked at since it had none
         # has none); what is done below is order-free (set additions).
@@ -165,6 +170,7 @@ class Waking(Queries):
             asleep = False  # any bucket marked, of whichever flavor
             woken = strict
             room = -1  # asked of the ledger at the first sleeping head (most have none)
+            fr = 0  # min(room, free): what `Holders.reach` adds to the candidates' GPUs
             most: dict[int, Bound] = {}
             reach: dict[int, int] = {}
             for bucket in q.buckets.values():
@@ -176,19 +182,53 @@ class Waking(Queries):
                     continue
                 if room < 0:
                     room = self._ledger.room(name, flavor)
-                if gpus <= room and gpus > gap:
+                    fr = room if room < free else free
+                if gpus <= room:
+                    if gpus <= gap:
+                        bucket.inadmissible = False
+                        woken = True
+                        continue
                     # The quota is there now, the devices are not: wait for those.
                     self._cap_waiters[flavor].add((name, bucket.key))
-                if gpus > room or gpus > gap:  # it would have to preempt
-                    if not may_preempt:
-                        continue
-                    if not self._could_preempt(name, flavor, q, bucket, most, reach, room):
-                        if gpus > gap and self._evicting_makes_quota(name, flavor, q, bucket, most):
-                            # Quota no longer stands in its way once it evicts (this release
-                            # freed some), devices do: another tree's release frees them,
-                            # and only waiters hear of that (a hunt found it missed).
+                # It would have to preempt.
+                if not may_preempt:
+                    continue
+                # Could its head make room by preemption? Most are ruled out by the reach
+                # of the bucket's highest level (`Holders.reach`: its candidates' GPUs and
+                # min(room, free)) before the head is looked for: a stale entry at the front
+                # is only ever above the head, and a bound only grows with the priority.
+                # `most` and `reach` keep them per priority for this tenant (nothing changes
+                # in the loop). Inline: 2.5 M buckets a month ask this, and ask no more.
+                prios = bucket.prios
+                if prios:
+                    top = prios[0]
+                    most_gpus = reach.get(top)
+                    if most_gpus is None:
+                        b = most.get(top)
+                        if b is None:
+                            b = most[top] = holders.bound(name, flavor, top)
+                        most_gpus = reach[top] = b.held + fr
+                    if gpus > most_gpus:
+                        # With room <= free (nearly always), the reach is room + what the
+                        # candidates hold, and evicting frees no more quota than they hold
+                        # (those of the head's level, no more than the top one's): quota
+                        # stops it still, and `_evicting_makes_quota` would say no. (207 K
+                        # calls a month, each a head, a bound and a quota question.)
+                        if (
+                            room > free
+                            and gpus > gap
+                            and self._evicting_makes_quota(name, flavor, q, bucket, most)
+                        ):
                             self._cap_waiters[flavor].add((name, bucket.key))
                         continue
+                head = q.head(bucket)
+                if head is None or not self._could_preempt_head(name, flavor, head, most, room):
+                    if gpus > gap and self._evicting_makes_quota(name, flavor, q, bucket, most):
+                        # Quota no longer stands in its way once it evicts (this release
+                        # freed some), devices do: another tree's release frees them,
+                        # and only waiters hear of that (a hunt found it missed).
+                        self._cap_waiters[flavor].add((name, bucket.key))
+                    continue
                 bucket.inadmissible = False
                 woken = True
             if woken or q.resuming:
@@ -198,6 +238,8 @@ class Waking(Queries):
                 sleepers.discard(name)  # nothing of it sleeps: not looked at again till then
 
     def _wake_preemptors(self, tenant: str, flavor: str) -> None:
+        holders = self._holders
+        free = self._cluster.free_in(flavor)  # (nothing below binds or frees a device)
         for name in self._ledger.tree(tenant):
             q = self._queues[name]
             most: dict[int, Bound] = {}
@@ -212,42 +254,33 @@ class Waking(Queries):
                     self._rouse(name)
                 continue
             room = -1  # asked of the ledger at the first sleeping head
+            fr = 0  # min(room, free), as in `Holders.reach`
             reach: dict[int, int] = {}
             for bucket in q.buckets.values():
-                if not bucket.inadmissible or bucket.key[0] not in (None, flavor):
+                if not bucket.inadmissible:
+                    continue
+                pin, gpus = bucket.key
+                if pin is not None and pin != flavor:
                     continue
                 if room < 0:
                     room = self._ledger.room(name, flavor)
-                if self._could_preempt(name, flavor, q, bucket, most, reach, room):
+                    fr = room if room < free else free
+                # As in `_quota_freed_in`: most heads end at the reach of the top level.
+                prios = bucket.prios
+                if prios:
+                    top = prios[0]
+                    most_gpus = reach.get(top)
+                    if most_gpus is None:
+                        b = most.get(top)
+                        if b is None:
+                            b = most[top] = holders.bound(name, flavor, top)
+                        most_gpus = reach[top] = b.held + fr
+                    if gpus > most_gpus:
+                        continue
+                head = q.head(bucket)
+                if head is not None and self._could_preempt_head(name, flavor, head, most, room):
                     bucket.inadmissible = False
                     self._rouse(name)
-
-    def _could_preempt(
-        self,
-        tenant: str,
-        flavor: str,
-        q: TenantQueue,
-        bucket: Bucket,
-        most: dict[int, Bound],
-        reach: dict[int, int],
-        room: int,
-    ) -> bool:
-        """Could the bucket's head make room by preemption? `most` and `reach` remember, per
-        priority, the bound and the most GPUs it could ever make room for (`Holders.reach`)
-        for the caller's loop over one tenant's buckets (nothing changes in it); `room` is
-        the tenant's room in quota now. Most heads are ruled out by the reach of the
-        bucket's highest level before the head is looked for: a stale entry at the front
-        is only ever above the head, and a bound only grows with the priority."""
-        if bucket.prios:
-            top = bucket.prios[0]
-            most_gpus = reach.get(top)
-            if most_gpus is None:
-                b = self._bound(tenant, flavor, top, most)
-                most_gpus = reach[top] = self._holders.reach(b, flavor, room)
-            if bucket.key[1] > most_gpus:
-                return False
-        head = q.head(bucket)
-        return head is not None and self._could_preempt_head(tenant, flavor, head, most, room)
 
     def _evicting_makes_quota(
         self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, Bound]
