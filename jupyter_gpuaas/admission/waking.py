@@ -155,7 +155,6 @@ class Waking(Queries):
         gap = gap or self._cluster.widest_gap(flavor)
         free = self._cluster.free_in(flavor)
         flavors = self._flavors
-        holders = self._holders
         sleepers = self._sleepers[self._ledger.root(tenant)]
         # Marks are only set by nomination (so a member not looked at since it had none
         # has none); what is done below is order-free (set additions).
@@ -194,33 +193,20 @@ class Waking(Queries):
                 if not may_preempt:
                     continue
                 # Could its head make room by preemption? Most are ruled out by the reach
-                # of the bucket's highest level (`Holders.reach`: its candidates' GPUs and
-                # min(room, free)) before the head is looked for: a stale entry at the front
-                # is only ever above the head, and a bound only grows with the priority.
-                # `most` and `reach` keep them per priority for this tenant (nothing changes
-                # in the loop). Inline: 2.5 M buckets a month ask this, and ask no more.
-                prios = bucket.prios
-                if prios:
-                    top = prios[0]
-                    most_gpus = reach.get(top)
-                    if most_gpus is None:
-                        b = most.get(top)
-                        if b is None:
-                            b = most[top] = holders.bound(name, flavor, top)
-                        most_gpus = reach[top] = b.held + fr
-                    if gpus > most_gpus:
-                        # With room <= free (nearly always), the reach is room + what the
-                        # candidates hold, and evicting frees no more quota than they hold
-                        # (those of the head's level, no more than the top one's): quota
-                        # stops it still, and `_evicting_makes_quota` would say no. (207 K
-                        # calls a month, each a head, a bound and a quota question.)
-                        if (
-                            room > free
-                            and gpus > gap
-                            and self._evicting_makes_quota(name, flavor, q, bucket, most)
-                        ):
-                            self._cap_waiters[flavor].add((name, bucket.key))
-                        continue
+                # of the bucket's highest level (`_reach`) before the head is looked for.
+                if gpus > self._reach(name, flavor, bucket, most, reach, fr):
+                    # With room <= free (nearly always), the reach is room + what the
+                    # candidates hold, and evicting frees no more quota than they hold
+                    # (those of the head's level, no more than the top one's): quota
+                    # stops it still, and `_evicting_makes_quota` would say no. (207 K
+                    # calls a month, each a head, a bound and a quota question.)
+                    if (
+                        room > free
+                        and gpus > gap
+                        and self._evicting_makes_quota(name, flavor, q, bucket, most)
+                    ):
+                        self._cap_waiters[flavor].add((name, bucket.key))
+                    continue
                 head = q.head(bucket)
                 if head is None or not self._could_preempt_head(name, flavor, head, most, room):
                     if gpus > gap and self._evicting_makes_quota(name, flavor, q, bucket, most):
@@ -238,7 +224,6 @@ class Waking(Queries):
                 sleepers.discard(name)  # nothing of it sleeps: not looked at again till then
 
     def _wake_preemptors(self, tenant: str, flavor: str) -> None:
-        holders = self._holders
         free = self._cluster.free_in(flavor)  # (nothing below binds or frees a device)
         for name in self._ledger.tree(tenant):
             q = self._queues[name]
@@ -266,21 +251,36 @@ class Waking(Queries):
                     room = self._ledger.room(name, flavor)
                     fr = room if room < free else free
                 # As in `_quota_freed_in`: most heads end at the reach of the top level.
-                prios = bucket.prios
-                if prios:
-                    top = prios[0]
-                    most_gpus = reach.get(top)
-                    if most_gpus is None:
-                        b = most.get(top)
-                        if b is None:
-                            b = most[top] = holders.bound(name, flavor, top)
-                        most_gpus = reach[top] = b.held + fr
-                    if gpus > most_gpus:
-                        continue
+                if gpus > self._reach(name, flavor, bucket, most, reach, fr):
+                    continue
                 head = q.head(bucket)
                 if head is not None and self._could_preempt_head(name, flavor, head, most, room):
                     bucket.inadmissible = False
                     self._rouse(name)
+
+    def _reach(
+        self,
+        tenant: str,
+        flavor: str,
+        bucket: Bucket,
+        most: dict[int, Bound],
+        reach: dict[int, int],
+        fr: int,
+    ) -> int:
+        """The most GPUs evicting could make room for, for any head of the bucket: the
+        reach of its highest level (`Holders.reach`: its candidates' GPUs and `fr`, that is
+        min(room, free)). A stale entry at the front is only ever above the head, and a
+        bound only grows with the priority. `most` and `reach` keep the bounds and reaches
+        per priority for the caller's loop over one tenant's buckets (nothing changes in
+        it): 2.5 M buckets a month ask this, and most ask no more."""
+        prios = bucket.prios
+        if not prios:
+            return 1 << 30  # (no level: nothing rules the head out here)
+        top = prios[0]
+        most_gpus = reach.get(top)
+        if most_gpus is None:
+            most_gpus = reach[top] = self._bound(tenant, flavor, top, most).held + fr
+        return most_gpus
 
     def _evicting_makes_quota(
         self, tenant: str, flavor: str, q: TenantQueue, bucket: Bucket, most: dict[int, Bound]
