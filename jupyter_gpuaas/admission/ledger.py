@@ -296,8 +296,7 @@ class Ledger:
         `removed` takes GPUs away from tenants first (per tenant, this flavor): the
         preemption search asks "would it fit if these victims went?".
         """
-        of_tenant = self._quotas.get(tenant)  # (`_quota`, written out: the hottest question)
-        q = None if of_tenant is None else of_tenant.get(flavor)
+        q = self._quota(tenant, flavor)
         if q is None:
             return False  # a flavor absent from the tenant's quota is not usable by it
         used = q.used

@@ -75,16 +75,7 @@ def available(q: TenantQuota, used: int, cu: dict[str, int]) -> int:
         for i in range(n - 2, -1, -1):
             lv = levels[i]
             a = _step(a, lv.sq, lv.lq, cu.get(lv.name, lv.used) if cu else lv.used, lv.limit)
-    # The tenant's own step, written out: most tenants sit in a flat cohort, where this
-    # is the only step (a call less for each of the month's 3 M questions).
-    limit = q.limit
-    if limit is not None:
-        over = used - q.guaranteed
-        cap = q.nominal - q.guaranteed - (over if over > 0 else 0) + limit
-        if cap < a:
-            a = cap
-    unused = q.guaranteed - used
-    return (unused if unused > 0 else 0) + a
+    return _step(a, q.nominal, q.guaranteed, used, q.limit)
 
 
 def potential(q: TenantQuota) -> int:

@@ -188,19 +188,6 @@ class TenantQueue:
         for bucket in self.buckets.values():
             if bucket.inadmissible and not include_inadmissible:
                 continue
-            # `_live`'s common case, inline (a month asks 1.9 M times here): the top level's
-            # front is known live and the level needs no compaction: nothing to drop.
-            level = bucket.top
-            if level is not None:
-                start = level.start
-                size = len(level.slots)
-                if (
-                    (not level.stale or start == level.checked)
-                    and start < size
-                    and (start <= 64 or 2 * start <= size)
-                ):
-                    out.append(bucket)
-                    continue
             if self._live(bucket):
                 out.append(bucket)
         # Ordered by hand, building no key: a tenant has a few buckets, and compiled,
@@ -208,13 +195,7 @@ class TenantQueue:
         # off an entry is a new tuple each time (2% of a month's samples, when it did).
         n = len(out)
         if n == 2:
-            # (The commonest case, 320 K a month: both fronts read in place, no calls.)
-            first, second = out[0].top, out[1].top
-            if (
-                first is not None
-                and second is not None
-                and _before(second.slots[second.start], first.slots[first.start])
-            ):
+            if _before(out[1].front(), out[0].front()):
                 out.reverse()
         elif n > 2:
             # Insertion sort, entries read in place (compiled, an entry kept in a list is

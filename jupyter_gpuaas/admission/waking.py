@@ -169,7 +169,6 @@ class Waking(Queries):
             asleep = False  # any bucket marked, of whichever flavor
             woken = strict
             room = -1  # asked of the ledger at the first sleeping head (most have none)
-            fr = 0  # min(room, free): what `Holders.reach` adds to the candidates' GPUs
             most: dict[int, Bound] = {}
             reach: dict[int, int] = {}
             for bucket in q.buckets.values():
@@ -181,7 +180,6 @@ class Waking(Queries):
                     continue
                 if room < 0:
                     room = self._ledger.room(name, flavor)
-                    fr = room if room < free else free
                 if gpus <= room:
                     if gpus <= gap:
                         bucket.inadmissible = False
@@ -194,7 +192,7 @@ class Waking(Queries):
                     continue
                 # Could its head make room by preemption? Most are ruled out by the reach
                 # of the bucket's highest level (`_reach`) before the head is looked for.
-                if gpus > self._reach(name, flavor, bucket, most, reach, fr):
+                if gpus > self._reach(name, flavor, bucket, most, reach, room):
                     # With room <= free (nearly always), the reach is room + what the
                     # candidates hold, and evicting frees no more quota than they hold
                     # (those of the head's level, no more than the top one's): quota
@@ -224,7 +222,6 @@ class Waking(Queries):
                 sleepers.discard(name)  # nothing of it sleeps: not looked at again till then
 
     def _wake_preemptors(self, tenant: str, flavor: str) -> None:
-        free = self._cluster.free_in(flavor)  # (nothing below binds or frees a device)
         for name in self._ledger.tree(tenant):
             q = self._queues[name]
             most: dict[int, Bound] = {}
@@ -239,7 +236,6 @@ class Waking(Queries):
                     self._rouse(name)
                 continue
             room = -1  # asked of the ledger at the first sleeping head
-            fr = 0  # min(room, free), as in `Holders.reach`
             reach: dict[int, int] = {}
             for bucket in q.buckets.values():
                 if not bucket.inadmissible:
@@ -249,9 +245,8 @@ class Waking(Queries):
                     continue
                 if room < 0:
                     room = self._ledger.room(name, flavor)
-                    fr = room if room < free else free
                 # As in `_quota_freed_in`: most heads end at the reach of the top level.
-                if gpus > self._reach(name, flavor, bucket, most, reach, fr):
+                if gpus > self._reach(name, flavor, bucket, most, reach, room):
                     continue
                 head = q.head(bucket)
                 if head is not None and self._could_preempt_head(name, flavor, head, most, room):
@@ -265,11 +260,11 @@ class Waking(Queries):
         bucket: Bucket,
         most: dict[int, Bound],
         reach: dict[int, int],
-        fr: int,
+        room: int,
     ) -> int:
         """The most GPUs evicting could make room for, for any head of the bucket: the
-        reach of its highest level (`Holders.reach`: its candidates' GPUs and `fr`, that is
-        min(room, free)). A stale entry at the front is only ever above the head, and a
+        reach of its highest level (`Holders.reach`, with `room` the tenant's room in quota
+        now). A stale entry at the front is only ever above the head, and a
         bound only grows with the priority. `most` and `reach` keep the bounds and reaches
         per priority for the caller's loop over one tenant's buckets (nothing changes in
         it): 2.5 M buckets a month ask this, and most ask no more."""
@@ -279,7 +274,8 @@ class Waking(Queries):
         top = prios[0]
         most_gpus = reach.get(top)
         if most_gpus is None:
-            most_gpus = reach[top] = self._bound(tenant, flavor, top, most).held + fr
+            b = self._bound(tenant, flavor, top, most)
+            most_gpus = reach[top] = self._holders.reach(b, flavor, room)
         return most_gpus
 
     def _evicting_makes_quota(

@@ -130,11 +130,7 @@ class _Replay:
     def follow(self, decisions: list[Decision], t: float) -> None:
         """Record decisions and play the holders' side of admissions (`decisions` is not
         empty: a call per instant that decided nothing cost ~2% of a month)."""
-        tally = self.tally
-        if tally is None:
-            self.out.extend(decisions)
-        else:
-            tally.add(decisions)
+        self.record(decisions)
         for d in decisions:
             event = d.event
             if event != "admit" and event != "resume":
