@@ -263,8 +263,11 @@ class Waking(Queries):
         room: int,
     ) -> int:
         """The most GPUs evicting could make room for, for any head of the bucket: the
-        reach of its highest level (`Holders.reach`, with `room` the tenant's room in quota
-        now). A stale entry at the front is only ever above the head, and a
+        reach of its highest level, with `room` the tenant's room in quota now. Evicting
+        every candidate frees their devices and at most as much quota as they hold, so
+        the reach is what they hold and the less of the free devices and `room`
+        (`Holders.could_make_room` asks the same of one head, both halves apart).
+        A stale entry at the front is only ever above the head, and a
         bound only grows with the priority. `most` and `reach` keep the bounds and reaches
         per priority for the caller's loop over one tenant's buckets (nothing changes in
         it): 2.5 M buckets a month ask this, and most ask no more."""
@@ -274,8 +277,10 @@ class Waking(Queries):
         top = prios[0]
         most_gpus = reach.get(top)
         if most_gpus is None:
-            b = self._bound(tenant, flavor, top, most)
-            most_gpus = reach[top] = self._holders.reach(b, flavor, room)
+            # (Not min(): interpreted, the builtin call costs more than the compare.)
+            free = self._cluster.free_in(flavor)
+            held = self._bound(tenant, flavor, top, most).held
+            most_gpus = reach[top] = held + (room if room < free else free)
         return most_gpus
 
     def _evicting_makes_quota(
