@@ -36,7 +36,6 @@ class Bound:
     removed: dict[str, int]  # GPUs every candidate holds, per owner (the tenant first)
     held: int  # their sum
     own: bool  # some candidates are the tenant's own
-    others: list[str]  # the other members whose holders are candidates
     borrow_ok: bool  # it may stay borrowing once they are gone
     room: int  # the most GPUs evicting could make room for in quota; -1: not asked yet
     # The most for which other members' holders can help (preemption_room): above it,
@@ -49,7 +48,6 @@ class Bound:
         usage: Version,
         removed: dict[str, int],
         own: bool,
-        others: list[str],
         borrow_ok: bool,
     ) -> None:
         self.candidates = candidates
@@ -59,7 +57,6 @@ class Bound:
         self.removed = removed
         self.held = sum(removed.values())
         self.own = own
-        self.others = others
         self.borrow_ok = borrow_ok
         self.room = -1 if self.held else 0  # 0: nobody to evict
         self.room_all = 0
@@ -158,8 +155,12 @@ class Holders:
             else:
                 pool += [v for v in held if v.priority <= req.priority]
         if req.gpus <= b.room_all:
-            for name in b.others:
-                pool += self.holding[(name, flavor)].values()
+            # The other members whose holders are candidates: the owners in `removed` but
+            # the tenant (listed here, not kept in the bound: a month recomputes 385 K
+            # bounds, and 145 K searches get this far).
+            for name in b.removed:
+                if name != req.tenant:
+                    pool += self.holding[(name, flavor)].values()
         # A request runs on one node: if evicting every candidate leaves no node with
         # room, no set of them will (the search would find none; most that fail, fail so).
         return pool if self._cluster.has_room_without(flavor, req.gpus, pool) else []
@@ -169,6 +170,8 @@ class Holders:
         free ones and those of the holders `victim_pool` would offer it."""
         b = self.bound(tenant, node.flavor, prio)
         room = node.free
+        if not b.held:
+            return room  # nobody to evict (as in `victim_pool`): no holder to walk
         seen: set[str] = set()
         for rid in node.holders.values():
             v = self.admitted.get(rid)
@@ -243,7 +246,6 @@ class Holders:
         removed, own, borrow_ok = preemption_candidates(
             self._tenants[tenant], self._ledger, self.held_by_priority, flavor, prio
         )
-        others = [name for name in removed if name != tenant]
-        b = Bound(candidates, self._ledger.version((pool, flavor)), removed, own, others, borrow_ok)
+        b = Bound(candidates, self._ledger.version((pool, flavor)), removed, own, borrow_ok)
         of_flavor[prio] = b
         return b
