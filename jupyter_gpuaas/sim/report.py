@@ -136,8 +136,11 @@ class Tally:
         self._lines: list[str] = []
         self._encode = json.JSONEncoder().encode
         self.count = 0  # decisions seen
-        self.by_id = {r.id: r for r in scenario.requests}
-        self.tracks: dict[str, _Track] = {}
+        # A track per request from the start (an id the scenario lacks gets one when it
+        # is first seen), made once either way: a dict of the requests by id to make them
+        # as their ids came took 0.2% of a month's samples to build (py-spy), and then
+        # 100,000 look-ups.
+        self.tracks: dict[str, _Track] = {r.id: _Track(r) for r in scenario.requests}
         # The requests bound to devices now, in the order a dict of their bind times would
         # keep (a re-bind without an unbind keeps its place): the clock's end unbinds them
         # in that order.
@@ -192,7 +195,7 @@ class Tally:
                 continue
             track = tracks.get(rid)
             if track is None:
-                track = tracks[rid] = _Track(self.by_id.get(rid))
+                track = tracks[rid] = _Track(None)
             if ev == "admit":
                 track.state = "admitted"
                 if track.first_admit is None:
