@@ -192,7 +192,7 @@ class Waking(Queries):
                     continue
                 # Could its head make room by preemption? Most are ruled out by the reach
                 # of the bucket's highest level (`_reach`) before the head is looked for.
-                if gpus > self._reach(name, flavor, bucket, most, reach, room):
+                if gpus > self._reach(name, flavor, bucket, most, reach, room, free):
                     # With room <= free (nearly always), the reach is room + what the
                     # candidates hold, and evicting frees no more quota than they hold
                     # (those of the head's level, no more than the top one's): quota
@@ -222,6 +222,7 @@ class Waking(Queries):
                 sleepers.discard(name)  # nothing of it sleeps: not looked at again till then
 
     def _wake_preemptors(self, tenant: str, flavor: str) -> None:
+        free = self._cluster.free_in(flavor)  # (waking changes no node: one look)
         for name in self._ledger.tree(tenant):
             q = self._queues[name]
             most: dict[int, Bound] = {}
@@ -246,7 +247,7 @@ class Waking(Queries):
                 if room < 0:
                     room = self._ledger.room(name, flavor)
                 # As in `_quota_freed_in`: most heads end at the reach of the top level.
-                if gpus > self._reach(name, flavor, bucket, most, reach, room):
+                if gpus > self._reach(name, flavor, bucket, most, reach, room, free):
                     continue
                 head = q.head(bucket)
                 if head is not None and self._could_preempt_head(name, flavor, head, most, room):
@@ -261,9 +262,11 @@ class Waking(Queries):
         most: dict[int, Bound],
         reach: dict[int, int],
         room: int,
+        free: int,
     ) -> int:
         """The most GPUs evicting could make room for, for any head of the bucket: the
-        reach of its highest level, with `room` the tenant's room in quota now. Evicting
+        reach of its highest level, with `room` the tenant's room in quota now and `free`
+        the flavor's free devices (the caller's, asked once per loop). Evicting
         every candidate frees their devices and at most as much quota as they hold, so
         the reach is what they hold and the less of the free devices and `room`
         (`Holders.could_make_room` asks the same of one head, both halves apart).
@@ -278,7 +281,6 @@ class Waking(Queries):
         most_gpus = reach.get(top)
         if most_gpus is None:
             # (Not min(): interpreted, the builtin call costs more than the compare.)
-            free = self._cluster.free_in(flavor)
             held = self._bound(tenant, flavor, top, most).held
             most_gpus = reach[top] = held + (room if room < free else free)
         return most_gpus
