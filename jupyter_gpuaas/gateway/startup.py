@@ -78,7 +78,9 @@ class GatewayStartup:
                 quotas=quotas,
                 store=self.store,
                 inventory=self.inventory,
-                metrics=GatewayMetrics(user_label=self.metrics_user_label),
+                metrics=GatewayMetrics(
+                    user_label=self.metrics_user_label, devices=self.inventory.devices
+                ),
                 scaler=self.scaler_obj,
                 bus=EventBus(replay_window=self.event_replay_window),
                 lease_ttl=self.lease_ttl,
