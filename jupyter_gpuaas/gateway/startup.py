@@ -114,6 +114,7 @@ class GatewayStartup:
             "base_url": self.base_url,
             "keepalive_interval": self.keepalive_interval,
             "metrics_public": self.metrics_public,
+            "grafana_url": self.grafana_url,
             "service_name": self.service_name,
             "max_body_size": self.max_body_size,
             "forward_writes": self.forward_writes,
