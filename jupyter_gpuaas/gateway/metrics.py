@@ -24,7 +24,8 @@ reads the leader's series alone, and a failover moves them to the new leader.
 
 Joining NVIDIA's dcgm-exporter: the device series also carry dcgm-exporter's own labels
 (`gpu`, `UUID`, `modelName`, `Hostname`, and `GPU_I_PROFILE` for a MIG instance, whose
-`UUID` is then its GPU's, as dcgm-exporter labels it), so `on(UUID)` joins the two.
+`UUID` is then its GPU's, as dcgm-exporter labels it; `gpu` is empty where a position on a node is not
+NVML's index), so `on(UUID)` joins the two.
 `gpuaas_grant_info{UUID, Hostname, tenant, user, flavor}` (1 per granted device with a
 known UUID) charges dcgm-exporter's series to tenants, e.g. `DCGM_FI_DEV_GPU_UTIL * on(UUID)
 group_left(tenant) gpuaas_grant_info`; its `user` follows the same rule as the device
@@ -129,6 +130,10 @@ class _SnapshotCollector(Collector):
         infos: Mapping[tuple[str, int], DeviceInfo] | None = None,
     ) -> list[Metric]:
         infos = infos or {}
+        # NVML's index is a device's position only on a host of whole GPUs of one model
+        # (one node); elsewhere (several models, MIG) positions restart per node.
+        named = [d for d in infos.values() if d.uuid]
+        exact_gpu = len({d.node for d in named}) <= 1 and not any(d.mig_profile for d in named)
         tf = ["tenant", "flavor"]
         pending_req = GaugeMetricFamily(
             "gpuaas_pending_requests",
@@ -226,7 +231,7 @@ class _SnapshotCollector(Collector):
         for s, dev_flavor, holder_tenant, holder_user in snap.devices:
             user = (holder_user or "") if user_label else ""
             info = infos.get((s.node, s.index))
-            dcgm = _dcgm_labels(s, info)
+            dcgm = _dcgm_labels(s, info, exact_gpu)
             labels = [s.node, str(s.index), dev_flavor, holder_tenant or "", user, *dcgm]
             if info is not None and info.memory_total:
                 mem_total.add_metric(labels, info.memory_total)
@@ -262,11 +267,11 @@ class _SnapshotCollector(Collector):
         ]
 
 
-def _dcgm_labels(s: DeviceSample, info: DeviceInfo | None) -> list[str]:
+def _dcgm_labels(s: DeviceSample, info: DeviceInfo | None, exact_gpu: bool) -> list[str]:
     """dcgm-exporter's `gpu`, `UUID`, `modelName`, `Hostname`, `GPU_I_PROFILE` of a device.
 
-    `gpu` is the device's position on its node, which is NVML's index on a host of one
-    model (on a host of several models, join on UUID). A MIG instance carries its GPU's
+    `gpu` is NVML's index where the position on the node is it (`exact_gpu`: a host of
+    whole GPUs of one model), else empty (join on UUID). A MIG instance carries its GPU's
     UUID and its profile, as dcgm-exporter labels it. `Hostname`: NVML devices (the only
     ones with a UUID) are this machine's, which dcgm-exporter names by its host name;
     others (simulated, a cluster's Nodes, whose dcgm-exporter is told the Node's name)
@@ -276,7 +281,8 @@ def _dcgm_labels(s: DeviceSample, info: DeviceInfo | None) -> list[str]:
         return [str(s.index), "", "", s.node, ""]
     uuid = info.parent_uuid if info.mig_profile else info.uuid
     hostname = socket.gethostname() if uuid else s.node
-    return [str(s.index), uuid, info.model, hostname, info.mig_profile]
+    gpu = str(s.index) if exact_gpu or not uuid else ""
+    return [gpu, uuid, info.model, hostname, info.mig_profile]
 
 
 class GatewayMetrics:

@@ -12,7 +12,13 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-HUB_CONFIG = ROOT / "jupyter_gpuaas" / "hub_config"  # the package's (hub_config/ may link it)
+# hub_config/ at the root (jupyter_gpuaas/hub_config links to it, so the wheel ships it);
+# the package's own copy where the link goes the other way.
+HUB_CONFIG = next(
+    p
+    for p in (ROOT / "hub_config", ROOT / "jupyter_gpuaas" / "hub_config")
+    if (p / "grafana").is_dir()
+)
 PROM = HUB_CONFIG / "prometheus"
 RULES = PROM / "jupyter-gpuaas.rules.yml"
 RULE_TESTS = PROM / "jupyter-gpuaas.rules.test.yml"

@@ -52,12 +52,14 @@ def test_device_series_carry_dcgm_exporter_labels() -> None:
     host = socket.gethostname()
     assert util["gpu1"] == {
         "node": "gpu1", "device": "0", "flavor": "a100", "tenant": "vision", "user": "",
-        "gpu": "0", "UUID": "GPU-aaaa", "modelName": "NVIDIA A100-SXM4-80GB",
+        "gpu": "", "UUID": "GPU-aaaa", "modelName": "NVIDIA A100-SXM4-80GB",
         "Hostname": host, "GPU_I_PROFILE": "",
     }  # fmt: skip
     # A MIG instance: its GPU's UUID and its profile, as dcgm-exporter labels it.
     mig = util["gpu1-a100-mig-1g"]
     assert (mig["UUID"], mig["GPU_I_PROFILE"], mig["Hostname"]) == ("GPU-cccc", "1g.10gb", host)
+    # Positions restart per node here (two nodes on one host): no `gpu` that could be wrong.
+    assert (util["gpu1"]["gpu"], mig["gpu"]) == ("", "")
     # Simulated: nothing real to name; the node stands for the host.
     sim = util["t4-0"]
     assert (sim["UUID"], sim["Hostname"], sim["modelName"]) == ("", "t4-0", "Tesla T4 (simulated)")
@@ -68,6 +70,15 @@ def test_device_series_carry_dcgm_exporter_labels() -> None:
         dict(ls)["node"]: v for (n, ls), v in s.items() if n == "gpuaas_device_memory_total_bytes"
     }
     assert totals == {"gpu1": 80 * GiB, "gpu1-a100-mig-1g": 10 * GiB, "t4-0": 15 * GiB}
+
+
+def test_gpu_is_nvmls_index_on_a_host_of_whole_gpus_of_one_model() -> None:
+    second = DeviceInfo("gpu1", 1, "a100", "NVIDIA A100-SXM4-80GB", "GPU-dddd", 80 * GiB)
+    m = GatewayMetrics(devices=lambda: [WHOLE, second])
+    rows = [(DeviceSample("gpu1", i, 0.0, 0, 30.0, 50.0, True), "a100", None, None) for i in (0, 1)]
+    m.set_snapshot([], [], {}, {}, rows)
+    util = _rows(scrape(m), "gpuaas_device_utilization_ratio")
+    assert {(r["gpu"], r["UUID"]) for r in util} == {("0", "GPU-aaaa"), ("1", "GPU-dddd")}
 
 
 def test_grant_info_charges_devices_with_a_uuid_to_tenants() -> None:
