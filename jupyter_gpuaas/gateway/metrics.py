@@ -24,13 +24,15 @@ reads the leader's series alone, and a failover moves them to the new leader.
 
 Joining NVIDIA's dcgm-exporter: the device series also carry dcgm-exporter's own labels
 (`gpu`, `UUID`, `modelName`, `Hostname`, and `GPU_I_PROFILE` for a MIG instance, whose
-`UUID` is then its GPU's, as dcgm-exporter labels it; `gpu` is empty where a position on a node is not
-NVML's index), so `on(UUID)` joins the two.
-`gpuaas_grant_info{UUID, Hostname, tenant, user, flavor}` (1 per granted device with a
-known UUID) charges dcgm-exporter's series to tenants, e.g. `DCGM_FI_DEV_GPU_UTIL * on(UUID)
-group_left(tenant) gpuaas_grant_info`; its `user` follows the same rule as the device
-series'. A device without a UUID (simulated; a cluster's Node, whose GPUs the device
-plugin picks inside the pod) has `UUID=""` on its device series and no grant_info.
+`UUID` is then its GPU's, as dcgm-exporter labels it; `gpu` is empty where a position on
+a node is not NVML's index), so `on(UUID)` joins the two.
+`gpuaas_grant_info{UUID, GPU_I_PROFILE, Hostname, tenant, user, flavor}` (1 per granted
+device with a known UUID) charges dcgm-exporter's series to tenants, e.g.
+`DCGM_FI_DEV_GPU_UTIL * on(UUID) group_left(tenant) gpuaas_grant_info` (MIG instances of
+one GPU share its UUID: join them on `GPU_I_PROFILE` too); its `user` follows the same
+rule as the device series'. A device without a UUID (simulated; a cluster's Node, whose
+GPUs the device plugin picks inside the pod) has `UUID=""` on its device series and no
+grant_info.
 """
 
 from __future__ import annotations

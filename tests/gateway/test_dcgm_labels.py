@@ -3,8 +3,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import sys
+import time
+from typing import Any
 
+import pytest
+from gwutil import Gateway
+from nvmlfake import mixed_host
+from prometheus_client.parser import text_string_to_metric_families
+from test_grant_uuids import MIXED_QUOTAS, T4
 from test_metrics import scrape
 
 from jupyter_gpuaas.devices import DeviceInfo, DeviceSample
@@ -16,6 +25,7 @@ MIG = DeviceInfo(
     "gpu1-a100-mig-1g", 0, "a100-mig-1g", "NVIDIA A100-SXM4-80GB MIG 1g.10gb",
     "MIG-bbbb", 10 * GiB, mig_profile="1g.10gb", parent_uuid="GPU-cccc",
 )  # fmt: skip
+A100_1 = "GPU-a1000001-0000-0000-0000-000000000001"  # the MIG instances' GPU (nvmlfake)
 SIMULATED = DeviceInfo("t4-0", 0, "t4", "Tesla T4 (simulated)", "", 15 * GiB)
 
 
@@ -112,3 +122,38 @@ def test_lease_expiries_are_counted_per_tenant_and_kind() -> None:
     m.inc_lease_expired("vision", "kernel")
     s = scrape(m)
     assert s[("gpuaas_lease_expired_total", (("kind", "kernel"), ("tenant", "vision")))] == 2
+
+
+@pytest.mark.asyncio
+async def test_a_real_gateway_on_nvml_charges_uuids_to_tenants(
+    make_gateway: Any, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real gateway over HTTP, its NVML inventory reading tests/nvmlfake.py (a test double
+    standing in for pynvml: no GPU here) of a mixed host: A100, A100 in MIG mode, T4."""
+    monkeypatch.setitem(sys.modules, "pynvml", mixed_host())
+    gw: Gateway = await make_gateway(
+        sqlite_url, quotas=MIXED_QUOTAS, devices="nvml:node=box", metrics_public=True
+    )
+    alice = gw.client("alice")
+    t4 = await alice.submit("vision", "kernel", 1, flavor="t4")
+    mig = await alice.submit("vision", "kernel", 1, flavor="a100-mig-1g.10gb")
+    assert t4["state"] == mig["state"] == "admitted"
+
+    async def grants() -> list[dict[str, str]]:
+        status, text = await gw.raw("GET", "metrics", who=None)
+        assert status == 200, text
+        families = text_string_to_metric_families(text)
+        return [
+            dict(s.labels) for f in families for s in f.samples if s.name == "gpuaas_grant_info"
+        ]
+
+    deadline = time.monotonic() + 10
+    while len(found := await grants()) < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)  # the first device sample
+    host = socket.gethostname()
+    assert sorted(found, key=lambda r: r["flavor"]) == [
+        {"UUID": A100_1, "GPU_I_PROFILE": "1g.10gb", "Hostname": host, "tenant": "vision",
+         "user": "", "flavor": "a100-mig-1g.10gb"},
+        {"UUID": T4, "GPU_I_PROFILE": "", "Hostname": host, "tenant": "vision", "user": "",
+         "flavor": "t4"},
+    ]  # fmt: skip
