@@ -122,8 +122,11 @@ class _SnapshotCollector(Collector):
         return list(self._families(_Snapshot()))
 
     def collect(self) -> Iterator[Metric]:
-        infos = {(d.node, d.index): d for d in (self.devices() if self.devices else ())}
-        return iter(self._families(self.snapshot, self.user_label, infos))
+        snap = self.snapshot
+        # Read only where there are samples to label (a cluster's inventory has none).
+        devices = self.devices() if self.devices and snap.devices else ()
+        infos = {(d.node, d.index): d for d in devices}
+        return iter(self._families(snap, self.user_label, infos))
 
     @staticmethod
     def _families(
