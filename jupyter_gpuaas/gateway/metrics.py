@@ -173,7 +173,9 @@ class _SnapshotCollector(Collector):
             labels=["flavor"],
         )
         idle = GaugeMetricFamily(
-            "gpuaas_idle_gpus", "GPUs held by grants that report idle.", labels=["tenant"]
+            "gpuaas_idle_gpus",
+            "GPUs held by grants that report idle (0 for a tenant with none).",
+            labels=["tenant"],
         )
         util = GaugeMetricFamily(
             "gpuaas_device_utilization_ratio", "GPU utilization, 0..1.", labels=_DEVICE_LABELS
@@ -231,8 +233,11 @@ class _SnapshotCollector(Collector):
             desired.add_metric([flavor], n)
         for flavor, n in snap.nodes:
             nodes.add_metric([flavor], n)
-        for tenant, n in snap.idle_gpus:
-            idle.add_metric([tenant], n)
+        # Every tenant, 0 included: an absent series would make averages over time (the
+        # idle GPU-hours of the rules and the dashboard) count only the idle stretches.
+        idle_of = dict(snap.idle_gpus)
+        for tenant in dict.fromkeys([*(t.tenant for t in snap.tenants), *idle_of]):
+            idle.add_metric([tenant], idle_of.get(tenant, 0))
         for s, dev_flavor, holder_tenant, holder_user in snap.devices:
             user = (holder_user or "") if user_label else ""
             info = infos.get((s.node, s.index))

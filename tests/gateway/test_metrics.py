@@ -143,3 +143,18 @@ def test_two_gateways_in_one_process_do_not_clash() -> None:
     a.inc_culled("vision", "kernel")
     assert value(scrape(a), "gpuaas_culled_total", tenant="vision", kind="kernel") == 1
     assert ("gpuaas_culled_total", (("kind", "kernel"), ("tenant", "vision"))) not in scrape(b)
+
+
+def test_idle_gpus_are_zero_for_a_tenant_with_none_rather_than_absent() -> None:
+    """So that an average over time (idle GPU-hours) counts the busy stretches as 0."""
+    m = GatewayMetrics()
+    m.set_snapshot(
+        [TenantUsage("vision", "a100", 4, 2, 0, 0, 0), TenantUsage("nlp", "a100", 2, 1, 0, 0, 0)],
+        [],
+        {},
+        {"nlp": 1},
+        [],
+    )
+    s = scrape(m)
+    assert value(s, "gpuaas_idle_gpus", tenant="vision") == 0
+    assert value(s, "gpuaas_idle_gpus", tenant="nlp") == 1
