@@ -40,6 +40,7 @@ class GatewayApp(GatewayStartup, Application):
         "devices": "GatewayApp.devices",
         "tokens": "GatewayApp.tokens",
         "lease-ttl": "GatewayApp.lease_ttl",
+        "grafana-url": "GatewayApp.grafana_url",
         "scaler": "GatewayApp.scaler",
         "config": "GatewayApp.config_file",
         "cookie-secret-file": "GatewayApp.cookie_secret_file",
@@ -172,6 +173,15 @@ class GatewayApp(GatewayStartup, Application):
         "view scope (custom:gpuaas:view, or `view: true` in the token file), as "
         "JupyterHub's own /metrics does unless authenticate_prometheus is off: the series "
         "name tenants and the queue's shape, and the gateway may be behind the public proxy.",
+    ).tag(config=True)
+
+    grafana_url = Unicode(
+        "",
+        help="URL of the jupyter-gpuaas dashboard in Grafana (hub_config/grafana/"
+        "jupyter-gpuaas.json, uid jupyter-gpuaas), e.g. "
+        "https://grafana.example.org/d/jupyter-gpuaas/jupyter-gpuaas. The landing page then "
+        "links each tenant, for admins and viewers, to its row (`var-tenant=NAME`). Empty: "
+        "no links.",
     ).tag(config=True)
 
     metrics_user_label = Bool(

@@ -53,6 +53,9 @@ from .store import (
 from .validate import NAME_RULE, is_name
 from .views import Views, meta_of
 
+# The reason the core gives a grant it ends because its lease ran out (core.py `advance`).
+LEASE_EXPIRED = "lease expired"
+
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
 
@@ -530,6 +533,8 @@ class Arbiter(Loops, Views):
             out.append(functools.partial(self.metrics.inc_culled, req.tenant, req.kind))
         elif d.event == "preempt":
             out.append(functools.partial(self.metrics.inc_preempted, req.tenant, req.kind))
+        elif d.event == "finish" and d.fields.get("reason") == LEASE_EXPIRED:
+            out.append(functools.partial(self.metrics.inc_lease_expired, req.tenant, req.kind))
         if d.event in ("finish", "cancel", "preempt") and req.admit_time:
             flavor = req.assigned_flavor
             if flavor:

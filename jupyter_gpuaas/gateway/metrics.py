@@ -21,11 +21,24 @@ export them, every `sum()` over the pods would count the queue twice; it exports
 the snapshot gauges (only `gpuaas_leader`, `gpuaas_devices_simulated` and its counters,
 which count only what it decided itself while it led). A query over all pods therefore
 reads the leader's series alone, and a failover moves them to the new leader.
+
+Joining NVIDIA's dcgm-exporter: the device series also carry dcgm-exporter's own labels
+(`gpu`, `UUID`, `modelName`, `Hostname`, and `GPU_I_PROFILE` for a MIG instance, whose
+`UUID` is then its GPU's, as dcgm-exporter labels it; `gpu` is empty where a position on
+a node is not NVML's index), so `on(UUID)` joins the two.
+`gpuaas_grant_info{UUID, GPU_I_PROFILE, Hostname, tenant, user, flavor}` (1 per granted
+device with a known UUID) charges dcgm-exporter's series to tenants, e.g.
+`DCGM_FI_DEV_GPU_UTIL * on(UUID) group_left(tenant) gpuaas_grant_info` (MIG instances of
+one GPU share its UUID: join them on `GPU_I_PROFILE` too); its `user` follows the same
+rule as the device series'. A device without a UUID (simulated; a cluster's Node, whose
+GPUs the device plugin picks inside the pod) has `UUID=""` on its device series and no
+grant_info.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import socket
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -33,7 +46,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from ..devices import DeviceSample
+from ..devices import DeviceInfo, DeviceSample
 
 # Admission waits range from an instant (free capacity) to hours (a busy pool at night).
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, float("inf"))
@@ -63,7 +76,20 @@ class PendingCount:
 # (sample, flavor, tenant or None, user or None): a device and who holds it, if anyone.
 DeviceRow = tuple[DeviceSample, str, str | None, str | None]
 
-_DEVICE_LABELS = ["node", "device", "flavor", "tenant", "user"]
+# The first five are INTERFACES.md's; the rest are dcgm-exporter's names for the same GPU.
+_DEVICE_LABELS = [
+    "node",
+    "device",
+    "flavor",
+    "tenant",
+    "user",
+    "gpu",
+    "UUID",
+    "modelName",
+    "Hostname",
+    "GPU_I_PROFILE",
+]
+_GRANT_LABELS = ["UUID", "GPU_I_PROFILE", "Hostname", "tenant", "user", "flavor"]
 
 
 @dataclass(frozen=True)
@@ -81,9 +107,14 @@ class _Snapshot:
 class _SnapshotCollector(Collector):
     """Renders the gauges from whatever snapshot is current at scrape time."""
 
-    def __init__(self, user_label: bool = False) -> None:
+    def __init__(
+        self,
+        user_label: bool = False,
+        devices: Callable[[], Iterable[DeviceInfo]] | None = None,
+    ) -> None:
         self.snapshot = _Snapshot()
         self.user_label = user_label
+        self.devices = devices
 
     def describe(self) -> list[Metric]:
         # Declared so the registry does not call collect() at registration, and so that
@@ -91,10 +122,23 @@ class _SnapshotCollector(Collector):
         return list(self._families(_Snapshot()))
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self._families(self.snapshot, self.user_label))
+        snap = self.snapshot
+        # Read only where there are samples to label (a cluster's inventory has none).
+        devices = self.devices() if self.devices and snap.devices else ()
+        infos = {(d.node, d.index): d for d in devices}
+        return iter(self._families(snap, self.user_label, infos))
 
     @staticmethod
-    def _families(snap: _Snapshot, user_label: bool = False) -> list[Metric]:
+    def _families(
+        snap: _Snapshot,
+        user_label: bool = False,
+        infos: Mapping[tuple[str, int], DeviceInfo] | None = None,
+    ) -> list[Metric]:
+        infos = infos or {}
+        # NVML's index is a device's position only on a host of whole GPUs of one model
+        # (one node); elsewhere (several models, MIG) positions restart per node.
+        named = [d for d in infos.values() if d.uuid]
+        exact_gpu = len({d.node for d in named}) <= 1 and not any(d.mig_profile for d in named)
         tf = ["tenant", "flavor"]
         pending_req = GaugeMetricFamily(
             "gpuaas_pending_requests",
@@ -129,7 +173,9 @@ class _SnapshotCollector(Collector):
             labels=["flavor"],
         )
         idle = GaugeMetricFamily(
-            "gpuaas_idle_gpus", "GPUs held by grants that report idle.", labels=["tenant"]
+            "gpuaas_idle_gpus",
+            "GPUs held by grants that report idle (0 for a tenant with none).",
+            labels=["tenant"],
         )
         util = GaugeMetricFamily(
             "gpuaas_device_utilization_ratio", "GPU utilization, 0..1.", labels=_DEVICE_LABELS
@@ -147,6 +193,18 @@ class _SnapshotCollector(Collector):
             "gpuaas_device_healthy",
             "1 if the device answered every essential query in the last sample.",
             labels=_DEVICE_LABELS,
+        )
+        mem_total = GaugeMetricFamily(
+            "gpuaas_device_memory_total_bytes",
+            "GPU memory of the device (of the MIG instance, for one), used or not.",
+            labels=_DEVICE_LABELS,
+        )
+        grant = GaugeMetricFamily(
+            "gpuaas_grant_info",
+            "1 per granted device with a UUID: who holds it, to charge dcgm-exporter's series "
+            "(joined on UUID and Hostname) to tenants. `user` is empty unless "
+            "--metrics-user-label.",
+            labels=_GRANT_LABELS,
         )
         simulated = GaugeMetricFamily(
             "gpuaas_devices_simulated", "1 if the inventory is simulated (no real GPUs)."
@@ -175,11 +233,21 @@ class _SnapshotCollector(Collector):
             desired.add_metric([flavor], n)
         for flavor, n in snap.nodes:
             nodes.add_metric([flavor], n)
-        for tenant, n in snap.idle_gpus:
-            idle.add_metric([tenant], n)
+        # Every tenant, 0 included: an absent series would make averages over time (the
+        # idle GPU-hours of the rules and the dashboard) count only the idle stretches.
+        idle_of = dict(snap.idle_gpus)
+        for tenant in dict.fromkeys([*(t.tenant for t in snap.tenants), *idle_of]):
+            idle.add_metric([tenant], idle_of.get(tenant, 0))
         for s, dev_flavor, holder_tenant, holder_user in snap.devices:
             user = (holder_user or "") if user_label else ""
-            labels = [s.node, str(s.index), dev_flavor, holder_tenant or "", user]
+            info = infos.get((s.node, s.index))
+            dcgm = _dcgm_labels(s, info, exact_gpu)
+            labels = [s.node, str(s.index), dev_flavor, holder_tenant or "", user, *dcgm]
+            if info is not None and info.memory_total:
+                mem_total.add_metric(labels, info.memory_total)
+            if holder_tenant and dcgm[1]:
+                _, uuid, _, hostname, profile = dcgm
+                grant.add_metric([uuid, profile, hostname, holder_tenant, user, dev_flavor], 1.0)
             util.add_metric(labels, s.utilization)
             mem.add_metric(labels, s.memory_used)
             if s.temperature is not None:
@@ -203,17 +271,44 @@ class _SnapshotCollector(Collector):
             temp,
             power,
             healthy,
+            mem_total,
+            grant,
             simulated,
         ]
+
+
+def _dcgm_labels(s: DeviceSample, info: DeviceInfo | None, exact_gpu: bool) -> list[str]:
+    """dcgm-exporter's `gpu`, `UUID`, `modelName`, `Hostname`, `GPU_I_PROFILE` of a device.
+
+    `gpu` is NVML's index where the position on the node is it (`exact_gpu`: a host of
+    whole GPUs of one model), else empty (join on UUID). A MIG instance carries its GPU's
+    UUID and its profile, as dcgm-exporter labels it. `Hostname`: NVML devices (the only
+    ones with a UUID) are this machine's, which dcgm-exporter names by its host name;
+    others (simulated, a cluster's Nodes, whose dcgm-exporter is told the Node's name)
+    by their node.
+    """
+    if info is None:
+        return [str(s.index), "", "", s.node, ""]
+    uuid = info.parent_uuid if info.mig_profile else info.uuid
+    hostname = socket.gethostname() if uuid else s.node
+    gpu = str(s.index) if exact_gpu or not uuid else ""
+    return [gpu, uuid, info.model, hostname, info.mig_profile]
 
 
 class GatewayMetrics:
     """All of one gateway's metrics and their rendering."""
 
-    def __init__(self, *, user_label: bool = False) -> None:
-        """`user_label`: name the holder in the device series' `user` label (else "")."""
+    def __init__(
+        self,
+        *,
+        user_label: bool = False,
+        devices: Callable[[], Iterable[DeviceInfo]] | None = None,
+    ) -> None:
+        """`user_label`: name the holder in the device series' `user` label (else "").
+        `devices`: the inventory's devices, read at each scrape for their UUID, model and
+        memory (the dcgm-exporter labels); without it those labels are empty."""
         self.registry = CollectorRegistry()
-        self._collector = _SnapshotCollector(user_label)
+        self._collector = _SnapshotCollector(user_label, devices)
         self.registry.register(self._collector)
         self.admission_wait = Histogram(
             "gpuaas_admission_wait_seconds",
@@ -234,6 +329,13 @@ class GatewayMetrics:
             ["tenant", "kind"],
             registry=self.registry,
         )
+        self.lease_expired = Counter(
+            "gpuaas_lease_expired",
+            "Grants ended because their holder stopped renewing the lease (a crashed "
+            "server, kernel or job, or one cut off from the gateway).",
+            ["tenant", "kind"],
+            registry=self.registry,
+        )
 
     def observe_wait(self, tenant: str, kind: str, seconds: float) -> None:
         self.admission_wait.labels(tenant=tenant, kind=kind).observe(max(0.0, seconds))
@@ -243,6 +345,9 @@ class GatewayMetrics:
 
     def inc_preempted(self, tenant: str, kind: str) -> None:
         self.preempted.labels(tenant=tenant, kind=kind).inc()
+
+    def inc_lease_expired(self, tenant: str, kind: str) -> None:
+        self.lease_expired.labels(tenant=tenant, kind=kind).inc()
 
     def set_snapshot(
         self,

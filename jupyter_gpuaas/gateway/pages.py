@@ -70,6 +70,14 @@ def position_sentence(obj: dict[str, Any]) -> str:
     )
 
 
+def dashboard_link(grafana_url: str | None, tenant: str) -> str | None:
+    """The Grafana dashboard showing `tenant`'s row (its repeated row, by the variable
+    `tenant`), or None where no dashboard URL is configured."""
+    if not grafana_url:
+        return None
+    return str(url_concat(grafana_url, {"var-tenant": tenant}))
+
+
 def usage_sentence(tenant: str, row: dict[str, Any]) -> str:
     """`vision uses 4 a100: 2 of its own and 2 borrowed from nlp; 2 requests wait for 3 GPUs`
     (the usage in words.py's words, as every other place says it)."""
@@ -249,6 +257,9 @@ class LandingHandler(PageHandler):
                     "rows": rows,
                     "flavors": list(arb.config.flavors),
                     "values": values,
+                    "dashboard": dashboard_link(self.settings.get("grafana_url"), t["name"])
+                    if who.can_view
+                    else None,
                     "error": form.get("error") if form.get("tenant") == t["name"] else None,
                     "error_field": form.get("field") if form.get("tenant") == t["name"] else None,
                 }

@@ -78,7 +78,9 @@ class GatewayStartup:
                 quotas=quotas,
                 store=self.store,
                 inventory=self.inventory,
-                metrics=GatewayMetrics(user_label=self.metrics_user_label),
+                metrics=GatewayMetrics(
+                    user_label=self.metrics_user_label, devices=self.inventory.devices
+                ),
                 scaler=self.scaler_obj,
                 bus=EventBus(replay_window=self.event_replay_window),
                 lease_ttl=self.lease_ttl,
@@ -112,6 +114,7 @@ class GatewayStartup:
             "base_url": self.base_url,
             "keepalive_interval": self.keepalive_interval,
             "metrics_public": self.metrics_public,
+            "grafana_url": self.grafana_url,
             "service_name": self.service_name,
             "max_body_size": self.max_body_size,
             "forward_writes": self.forward_writes,

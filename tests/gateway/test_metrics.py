@@ -25,7 +25,11 @@ def names(series: Series) -> set[str]:
 
 
 def value(series: Series, name: str, **labels: str) -> float:
-    return series[(name, tuple(sorted(labels.items())))]
+    """The one series of `name` whose labels include `labels` (the device series carry
+    dcgm-exporter's labels too, checked in test_dcgm_labels.py)."""
+    found = [v for (n, ls), v in series.items() if n == name and labels.items() <= dict(ls).items()]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
 
 
 def _snapshot(metrics: GatewayMetrics, *, with_t4: bool) -> None:
@@ -95,7 +99,9 @@ def test_names_and_labels_of_interfaces_md() -> None:
     assert value(s, "gpuaas_device_power_watts", **held) == 250.5
     assert value(s, "gpuaas_device_healthy", **free) == 0
     # A device without a temperature sensor exports no made-up zero.
-    assert ("gpuaas_device_temperature_celsius", tuple(sorted(free.items()))) not in s
+    assert not any(
+        n == "gpuaas_device_temperature_celsius" and free.items() <= dict(ls).items() for n, ls in s
+    )
     assert value(s, "gpuaas_devices_simulated") == 1
 
 
@@ -137,3 +143,18 @@ def test_two_gateways_in_one_process_do_not_clash() -> None:
     a.inc_culled("vision", "kernel")
     assert value(scrape(a), "gpuaas_culled_total", tenant="vision", kind="kernel") == 1
     assert ("gpuaas_culled_total", (("kind", "kernel"), ("tenant", "vision"))) not in scrape(b)
+
+
+def test_idle_gpus_are_zero_for_a_tenant_with_none_rather_than_absent() -> None:
+    """So that an average over time (idle GPU-hours) counts the busy stretches as 0."""
+    m = GatewayMetrics()
+    m.set_snapshot(
+        [TenantUsage("vision", "a100", 4, 2, 0, 0, 0), TenantUsage("nlp", "a100", 2, 1, 0, 0, 0)],
+        [],
+        {},
+        {"nlp": 1},
+        [],
+    )
+    s = scrape(m)
+    assert value(s, "gpuaas_idle_gpus", tenant="vision") == 0
+    assert value(s, "gpuaas_idle_gpus", tenant="nlp") == 1
