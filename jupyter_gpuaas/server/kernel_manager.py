@@ -152,6 +152,8 @@ class GpuaasKernelManager(AsyncMappingKernelManager):
 
     def close_context(self) -> None:
         """Close this manager's zmq context and every socket still on it (linger 0)."""
+        if not self.trait_has_value("context"):
+            return  # never made: nothing to close
         context = self.context
         if context is not None and not context.closed:
             context.destroy(linger=0)
