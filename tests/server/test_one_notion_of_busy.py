@@ -20,9 +20,10 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from helpers import wait_until as wait_for
 from nvmlfake import FakeGpu, FakeNvml, GiB
 from srvutil import GatewayProc, gpu_extension
-from test_gpu_kernels import gpu_kernel, kernel_ready, start_kernel, wait_for
+from test_gpu_kernels import gpu_kernel, kernel_ready, start_kernel
 
 pytestmark = pytest.mark.slow
 
