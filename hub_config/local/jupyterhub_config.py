@@ -162,6 +162,10 @@ c.Spawner.cmd = [str(venv_bin / "jupyterhub-singleuser")]
 # Terminals run a plain interactive bash: jupyter_server's default login shell sources
 # /etc/profile, which (on Debian) resets PATH and loses the environment's bin directory.
 c.Spawner.args = [f"--ServerApp.terminado_settings=shell_command={shutil.which('bash') or 'sh'}"]
+# GPU kernels wait as pending kernels and are refused in words through this kernel manager
+# (the packaged jupyter-config file sets it too; said here so that an environment whose
+# config predates it still gets it).
+c.Spawner.args.append("--ServerApp.kernel_manager_class=jupyter_gpuaas.server.GpuaasKernelManager")
 if os.geteuid() == 0:  # a container or a throwaway VM: jupyter_server refuses root otherwise
     c.Spawner.args.append("--allow-root")
 # Single-user servers find the gateway (kernels, magics, the sidebar) and may use it as

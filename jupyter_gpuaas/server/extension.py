@@ -15,9 +15,9 @@ It ties the `gpuaas` kernel provisioner to the server:
   wakes a waiting kernel, warns the user, shuts a culled kernel down;
 - on server shutdown every grant is released and every wait cancelled.
 
-jupyter_server offers no hook around kernel start/shutdown/interrupt, so the extension
-wraps those three methods on the server's kernel manager instance (not its class: other
-servers in the same process, e.g. in tests, are untouched).
+Starts, shutdowns, restarts and interrupts of GPU kernels go through the server's kernel
+manager, `GpuaasKernelManager` (kernel_manager.py), configured as
+`ServerApp.kernel_manager_class`; the extension attaches itself to it at start.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from tornado import web
 from traitlets import Bool, Float, Integer, Unicode, default
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, gateway_from_env
@@ -43,15 +42,18 @@ from jupyter_gpuaas.words import format_duration as human_duration
 from . import sidebar
 from .activity import GpuUsage, decide_busy
 from .idle import SERVER_KEY, ServerActivity
-from .kernels import GpuKernel, KernelTable, Notification, is_gpu_spec, set_table
+from .kernel_manager import GpuaasKernelManager
+from .kernels import GpuKernel, KernelTable, Notification, set_table
 from .provisioner import GpuaasProvisioner
 from .waiting import one_session_per_path
 
+#: What `ServerApp.kernel_manager_class` names (the packaged jupyter-config file does).
+KERNEL_MANAGER_CLASS = "jupyter_gpuaas.server.GpuaasKernelManager"
 EVENT_SCHEMA = Path(__file__).parent / "event_schemas" / "gpu_kernel.yaml"
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_gpuaas/gpu_kernel/v1"
 
 
-class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
+class GpuaasExtension(ExtensionApp):
     name = "jupyter_gpuaas"
     description = "GPU kernels that start only on admitted GPUs and give them back when idle."
 
@@ -160,8 +162,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         self._stops = []
         self.table.on_lost = self._grant_gone
         self.settings["gpuaas"] = self
-        mkm = self.serverapp.kernel_manager
-        self._wrap_kernel_manager(mkm)
+        self._attach_kernel_manager(self.serverapp.kernel_manager)
         self._tell_waiting_kernels()
         one_session_per_path(self.serverapp.session_manager)
         self._stop_cleanly_on_sigint()
@@ -207,7 +208,7 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         for record in waiting:
             record.abort_reason = "server shutting down"
             record.poke()
-        await _until(lambda: all(r.ended is not None for r in waiting), 5.0)
+        await _until_ended(waiting, 5.0)
         releases = [
             r.provisioner.release("released", "server shut down")
             for r in list(self.table.live.values())
@@ -234,6 +235,35 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, self.serverapp._signal_stop)
 
+    def _attach_kernel_manager(self, mkm: Any) -> None:
+        """GPU kernels need our kernel manager class; say plainly what fails without it."""
+        if isinstance(mkm, GpuaasKernelManager):
+            mkm.attach(self)
+            gateway = getattr(self.serverapp, "gateway_config", None)
+            if gateway is not None and gateway.gateway_enabled:
+                self.log.warning(
+                    "gpuaas: this server is configured for a kernel gateway (%s), but "
+                    "ServerApp.kernel_manager_class is %s, so kernels start on this "
+                    "host instead. Set ServerApp.kernel_manager_class to "
+                    "jupyter_server.gateway.managers.GatewayMappingKernelManager to use "
+                    "the kernel gateway (GPU kernels then run only through it).",
+                    gateway.url,
+                    KERNEL_MANAGER_CLASS,
+                )
+            return
+        self.log.warning(
+            "gpuaas: the server's kernel manager is %s.%s, not %s. GPU kernels still "
+            "start on granted GPUs, but starting one blocks the notebook until its GPUs "
+            "are granted, a refused start answers 500 without the reason, a waiting "
+            "kernel cannot be shut down, interrupted or shown waiting in its cells, and "
+            "the GPU widgets' refreshes count as kernel activity. Set "
+            "ServerApp.kernel_manager_class = %r (a subclass of it if you need your own).",
+            type(mkm).__module__,
+            type(mkm).__qualname__,
+            KERNEL_MANAGER_CLASS,
+            KERNEL_MANAGER_CLASS,
+        )
+
     def _tell_waiting_kernels(self) -> None:
         """Kernel websockets of waiting GPU kernels open at once and say why they wait."""
         if not self.tell_waiting:
@@ -244,124 +274,6 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
         ours = waiting_connection_class(self.settings.get("kernel_websocket_connection_class"))
         if ours is not None:
             self.settings["kernel_websocket_connection_class"] = ours
-
-    def _is_gpu_kernel(self, mkm: Any, kernel_id: str) -> bool:
-        try:
-            spec = mkm.get_kernel(kernel_id).kernel_spec
-        except Exception:
-            return False
-        return is_gpu_spec(spec)
-
-    def _is_gpu_kernelspec(self, mkm: Any, kernel_name: str | None) -> bool:
-        try:
-            name = kernel_name or mkm.default_kernel_name
-            spec = mkm.kernel_spec_manager.get_kernel_spec(name)
-        except Exception:  # an unknown name: the start itself reports it
-            return False
-        return is_gpu_spec(spec)
-
-    def _wrap_kernel_manager(self, mkm: Any) -> None:
-        orig_start = mkm.start_kernel
-        orig_shutdown = mkm.shutdown_kernel
-        orig_interrupt = mkm.interrupt_kernel
-        orig_restart = mkm.restart_kernel
-        orig_watch = mkm.start_watching_activity
-        # The server's own choice, for every kernel that is not a GPU kernel.
-        resting = bool(getattr(mkm, "use_pending_kernels", False))
-        table = self.table
-
-        async def start_kernel(*args: Any, **kwargs: Any) -> str:
-            from .provisioner import GpuAdmissionError
-
-            gpu = self._is_gpu_kernelspec(mkm, kwargs.get("kernel_name"))
-            # Pending kernels for GPU kernels only: jupyter_client and jupyter_server read
-            # the flag while starting, and a pending start runs to its return without
-            # yielding to the loop, so no other kernel's start can see it switched.
-            if hasattr(mkm, "use_pending_kernels"):
-                mkm.use_pending_kernels = (gpu and self.use_pending_kernels) or resting
-            try:
-                kernel_id: str = await orig_start(*args, **kwargs)
-            except GpuAdmissionError as e:  # not pending: the start itself failed
-                raise _http_error(e) from None
-            finally:
-                if hasattr(mkm, "use_pending_kernels"):
-                    mkm.use_pending_kernels = resting
-            if gpu or self._is_gpu_kernel(mkm, kernel_id):
-                await self._await_first_answer(mkm, kernel_id, orig_shutdown)
-            return kernel_id
-
-        async def restart_kernel(kernel_id: str, *args: Any, **kwargs: Any) -> Any:
-            record = table.get(kernel_id)
-            if record is not None and record.waiting:
-                # jupyter_client refuses to restart a pending kernel only while the flag
-                # is on; with the flag at rest, refuse it here in a sentence.
-                raise RuntimeError(
-                    "the kernel is still waiting for a GPU: it cannot restart before it starts"
-                )
-            return await orig_restart(kernel_id, *args, **kwargs)
-
-        async def shutdown_kernel(kernel_id: str, *args: Any, **kwargs: Any) -> Any:
-            record = table.get(kernel_id)
-            if record is not None and record.waiting:
-                record.abort_reason = "kernel shut down while waiting for a GPU"
-                record.poke()
-            elif record is None and self._is_gpu_kernel(mkm, kernel_id):
-                table.aborts[kernel_id] = "kernel shut down while waiting for a GPU"
-            return await orig_shutdown(kernel_id, *args, **kwargs)
-
-        def interrupt_kernel(kernel_id: str) -> Any:
-            record = table.get(kernel_id)
-            if record is not None and record.waiting:
-                record.abort_reason = "interrupted while waiting for a GPU"
-                record.poke()
-                return None
-            return orig_interrupt(kernel_id)
-
-        def start_watching_activity(kernel_id: str) -> None:  # at each start and restart
-            orig_watch(kernel_id)
-            self.activity.own_comms.watch(mkm.get_kernel(kernel_id))  # filter the new stream
-
-        mkm.start_watching_activity = start_watching_activity
-        mkm.start_kernel = start_kernel
-        mkm.shutdown_kernel = shutdown_kernel
-        mkm.interrupt_kernel = interrupt_kernel
-        mkm.restart_kernel = restart_kernel
-
-    async def _await_first_answer(self, mkm: Any, kernel_id: str, shutdown: Any) -> None:
-        """Wait (briefly) for the gateway's first answer; raise its refusal as HTTP 422."""
-        km = mkm.get_kernel(kernel_id)
-        deadline = time.monotonic() + self.submit_wait
-        while time.monotonic() < deadline:
-            record = self.table.get(kernel_id)
-            if record is not None and record.answered is not None:
-                break
-            if km.ready.done():
-                break
-            await asyncio.sleep(0.002)
-        record = self.table.get(kernel_id)
-        if record is not None and record.answered is not None:
-            try:
-                await asyncio.wait_for(
-                    asyncio.shield(record.answered), max(0.0, deadline - time.monotonic())
-                )
-            except asyncio.TimeoutError:
-                return  # still talking to the gateway: the kernel stays pending
-        failed = record is not None and record.state == "failed"
-        if km.ready.done() and not km.ready.cancelled() and km.ready.exception() is not None:
-            failed = True
-        if not failed:
-            return
-        error = km.ready.exception() if km.ready.done() else None
-        if error is None:
-            try:
-                await asyncio.wait_for(asyncio.shield(km.ready), 5)
-            except Exception as e:
-                error = e
-        await shutdown(kernel_id)  # removes the failed kernel from the map...
-        # ...but jupyter_client (8.x) leaves a failed start in `_pending_kernels`, where
-        # shutdown_all would later trip over it with a 404.
-        getattr(mkm, "_pending_kernels", {}).pop(kernel_id, None)
-        raise _http_error(error or RuntimeError(record.reason if record else "failed"))
 
     # ------------------------------------------------------------------ heartbeats
 
@@ -387,16 +299,26 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             loop = asyncio.get_running_loop()
             utilization = await loop.run_in_executor(None, self.gpu_usage.utilization, holders)
         now = datetime.now(timezone.utc)
-        busy = {r.kernel_id: self._judge(r, utilization.get(r.kernel_id)) for r in running}
+        busy = {r.kernel_id: self._judge(r, utilization.get(r.kernel_id), now) for r in running}
         await self.activity.round(now, busy, utilization.get(SERVER_KEY))
 
-    def _judge(self, record: GpuKernel, utilization: float | None) -> bool:
-        """Busy or idle since the kernel's last renewal: what its lease's next one says."""
+    def _judge(self, record: GpuKernel, utilization: float | None, now: datetime) -> bool:
+        """Busy or idle since the kernel's last renewal: what its lease's next one says.
+
+        A busy kernel's jupyter_server `last_activity` (the kernel model's, and the
+        server's `last_kernel_activity`) moves to `now`, so jupyter_server's own culler
+        (`cull_idle_timeout`, or a kernelspec's `metadata.cull_idle_timeout`) and the
+        Hub's idle culler count as activity what the gateway counts: a training thread
+        with iopub silent is not culled by them while the gateway keeps it.
+        """
         km = record.provisioner.parent
         lease = record.provisioner.lease
+        last_activity = getattr(km, "last_activity", None)
+        if last_activity is not None and last_activity == record.activity_stamp:
+            last_activity = None  # our own stamp of the last round is not new activity
         busy = decide_busy(
             getattr(km, "execution_state", None),
-            getattr(km, "last_activity", None),
+            last_activity,
             lease.renewed_at if lease is not None else None,
             utilization,
             self.busy_utilization,
@@ -406,6 +328,11 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             record.idle_since = None
             if record.warning is None or "preempt_at" not in record.warning:
                 record.warning = None  # a busy kernel is not culled (a preemption stays)
+            if km is not None and hasattr(km, "last_activity"):
+                km.last_activity = record.activity_stamp = now
+                mkm = getattr(self.serverapp, "kernel_manager", None)
+                if mkm is not None:  # the server's own, for its /api/status and the Hub
+                    mkm.last_kernel_activity = now
         elif record.idle_since is None:
             record.idle_since = time.time()
         if lease is not None:
@@ -547,20 +474,21 @@ class GpuaasExtension(ExtensionApp):  # type: ignore[misc]
             self.log.debug("gpuaas: event not emitted: %s", e)
 
 
-async def _until(check: Any, timeout: float) -> bool:
-    """Poll `check()` every few milliseconds until true or `timeout` seconds passed."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.005)
-    return True
+async def _until_ended(records: list[GpuKernel], timeout: float) -> None:
+    """Wait (up to `timeout` seconds) until every record has ended, woken by its changes."""
 
+    async def ended(record: GpuKernel) -> None:
+        event = record.watch()
+        try:
+            while record.ended is None:
+                await event.wait()
+                event.clear()
+        finally:
+            record.unwatch(event)
 
-def _http_error(error: BaseException) -> web.HTTPError:
-    status = getattr(error, "status", 0)
-    code = 422 if status == 422 else 403 if status == 403 else 503
-    message = str(error) or type(error).__name__
-    err = web.HTTPError(code, message)
-    err.reason = "GPU kernel cannot start"
-    return err
+    tasks = [asyncio.ensure_future(ended(r)) for r in records]
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()

@@ -18,6 +18,7 @@ import collections
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -54,6 +55,9 @@ class GpuKernel:
     idle_since: float | None = None
     waited: float | None = None  # seconds from submit to admission (queue + round trips)
     utilization: float | None = None
+    # The `last_activity` the extension last gave the kernel for being busy (not the
+    # kernel's own activity, so it does not make the next round busy by itself).
+    activity_stamp: datetime | None = field(default=None, repr=False)
     # Set whenever the record changes: the provisioner waiting for admission wakes on it.
     changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     # Resolved with the gateway's first answer (queued, admitted or refused).
@@ -236,11 +240,39 @@ class KernelTable:
         self.on_notify: list[Callable[[Notification], None]] = []
         # Kernels shut down before their provisioner even made a record: why, by kernel id.
         self.aborts: dict[str, str] = {}
+        # First answers awaited (the kernel manager's start) before the record was made.
+        self._answers: dict[str, asyncio.Future[None]] = {}
         self._tenants_cache: list[str] | None = None
 
     def add(self, kernel: GpuKernel) -> GpuKernel:
         self.live[kernel.kernel_id] = kernel
+        early = self._answers.get(kernel.kernel_id)
+        if early is not None:  # someone waits for this kernel's first answer already
+
+            def relay(_: asyncio.Future[None]) -> None:
+                if not early.done():
+                    early.set_result(None)
+
+            kernel.answered_future().add_done_callback(relay)
         return kernel
+
+    def first_answer(self, kernel_id: str) -> asyncio.Future[None]:
+        """Resolved with the gateway's first answer for this kernel (or its failure),
+        whether or not its provisioner has made its record yet; `forget_answer` after."""
+        record = self.find(kernel_id)  # an ended one too: a refusal may come first
+        if record is not None:
+            return record.answered_future()
+        early = self._answers.get(kernel_id)
+        if early is None:
+            early = self._answers[kernel_id] = asyncio.get_running_loop().create_future()
+        return early
+
+    def forget_answer(self, kernel_id: str) -> None:
+        self._answers.pop(kernel_id, None)
+
+    def find(self, kernel_id: str) -> GpuKernel | None:
+        """The live record of a kernel, else its latest ended one."""
+        return next((k for k in self.all() if k.kernel_id == kernel_id), None)
 
     def get(self, kernel_id: str) -> GpuKernel | None:
         return self.live.get(kernel_id)

@@ -24,7 +24,15 @@ import yaml
 # pytest-jupyter's fixtures (jp_serverapp, jp_fetch, ...) and hooks, for this directory only:
 # enabling the plugin for the whole suite would hand every coroutine test to its loop.
 from pytest_jupyter.jupyter_server import *  # noqa: F403
-from srvutil import ADMIN_TOKEN, TOKEN, GatewayProc, free_port, gateway_command, gpu_extension
+from srvutil import (
+    ADMIN_TOKEN,
+    TOKEN,
+    GatewayProc,
+    free_port,
+    gateway_command,
+    gpu_extension,
+    server_app_config,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -109,7 +117,7 @@ def gpu_kernelspecs(jp_environ: Any, jp_data_dir: Path) -> dict[str, str]:
 @pytest.fixture
 def jp_server_config(gateway: GatewayProc, gpu_kernelspecs: dict[str, str]) -> dict[str, Any]:
     return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_gpuaas.server": True}},
+        "ServerApp": server_app_config(),
         "GpuaasExtension": {
             "gateway_url": gateway.url,
             "gateway_token": TOKEN,
@@ -123,16 +131,18 @@ def jp_server_config(gateway: GatewayProc, gpu_kernelspecs: dict[str, str]) -> d
 @pytest.fixture
 def gpu_app(jp_serverapp: Any, jp_asyncio_loop: Any, gateway: GatewayProc) -> Iterator[Any]:
     """The server with the extension started (pytest-jupyter does not run the start hooks);
-    stopped again, kernels and all, while the gateway still runs."""
+    stopped again, kernels and all, while the gateway still runs.
+
+    Every step of the teardown runs even when one before it fails: a server app left with
+    open kernels and sockets would be freed by a later garbage collection only (it is a
+    reference cycle), in the middle of another test. GpuaasKernelManager never terminates
+    its zmq context from a finalizer (kernel_manager.py), so that no longer hangs, but
+    its kernels would still run on.
+    """
     jp_asyncio_loop.run_until_complete(jp_serverapp.extension_manager.start_all_extensions())
     yield jp_serverapp
-    ext = gpu_extension(jp_serverapp)
-    jp_asyncio_loop.run_until_complete(ext.stop_extension())
-    jp_asyncio_loop.run_until_complete(jp_serverapp.kernel_manager.shutdown_all(now=True))
-    # Close the kernel manager's zmq context here, while its sockets are still reachable.
-    # Left to the garbage collector, the server app and its sockets become one cycle: the
-    # collector clears the context's WeakSet of sockets before it runs finalizers, so the
-    # kernel manager's __del__ may call Context.destroy() without seeing sockets not yet
-    # closed, and Context.term() then waits for them forever, hanging a later test (seen
-    # in the setup of test_grace_kernel, inside the next ServerApp's GC pass).
-    jp_serverapp.kernel_manager.context.destroy(linger=0)
+    try:
+        jp_asyncio_loop.run_until_complete(gpu_extension(jp_serverapp).stop_extension())
+    finally:
+        # Shuts down every kernel and closes the zmq context (GpuaasKernelManager).
+        jp_asyncio_loop.run_until_complete(jp_serverapp.kernel_manager.shutdown_all(now=True))

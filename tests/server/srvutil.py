@@ -16,6 +16,17 @@ from helpers import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "alice-token-0123456789"
+
+
+def server_app_config() -> dict[str, Any]:
+    """The ServerApp config of a test server: the extension and its kernel manager class,
+    as the packaged jupyter-config file sets them (a fresh dict: pytest-jupyter adds to it)."""
+    return {
+        "jpserver_extensions": {"jupyter_gpuaas.server": True},
+        "kernel_manager_class": "jupyter_gpuaas.server.GpuaasKernelManager",
+    }
+
+
 ADMIN_TOKEN = "admin-token-0123456789"
 
 

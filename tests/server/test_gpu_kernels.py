@@ -169,6 +169,11 @@ async def test_never_admissible_kernel_fails_at_once_with_the_reason(
     assert json.loads((await jp_fetch("api", "kernels")).body) == []
     failed = (await gpu_kernels(jp_fetch))[0]
     assert failed["state"] == "failed" and "do not fit" in failed["reason"]
+    # The refused start leaves nothing behind that the server's shutdown would trip on.
+    resp = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "python3"}))
+    cpu = json.loads(resp.body)["id"]
+    await gpu_app.kernel_manager.shutdown_all()
+    assert cpu not in gpu_app.kernel_manager and len(gpu_app.kernel_manager) == 0
 
 
 async def test_restart_keeps_the_grant(

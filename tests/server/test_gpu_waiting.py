@@ -176,18 +176,23 @@ async def test_only_gpu_kernels_start_as_pending_kernels(
     gpu_app: Any, jp_fetch: Callable[..., Awaitable[Any]]
 ) -> None:
     mkm = gpu_app.kernel_manager
-    resp = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "python3"}))
-    cpu = json.loads(resp.body)["id"]
+
+    async def start_cpu_kernel() -> str:
+        resp = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "python3"}))
+        return str(json.loads(resp.body)["id"])
+
+    cpu = await start_cpu_kernel()
     # Not pending: the POST answered once the kernel had started.
     assert mkm.get_kernel(cpu).ready.done()
-    assert cpu not in mkm._pending_kernels
     first = await start_kernel(jp_fetch, "gpu1")
     await wait_for(kernel_ready(gpu_app, first), 30, "the first GPU kernel")
-    waiting = await start_kernel(jp_fetch, "gpu1")
+    # A GPU kernel that must queue and a CPU kernel, started at the same moment: the GPU
+    # kernel's POST answers while it waits, the CPU kernel's once it has started.
+    waiting, cpu2 = await asyncio.gather(start_kernel(jp_fetch, "gpu1"), start_cpu_kernel())
+    assert mkm.get_kernel(cpu2).ready.done()
     assert not mkm.get_kernel(waiting).ready.done()  # pending: answered while queued
-    assert mkm.use_pending_kernels is False  # back at rest for the next CPU kernel
-    # A waiting kernel still cannot restart (jupyter_client's rule for pending kernels,
-    # which it checks only while the flag is on), and keeps its place.
+    assert mkm.use_pending_kernels is False  # the server's own setting, for other kernels
+    # A waiting kernel cannot restart, and says so; it keeps its place.
     rec = await wait_for(lambda: _queued(jp_fetch, waiting), what="the GPU kernel queued")
     with pytest.raises(HTTPClientError) as info:
         await jp_fetch("api", "kernels", waiting, "restart", method="POST", body="")

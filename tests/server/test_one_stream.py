@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from helpers import wait_until
-from srvutil import TOKEN, GatewayProc, gpu_extension
+from srvutil import TOKEN, GatewayProc, gpu_extension, server_app_config
 from tornado.httpclient import AsyncHTTPClient
 
 pytestmark = pytest.mark.slow
@@ -94,7 +94,7 @@ def relay(gateway: GatewayProc) -> Iterator[CountingRelay]:
 @pytest.fixture
 def jp_server_config(relay: CountingRelay, gpu_kernelspecs: dict[str, str]) -> dict[str, Any]:
     return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_gpuaas.server": True}},
+        "ServerApp": server_app_config(),
         "GpuaasExtension": {
             "gateway_url": f"http://127.0.0.1:{relay.port}/",
             "gateway_token": TOKEN,

@@ -120,6 +120,13 @@ def test_the_extension_is_enabled_by_a_packaged_config_file() -> None:
     )
     # Enabled by its own module; the package face's old name still works (INTERFACES.md).
     assert data["ServerApp"]["jpserver_extensions"] == {"jupyter_gpuaas.server": True}
+    # ...beside the kernel manager class GPU kernels need, which it names importably.
+    from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+    from traitlets.utils.importstring import import_item
+
+    manager = import_item(data["ServerApp"]["kernel_manager_class"])
+    assert issubclass(manager, AsyncMappingKernelManager)
+    assert manager.__name__ == "GpuaasKernelManager"
     import jupyter_gpuaas
     import jupyter_gpuaas.server
 
@@ -168,3 +175,32 @@ def test_either_name_or_both_give_one_extension(enabled: dict[str, bool]) -> Non
         assert [type(a) for a in apps] == [GpuaasExtension]
     finally:
         ServerApp.clear_instance()
+
+
+def test_the_extension_attaches_to_its_kernel_manager_or_says_what_fails() -> None:
+    import logging
+
+    from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+
+    from jupyter_gpuaas.server.extension import GpuaasExtension
+    from jupyter_gpuaas.server.kernel_manager import GpuaasKernelManager
+
+    ext = GpuaasExtension()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    ext.log.addHandler(handler)
+    try:
+        ours = GpuaasKernelManager()
+        ext._attach_kernel_manager(ours)
+        assert ours.gpuaas is ext and records == []
+        ours.close_context()
+        ext._attach_kernel_manager(AsyncMappingKernelManager())
+    finally:
+        ext.log.removeHandler(handler)
+    (said,) = [r.getMessage() for r in records]
+    assert "AsyncMappingKernelManager, not jupyter_gpuaas.server.GpuaasKernelManager" in said
+    assert "blocks the notebook until its GPUs are granted" in said
+    assert (
+        "Set ServerApp.kernel_manager_class = 'jupyter_gpuaas.server.GpuaasKernelManager'" in said
+    )

@@ -187,6 +187,7 @@ def main() -> int:
                         # Galata's own helpers (contents uploads) send no XSRF token.
                         "disable_check_xsrf": True,
                         "jpserver_extensions": {"jupyter_gpuaas": True},
+                        "kernel_manager_class": "jupyter_gpuaas.server.GpuaasKernelManager",
                     },
                     "IdentityProvider": {"token": ""},
                     "PasswordIdentityProvider": {"hashed_password": ""},
@@ -238,6 +239,7 @@ def main() -> int:
                         "allow_root": True,
                         "root_dir": str(root / "viewer"),
                         "jpserver_extensions": {"jupyter_gpuaas": True},
+                        "kernel_manager_class": "jupyter_gpuaas.server.GpuaasKernelManager",
                     },
                     "IdentityProvider": {"token": ""},
                     "PasswordIdentityProvider": {"hashed_password": ""},
