@@ -1,0 +1,667 @@
+"""One quota format both ways: the quota file as Kueue's objects, and Kueue's objects back
+as a quota file (PURE: dicts in, dicts out).
+
+`manifests` turns a parsed quota file into the objects of Kueue's `kueue.x-k8s.io/v1beta2`
+API (the storage version of the pinned Kueue, v0.19): a ResourceFlavor per flavor, a Cohort
+per declared cohort, a ClusterQueue per tenant and a LocalQueue per tenant in the namespace
+where the users' pods run. Our words map onto Kueue's one to one (ARCHITECTURE.md's table);
+what Kueue cannot express (a flavor's nodes, the idle policy, the grace of a preemption,
+autoscale) rides in `gpuaas.jupyter.org/...` annotations, so nothing is lost on the way back.
+
+`import_objects` reads those objects back, from our own output or from a cluster's
+`kubectl get -o yaml` (a `List` with `items`, with the server's metadata, defaults and
+status), into the quota file's plain data, which `parse_config` then checks. It is strict,
+like the quota file's parser: a field Kueue does not have, or one that the core does not
+model set to anything but its default (admission checks, topology-aware scheduling, ...),
+raises `ImportError_` naming the object and the field, because a what-if on quotas that
+silently dropped an admission check would answer a different question.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from jupyter_gpuaas.admission.model import (
+    BORROW_WITHIN_COHORT,
+    QUEUEING,
+    RECLAIM_WITHIN_COHORT,
+    WITHIN_TENANT,
+    Config,
+    Policy,
+)
+
+from .meta import FLAVOR_LABEL, ClusterFlavor, ManifestError
+
+GROUP = "kueue.x-k8s.io"
+VERSION = "v1beta2"
+API_VERSION = f"{GROUP}/{VERSION}"
+#: The versions `import` reads: the served ones of the pinned Kueue.
+IMPORT_VERSIONS = (f"{GROUP}/v1beta2", f"{GROUP}/v1beta1")
+#: The project's prefix for labels and annotations (FLAVOR_LABEL's).
+PREFIX = FLAVOR_LABEL.rsplit("/", 1)[0] + "/"
+NODES = PREFIX + "nodes"
+GPUS_PER_NODE = PREFIX + "gpus-per-node"
+AUTOSCALE = PREFIX + "autoscale"
+FLAVOR_ORDER = PREFIX + "flavor-order"
+POLICY = PREFIX + "policy"
+#: Tenant settings that Kueue has no field for: annotation -> the quota file's key.
+TENANT_ANNOTATIONS = {
+    PREFIX + "idle-timeout": "idle_timeout",
+    PREFIX + "reservation-ttl": "reservation_ttl",
+    PREFIX + "preemption-grace": "preemption_grace",
+}
+#: What the core does when flavors are tried (SCENARIO.md "Flavors"), said explicitly.
+FUNGIBILITY = {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"}
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class ImportError_(ValueError):  # noqa: N801 - `ImportError` is Python's own
+    """Objects the quota file cannot hold; str() is the one line the CLI prints."""
+
+
+# --- quota file -> Kueue ------------------------------------------------------------------
+
+
+def _number(value: float) -> int | str:
+    """A quantity: a whole number as an int, else the shortest decimal that reads back
+    as the same float (Kubernetes quantities take `0.5`, `1e-3`)."""
+    if float(value).is_integer():
+        return int(value)
+    return repr(float(value))
+
+
+def _check_name(name: str, what: str, *, label: bool = False) -> None:
+    ok = _DNS_LABEL if label else _DNS_SUBDOMAIN
+    if not ok.match(name) or len(name) > (63 if label else 253):
+        raise ManifestError(
+            f"{what} {name!r}: Kueue's object names are lowercase letters, digits and '-'"
+            f" (at most {63 if label else 253})"
+        )
+
+
+def _resource_groups(
+    flavors: Sequence[str],
+    resource_of: Mapping[str, str],
+    quota: Mapping[str, int],
+    borrowing: Mapping[str, int],
+    lending: Mapping[str, int],
+) -> list[dict[str, Any]]:
+    """One resource group per extended resource, its flavors in quota order (the order
+    Kueue tries them in)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for name in flavors:
+        res: dict[str, Any] = {"name": resource_of[name], "nominalQuota": quota.get(name, 0)}
+        if name in borrowing:
+            res["borrowingLimit"] = borrowing[name]
+        if name in lending:
+            res["lendingLimit"] = lending[name]
+        groups.setdefault(resource_of[name], []).append({"name": name, "resources": [res]})
+    return [{"coveredResources": [r], "flavors": fl} for r, fl in groups.items()]
+
+
+def _policy_block(policy: Policy) -> dict[str, Any]:
+    """The global policy in the quota file's words, defaults left out (autoscale rides on
+    the ResourceFlavors)."""
+    default = Policy()
+    out: dict[str, Any] = {}
+    for key in (
+        "fair_sharing",
+        "idle_timeout",
+        "reservation_ttl",
+        "cull_warning",
+        "lease_ttl",
+        "preemption_grace",
+    ):
+        value = getattr(policy, key)
+        if value != getattr(default, key):
+            out[key] = value
+    return out
+
+
+def manifests(
+    config: Config, flavors: Sequence[ClusterFlavor], namespace: str
+) -> list[dict[str, Any]]:
+    """Kueue's objects for a quota file: ResourceFlavors, Cohorts, ClusterQueues, then
+    LocalQueues (the order `kubectl apply` needs: what is referred to comes first)."""
+    _check_name(namespace, "--namespace", label=True)
+    resource_of = {f.name: f.resource for f in flavors}
+    docs: list[dict[str, Any]] = []
+    for cf in flavors:
+        _check_name(cf.name, "flavor")
+        fl = config.flavors[cf.name]
+        notes = {NODES: str(fl.nodes), GPUS_PER_NODE: str(fl.gpus_per_node)}
+        auto = config.policy.autoscale.get(cf.name)
+        if auto is not None:
+            notes[AUTOSCALE] = json.dumps(
+                {
+                    "max_nodes": auto.max_nodes,
+                    "provision_delay": auto.provision_delay,
+                    "scale_down_after": auto.scale_down_after,
+                    "provision": auto.provision,
+                }
+            )
+        docs.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "ResourceFlavor",
+                "metadata": {"name": cf.name, "annotations": notes},
+                "spec": {
+                    "nodeLabels": dict(cf.node_selector),
+                    "tolerations": [dict(t) for t in cf.tolerations],
+                },
+            }
+        )
+    for cohort in config.cohorts.values():
+        _check_name(cohort.name, "cohort")
+        cspec: dict[str, Any] = {}
+        if cohort.parent is not None:
+            cspec["parentName"] = cohort.parent
+        named = [
+            f
+            for f in config.flavors
+            if f in cohort.quota or f in cohort.borrowing_limit or f in cohort.lending_limit
+        ]
+        if named:
+            cspec["resourceGroups"] = _resource_groups(
+                named, resource_of, cohort.quota, cohort.borrowing_limit, cohort.lending_limit
+            )
+        cspec["fairSharing"] = {"weight": _number(cohort.weight)}
+        cmeta: dict[str, Any] = {"name": cohort.name}
+        # A cohort's own quota of 0 next to a limit would read back as no quota at all.
+        zero = [f for f in named if cohort.quota.get(f) == 0]
+        if zero:
+            cmeta["annotations"] = {PREFIX + "zero-quota": ",".join(zero)}
+        docs.append({"apiVersion": API_VERSION, "kind": "Cohort", "metadata": cmeta, "spec": cspec})
+    policy = _policy_block(config.policy)
+    for tenant in config.tenants.values():
+        _check_name(tenant.name, "tenant", label=True)
+        order = list(tenant.quota)
+        groups = _resource_groups(
+            order, resource_of, tenant.quota, tenant.borrowing_limit, tenant.lending_limit
+        )
+        notes = {}
+        for annotation, key in TENANT_ANNOTATIONS.items():
+            value = getattr(tenant, key)
+            if value is not None:
+                notes[annotation] = str(_number(value))
+        if [f["name"] for g in groups for f in g["flavors"]] != order:
+            notes[FLAVOR_ORDER] = ",".join(order)
+        if policy:
+            notes[POLICY] = json.dumps(policy)
+        spec: dict[str, Any] = {}
+        if tenant.cohort is not None:
+            spec["cohortName"] = tenant.cohort
+        spec.update(
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "queueingStrategy": tenant.queueing,
+                "resourceGroups": groups,
+                "flavorFungibility": dict(FUNGIBILITY),
+                "preemption": {
+                    "withinClusterQueue": tenant.preemption.within_tenant,
+                    "reclaimWithinCohort": tenant.preemption.reclaim_within_cohort,
+                    "borrowWithinCohort": {"policy": tenant.preemption.borrow_within_cohort},
+                },
+                "fairSharing": {"weight": _number(tenant.weight)},
+            }
+        )
+        meta: dict[str, Any] = {"name": tenant.name}
+        if notes:
+            meta["annotations"] = notes
+        docs.append({"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": meta, "spec": spec})
+    for tenant in config.tenants.values():
+        docs.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "LocalQueue",
+                "metadata": {"name": tenant.name, "namespace": namespace},
+                "spec": {"clusterQueue": tenant.name},
+            }
+        )
+    return docs
+
+
+# --- Kueue -> quota file ------------------------------------------------------------------
+
+_SUFFIX = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50),
+    "Ei": Decimal(2**60),
+}
+_QUANTITY = re.compile(
+    r"^(?P<num>[+-]?(\d+(\.\d*)?|\.\d+))(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?$"
+)
+
+
+def parse_quantity(value: Any, where: str) -> Decimal:
+    """A Kubernetes quantity (`8`, `"8"`, `"1500m"`, `"1e3"`, `"2Ki"`) as a Decimal."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ImportError_(f"{where}: {value!r} is not a quantity")
+    m = _QUANTITY.match(str(value).strip())
+    if m is None:
+        raise ImportError_(f"{where}: {value!r} is not a quantity")
+    try:
+        number = Decimal(m["num"])
+    except InvalidOperation as e:  # pragma: no cover - the pattern admits only decimals
+        raise ImportError_(f"{where}: {value!r} is not a quantity") from e
+    suffix = m["suffix"] or ""
+    if suffix[:1] in ("e", "E"):
+        return number.scaleb(int(suffix[1:]))
+    return number * _SUFFIX[suffix]
+
+
+def _gpus(value: Any, where: str) -> int:
+    q = parse_quantity(value, where)
+    if q != q.to_integral_value() or q < 0:
+        raise ImportError_(f"{where}: {value!r} is not a whole number of GPUs")
+    return int(q)
+
+
+def _weight(value: Any, where: str) -> float:
+    return float(parse_quantity(value, where))
+
+
+def _seconds(value: Any, where: str) -> float:
+    n = float(parse_quantity(value, where))
+    return int(n) if n.is_integer() else n
+
+
+class _Object:
+    """One object being read: its name for messages, and strict access to its fields."""
+
+    def __init__(self, obj: Mapping[str, Any], plural: str) -> None:
+        meta = obj.get("metadata")
+        if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+            raise ImportError_(f"{plural}: metadata.name is required")
+        self.name: str = meta["name"]
+        self.where = f"{plural}/{self.name}"
+        notes = meta.get("annotations") or {}
+        if not isinstance(notes, Mapping):
+            raise ImportError_(f"{self.where}: metadata.annotations: must be a mapping")
+        self.notes: Mapping[str, Any] = notes
+        self.obj = obj
+
+    def fail(self, path: str, message: str) -> ImportError_:
+        return ImportError_(f"{self.where}: {path}: {message}")
+
+    def mapping(self, value: Any, path: str, allowed: Iterable[str]) -> Mapping[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.fail(path, "must be a mapping")
+        known = set(allowed)
+        for key in value:
+            if key not in known:
+                raise self.fail(f"{path}.{key}", "unknown field")
+        return value
+
+    def items(self, value: Any, path: str) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.fail(path, "must be a list")
+        return value
+
+    def only(self, value: Any, path: str, allowed: Iterable[Any], why: str) -> Any:
+        """A field the core models at these values only."""
+        choices = list(allowed)
+        if value not in choices:
+            shown = ", ".join(str(c) for c in choices if c is not None) or "absent"
+            raise self.fail(path, f"unsupported value {value!r}: {why} (supported: {shown})")
+        return value
+
+    def note(self, key: str) -> str | None:
+        value = self.notes.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self.fail(f"metadata.annotations.{key}", "must be a string")
+        return value
+
+    def json_note(self, key: str) -> Any:
+        text = self.note(key)
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            raise self.fail(f"metadata.annotations.{key}", "is not JSON") from e
+
+
+_TOP = ("apiVersion", "kind", "metadata", "spec", "status")
+
+
+def _quotas(
+    o: _Object, groups: Any, path: str, flavors_seen: list[str]
+) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """nominalQuota, borrowingLimit and lendingLimit per flavor of `resourceGroups`."""
+    quota: dict[str, int] = {}
+    borrowing: dict[str, int] = {}
+    lending: dict[str, int] = {}
+    for i, group in enumerate(o.items(groups, path)):
+        gpath = f"{path}[{i}]"
+        g = o.mapping(group, gpath, ("coveredResources", "flavors"))
+        covered = o.items(g.get("coveredResources"), f"{gpath}.coveredResources")
+        if len(covered) != 1:
+            raise o.fail(
+                f"{gpath}.coveredResources",
+                f"covers {len(covered)} resources: the core models one GPU resource per flavor",
+            )
+        for j, flavor in enumerate(o.items(g.get("flavors"), f"{gpath}.flavors")):
+            fpath = f"{gpath}.flavors[{j}]"
+            f = o.mapping(flavor, fpath, ("name", "resources"))
+            name = f.get("name")
+            if not isinstance(name, str) or not name:
+                raise o.fail(f"{fpath}.name", "is required")
+            resources = o.items(f.get("resources"), f"{fpath}.resources")
+            if len(resources) != 1:
+                raise o.fail(f"{fpath}.resources", "must name the group's one covered resource")
+            rpath = f"{fpath}.resources[0]"
+            r = o.mapping(
+                resources[0], rpath, ("name", "nominalQuota", "borrowingLimit", "lendingLimit")
+            )
+            if r.get("name") != covered[0]:
+                raise o.fail(f"{rpath}.name", f"must be the covered resource {covered[0]!r}")
+            flavors_seen.append(name)
+            quota[name] = _gpus(r.get("nominalQuota", 0), f"{o.where}: {rpath}.nominalQuota")
+            if r.get("borrowingLimit") is not None:
+                borrowing[name] = _gpus(r["borrowingLimit"], f"{o.where}: {rpath}.borrowingLimit")
+            if r.get("lendingLimit") is not None:
+                lending[name] = _gpus(r["lendingLimit"], f"{o.where}: {rpath}.lendingLimit")
+    return quota, borrowing, lending
+
+
+def _weight_of(o: _Object, spec: Mapping[str, Any]) -> float:
+    fs = o.mapping(spec.get("fairSharing"), "spec.fairSharing", ("weight",))
+    if fs.get("weight") is None:
+        return 1.0
+    return _weight(fs["weight"], f"{o.where}: spec.fairSharing.weight")
+
+
+def _resource_flavor(o: _Object) -> dict[str, Any]:
+    spec = o.mapping(
+        o.obj.get("spec"), "spec", ("nodeLabels", "nodeTaints", "tolerations", "topologyName")
+    )
+    o.only(spec.get("topologyName"), "spec.topologyName", [None], "topology-aware scheduling")
+    out: dict[str, Any] = {}
+    for key, field in ((NODES, "nodes"), (GPUS_PER_NODE, "gpus_per_node")):
+        text = o.note(key)
+        if text is None:
+            raise o.fail(
+                f"metadata.annotations.{key}",
+                "is required: Kueue does not know a flavor's nodes; annotate it",
+            )
+        out[field] = _gpus(text, f"{o.where}: metadata.annotations.{key}")
+    return out
+
+
+def _preemption(o: _Object, spec: Mapping[str, Any]) -> dict[str, str]:
+    p = o.mapping(
+        spec.get("preemption"),
+        "spec.preemption",
+        ("withinClusterQueue", "reclaimWithinCohort", "borrowWithinCohort"),
+    )
+    bwc = o.mapping(
+        p.get("borrowWithinCohort"),
+        "spec.preemption.borrowWithinCohort",
+        ("policy", "maxPriorityThreshold"),
+    )
+    o.only(
+        bwc.get("maxPriorityThreshold"),
+        "spec.preemption.borrowWithinCohort.maxPriorityThreshold",
+        [None],
+        "the core has no priority threshold for preempting while borrowing",
+    )
+    return {
+        "within_tenant": o.only(
+            p.get("withinClusterQueue") or "Never",
+            "spec.preemption.withinClusterQueue",
+            WITHIN_TENANT,
+            "not a Kueue policy",
+        ),
+        "reclaim_within_cohort": o.only(
+            p.get("reclaimWithinCohort") or "Never",
+            "spec.preemption.reclaimWithinCohort",
+            RECLAIM_WITHIN_COHORT,
+            "not a Kueue policy",
+        ),
+        "borrow_within_cohort": o.only(
+            bwc.get("policy") or "Never",
+            "spec.preemption.borrowWithinCohort.policy",
+            BORROW_WITHIN_COHORT,
+            "not a Kueue policy",
+        ),
+    }
+
+
+_CQ_FIELDS = (
+    "cohortName",
+    "cohort",
+    "namespaceSelector",
+    "queueingStrategy",
+    "resourceGroups",
+    "flavorFungibility",
+    "preemption",
+    "fairSharing",
+    "admissionChecks",
+    "admissionChecksStrategy",
+    "admissionScope",
+    "concurrentAdmissionPolicy",
+    "stopPolicy",
+)
+
+
+def _cluster_queue(o: _Object, version: str) -> tuple[dict[str, Any], list[str], Any]:
+    fields = [f for f in _CQ_FIELDS if f != ("cohort" if version == "v1beta2" else "cohortName")]
+    spec = o.mapping(o.obj.get("spec"), "spec", fields)
+    for key, why in (
+        ("admissionChecks", "admission checks"),
+        ("admissionChecksStrategy", "admission checks"),
+        ("concurrentAdmissionPolicy", "concurrent admission"),
+    ):
+        o.only(spec.get(key) or None, f"spec.{key}", [None], f"the core models no {why}")
+    scope = o.mapping(spec.get("admissionScope"), "spec.admissionScope", ("admissionMode",))
+    o.only(
+        scope.get("admissionMode"),
+        "spec.admissionScope.admissionMode",
+        [None, "NoAdmissionFairSharing"],
+        "the core models no admission fair sharing",
+    )
+    o.only(spec.get("stopPolicy"), "spec.stopPolicy", [None, "None"], "a held queue")
+    fung = o.mapping(
+        spec.get("flavorFungibility"),
+        "spec.flavorFungibility",
+        ("whenCanBorrow", "whenCanPreempt", "preference"),
+    )
+    for key, value in FUNGIBILITY.items():
+        o.only(
+            fung.get(key),
+            f"spec.flavorFungibility.{key}",
+            [None, value],
+            "the core tries flavors as SCENARIO.md's Flavors says",
+        )
+    o.only(
+        fung.get("preference"),
+        "spec.flavorFungibility.preference",
+        [None],
+        "the core tries flavors as SCENARIO.md's Flavors says",
+    )
+    out: dict[str, Any] = {}
+    cohort = spec.get("cohortName" if version == "v1beta2" else "cohort")
+    if cohort:
+        out["cohort"] = cohort
+    seen: list[str] = []
+    quota, borrowing, lending = _quotas(o, spec.get("resourceGroups"), "spec.resourceGroups", seen)
+    order_note = o.note(FLAVOR_ORDER)
+    if order_note is not None:
+        order = order_note.split(",") if order_note else []
+        if sorted(order) != sorted(seen):
+            raise o.fail(
+                f"metadata.annotations.{FLAVOR_ORDER}",
+                f"names {order_note!r} but the resource groups hold {','.join(seen)!r}",
+            )
+        seen = order
+    out["quota"] = {f: quota[f] for f in seen}
+    if borrowing:
+        out["borrowing_limit"] = {f: borrowing[f] for f in seen if f in borrowing}
+    if lending:
+        out["lending_limit"] = {f: lending[f] for f in seen if f in lending}
+    weight = _weight_of(o, spec)
+    if weight != 1.0:
+        out["weight"] = int(weight) if weight.is_integer() else weight
+    queueing = o.only(
+        spec.get("queueingStrategy"),
+        "spec.queueingStrategy",
+        [None, *QUEUEING],
+        "not a Kueue queueing strategy",
+    )
+    if queueing is not None and queueing != "BestEffortFIFO":
+        out["queueing"] = queueing
+    preemption = _preemption(o, spec)
+    if any(v != "Never" for v in preemption.values()):
+        out["preemption"] = preemption
+    for annotation, key in TENANT_ANNOTATIONS.items():
+        text = o.note(annotation)
+        if text is not None:
+            out[key] = _seconds(text, f"{o.where}: metadata.annotations.{annotation}")
+    return out, seen, o.json_note(POLICY)
+
+
+def _cohort(o: _Object) -> dict[str, Any]:
+    spec = o.mapping(o.obj.get("spec"), "spec", ("parentName", "resourceGroups", "fairSharing"))
+    out: dict[str, Any] = {}
+    if spec.get("parentName"):
+        out["parent"] = spec["parentName"]
+    seen: list[str] = []
+    quota, borrowing, lending = _quotas(o, spec.get("resourceGroups"), "spec.resourceGroups", seen)
+    zero_note = o.note(PREFIX + "zero-quota")
+    zero = set(zero_note.split(",")) if zero_note else set()
+    own = {f: n for f, n in quota.items() if n or f in zero or (f not in borrowing and f not in lending)}
+    if own:
+        out["quota"] = own
+    if borrowing:
+        out["borrowing_limit"] = borrowing
+    if lending:
+        out["lending_limit"] = lending
+    weight = _weight_of(o, spec)
+    if weight != 1.0:
+        out["weight"] = int(weight) if weight.is_integer() else weight
+    return out
+
+
+def _local_queue(o: _Object) -> None:
+    spec = o.mapping(o.obj.get("spec"), "spec", ("clusterQueue", "fairSharing", "stopPolicy"))
+    o.only(spec.get("stopPolicy"), "spec.stopPolicy", [None, "None"], "a held queue")
+    weight = _weight_of(o, spec)
+    if weight != 1.0:
+        raise o.fail("spec.fairSharing.weight", "the core models no admission fair sharing")
+
+
+_PLURALS = {
+    "ResourceFlavor": "resourceflavors",
+    "Cohort": "cohorts",
+    "ClusterQueue": "clusterqueues",
+    "LocalQueue": "localqueues",
+}
+
+
+def flatten(docs: Iterable[Any], source: str) -> list[Mapping[str, Any]]:
+    """The objects of YAML documents: `List`s (kubectl's `get -o yaml`) opened, empty
+    documents skipped."""
+    out: list[Mapping[str, Any]] = []
+    for i, doc in enumerate(docs):
+        if doc is None:
+            continue
+        if not isinstance(doc, Mapping):
+            raise ImportError_(f"{source}: document {i + 1}: not a Kubernetes object")
+        if doc.get("kind") == "List" or (doc.get("kind") or "").endswith("List"):
+            items = doc.get("items") or []
+            if not isinstance(items, list):
+                raise ImportError_(f"{source}: document {i + 1}: items: must be a list")
+            out.extend(flatten(items, source))
+        else:
+            out.append(doc)
+    return out
+
+
+def import_objects(objects: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Kueue's objects as a quota file (flavors, cohorts, tenants, policy), unchecked:
+    pass it to `parse_config`."""
+    flavors: dict[str, Any] = {}
+    autoscale: dict[str, Any] = {}
+    cohorts: dict[str, Any] = {}
+    tenants: dict[str, Any] = {}
+    policies: list[tuple[str, Any]] = []
+    for obj in objects:
+        kind = obj.get("kind")
+        plural = _PLURALS.get(str(kind))
+        if plural is None:
+            raise ImportError_(
+                f"kind {kind!r}: not a quota object "
+                "(ResourceFlavor, Cohort, ClusterQueue or LocalQueue)"
+            )
+        o = _Object(obj, plural)
+        api = obj.get("apiVersion")
+        if api not in IMPORT_VERSIONS:
+            raise o.fail("apiVersion", f"unsupported value {api!r} (supported: {', '.join(IMPORT_VERSIONS)})")
+        for key in obj:
+            if key not in _TOP:
+                raise o.fail(str(key), "unknown field")
+        if kind == "ResourceFlavor":
+            flavors[o.name] = _resource_flavor(o)
+            auto = o.json_note(AUTOSCALE)
+            if auto is not None:
+                autoscale[o.name] = auto
+        elif kind == "Cohort":
+            cohorts[o.name] = _cohort(o)
+        elif kind == "ClusterQueue":
+            tenant, _, policy = _cluster_queue(o, str(api).rsplit("/", 1)[1])
+            tenants[o.name] = tenant
+            policies.append((o.where, policy))
+        else:
+            _local_queue(o)
+    policy: dict[str, Any] = {}
+    if policies:
+        first_where, first = policies[0]
+        for where, other in policies[1:]:
+            if other != first:
+                raise ImportError_(
+                    f"{where}: metadata.annotations.{POLICY}: differs from {first_where}'s "
+                    "(the policy is one for all tenants)"
+                )
+        if first is not None:
+            if not isinstance(first, Mapping):
+                raise ImportError_(f"{first_where}: metadata.annotations.{POLICY}: must be a mapping")
+            policy.update(first)
+    if autoscale:
+        policy["autoscale"] = autoscale
+    out: dict[str, Any] = {"flavors": flavors}
+    if cohorts:
+        # Kueue makes a Cohort of every cohortName, declared or not; once the tree is
+        # declared, the quota file wants every tenant's cohort in it.
+        named = [t.get("cohort") for t in tenants.values()]
+        named += [c.get("parent") for c in list(cohorts.values())]
+        for name in named:
+            if name is not None and name not in cohorts:
+                cohorts[name] = {}
+        out["cohorts"] = cohorts
+    out["tenants"] = tenants
+    if policy:
+        out["policy"] = policy
+    return out
