@@ -32,6 +32,7 @@ from jupyter_gpuaas.admission.model import (
     WITHIN_TENANT,
     Config,
     Policy,
+    Tenant,
 )
 
 from .meta import FLAVOR_LABEL, ClusterFlavor, ManifestError
@@ -102,6 +103,22 @@ def _resource_groups(
             res["lendingLimit"] = lending[name]
         groups.setdefault(resource_of[name], []).append({"name": name, "resources": [res]})
     return [{"coveredResources": [r], "flavors": fl} for r, fl in groups.items()]
+
+
+def check_expressible(tenant: Tenant) -> None:
+    """Raise ManifestError for a tenant that the quota file allows and Kueue's API refuses.
+
+    Kueue's ClusterQueue rejects `borrowWithinCohort` without `reclaimWithinCohort` (its
+    candidates are found by the reclaim policy); the core takes the borrowing policy on its
+    own (SCENARIO.md's candidates), so there is no Kueue object that means the same.
+    """
+    p = tenant.preemption
+    if p.reclaim_within_cohort == "Never" and p.borrow_within_cohort != "Never":
+        raise ManifestError(
+            f"tenants.{tenant.name}.preemption: Kueue refuses borrow_within_cohort "
+            f"{p.borrow_within_cohort} with reclaim_within_cohort Never "
+            "(set reclaim_within_cohort to LowerPriority or Any)"
+        )
 
 
 def _policy_block(policy: Policy) -> dict[str, Any]:
@@ -180,6 +197,7 @@ def manifests(
     policy = _policy_block(config.policy)
     for tenant in config.tenants.values():
         _check_name(tenant.name, "tenant", label=True)
+        check_expressible(tenant)
         order = list(tenant.quota)
         groups = _resource_groups(
             order, resource_of, tenant.quota, tenant.borrowing_limit, tenant.lending_limit

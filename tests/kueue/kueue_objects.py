@@ -111,6 +111,15 @@ def scenario_configs() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def kueue_refuses(config: Config) -> bool:
+    """Kueue's ClusterQueue CEL rule: no borrowWithinCohort without reclaimWithinCohort."""
+    return any(
+        t.preemption.reclaim_within_cohort == "Never"
+        and t.preemption.borrow_within_cohort != "Never"
+        for t in config.tenants.values()
+    )
+
+
 def config_of(data: dict[str, Any]) -> Config:
     return parse_config(quota_part(data))
 
