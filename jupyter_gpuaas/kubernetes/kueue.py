@@ -13,7 +13,7 @@ autoscale) rides in `gpuaas.jupyter.org/...` annotations, so nothing is lost on 
 status), into the quota file's plain data, which `parse_config` then checks. It is strict,
 like the quota file's parser: a field Kueue does not have, or one that the core does not
 model set to anything but its default (admission checks, topology-aware scheduling, ...),
-raises `ImportError_` naming the object and the field, because a what-if on quotas that
+raises `KueueImportError` naming the object and the field, because a what-if on quotas that
 silently dropped an admission check would answer a different question.
 """
 
@@ -61,7 +61,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-class ImportError_(ValueError):  # noqa: N801 - `ImportError` is Python's own
+class KueueImportError(ValueError):
     """Objects the quota file cannot hold; str() is the one line the CLI prints."""
 
 
@@ -231,7 +231,9 @@ def manifests(
         meta: dict[str, Any] = {"name": tenant.name}
         if notes:
             meta["annotations"] = notes
-        docs.append({"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": meta, "spec": spec})
+        docs.append(
+            {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": meta, "spec": spec}
+        )
     for tenant in config.tenants.values():
         docs.append(
             {
@@ -272,14 +274,14 @@ _QUANTITY = re.compile(
 def parse_quantity(value: Any, where: str) -> Decimal:
     """A Kubernetes quantity (`8`, `"8"`, `"1500m"`, `"1e3"`, `"2Ki"`) as a Decimal."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ImportError_(f"{where}: {value!r} is not a quantity")
+        raise KueueImportError(f"{where}: {value!r} is not a quantity")
     m = _QUANTITY.match(str(value).strip())
     if m is None:
-        raise ImportError_(f"{where}: {value!r} is not a quantity")
+        raise KueueImportError(f"{where}: {value!r} is not a quantity")
     try:
         number = Decimal(m["num"])
     except InvalidOperation as e:  # pragma: no cover - the pattern admits only decimals
-        raise ImportError_(f"{where}: {value!r} is not a quantity") from e
+        raise KueueImportError(f"{where}: {value!r} is not a quantity") from e
     suffix = m["suffix"] or ""
     if suffix[:1] in ("e", "E"):
         return number.scaleb(int(suffix[1:]))
@@ -289,7 +291,7 @@ def parse_quantity(value: Any, where: str) -> Decimal:
 def _gpus(value: Any, where: str) -> int:
     q = parse_quantity(value, where)
     if q != q.to_integral_value() or q < 0:
-        raise ImportError_(f"{where}: {value!r} is not a whole number of GPUs")
+        raise KueueImportError(f"{where}: {value!r} is not a whole number of GPUs")
     return int(q)
 
 
@@ -308,17 +310,17 @@ class _Object:
     def __init__(self, obj: Mapping[str, Any], plural: str) -> None:
         meta = obj.get("metadata")
         if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
-            raise ImportError_(f"{plural}: metadata.name is required")
+            raise KueueImportError(f"{plural}: metadata.name is required")
         self.name: str = meta["name"]
         self.where = f"{plural}/{self.name}"
         notes = meta.get("annotations") or {}
         if not isinstance(notes, Mapping):
-            raise ImportError_(f"{self.where}: metadata.annotations: must be a mapping")
+            raise KueueImportError(f"{self.where}: metadata.annotations: must be a mapping")
         self.notes: Mapping[str, Any] = notes
         self.obj = obj
 
-    def fail(self, path: str, message: str) -> ImportError_:
-        return ImportError_(f"{self.where}: {path}: {message}")
+    def fail(self, path: str, message: str) -> KueueImportError:
+        return KueueImportError(f"{self.where}: {path}: {message}")
 
     def mapping(self, value: Any, path: str, allowed: Iterable[str]) -> Mapping[str, Any]:
         if value is None:
@@ -570,7 +572,11 @@ def _cohort(o: _Object) -> dict[str, Any]:
     quota, borrowing, lending = _quotas(o, spec.get("resourceGroups"), "spec.resourceGroups", seen)
     zero_note = o.note(PREFIX + "zero-quota")
     zero = set(zero_note.split(",")) if zero_note else set()
-    own = {f: n for f, n in quota.items() if n or f in zero or (f not in borrowing and f not in lending)}
+    own = {
+        f: n
+        for f, n in quota.items()
+        if n or f in zero or (f not in borrowing and f not in lending)
+    }
     if own:
         out["quota"] = own
     if borrowing:
@@ -607,11 +613,11 @@ def flatten(docs: Iterable[Any], source: str) -> list[Mapping[str, Any]]:
         if doc is None:
             continue
         if not isinstance(doc, Mapping):
-            raise ImportError_(f"{source}: document {i + 1}: not a Kubernetes object")
+            raise KueueImportError(f"{source}: document {i + 1}: not a Kubernetes object")
         if doc.get("kind") == "List" or (doc.get("kind") or "").endswith("List"):
             items = doc.get("items") or []
             if not isinstance(items, list):
-                raise ImportError_(f"{source}: document {i + 1}: items: must be a list")
+                raise KueueImportError(f"{source}: document {i + 1}: items: must be a list")
             out.extend(flatten(items, source))
         else:
             out.append(doc)
@@ -630,14 +636,16 @@ def import_objects(objects: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         kind = obj.get("kind")
         plural = _PLURALS.get(str(kind))
         if plural is None:
-            raise ImportError_(
+            raise KueueImportError(
                 f"kind {kind!r}: not a quota object "
                 "(ResourceFlavor, Cohort, ClusterQueue or LocalQueue)"
             )
         o = _Object(obj, plural)
         api = obj.get("apiVersion")
         if api not in IMPORT_VERSIONS:
-            raise o.fail("apiVersion", f"unsupported value {api!r} (supported: {', '.join(IMPORT_VERSIONS)})")
+            raise o.fail(
+                "apiVersion", f"unsupported value {api!r} (supported: {', '.join(IMPORT_VERSIONS)})"
+            )
         for key in obj:
             if key not in _TOP:
                 raise o.fail(str(key), "unknown field")
@@ -649,9 +657,9 @@ def import_objects(objects: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         elif kind == "Cohort":
             cohorts[o.name] = _cohort(o)
         elif kind == "ClusterQueue":
-            tenant, _, policy = _cluster_queue(o, str(api).rsplit("/", 1)[1])
+            tenant, _, note = _cluster_queue(o, str(api).rsplit("/", 1)[1])
             tenants[o.name] = tenant
-            policies.append((o.where, policy))
+            policies.append((o.where, note))
         else:
             _local_queue(o)
     policy: dict[str, Any] = {}
@@ -659,13 +667,15 @@ def import_objects(objects: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         first_where, first = policies[0]
         for where, other in policies[1:]:
             if other != first:
-                raise ImportError_(
+                raise KueueImportError(
                     f"{where}: metadata.annotations.{POLICY}: differs from {first_where}'s "
                     "(the policy is one for all tenants)"
                 )
         if first is not None:
             if not isinstance(first, Mapping):
-                raise ImportError_(f"{first_where}: metadata.annotations.{POLICY}: must be a mapping")
+                raise KueueImportError(
+                    f"{first_where}: metadata.annotations.{POLICY}: must be a mapping"
+                )
             policy.update(first)
     if autoscale:
         policy["autoscale"] = autoscale

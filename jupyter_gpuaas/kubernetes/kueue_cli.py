@@ -119,7 +119,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     from jupyter_gpuaas.admission.config import SpecError, parse_config
 
-    from .kueue import ImportError_, flatten, import_objects
+    from .kueue import KueueImportError, flatten, import_objects
 
     objects: list[Any] = []
     for name in args.files:
@@ -134,12 +134,12 @@ def run_import(args: argparse.Namespace) -> int:
             return _fail("import", f"{name}: {e.strerror}")
         except yaml.YAMLError as e:
             return _fail("import", f"{name}: not valid YAML ({' '.join(str(e).split())})")
-        except ImportError_ as e:
+        except KueueImportError as e:
             return _fail("import", str(e))
     try:
         data = import_objects(objects)
         parse_config(data)
-    except ImportError_ as e:
+    except KueueImportError as e:
         return _fail("import", str(e))
     except SpecError as e:
         return _fail("import", f"the quota file they make: {e}")

@@ -21,9 +21,7 @@ from jupyter_gpuaas.kubernetes.meta import ManifestError, cluster_flavors
 CONFIGS = scenario_configs()
 
 
-def round_trip(
-    config: Config, resources: dict[str, str] | None = None, crds: Any = None
-) -> Config:
+def round_trip(config: Config, resources: dict[str, str] | None = None, crds: Any = None) -> Config:
     """The quota file through `kueue manifests`' YAML and back through `kueue import`
     (each object validated against its CRD on the way, given `crds`)."""
     docs = manifests(config, cluster_flavors(config, {}, resources or {}), "jhub")
@@ -137,7 +135,10 @@ def quota_files(draw: Draw) -> tuple[dict[str, Any], dict[str, str]]:
     if policy:
         data["policy"] = policy
     resources = draw(
-        st.dictionaries(st.sampled_from(list(flavors)), st.sampled_from(["nvidia.com/mig-1g.10gb", "amd.com/gpu"]))
+        st.dictionaries(
+            st.sampled_from(list(flavors)),
+            st.sampled_from(["nvidia.com/mig-1g.10gb", "amd.com/gpu"]),
+        )
     )
     return data, resources
 

@@ -60,7 +60,10 @@ def test_two_resources_make_two_resource_groups(crds: dict[tuple[str, str], Any]
     docs = build(data, {"mig": "nvidia.com/mig-1g.10gb"})
     (cq,) = [d for d in docs if d["kind"] == "ClusterQueue"]
     groups = cq["spec"]["resourceGroups"]
-    assert [g["coveredResources"] for g in groups] == [["nvidia.com/gpu"], ["nvidia.com/mig-1g.10gb"]]
+    assert [g["coveredResources"] for g in groups] == [
+        ["nvidia.com/gpu"],
+        ["nvidia.com/mig-1g.10gb"],
+    ]
     assert [f["name"] for f in groups[0]["flavors"]] == ["a100", "h100"]
     # Kueue's groups lose the quota order; the annotation keeps it.
     assert cq["metadata"]["annotations"]["gpuaas.jupyter.org/flavor-order"] == "a100,mig,h100"
@@ -83,10 +86,16 @@ def _cluster_queue() -> dict[str, Any]:
         # v1beta1's name for the cohort, which v1beta2 no longer has.
         (lambda cq: cq["spec"].update(cohort=cq["spec"].pop("cohortName")), "cohort"),
         (lambda cq: cq["spec"].update(queueingStrategy="FIFO"), "FIFO"),
-        (lambda cq: cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0].update(
-            nominalQuota=1.5), "1.5"),
-        (lambda cq: cq["spec"]["preemption"].update(borrowWithinCohort="LowerPriority"),
-         "LowerPriority"),
+        (
+            lambda cq: cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0].update(
+                nominalQuota=1.5
+            ),
+            "1.5",
+        ),
+        (
+            lambda cq: cq["spec"]["preemption"].update(borrowWithinCohort="LowerPriority"),
+            "LowerPriority",
+        ),
     ],
     ids=["v1beta1-cohort", "queueing", "float-quota", "borrow-within-cohort-string"],
 )
