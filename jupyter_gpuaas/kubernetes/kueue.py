@@ -471,25 +471,25 @@ def _preemption(o: _Object, spec: Mapping[str, Any]) -> dict[str, str]:
 
 
 _CQ_FIELDS = (
-    "cohortName",
-    "cohort",
     "namespaceSelector",
     "queueingStrategy",
     "resourceGroups",
     "flavorFungibility",
     "preemption",
     "fairSharing",
-    "admissionChecks",
     "admissionChecksStrategy",
     "admissionScope",
-    "concurrentAdmissionPolicy",
     "stopPolicy",
 )
+#: ClusterQueue fields by version (v1beta2 renamed `cohort` and dropped `admissionChecks`).
+CQ_FIELDS = {
+    "v1beta2": ("cohortName", "concurrentAdmissionPolicy", *_CQ_FIELDS),
+    "v1beta1": ("cohort", "admissionChecks", *_CQ_FIELDS),
+}
 
 
 def _cluster_queue(o: _Object, version: str) -> tuple[dict[str, Any], list[str], Any]:
-    fields = [f for f in _CQ_FIELDS if f != ("cohort" if version == "v1beta2" else "cohortName")]
-    spec = o.mapping(o.obj.get("spec"), "spec", fields)
+    spec = o.mapping(o.obj.get("spec"), "spec", CQ_FIELDS[version])
     for key, why in (
         ("admissionChecks", "admission checks"),
         ("admissionChecksStrategy", "admission checks"),
@@ -510,8 +510,11 @@ def _cluster_queue(o: _Object, version: str) -> tuple[dict[str, Any], list[str],
         ("whenCanBorrow", "whenCanPreempt", "preference"),
     )
     for key, value in FUNGIBILITY.items():
+        given = fung.get(key)
+        if version == "v1beta1" and given == "Borrow":
+            given = "MayStopSearch"  # v1beta1's old name of it
         o.only(
-            fung.get(key),
+            given,
             f"spec.flavorFungibility.{key}",
             [None, value],
             "the core tries flavors as SCENARIO.md's Flavors says",

@@ -275,3 +275,21 @@ def test_the_example_quotas(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "manifests", str(TWO_TEAMS))
     assert (code, err) == (0, "")
     assert {d["kind"] for d in yaml.safe_load_all(out)} >= {"ResourceFlavor", "ClusterQueue"}
+
+
+def test_import_reads_v1beta1_too(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A cluster that still serves v1beta1 (`cohort`, `whenCanBorrow: Borrow`) imports the
+    same; v1beta1's names in a v1beta2 object are unknown fields."""
+    docs = our_objects(capsys, tmp_path)
+    for doc in docs:
+        doc["apiVersion"] = "kueue.x-k8s.io/v1beta1"
+        if doc["kind"] == "ClusterQueue":
+            doc["spec"]["cohort"] = doc["spec"].pop("cohortName")
+            doc["spec"]["flavorFungibility"]["whenCanBorrow"] = "Borrow"
+    code, out, err = run(capsys, "import", write(tmp_path, "v1beta1.yaml", docs))
+    assert (code, err) == (0, "")
+    assert parse_config(yaml.safe_load(out)) == parse_config(QUOTAS)
+    _cq(docs)["apiVersion"] = "kueue.x-k8s.io/v1beta2"
+    code, _, err = run(capsys, "import", write(tmp_path, "mixed.yaml", docs))
+    assert code == 2
+    assert err == "jupyter-gpuaas kueue import: clusterqueues/vision: spec.cohort: unknown field\n"
