@@ -119,7 +119,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     from jupyter_gpuaas.admission.config import SpecError, parse_config
 
-    from .kueue import KueueImportError, flatten, import_objects
+    from .kueue_import import KueueImportError, flatten, import_objects
 
     objects: list[Any] = []
     for name in args.files:
