@@ -148,3 +148,37 @@ def apply_dry_run(docs: Sequence[dict[str, Any]], kubeconfig: str | os.PathLike[
         timeout=120,
     )
     assert proc.returncode == 0, f"the API server refused the objects: {proc.stderr.strip()}"
+
+
+#: What `kubectl get` lists for `kueue import`: our four kinds, fully qualified.
+GET_KINDS = ",".join(
+    f"{k.lower()}s.kueue.x-k8s.io"
+    for k in ("ResourceFlavor", "Cohort", "ClusterQueue", "LocalQueue")
+)
+
+
+def server_round_trip(config: Config, kubeconfig: str | os.PathLike[str], namespace: str) -> Config:
+    """`kueue manifests` applied for real to the API server of `kubeconfig` (Kueue's CRDs
+    installed, `namespace` existing and no other Kueue quota objects there), read back
+    with `kubectl get -o yaml` and imported; the objects are deleted again. The caller
+    compares the result with `config`."""
+    from jupyter_gpuaas.kubernetes.kueue import manifests
+    from jupyter_gpuaas.kubernetes.kueue_import import flatten, import_objects
+    from jupyter_gpuaas.kubernetes.meta import cluster_flavors
+
+    kubectl = ["kubectl", "--kubeconfig", os.fspath(kubeconfig)]
+
+    def run(*args: str, text: str | None = None) -> str:
+        proc = subprocess.run(
+            [*kubectl, *args], input=text, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr.strip()}"
+        return proc.stdout
+
+    docs = manifests(config, cluster_flavors(config, {}, {}), namespace)
+    run("apply", "--validate=strict", "-f", "-", text=yaml.safe_dump_all(docs, sort_keys=False))
+    try:
+        listed = run("get", GET_KINDS, "-A", "-o", "yaml")
+    finally:
+        run("delete", GET_KINDS, "--all", "-A", "--wait=false")
+    return parse_config(import_objects(flatten(yaml.safe_load_all(listed), "kubectl get")))
