@@ -136,6 +136,9 @@ def run_import(args: argparse.Namespace) -> int:
             return _fail("import", f"{name}: not valid YAML ({' '.join(str(e).split())})")
         except KueueImportError as e:
             return _fail("import", str(e))
+    if not objects:
+        files = ", ".join(args.files)
+        return _fail("import", f"{files}: no ResourceFlavor, Cohort, ClusterQueue or LocalQueue")
     try:
         data = import_objects(objects)
         parse_config(data)

@@ -227,6 +227,14 @@ def test_import_names_the_file(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     code, out, err = run(capsys, "import", missing)
     assert (code, out) == (2, "")
     assert err == f"jupyter-gpuaas kueue import: {missing}: No such file or directory\n"
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("apiVersion: v1\nkind: List\nitems: []\n")
+    code, out, err = run(capsys, "import", str(empty))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"jupyter-gpuaas kueue import: {empty}: no ResourceFlavor, Cohort, ClusterQueue "
+        "or LocalQueue\n"
+    )
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: [unclosed\n")
     code, _, err = run(capsys, "import", str(bad))
