@@ -29,6 +29,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "jupyter_gpuaas.jobs.cli",
     "jupyter_gpuaas.hub.demo",
     "jupyter_gpuaas.kubernetes.cli",
+    "jupyter_gpuaas.kubernetes.kueue_cli",
 )
 
 
