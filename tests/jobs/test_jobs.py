@@ -90,6 +90,51 @@ def test_cell_job_runs_in_the_notebooks_directory_and_logs_follow(
     wait_for(lambda: gateway.request(job.id)["state"] == "finished", what="release")
 
 
+def test_a_running_jobs_view_shows_the_last_lines_and_no_kernel_noise(
+    shell: Any, server: Server, gateway: Gateway
+) -> None:
+    """The widget's log tail, polled while a notebook job prints, is the newest lines;
+    the job's log holds what the notebook printed, not its kernel's transport warning."""
+    import re
+
+    from jupyter_gpuaas.jobs.server_client import ServerClient
+    from jupyter_gpuaas.notebook.widgets import JobWidget
+
+    nb = notebook(
+        server.root / "ticks.ipynb",
+        "import time\nfor i in range(1500):\n    print('tick', i, flush=True)\n"
+        "    time.sleep(0.01)",
+    )
+    job = shell.run_line_magic("gpu", f"submit {nb.name} --gpus 1")
+    log = job_dir(job) / "output.log"
+
+    def ticks_logged() -> list[int]:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return [int(n) for n in re.findall(r"^tick (\d+)$", text, re.M)]
+
+    wait_for(lambda: len(ticks_logged()) > 300, timeout=90, what="300 ticks logged")
+    client = ServerClient(server.url, server.env()["GPUAAS_SERVER_TOKEN"])
+    widget = JobWidget(client, job.refresh().data, interval=3600)
+    try:
+        assert job.state == "running", job.data
+        logged_before = max(ticks_logged())
+        widget.refresh()
+        shown = [int(n) for n in re.findall(r"tick (\d+)", widget.log.value)]
+        assert shown and min(shown) > 200 and max(shown) >= logged_before, (shown, logged_before)
+        assert shown == sorted(shown)  # in order, oldest of them first
+        assert 0 < len(widget.log.value.split("<pre")[1].splitlines()) <= widget.tail_lines
+    finally:
+        widget.poller.stop()
+    assert job.wait(timeout=120).state == "succeeded", job.data
+    widget.refresh()
+    assert "tick 1499" in widget.log.value and "[gpuaas] done" in widget.log.value
+    text = log.read_text()
+    assert text.startswith("[gpuaas] executing"), text[:300]
+    assert "without encryption" not in text and "IPKernelApp" not in text, text[:1000]
+    assert ticks_logged()[-1] == 1499  # (papermill logs a print split in chunks as it came)
+    wait_for(lambda: gateway.request(job.id)["state"] == "finished", what="release")
+
+
 def test_cancel_a_queued_and_a_running_job(
     shell: Any, server: Server, gateway: Gateway, capsys: pytest.CaptureFixture[str]
 ) -> None:
