@@ -31,9 +31,13 @@ USERS = (("alice", "vision"), ("bob", "vision"), ("carol", "nlp"))
 
 
 def config_dir() -> Path:
-    """The shipped hub_config/: jupyter_gpuaas/hub_config in the wheel; in a checkout the
-    same name is a link to the repository's hub_config/."""
-    return Path(str(importlib.resources.files("jupyter_gpuaas") / "hub_config"))
+    """The shipped hub_config/: jupyter_gpuaas/hub_config in an installed wheel (the build
+    hook, hatch_build.py, copies it there); in a checkout (an editable install) the
+    repository's own hub_config/, beside the package."""
+    shipped = Path(str(importlib.resources.files("jupyter_gpuaas") / "hub_config"))
+    if shipped.is_dir():
+        return shipped
+    return Path(__file__).resolve().parents[2] / "hub_config"
 
 
 CONFIG = config_dir() / "local" / "jupyterhub_config.py"
