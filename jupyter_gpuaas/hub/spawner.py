@@ -51,7 +51,6 @@ the token) so that a restarted Hub revokes it (tokens.py).
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import ssl
 import time
@@ -76,39 +75,12 @@ from jupyter_gpuaas.holder import (
 )
 from jupyter_gpuaas.words import format_duration
 
-from . import resume
+from . import resume, slow_spawn
 from .form import SpawnFormMixin, _refusal
 from .gateway_url import gateway_url_for
 from .options import GpuOptions
 from .status import QueueStatus, StatusBoard, progress_event
 from .tokens import MintedToken, RequestTokenMixin
-
-#: The Hub's names ("bob", or "bob:lab" for a named server) of the servers whose spawn
-#: waits in the gateway's queue now.
-_QUEUED_SPAWNS: set[str] = set()
-_SLOW_TO_START = "User %s is slow to start (timeout=%s)"  # JupyterHub's BaseHandler
-
-
-class _QueuedIsNotSlow(logging.Filter):
-    """JupyterHub warns "User bob is slow to start" for every spawn that takes longer than
-    its slow_spawn_timeout (10 s). A spawn waiting for GPUs in the gateway's queue is not
-    slow: its place and reason are logged when it queues ("gpuaas request … : queued")
-    and shown on its page, so the warning is dropped for it, and kept for any other."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if record.msg == _SLOW_TO_START and isinstance(args, tuple) and args:
-            return args[0] not in _QUEUED_SPAWNS
-        return True
-
-
-def _hear_queued_spawns_as_queued(log: Any) -> None:
-    """Put the filter on the Hub's logger once (the spawners log through it too)."""
-    logger = getattr(log, "logger", log)  # a LoggerAdapter's logger
-    if isinstance(logger, logging.Logger) and not any(
-        isinstance(f, _QueuedIsNotSlow) for f in logger.filters
-    ):
-        logger.addFilter(_QueuedIsNotSlow())
 
 
 class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
@@ -354,10 +326,8 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
 
         self._subscribe(on_event)
         deadline = time.monotonic() + self.queue_timeout if self.queue_timeout else None
-        hub_name = f"{self.user.name}:{self.name}" if self.name else self.user.name
-        _hear_queued_spawns_as_queued(self.log)
+        slow_spawn.hear_as_queued(self)  # not "slow to start" while it waits in the queue
         try:
-            _QUEUED_SPAWNS.add(hub_name)
             while True:
                 status = await self._queue_status(req, options)
                 board.publish(status)
@@ -405,8 +375,6 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
                 raise
             await asyncio.shield(self.release_gpus("the spawn ended before the server started"))
             raise
-        finally:
-            _QUEUED_SPAWNS.discard(hub_name)
         gp["grant"] = req
         self._start_heartbeat()
         await self._apply_grant(req)
