@@ -190,9 +190,10 @@ def phase(log: Path) -> str:
     if "copying " in text:
         return "compiled, copying the modules in place"
     built = text.count("building '")
+    if built == 1:  # the shared library that holds all the code: most of the time
+        return "C compiler: the shared library with all the compiled code (the longest step)"
     if built:
-        # The first extension is the shared library with all the code: most of the time.
-        return f"C compiler: extension {built} of {len(sources()) + 1}"
+        return f"C compiler: module {built - 1} of {len(sources())}"
     return "mypy type-checks and mypyc writes C (no output until the C compiler starts)"
 
 
