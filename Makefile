@@ -52,6 +52,8 @@ setup: $(STAMP) $(NODE_STAMP) $(LABEXT_STAMP)
 # nothing when they are current (a stamp here would lie after `build_core.py --clean`,
 # GPUAAS_PURE=1 or a rebuild by tests/conftest.py). Without a C compiler, with
 # GPUAAS_PURE=1 or when mypyc fails, the core runs as pure Python and this still succeeds.
+# A compile takes a minute or two: the script says so when it starts, then prints a
+# progress line every 15 s (mypy/mypyc, then the C compiler, step by step).
 core: $(STAMP)
 	$(BIN)/python scripts/build_core.py
 

@@ -16,6 +16,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 PROG = "jupyter-gpuaas"
 
@@ -33,14 +34,36 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from jupyter_gpuaas._version import __version__
+def core_kind() -> str:
+    """Which admission core this installation runs: the modules compiled with mypyc (a
+    platform wheel, or `make core` in a checkout), or their pure-Python source (the same
+    decisions, several times slower)."""
+    import jupyter_gpuaas.admission.core as core
 
+    if core.__file__ is not None and not core.__file__.endswith(".py"):
+        return "admission core: compiled with mypyc"
+    return "admission core: pure Python, not compiled (slower, same decisions)"
+
+
+class _Version(argparse.Action):
+    """--version: the version and which core runs (imported only when asked)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from jupyter_gpuaas._version import __version__
+
+        print(f"{PROG} {__version__}\n{core_kind()}")  # on stdout, as argparse's version
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="A notebook-centric GPU gateway for JupyterHub.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action=_Version)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).add_parser(subparsers)

@@ -13,6 +13,9 @@ source plus one shared library holding all the compiled code (`_compiled__mypyc`
 Intermediate files (C sources, objects, mypy's cache, the build log) go to build/mypyc.
 `make core` runs this; `make pytest`, `demo`, `scenarios` and `bench` depend on it, and
 tests/conftest.py reruns it when a source changed since its compiled module was built.
+A wheel build runs the same `ensure()` through hatch_build.py (a platform wheel with the
+compiled modules, or a pure one with a warning). A compile takes a minute or two: a
+line every 15 s on stderr says how far it is.
 
 Compiling is an optimisation, never a requirement. With GPUAAS_PURE=1 in the environment,
 without mypyc, setuptools, a C compiler or the Python headers, or when mypyc fails (a type
@@ -59,6 +62,8 @@ EXT_SUFFIX: str = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 # Anything like an extension module in the admission folder is ours: any Python
 # version's suffix (a venv rebuilt on another Python leaves its old ones behind).
 COMPILED_GLOBS = ("*.so", "*.pyd")
+# Seconds between the progress lines of a compile.
+PROGRESS_EVERY = 15.0
 
 
 def sources() -> list[Path]:
@@ -120,13 +125,14 @@ def remove_compiled() -> None:
     FINGERPRINT.unlink(missing_ok=True)
 
 
-def pure(reason: str) -> int:
+def pure(reason: str) -> str:
+    """Pure mode: no compiled module is left; returns the reason (also on stderr)."""
     remove_compiled()
     print(
         f"build_core: {reason}: the admission core runs as pure Python (slower, same decisions)",
         file=sys.stderr,
     )
-    return 0
+    return reason
 
 
 def missing_toolchain() -> str | None:
@@ -174,19 +180,53 @@ def first_error(log: Path) -> str:
     return ""
 
 
-def build() -> int:
-    """Compile in a child process, its output (mypy's, gcc's) to build/mypyc/build.log."""
+def phase(log: Path) -> str:
+    """What the compile is doing now, read from its log: mypy and mypyc first (no output
+    until the C code is written), then setuptools' "building" and one compiler line."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "starting"
+    if "copying " in text:
+        return "compiled, copying the modules in place"
+    built = text.count("building '")
+    if built == 1:  # the shared library that holds all the code: most of the time
+        return "C compiler: the shared library with all the compiled code (the longest step)"
+    if built:
+        return f"C compiler: module {built - 1} of {len(sources())}"
+    return "mypy type-checks and mypyc writes C (no output until the C compiler starts)"
+
+
+def build() -> str | None:
+    """Compile in a child process, its output (mypy's, gcc's) to build/mypyc/build.log.
+    None when the compiled modules are built and import; else why the core stays pure."""
     started = time.time()
     # Taken before mypyc reads the sources: one edited during the build makes the next
     # run rebuild.
     built_from = fingerprint()
     remove_compiled()
     command = [sys.executable, str(SCRIPT), "--setup"]
-    with open(LOG, "w", encoding="utf-8") as log:
-        built = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     rel = LOG.relative_to(REPO)
-    if built.returncode != 0:
-        detail = first_error(LOG) or f"exit status {built.returncode}"
+    print(
+        f"build_core: compiling the admission core and the simulator ({len(sources())} modules) "
+        f"with mypyc; this takes a minute or two (log: {rel})",
+        file=sys.stderr,
+        flush=True,
+    )
+    with open(LOG, "w", encoding="utf-8") as log:
+        child = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        while True:
+            try:
+                returncode = child.wait(timeout=PROGRESS_EVERY)
+                break
+            except subprocess.TimeoutExpired:
+                print(
+                    f"build_core: {time.time() - started:.0f} s: {phase(LOG)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    if returncode != 0:
+        detail = first_error(LOG) or f"exit status {returncode}"
         return pure(f"mypyc failed ({detail}; see {rel})")
     missing = [p for p in expected_outputs() if not p.exists()]
     if missing:
@@ -213,7 +253,7 @@ def build() -> int:
         f"in {time.time() - started:.1f} s",
         file=sys.stderr,
     )
-    return 0
+    return None
 
 
 def setup() -> None:
@@ -252,6 +292,23 @@ def setup() -> None:
     )
 
 
+def ensure(force: bool = False) -> str | None:
+    """Compiled modules built from the sources as they are now, built if need be: None,
+    or the reason the core runs as pure Python (no compiled module is then left)."""
+    if os.environ.get("GPUAAS_PURE", "") not in ("", "0"):
+        return pure("GPUAAS_PURE is set")
+    if not force and compiled_files() and not is_stale():
+        return None
+    reason = missing_toolchain()
+    if reason:
+        return pure(reason)
+    with locked():
+        # Another process may have built it while this one waited.
+        if not force and compiled_files() and not is_stale():
+            return None
+        return build()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clean", action="store_true", help="remove the compiled modules")
@@ -260,21 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.setup:
         setup()
-        return 0
-    if args.clean:
-        return pure("--clean")
-    if os.environ.get("GPUAAS_PURE", "") not in ("", "0"):
-        return pure("GPUAAS_PURE is set")
-    if not args.force and compiled_files() and not is_stale():
-        return 0
-    reason = missing_toolchain()
-    if reason:
-        return pure(reason)
-    with locked():
-        # Another process may have built it while this one waited.
-        if not args.force and compiled_files() and not is_stale():
-            return 0
-        return build()
+    elif args.clean:
+        pure("--clean")
+    else:
+        ensure(force=args.force)
+    return 0  # pure Python is a slower product, not a failed build
 
 
 if __name__ == "__main__":

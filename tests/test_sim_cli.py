@@ -229,11 +229,20 @@ def test_real_example_table_and_until(tmp_path: Path) -> None:
     for tenant in ("vision", "nlp", "students"):
         assert tenant in proc.stdout
     assert "utilization" in proc.stdout
-    proc = simulate(EXAMPLE, "--json", "--until", "3600")
+    proc = simulate(EXAMPLE, "--json", "--until", "3000")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert result["summary"]["end"] <= 3600.0
-    assert result["requests"]["vis-job-5"]["state"] in {"rejected", "queued"}
+    assert result["summary"]["end"] <= 3000.0
+    # Only what was submitted by t=3000 is in the result: a later request is not "queued".
+    submits = {r.id: r.submit for r in load_scenario(str(EXAMPLE)).requests}
+    arrived = {rid for rid, t in submits.items() if t <= 3000}
+    assert 0 < len(arrived) < len(submits)  # the example has requests on both sides
+    assert set(result["requests"]) == arrived
+    s = result["summary"]
+    assert s["requests"] == len(arrived) == s["admitted"] + s["rejected"] + s["never_admitted"]
+    assert sum(t["requests"] for t in s["per_tenant"].values()) == len(arrived)
+    queued = [rid for rid, r in result["requests"].items() if r["state"] == "queued"]
+    assert all("waiting_for" in result["requests"][rid] for rid in queued)
 
 
 @needs_driver

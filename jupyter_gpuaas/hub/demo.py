@@ -31,9 +31,13 @@ USERS = (("alice", "vision"), ("bob", "vision"), ("carol", "nlp"))
 
 
 def config_dir() -> Path:
-    """The shipped hub_config/: jupyter_gpuaas/hub_config in the wheel; in a checkout the
-    same name is a link to the repository's hub_config/."""
-    return Path(str(importlib.resources.files("jupyter_gpuaas") / "hub_config"))
+    """The shipped hub_config/: jupyter_gpuaas/hub_config in an installed wheel (the build
+    hook, hatch_build.py, copies it there); in a checkout (an editable install) the
+    repository's own hub_config/, beside the package."""
+    shipped = Path(str(importlib.resources.files("jupyter_gpuaas") / "hub_config"))
+    if shipped.is_dir():
+        return shipped
+    return Path(__file__).resolve().parents[2] / "hub_config"
 
 
 CONFIG = config_dir() / "local" / "jupyterhub_config.py"
@@ -307,6 +311,9 @@ def run(args: argparse.Namespace) -> int:
         env["GPUAAS_DEMO_QUOTAS"] = str(quotas)
     admin_password = secrets.token_urlsafe(32)  # 43 characters; the Hub wants >= 32
     control_token = secrets.token_hex(32)
+    # The proxy's API token, chosen here rather than by the Hub, so the demo can ask the
+    # proxy whether the Hub's route is in (supervise.py) before it knocks at the public URL.
+    proxy_token = secrets.token_hex(32)
     hub_port, proxy_api_port, gateway_port = free_ports(3)
     env.update(
         GPUAAS_DEMO_IP=args.ip,
@@ -321,9 +328,11 @@ def run(args: argparse.Namespace) -> int:
         GPUAAS_DEMO_STATE_DIR=str(state),
         GPUAAS_DEMO_CONTROL_TOKEN=control_token,
         GPUAAS_HUB_TOKEN=secrets.token_hex(32),
+        CONFIGPROXY_AUTH_TOKEN=proxy_token,  # JupyterHub's default for the proxy's token
     )
     install_kernelspec(Path(env.get("GPUAAS_DEMO_QUOTAS") or CONFIG.with_name("quotas.yaml")))
     print(f"demo: starting JupyterHub on {_local_url(args.ip, args.port)} …", flush=True)
+    ours = config.resolve() == CONFIG.resolve()
     supervisor = Supervisor(
         [jupyterhub, "-f", str(config.resolve())],
         env=env,
@@ -331,8 +340,9 @@ def run(args: argparse.Namespace) -> int:
         url=_local_url(args.ip, args.port),
         control_token=control_token,
         # a --config of one's own may move the Hub: then only the public URL is checked
-        hub_api=f"http://127.0.0.1:{hub_port}/hub/api/"
-        if config.resolve() == CONFIG.resolve()
+        hub_api=f"http://127.0.0.1:{hub_port}/hub/api/" if ours else None,
+        proxy_routes=(f"http://127.0.0.1:{proxy_api_port}/api/routes", proxy_token)
+        if ours
         else None,
         banner=lambda: _banner(args, admin_password, devices),
     )

@@ -75,7 +75,7 @@ from jupyter_gpuaas.holder import (
 )
 from jupyter_gpuaas.words import format_duration
 
-from . import resume
+from . import resume, slow_spawn
 from .form import SpawnFormMixin, _refusal
 from .gateway_url import gateway_url_for
 from .options import GpuOptions
@@ -326,6 +326,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
 
         self._subscribe(on_event)
         deadline = time.monotonic() + self.queue_timeout if self.queue_timeout else None
+        slow_spawn.hear_as_queued(self)  # not "slow to start" while it waits in the queue
         try:
             while True:
                 status = await self._queue_status(req, options)

@@ -37,6 +37,11 @@ class StatusBoard:
     def reset(self) -> None:
         self._status = None
 
+    @property
+    def phase(self) -> str | None:
+        """The last status's phase (queued, admitted, skipped, failed), None before one."""
+        return None if self._status is None else self._status.phase
+
     def publish(self, status: QueueStatus) -> None:
         self._status = status
         self._version += 1

@@ -63,6 +63,7 @@ class Supervisor:
         control_token: str | None,
         banner: Callable[[], str],
         hub_api: str | None = None,
+        proxy_routes: tuple[str, str] | None = None,
         ready_timeout: float = 180.0,
     ) -> None:
         self.cmd = cmd
@@ -71,6 +72,7 @@ class Supervisor:
         self.url = url  # the public URL as the demo reaches it, ending in /
         self.control_token = control_token
         self.hub_api = hub_api  # the Hub's API on its own port, ending in /
+        self.proxy_routes = proxy_routes  # the proxy's routes API and its token
         self.banner = banner
         self.ready_timeout = ready_timeout
         self.hub: subprocess.Popen[bytes] | None = None
@@ -140,8 +142,13 @@ class Supervisor:
         import requests
 
         # The Hub's own port first, which logs nothing while it is not up yet; then the
-        # public URL (each miss there is a line of the proxy's log), then the gateway.
+        # proxy's route table, until the Hub's route is in: the Hub answers on its port
+        # before it adds that route, and each miss at the public URL meanwhile is a red
+        # "[ConfigProxy] error: 404" in the demo's log. Then the public URL, then the
+        # gateway.
         checks = [f"{self.url}hub/api/", f"{self.url}services/gpuaas/api/openapi.json"]
+        if self.proxy_routes:
+            checks.insert(0, self.proxy_routes[0])
         if self.hub_api:
             checks.insert(0, self.hub_api)
         deadline = time.monotonic() + self.ready_timeout
@@ -151,13 +158,23 @@ class Supervisor:
                 return False
             self._track()
             try:
-                if requests.get(checks[0], timeout=2).status_code == 200:
+                if self._answers(checks[0]):
                     checks.pop(0)
                     continue
-            except requests.RequestException:
+            except (requests.RequestException, ValueError):
                 pass
             time.sleep(0.3 if checks[0] == self.hub_api else 1.0)
         return not checks
+
+    def _answers(self, url: str) -> bool:
+        """Whether `url` is up: a 200, and for the proxy's routes, the Hub's route ("/")."""
+        import requests
+
+        if self.proxy_routes and url == self.proxy_routes[0]:
+            headers = {"Authorization": f"token {self.proxy_routes[1]}"}
+            resp = requests.get(url, headers=headers, timeout=2)
+            return resp.status_code == 200 and "/" in resp.json()
+        return bool(requests.get(url, timeout=2).status_code == 200)
 
     # --- stopping --------------------------------------------------------------------
 

@@ -7,6 +7,12 @@ status says how it went (0 ran through, 1 a cell raised, 2 bad arguments).
 Why not `papermill` itself: a notebook saved with a GPU kernelspec (the `gpuaas`
 provisioner) would queue for GPUs a second time from inside a job that already holds
 them, so such a notebook runs on `--fallback-kernel` (python3) instead.
+
+The job's kernel talks to papermill over local IPC sockets (in a private temporary
+directory), not TCP: nothing else on the machine can reach it, and the kernel has no
+reason to print its "Kernel is running over TCP without encryption" warning into the
+job's log, where it read as the job's first words. The kernel's own stderr (a crash, a
+native library's message) still goes to the log.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
 from typing import Any
 
 
@@ -38,6 +46,17 @@ def choose_kernel(nb_path: str, override: str | None, fallback: str) -> str:
     return str(name)
 
 
+def kernel_config(socket_dir: str) -> Any:
+    """nbclient's configuration for the job's kernel manager: IPC sockets under
+    `socket_dir` where the platform has them (a short path: a socket's path is limited to
+    about 100 bytes), else jupyter_client's TCP default."""
+    from traitlets.config import Config
+
+    if os.name != "posix":
+        return Config()
+    return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(socket_dir, "k")}})
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jupyter_gpuaas.jobs.execute")
     p.add_argument("source")
@@ -56,15 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     kernel = choose_kernel(args.source, args.kernel, args.fallback_kernel)
     print(f"[gpuaas] executing {args.source} on kernel {kernel} -> {args.output}", flush=True)
     try:
-        papermill.execute_notebook(
-            args.source,
-            args.output,
-            parameters=parameters,
-            cwd=args.cwd,
-            kernel_name=kernel,
-            log_output=True,
-            progress_bar=False,
-        )
+        with tempfile.TemporaryDirectory(prefix="gpuaas-kernel-") as sockets:
+            papermill.execute_notebook(
+                args.source,
+                args.output,
+                parameters=parameters,
+                cwd=args.cwd,
+                kernel_name=kernel,
+                log_output=True,
+                progress_bar=False,
+                config=kernel_config(sockets),  # to nbclient, which makes the kernel manager
+            )
     except PapermillExecutionError as e:
         print(f"[gpuaas] cell {e.exec_count} raised {e.ename}: {e.evalue}", flush=True)
         return 1

@@ -13,39 +13,57 @@ Everything goes to this kernel's Jupyter server (`server_client.py` says how it 
 and why the server and not the gateway): jobs run there, so they outlive this kernel.
 `submit` and `%%gpu_job` return a `GpuJob`: displayed, it is a live widget in JupyterLab
 (plain text elsewhere); `job.wait()` blocks until it ends.
+
+`%gpu?` and `%%gpu_job?` show the usage. A bad argument, or a refusal by the server or the
+gateway, raises IPython's `UsageError` with the sentence: the cell fails, so Run All,
+papermill and nbclient stop there instead of running the next cells on a job that was
+never submitted.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 import time
 from typing import Any
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import MagicArgumentParser
 
 from jupyter_gpuaas.jobs.cli import positive_int, whole_number
 from jupyter_gpuaas.jobs.model import ENDED, resolve_value
 from jupyter_gpuaas.jobs.server_client import ServerClient, ServerError
 from jupyter_gpuaas.jobs.views import JobView, StatusView, format_jobs
 
-
-class _UsageError(Exception):
-    def __init__(self, message: str, usage: str) -> None:
-        super().__init__(message)
-        self.usage = usage
+COMMANDS = ("status", "submit", "jobs", "logs", "cancel")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting the kernel."""
+class _HelpShown(Exception):
+    """`-h` of a subcommand: its help is printed, nothing else happens."""
+
+
+class _Parser(MagicArgumentParser):
+    """IPython's magic parser: a bad argument raises `UsageError`, which IPython shows as
+    one red line and which stops Run All, papermill and nbclient (a printed error and a
+    `None` result would let the next cells run on). The sentence comes first, the usage
+    (as a person types it, `%gpu submit ...`) on the next line."""
 
     def error(self, message: str) -> Any:
-        raise _UsageError(message, self.format_usage())
+        formatter = argparse.HelpFormatter(prog=self.prog)
+        formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups, "")
+        raise UsageError(f"%{self.prog}: {message}\nusage: %{formatter.format_help().strip()}")
+
+    def parse(self, line: str) -> argparse.Namespace:
+        """The magic's line split as IPython splits it (quotes kept together)."""
+        args: argparse.Namespace = self.parse_argstring(line)  # type: ignore[no-untyped-call]
+        return args
 
     def exit(self, status: int = 0, message: str | None = None) -> Any:
-        raise _UsageError(message or "", "")  # --help: the help is already printed
+        if status:
+            self.error(message or "")
+        raise _HelpShown
 
 
 def _request_options(p: argparse.ArgumentParser) -> None:
@@ -57,33 +75,47 @@ def _request_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", action="store_true", help="block until the job ends")
 
 
-def line_parser() -> _Parser:
-    p = _Parser(prog="%gpu", description="GPU jobs and status through the gpuaas gateway.")
-    sub = p.add_subparsers(dest="command", metavar="{status,submit,jobs,logs,cancel}",
-                           parser_class=_Parser)  # fmt: skip
-    s = sub.add_parser("status", help="my requests, my tenants' quota and usage, devices")
+def _add_commands(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}",
+                           parser_class=_Parser, required=True)  # fmt: skip
+    s = sub.add_parser("status", help="my requests, my tenants' quota and usage, devices",
+                       add_help=True)  # fmt: skip
     s.add_argument("--text", action="store_true", help="plain text, not a live widget")
     s.add_argument("--every", type=_seconds, default=5.0, metavar="SECONDS",
                    help="seconds between refreshes of the live view (default 5)")  # fmt: skip
-    s = sub.add_parser("submit", help="run a notebook as a GPU job (papermill parameters)")
+    s = sub.add_parser("submit", help="run a notebook as a GPU job (papermill parameters)",
+                       add_help=True)  # fmt: skip
     s.add_argument("notebook", help="the notebook (.ipynb) to run")
     _request_options(s)
     s.add_argument("-p", "--parameter", nargs=2, action="append", default=[],
                    metavar=("NAME", "VALUE"), help="a papermill parameter")  # fmt: skip
-    sub.add_parser("jobs", help="this server's GPU jobs")
-    s = sub.add_parser("logs", help="a job's log")
+    sub.add_parser("jobs", help="this server's GPU jobs", add_help=True)
+    s = sub.add_parser("logs", help="a job's log", add_help=True)
     s.add_argument("id")
     s.add_argument("--follow", "-f", action="store_true", help="until the job ends")
     s.add_argument("--tail", type=positive_int, help="only the last N bytes")
-    s = sub.add_parser("cancel", help="cancel a job (dequeue, or stop and free its GPUs)")
+    s = sub.add_parser("cancel", help="cancel a job (dequeue, or stop and free its GPUs)",
+                       add_help=True)  # fmt: skip
     s.add_argument("id")
-    return p
+    # `%gpu?` shows the magic's docstring, which magic_arguments makes the parser's help:
+    # the epilog puts every subcommand's own usage in it, not only their names.
+    usages = []
+    for name in COMMANDS:
+        formatter = argparse.HelpFormatter(prog=sub.choices[name].prog, width=90)
+        command = sub.choices[name]
+        formatter.add_usage(command.usage, command._actions, [], "")
+        usages.append("  %" + formatter.format_help().strip())
+    p.epilog = "subcommand usage:\n\n" + "\n".join(usages)
+
+
+def line_parser() -> _Parser:
+    """`%gpu`'s parser (the one GpuMagics.gpu parses with)."""
+    return _PARSERS["gpu"]
 
 
 def cell_parser() -> _Parser:
-    p = _Parser(prog="%%gpu_job", description="Run this cell's code as a GPU job.")
-    _request_options(p)
-    return p
+    """`%%gpu_job`'s parser."""
+    return _PARSERS["gpu_job"]
 
 
 def _rich_frontend() -> bool:
@@ -156,30 +188,31 @@ class GpuJob:
 class GpuMagics(Magics):
     @line_magic("gpu")  # type: ignore[arg-type]
     def gpu(self, line: str) -> Any:
-        try:
-            argv = shlex.split(line)
-        except ValueError as e:
-            return _usage(line_parser().format_usage(), str(e))
-        parser = line_parser()
-        if not argv or argv[0] in ("help", "-h", "--help"):
-            print(parser.format_help())
+        """GPU jobs and status through the gpuaas gateway."""
+        if line.strip() in ("", "help", "-h", "--help"):
+            print(line_parser().format_help())
             return None
         try:
-            args = parser.parse_args(argv)
-        except _UsageError as e:
-            return _usage(e.usage, str(e))
+            args = line_parser().parse(line)
+        except ValueError as e:  # unbalanced quotes
+            raise UsageError(f"%gpu: {e}") from None
+        except _HelpShown:
+            return None
         try:
             return getattr(self, f"_{args.command}")(args)
         except ServerError as e:
-            print(f"%gpu {args.command}: {e}", file=sys.stderr)
-            return None
+            raise UsageError(f"%gpu {args.command}: {e}") from None
 
     @cell_magic("gpu_job")  # type: ignore[arg-type]
     def gpu_job(self, line: str, cell: str) -> Any:
+        """Run this cell's code as a GPU job, in the notebook's directory, on the granted
+        GPUs; it returns the job (displayed: a live widget)."""
         try:
-            args = cell_parser().parse_args(shlex.split(line))
-        except (_UsageError, ValueError) as e:
-            return _usage(cell_parser().format_usage(), str(e))
+            args = cell_parser().parse(line)
+        except ValueError as e:
+            raise UsageError(f"%%gpu_job: {e}") from None
+        except _HelpShown:
+            return None
         spec = {
             "kind": "cell",
             "code": cell,
@@ -190,8 +223,7 @@ class GpuMagics(Magics):
         try:
             return _submit(spec, args.wait)
         except ServerError as e:
-            print(f"%%gpu_job: {e}", file=sys.stderr)
-            return None
+            raise UsageError(f"%%gpu_job: {e}") from None
 
     # ------------------------------------------------------------------ subcommands
 
@@ -260,12 +292,20 @@ def _submit(spec: dict[str, Any], wait: bool) -> GpuJob:
     return job.wait() if wait else job
 
 
-def _usage(usage: str, message: str) -> None:
-    if usage:
-        print(usage.rstrip(), file=sys.stderr)
-    if message:
-        print(f"error: {message.strip()}", file=sys.stderr)
-    return None
+def _magic_parser(magic: Any, prog: str, build: Any) -> _Parser:
+    """The magic's parser, and its help as the magic's docstring, so that `%gpu?` and
+    `%%gpu_job?` show the usage (what IPython's magic_arguments decorators do, with the
+    parser class above)."""
+    parser = _Parser(prog=prog, description=magic.__doc__)  # type: ignore[no-untyped-call]
+    build(parser)
+    magic.__doc__ = parser.format_help()
+    return parser
+
+
+_PARSERS = {
+    "gpu": _magic_parser(GpuMagics.gpu, "gpu", _add_commands),
+    "gpu_job": _magic_parser(GpuMagics.gpu_job, "%gpu_job", _request_options),
+}
 
 
 def load_ipython_extension(ipython: Any) -> None:

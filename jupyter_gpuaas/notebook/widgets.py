@@ -57,17 +57,31 @@ class _Poller:
             self._stop.wait(self.interval)
 
 
+def last_lines(text: str, lines: int, cut: bool) -> str:
+    """The last `lines` lines of a log's tail. `cut`: the tail was read from the middle of
+    the log (its first line is likely a fragment, dropped)."""
+    kept = text.splitlines()
+    if cut and len(kept) > 1:
+        kept = kept[1:]
+    return "\n".join(kept[-lines:])
+
+
 class JobWidget:
     """A job's live view: headline, the log's tail while it runs, links when it ends, a
-    cancel button while it can be cancelled."""
+    cancel button while it can be cancelled.
+
+    The tail is the last `tail_lines` lines (what the box shows without scrolling), read
+    from the last `tail_bytes` of the log: a box showing the top of a longer tail would
+    show old lines while the job writes new ones."""
 
     def __init__(self, client: Any, job: dict[str, Any], interval: float = 1.0,
-                 tail_bytes: int = 2000) -> None:  # fmt: skip
+                 tail_bytes: int = 4000, tail_lines: int = 12) -> None:  # fmt: skip
         import ipywidgets as w  # type: ignore[import-untyped]
 
         self.client = _quiet(client)
         self.job = job
         self.tail_bytes = tail_bytes
+        self.tail_lines = tail_lines
         self.header = w.HTML(_dom_classes=[WIDGET_CLASS])
         self.log = w.HTML(_dom_classes=[WIDGET_CLASS])
         self.cancel_button = w.Button(description="Cancel", button_style="warning")
@@ -84,6 +98,8 @@ class JobWidget:
             tail = ""
             if self.job.get("state") != "queued":
                 tail = self.client.logs(self.job["id"], tail=self.tail_bytes)
+                cut = len(tail.encode("utf-8", "replace")) >= self.tail_bytes
+                tail = last_lines(tail, self.tail_lines, cut)
         except Exception as e:
             self.header.value = f"<span style='color:#d32f2f'>{html.escape(str(e))}</span>"
             return False
@@ -93,7 +109,7 @@ class JobWidget:
 
     def render(self, view: JobView) -> None:
         self.header.value = view.html()
-        style = "max-height:12em;overflow:auto;margin:0"
+        style = "margin:0;overflow-x:auto"  # tail_lines long: all of it shows, unscrolled
         tail = html.escape(view.log_tail)
         self.log.value = f"<pre style='{style}'>{tail}</pre>" if view.log_tail else ""
         self.cancel_button.layout.display = "none" if view.done else None

@@ -10,8 +10,10 @@ Choices where SCENARIO.md is silent, kept consistent across the whole report:
   below it (`sorted[ceil(p/100 · n) − 1]`); 0.0 when there are no waits.
 * Rejected requests have wait 0 and are left out of wait percentiles (they never queued).
 * A request cancelled before its first admission waited until its cancel, not until the
-  end of the clock. A request whose submit time is after the end never arrived: wait 0,
-  left out of wait percentiles, state `queued`.
+  end of the clock. A request whose submit time is after the end (`--until`) never
+  arrived: it is left out of the result, of `requests` and of every count, as if the
+  scenario had stopped before it (it used to be listed as `queued`, which read as a
+  request waiting in the queue).
 * `never_admitted` counts requests neither admitted nor rejected (queued at the end, or
   cancelled while queued), so admitted + rejected + never_admitted = requests.
 * Capacity starts at t = 0 with the flavors' initial nodes; node_ready/scale_down events
@@ -263,11 +265,14 @@ class Tally:
         requests: dict[str, dict[str, Any]] = {}
         all_waits: list[float] = []
         totals = {name: _Totals() for name in scenario.config.tenants}
-        admitted = rejected = never = 0
+        admitted = rejected = never = arrived = 0
 
         no_track = _Track(None)
         for req in scenario.requests:
             rid = req.id
+            if req.submit > end:
+                continue  # not submitted yet when the clock stopped
+            arrived += 1
             st = totals.get(req.tenant)
             if st is None:
                 st = totals[req.tenant] = _Totals()
@@ -290,9 +295,6 @@ class Tally:
                 never += 1
                 if cancelled_at is not None:
                     wait = max(0.0, cancelled_at - req.submit)
-                elif req.submit > end:
-                    wait = 0.0
-                    counted = False
                 else:
                     wait = end - req.submit
             if counted:
@@ -309,7 +311,7 @@ class Tally:
                 "culls": track.culls,
             }
             if s == "queued" and waiting_for is not None and cancelled_at is None:
-                why = waiting_for(rid) if req.submit <= end else None
+                why = waiting_for(rid)
                 if why is not None:
                     requests[rid]["waiting_for"] = {
                         "kind": why[0],
@@ -342,7 +344,7 @@ class Tally:
         tenant_waits = {tenant: st.waits for tenant, st in totals.items()}
         per_cohort = _per_cohort(scenario, per_tenant, tenant_waits)
         summary: dict[str, Any] = {
-            "requests": len(scenario.requests),
+            "requests": arrived,
             "admitted": admitted,
             "rejected": rejected,
             "never_admitted": never,

@@ -93,6 +93,10 @@ def test_sigterm_stops_everything_and_releases_the_grant(demo) -> None:  # type:
     assert not busy, f"ports still bound after the demo stopped: {busy}"
     out = first.log()
     assert "stopped" in out
+    # A normal start and a queued spawn log nothing alarming: no proxy 404 while the Hub
+    # adds its route, no "slow to start" for bob, who waited in the GPU queue.
+    assert not re.search(r"\[ConfigProxy\].*error", out), out[:6000]
+    assert "slow to start" not in out and re.search(r"gpuaas request \S+ for bob: queued", out)
     # The servers went first, while the gateway could still take their GPUs back.
     released = re.search(r"gpuaas request \S+ of alice released", out)
     assert released, out[-4000:]

@@ -12,6 +12,7 @@ import nbformat
 import psutil
 import pytest
 from helpers import wait_for
+from IPython.core.error import UsageError
 from jobutil import BIN, TOKEN, Gateway, Server, clean_env, notebook, start_server
 
 from jupyter_gpuaas.jobs.views import JobView
@@ -86,6 +87,51 @@ def test_cell_job_runs_in_the_notebooks_directory_and_logs_follow(
     shell.run_line_magic("gpu", "jobs")
     listing = capsys.readouterr().out
     assert job.id in listing and "succeeded" in listing and "steps" in listing
+    wait_for(lambda: gateway.request(job.id)["state"] == "finished", what="release")
+
+
+def test_a_running_jobs_view_shows_the_last_lines_and_no_kernel_noise(
+    shell: Any, server: Server, gateway: Gateway
+) -> None:
+    """The widget's log tail, polled while a notebook job prints, is the newest lines;
+    the job's log holds what the notebook printed, not its kernel's transport warning."""
+    import re
+
+    from jupyter_gpuaas.jobs.server_client import ServerClient
+    from jupyter_gpuaas.notebook.widgets import JobWidget
+
+    nb = notebook(
+        server.root / "ticks.ipynb",
+        "import time\nfor i in range(1500):\n    print('tick', i, flush=True)\n"
+        "    time.sleep(0.01)",
+    )
+    job = shell.run_line_magic("gpu", f"submit {nb.name} --gpus 1")
+    log = job_dir(job) / "output.log"
+
+    def ticks_logged() -> list[int]:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return [int(n) for n in re.findall(r"^tick (\d+)$", text, re.M)]
+
+    wait_for(lambda: len(ticks_logged()) > 300, timeout=90, what="300 ticks logged")
+    client = ServerClient(server.url, server.env()["GPUAAS_SERVER_TOKEN"])
+    widget = JobWidget(client, job.refresh().data, interval=3600)
+    try:
+        assert job.state == "running", job.data
+        logged_before = max(ticks_logged())
+        widget.refresh()
+        shown = [int(n) for n in re.findall(r"tick (\d+)", widget.log.value)]
+        assert shown and min(shown) > 200 and max(shown) >= logged_before, (shown, logged_before)
+        assert shown == sorted(shown)  # in order, oldest of them first
+        assert 0 < len(widget.log.value.split("<pre")[1].splitlines()) <= widget.tail_lines
+    finally:
+        widget.poller.stop()
+    assert job.wait(timeout=120).state == "succeeded", job.data
+    widget.refresh()
+    assert "tick 1499" in widget.log.value and "[gpuaas] done" in widget.log.value
+    text = log.read_text()
+    assert text.startswith("[gpuaas] executing"), text[:300]
+    assert "without encryption" not in text and "IPKernelApp" not in text, text[:1000]
+    assert ticks_logged()[-1] == 1499  # (papermill logs a print split in chunks as it came)
     wait_for(lambda: gateway.request(job.id)["state"] == "finished", what="release")
 
 
@@ -180,22 +226,23 @@ def test_failing_jobs_report_why_and_release_their_gpu(
     assert gateway.free_gpus() == 1
 
 
-def test_refusals_fail_at_once_with_the_reason(
-    shell: Any, server: Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_refusals_raise_usage_errors_with_the_reason(
+    shell: Any, server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     nb = notebook(server.root / "ok.ipynb", "print(1)")
 
     def err(line: str, cell: str | None = None) -> str:
-        capsys.readouterr()
-        if cell is None:
-            result = shell.run_line_magic("gpu", line)
-        else:
-            result = shell.run_cell_magic("gpu_job", line, cell)
-        assert result is None
-        return capsys.readouterr().err
+        """IPython's UsageError: one red line in a notebook, and the cell fails."""
+        with pytest.raises(UsageError) as raised:
+            if cell is None:
+                shell.run_line_magic("gpu", line)
+            else:
+                shell.run_cell_magic("gpu_job", line, cell)
+        return str(raised.value)
 
     out = err("submit")  # no notebook
-    assert "usage: %gpu submit" in out and "notebook" in out
+    assert out.startswith("%gpu submit: the following arguments are required: notebook"), out
+    assert "usage: %gpu submit" in out
     assert line_parser().parse_args(["submit", nb.name]).gpus == 1  # --gpus defaults to 1
     out = err("frobnicate")
     assert "usage: %gpu" in out and "invalid choice" in out
@@ -205,6 +252,7 @@ def test_refusals_fail_at_once_with_the_reason(
     assert "usage: %%gpu_job" in out
     out = err(f"submit {nb.name} --gpus zero")
     assert "must be a whole number" in out
+    assert err("submit 'unbalanced").startswith("%gpu: ")
     assert "no such notebook" in err("submit missing.ipynb --gpus 1")
     assert "not a member of tenant 'nlp'" in err(f"submit {nb.name} --gpus 1 --tenant nlp")
     out = err(f"submit {nb.name} --gpus 4")
@@ -215,6 +263,53 @@ def test_refusals_fail_at_once_with_the_reason(
     monkeypatch.delenv("GPUAAS_SERVER_URL")
     out = err("jobs")
     assert "GPUAAS_SERVER_URL" in out and "jupyter_gpuaas" in out
+
+
+def test_the_magics_show_their_usage(shell: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """`%gpu?` and `%%gpu_job?`, as typed in a cell: IPython's help shows every option."""
+    capsys.readouterr()
+    shell.run_cell("%gpu?")
+    out = capsys.readouterr().out
+    for usage in ("%gpu status", "%gpu submit", "%gpu jobs", "%gpu logs", "%gpu cancel"):
+        assert usage in out, out
+    assert "--parameter" in out or "-p NAME VALUE" in out
+    shell.run_cell("%%gpu_job?")
+    out = capsys.readouterr().out
+    assert "%%gpu_job" in out and "--gpus GPUS" in out and "how many GPUs" in out, out
+    shell.run_line_magic("gpu", "submit --help")  # a subcommand's help is not a failure
+    assert "the notebook (.ipynb) to run" in capsys.readouterr().out
+
+
+def test_a_refused_submit_stops_the_notebook(server: Server, tmp_path: Path) -> None:
+    """Run All in a real kernel (nbclient, as papermill runs it): the cell with a bad
+    `%gpu submit` fails with its sentence and the cells after it never run."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    for bad, sentence in (
+        ("%gpu submit missing.ipynb --gpus 1", "no such notebook"),
+        ("%gpu submit ok.ipynb --gpus zero", "must be a whole number"),
+    ):
+        nb = nbformat.read(
+            notebook(tmp_path / "run.ipynb", "%load_ext jupyter_gpuaas", bad, "print('after')"),
+            as_version=4,
+        )
+        client = NotebookClient(
+            nb,
+            timeout=120,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(server.root)}},
+        )
+        env = {**clean_env(), **server.env()}
+        with pytest.raises(CellExecutionError) as raised:
+            client.execute(env=env)
+        assert raised.value.ename == "UsageError", raised.value
+        assert sentence in str(raised.value)
+        # What the user reads under the cell: IPython's one red line, no traceback.
+        [shown] = nb.cells[1].outputs
+        assert shown["name"] == "stderr" and shown["text"].startswith("UsageError: %gpu submit")
+        assert nb.cells[2].outputs == [] and nb.cells[2].execution_count is None
+    assert not [j for j in server.call("GET", "gpuaas/jobs") if j["name"] == "missing.ipynb"]
 
 
 def test_status_as_text(shell: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -103,10 +103,10 @@ def test_jobs_activity_hook(tmp_path: Path) -> None:
 def test_status_refresh_period_is_checked() -> None:
     args = line_parser().parse_args(["status", "--every", "0.5"])
     assert args.every == 0.5 and line_parser().parse_args(["status"]).every == 5.0
-    from jupyter_gpuaas.notebook.magics import _UsageError
+    from IPython.core.error import UsageError
 
     for bad in ("0", "nan", "soon", "7200"):
-        with pytest.raises(_UsageError, match="every"):
+        with pytest.raises(UsageError, match="every"):
             line_parser().parse_args(["status", "--every", bad])
 
 
