@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,36 @@ def test_the_admission_core_is_composed_not_stacked() -> None:
         if ast.unparse(b).split(".")[-1] in ours
     ]
     assert stacked == []
+
+
+LOADERS = {"import_item", "import_module", "__import__"}
+
+
+def _calls(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            names.add(f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", ""))
+    return names
+
+
+def test_no_module_loads_a_class_of_the_package_by_name() -> None:
+    """import-linter sees every arrow: a module that loads classes by a dotted name (a
+    deployment's config may name one) never names one of the package's own in a string
+    (`import_item("jupyter_gpuaas.x.y.Class")`, a trait's default), which would hide an
+    import that may point up (issue 41: the gateway reached kubernetes/ so)."""
+    dotted = re.compile(r"jupyter_gpuaas(\.\w+)+\.[A-Z]\w*")
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        tree = _parsed(p)
+        if not _calls(tree) & LOADERS:
+            continue
+        found += [
+            f"{p.relative_to(PACKAGE)}:{node.lineno}: {node.value}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and dotted.fullmatch(node.value)
+        ]
+    assert found == []
