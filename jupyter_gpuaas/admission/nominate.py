@@ -116,6 +116,7 @@ class Nomination:
         self._graces = graces
         self._requests = requests
         self._queues = queues
+        # The queues' own dict of tenant queues, read in every loop here (one lookup, not two).
         self._tenant_queues = queues.tenants
         self._waking = waking
         self.epoch = 0  # bumps whenever quota or devices are taken (`taken`)

@@ -40,6 +40,7 @@ class Waking:
         self._cluster = cluster
         self._holders = holders
         self._queues = queues
+        # The queues' own dict of tenant queues, read in every loop here (one lookup, not two).
         self._tenant_queues = queues.tenants
         # The tenants holding a head nominated in the cycle under way (the Heads' entries).
         self._nominees = nominees
