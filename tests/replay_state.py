@@ -3,8 +3,7 @@
 `ReplayState` holds what the replay knows (ready nodes, bound devices, quota usage, each
 request's `Life`) and the bookkeeping every check uses (binding devices, releasing quota);
 `Grace` adds what preempt_warning and its withdrawal must respect. Both are bases of
-replay_checks.py's `Replay`, which walks the events (the pattern of the admission core's
-mixins, e.g. `class Waking(Queries)`).
+replay_checks.py's `Replay`, which walks the events.
 """
 
 from __future__ import annotations

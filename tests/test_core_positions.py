@@ -38,7 +38,7 @@ def check(core: AdmissionCore) -> int:
     for req in live:
         if req.state is State.QUEUED:
             queued += 1
-            assert core.position(req.id) == views.position(core._queues, req), req.id
+            assert core.position(req.id) == views.position(core._queues.tenants, req), req.id
         else:
             assert core.position(req.id) is None
     assert {r.id for r in core.admitted()} == {r.id for r in live if r.state is State.ADMITTED}

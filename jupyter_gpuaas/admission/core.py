@@ -5,74 +5,115 @@ out (:class:`~jupyter_gpuaas.admission.model.Decision`). Every method takes `now
 never reads a clock. Every method returns the decisions it made, in order; the caller
 persists and announces them.
 
-An admission cycle follows Kueue's scheduler, step by step (`schedule`): heads,
-snapshot, nominate (nominate.py), order (heads.py), admit or preempt (admit.py), requeue
-(waking.py). A head that can neither fit nor preempt marks its bucket inadmissible until
-room frees up for its tenant, so an idle queue costs nothing. Releases are releases.py's;
-the read-only answers queries.py's. Both drivers call `step(now)` once per batch of
-events: the gateway per operation, the simulator per instant.
+`AdmissionCore` is composed as Kueue's `Scheduler` is: it holds its collaborators as
+named fields, each a class with its own state in its own module, and drives them.
+- the configuration as they read it (`Policies`, policies.py) and the live requests;
+- the quota ledger (ledger.py), the nodes (nodes.py), the preemption candidates
+  (holders.py), the timers (timers.py), warned victims (grace.py), the autoscaler
+  (autoscale.py) and the parked reservations (positions.py `Parked`);
+- the queues (`Queues`, queueing.py): every tenant's queue and who changed;
+- nomination (`Nomination`, nominate.py) and the nominated heads (heads.py);
+- preemption (`Preemptor`, preemptor.py; the victims are preemption.py's);
+- waking (`Waking`, waking.py): who looks again when quota or devices free up;
+- releases (`Releases`, releases.py): what a request gives back when it goes;
+- the views (`Queries`, queries.py): what the drivers read without deciding.
+
+An admission cycle follows Kueue's scheduler, step by step (`schedule`): heads, snapshot,
+nominate, order, admit or preempt, requeue. A head that can neither fit nor preempt marks
+its bucket inadmissible until room frees up for its tenant, so an idle queue costs
+nothing. Both drivers call `step(now)` once per batch of events: the gateway per
+operation, the simulator per instant.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from .admit import Admitting
 from .autoscale import READY, SCALE_DOWN, Autoscaler, scale_sizes
 from .grace import EVICT, Graces
 from .heads import Heads
 from .holders import Holders
 from .ledger import Ledger
-from .model import KINDS, TERMINAL, Config, Decision, Preemption, Request, State, Tenant
-from .nodes import Cluster
-from .nominate import Entry, Status
-from .positions import Parked, Positions
-from .queues import BucketKey, TenantQueue
+from .model import TERMINAL, Config, Decision, Request, State
+from .nodes import Cluster, Node
+from .nominate import Entry, Mode, Nomination, Status
+from .policies import Policies
+from .positions import Parked
+from .preemptor import Preemptor
+from .queries import Queries
+from .queueing import Queues
+from .releases import Releases
 from .timers import CULL, EXPIRE, LEASE, WARN, Timers
 from .views import NodeState, Position, TenantUsage
+from .waking import Waking
 
 __all__ = ["AdmissionCore", "NodeState", "Position", "TenantUsage"]
 
 
-class AdmissionCore(Admitting):
+class AdmissionCore:
     """The decision core. It starts with `Flavor.nodes` nodes of each flavor, named
     `<flavor>-<n>` as in the simulator; a driver whose nodes come from an inventory passes
     flavors with `nodes=0` and calls :meth:`add_node` for each node it really has."""
 
     def __init__(self, config: Config) -> None:
-        self._config = config
+        self._policies = Policies(config)
         self._ledger = Ledger(config)
         self._cluster = Cluster()
         self._timers = Timers()
         self._graces = Graces()  # warned victims and the preemptors waiting for them
-        self._requests: dict[str, Request] = {}
-        self._queues: dict[str, TenantQueue] = {t: TenantQueue() for t in config.tenants}
+        self._requests: dict[str, Request] = {}  # the live requests, by id
         self._holders = Holders(self._ledger, self._cluster)  # preemption candidates
-        self._heads = Heads()  # the nominated heads, of tenants that have one
-        self._nominees = self._heads.entries  # waking.py
-        self._dirty: set[str] = set()
-        self._sleepers: dict[str, set[str]] = defaultdict(set)  # waking.py
-        self._strict_blocked: set[str] = set()
-        # Bucket heads held back by capacity alone (quota would admit them): scale demand.
-        self._capacity_blocked: dict[tuple[str, BucketKey], str] = {}
-        # Who to wake when devices of a flavor free up: (tenant, bucket) with quota there (or
-        # room by preemption) but no node; bucket None: the tenant (StrictFIFO head, resume).
-        self._cap_waiters: dict[str, set[tuple[str, BucketKey | None]]] = defaultdict(set)
-        self._short: list[str] = []  # nominate.py
-        self._epoch = 0  # bumps whenever quota or devices are taken
-        self._by_capacity = False  # nominate.py
-        self._preempts: dict[str, bool] = {}  # tenants with any preemption policy
-        self._flavors: dict[str, tuple[str, ...]] = {}  # a tenant's flavors, in quota order
-        self._specs: dict[str, Tenant] = {}
-        self._names: dict[str, str] = {}
-        self._tournament = False  # fair sharing in a cohort tree: heads meet level by level
-        self._index_policies()
-        self._width: dict[str, int] = {}  # widest node per flavor, for rejections
-        self._resume_blocked: dict[str, str] = {}  # parked rid -> flavor
+        self._holders.reconfigure(config)
         self._scaler = Autoscaler(self._cluster, self._timers)
-        self._positions: Positions | None = None  # positions.py: at the first question
         self._parked = Parked()  # parked reservations by user, for take-overs
-        self._seq = 0
+        self._queues = Queues(config.tenants)
+        self._heads = Heads()  # the nominated heads, of tenants that have one
+        self._waking = Waking(
+            self._policies,
+            self._ledger,
+            self._cluster,
+            self._holders,
+            self._queues,
+            self._heads.entries,
+        )
+        self._nomination = Nomination(
+            self._policies,
+            self._ledger,
+            self._cluster,
+            self._holders,
+            self._graces,
+            self._requests,
+            self._queues,
+            self._waking,
+        )
+        self._releases = Releases(
+            self._policies,
+            self._ledger,
+            self._cluster,
+            self._timers,
+            self._holders,
+            self._scaler,
+            self._parked,
+            self._graces,
+            self._requests,
+            self._queues,
+            self._waking,
+            self._nomination,
+        )
+        self._preemptor = Preemptor(self._policies, self._timers, self._graces, self._releases)
+        self._queries = Queries(
+            self._policies,
+            self._ledger,
+            self._cluster,
+            self._holders,
+            self._scaler,
+            self._graces,
+            self._requests,
+            self._queues,
+        )
+        self._seq = 0  # the last arrival number given
         for f in config.flavors.values():
             for i in range(f.nodes):
                 self._cluster.add(f.name, f"{f.name}-{i}", f.gpus_per_node)
@@ -81,36 +122,19 @@ class AdmissionCore(Admitting):
 
     @property
     def config(self) -> Config:
-        return self._config
-
-    def _index_policies(self) -> None:
-        self._preempts = {
-            t.name: t.preemption != Preemption() for t in self._config.tenants.values()
-        }
-        self._flavors = {t.name: tuple(t.quota) for t in self._config.tenants.values()}
-        # A plain dict of the specs: mypyc indexes a dict natively, a Mapping generically.
-        self._specs = dict(self._config.tenants)
-        # The config's own name objects. A name read from a trace row or a request body is
-        # an equal but distinct string, and each dict hit on it compares bytes: requests
-        # are given these (`_canonical`), so the tables' keys match by identity.
-        self._names = {t.name: t.name for t in self._config.tenants.values()}
-        self._names.update({f: f for f in self._config.flavors})
-        self._names.update({k: k for k in KINDS})
-        self._tournament = bool(self._config.policy.fair_sharing and self._config.cohorts)
-        self._holders.reconfigure(self._config)
+        return self._policies.config
 
     def update_config(self, config: Config, now: float) -> list[Decision]:
         """Adopt new quotas and policy. Nobody is evicted; queues are looked at again."""
         gone = {r.tenant for r in self._requests.values()} - set(config.tenants)
         if gone:
             raise ValueError(f"tenants still have requests: {', '.join(sorted(gone))}")
-        self._config = config
         self._ledger.reconfigure(config)
-        self._index_policies()
-        self._width.clear()
-        for t in config.tenants:
-            self._queues.setdefault(t, TenantQueue())
-        self._wake(config.tenants)
+        self._policies.reindex(config)
+        self._holders.reconfigure(config)
+        self._queries.forget_widths()
+        self._queues.add_tenants(config.tenants)
+        self._queues.wake(config.tenants)
         return []
 
     # ------------------------------------------------------------------ events in
@@ -127,32 +151,32 @@ class AdmissionCore(Admitting):
                 now, "submit", req.id, {"tenant": req.tenant, "kind": req.kind, "gpus": req.gpus}
             )
         ]
-        self._canonical(req)
+        self._policies.canonical(req)
         req.seq = self._seq = self._seq + 1
         req.queue_time = req.submit_time
-        reason = self.never_fits(req)
+        reason = self._queries.never_fits(req)
         if reason:
             req.state = State.REJECTED
             req.reason = reason
             out.append(Decision(now, "reject", req.id, {"reason": reason}))
             return out
         self._requests[req.id] = req
-        if self._config.policy.take_over_parked:
+        if self._policies.config.policy.take_over_parked:
             old = self._parked.claimable(req)
             if old is not None:
-                self._take_over(old, req, now, out)
+                self._releases.take_over(old, req, now, out)
                 return out
         req.state = State.QUEUED
-        self._enqueue(req)
+        self._queues.enqueue(req)
         return out
 
     def cancel(self, rid: str, now: float, reason: str = "") -> list[Decision]:
         """The user cancels: whatever the request holds is released."""
-        return self._end(rid, now, "cancel", State.CANCELLED, reason)
+        return self._releases.end(rid, now, "cancel", State.CANCELLED, reason)
 
     def finish(self, rid: str, now: float, reason: str = "") -> list[Decision]:
         """The holder is done (or gone): devices and quota are released."""
-        return self._end(rid, now, "finish", State.FINISHED, reason)
+        return self._releases.end(rid, now, "finish", State.FINISHED, reason)
 
     def activity(self, rid: str, busy: bool, now: float) -> list[Decision]:
         """The holder is busy or idle. Idle holders are culled; busy culled ones come back."""
@@ -170,25 +194,26 @@ class AdmissionCore(Admitting):
                 req.idle_since = now
                 self._arm_cull(req)
         elif req.state is State.PARKED:
-            q = self._queues[req.tenant]
+            q = self._queues.tenants[req.tenant]
             req.wants_devices = busy
             if busy:
                 q.resuming[rid] = req
-                self._touch(req.tenant)
+                self._queues.touch(req.tenant)
             elif q.resuming.pop(rid, None) is not None:
                 # No longer waiting to resume (served first; it may hold a StrictFIFO queue).
-                self._resume_blocked.pop(rid, None)
-                self._strict_blocked.discard(req.tenant)
-                self._touch(req.tenant)
+                self._nomination.resume_blocked.pop(rid, None)
+                self._queues.strict_blocked.discard(req.tenant)
+                self._queues.touch(req.tenant)
         elif req.state is State.CULLED and busy:
-            self._requeue(req, now, now, out)
+            self._queues.requeue(req, now, now, out)
         return out
 
     def heartbeat(self, rid: str, now: float, busy: bool | None = None) -> list[Decision]:
         """A lease renewal from the holder, optionally saying whether it is busy."""
         req = self._get(rid)
-        if req.state is State.ADMITTED and self._config.policy.lease_ttl > 0:
-            req.lease_expires = now + self._config.policy.lease_ttl
+        ttl = self._policies.config.policy.lease_ttl
+        if req.state is State.ADMITTED and ttl > 0:
+            req.lease_expires = now + ttl
             self._timers.set(LEASE, rid, req.lease_expires)
         if busy is None:
             return []
@@ -203,12 +228,21 @@ class AdmissionCore(Admitting):
         as if the core had asked for them (the gateway restores simulated scale-ups so).
         """
         node = self._cluster.add(flavor, name, gpus, autoscaled=autoscaled)
-        self._width.pop(flavor, None)
+        self._queries.forget_widths(flavor)
         node.empty_since = now
         self._scaler.joined(flavor, name)
-        self._scaler.arm_scale_down(self._config, node, now)
-        self._room_freed_in(flavor, node)
+        self._scaler.arm_scale_down(self._policies.config, node, now)
+        self._waking.room_freed_in(flavor, node)
         return []
+
+    def remove_node(self, name: str, now: float) -> list[Decision]:
+        """A node left: whoever held its devices loses them (releases.py `node_left`)."""
+        node = self._cluster.nodes.get(name)
+        if node is None:
+            return []
+        out = self._releases.node_left(node, now)
+        self._queries.forget_widths(node.flavor)
+        return out
 
     def restore(self, req: Request, now: float) -> list[Decision]:
         """Put back a request read from the store, in the state it was stored in.
@@ -219,10 +253,10 @@ class AdmissionCore(Admitting):
         out: list[Decision] = []
         if req.state in TERMINAL:
             return out
-        self._canonical(req)
+        self._policies.canonical(req)
         self._requests[req.id] = req
         if req.state is State.QUEUED:
-            self._enqueue(req)
+            self._queues.enqueue(req)
         elif req.state is State.ADMITTED:
             node = self._cluster.nodes.get(req.node or "")
             flavor = req.assigned_flavor or ""
@@ -245,7 +279,7 @@ class AdmissionCore(Admitting):
                 self._arm_cull(req)
             if req.lease_expires is not None:
                 self._timers.set(LEASE, req.id, req.lease_expires)
-            self._restore_warning(req)
+            self._preemptor.restore_warning(req)
         elif req.state is State.PARKED:
             flavor = req.assigned_flavor or ""
             self._ledger.add(req.tenant, flavor, req.gpus)
@@ -254,24 +288,10 @@ class AdmissionCore(Admitting):
             if req.park_expires is not None:
                 self._timers.set(EXPIRE, req.id, req.park_expires)
             if req.wants_devices:
-                self._queues[req.tenant].resuming[req.id] = req
-                self._touch(req.tenant)
-            self._restore_warning(req)
+                self._queues.tenants[req.tenant].resuming[req.id] = req
+                self._queues.touch(req.tenant)
+            self._preemptor.restore_warning(req)
         return out
-
-    def _canonical(self, req: Request) -> None:
-        names = self._names
-        req.tenant = names.get(req.tenant, req.tenant)
-        req.kind = names.get(req.kind, req.kind)
-        if req.flavor is not None:
-            req.flavor = names.get(req.flavor, req.flavor)
-        if req.assigned_flavor is not None:
-            req.assigned_flavor = names.get(req.assigned_flavor, req.assigned_flavor)
-
-    def _restore_warning(self, req: Request) -> None:
-        if req.preempt_at is not None and req.preempted_by is not None:
-            self._graces.warn(req.preempted_by, req.assigned_flavor or "", None, req)
-            self._timers.set(EVICT, req.id, req.preempt_at)
 
     # ------------------------------------------------------------------ time
 
@@ -288,12 +308,12 @@ class AdmissionCore(Admitting):
                 return out
             t, kind, key = due
             if kind == READY:
-                node = self._scaler.node_ready(self._config, key, t)
+                node = self._scaler.node_ready(self._policies.config, key, t)
                 if node is not None:
                     out.append(
                         Decision(t, "node_ready", None, {"flavor": node.flavor, "node": key})
                     )
-                    self._room_freed_in(node.flavor, node)
+                    self._waking.room_freed_in(node.flavor, node)
                 continue
             if kind == SCALE_DOWN:
                 gone = self._scaler.scale_down(key, t)
@@ -307,27 +327,27 @@ class AdmissionCore(Admitting):
                 cull_at = self._timers.get(CULL, key)
                 out.append(Decision(t, "cull_warning", key, {"cull_at": cull_at}))
             elif kind == CULL and req.state is State.ADMITTED:
-                self._cull(req, t, out)
+                self._releases.cull(req, t, out)
             elif kind == EXPIRE and req.state is State.PARKED:
-                self._expire(req, t, out)
+                self._releases.expire(req, t, out)
             elif kind == LEASE and req.state is State.ADMITTED:
-                out += self._end(key, t, "finish", State.FINISHED, "lease expired")
+                out += self._releases.end(key, t, "finish", State.FINISHED, "lease expired")
             elif kind == EVICT and req.holds_quota:
                 by = self._requests.get(req.preempted_by or "")
                 if by is None:  # its preemptor is gone (cannot happen but after bad data)
-                    self._victim_left(req)
+                    self._releases.victim_left(req)
                 else:
-                    self._preempt(req, by, t, out)
+                    self._releases.evict(req, by, t, out)
 
     def look_at_everyone(self) -> None:
         """Wake every head, as if each queue had changed: the next cycle nominates every
         tenant. Slow: the reference the wake-ups are checked against (test_wakes.py)."""
-        self._wake(self._config.tenants)
+        self._queues.wake(self._policies.config.tenants)
 
     def step(self, now: float) -> list[Decision]:
         """Both drivers' call per batch of events: the deadlines due by `now`, a cycle."""
         out = self.advance(now)
-        if self._dirty:  # (most instants of a replay change no queue: no second list)
+        if self._queues.dirty:  # (most instants of a replay change no queue: no second list)
             out += self.schedule(now)
         return out
 
@@ -337,22 +357,22 @@ class AdmissionCore(Admitting):
         """Admission cycles in Kueue's steps, until no head can be admitted.
 
         1. Heads: the tenants whose queue or room changed since they were last nominated
-           (`_dirty`); nothing changed, nothing to do.
+           (the queues' `dirty`); nothing changed, nothing to do.
         2. Snapshot: the core decides on its live state; each entry carries the epoch it
            was nominated at, and one nominated before the last admission (which may have
            taken its room) is nominated again before it is acted on.
-        3. Nominate: each changed tenant's best head and how it would go in (nominate.py).
+        3. Nominate: each changed tenant's best head and how it would go in (nomination).
         4. Order: the best of the nominated heads (heads.py; fairshare.py in a tree).
-        5. Admit or preempt it (admit.py); then again from 1.
+        5. Admit or preempt it (the preemptor, then `_admit`); then again from 1.
         6. Requeue: the heads that cannot go stay marked inadmissible, asleep until an
-           event can change their answer (waking.py); those held back by capacity alone
+           event can change their answer (waking); those held back by capacity alone
            are the demand for nodes (autoscale.py).
         """
         out: list[Decision] = []
-        if not self._dirty:
+        if not self._queues.dirty:
             return out
         while True:
-            self._nominate_changed(self._changed_heads())  # 1. heads, 3. nominate
+            self._nominate_changed(self._queues.changed())  # 1. heads, 3. nominate
             entry = self._first_in_order()  # 4. order
             if entry is None:
                 break
@@ -362,39 +382,187 @@ class AdmissionCore(Admitting):
         self._requeue_inadmissible(now, out)  # 6. requeue
         return out
 
-    def _changed_heads(self) -> list[str]:
-        changed = list(self._dirty)
-        self._dirty.clear()
-        return changed
-
     def _nominate_changed(self, tenants: list[str]) -> None:
         for t in tenants:
-            self._looked_at(t)
-            self._heads.set(t, self._nominate(t))
+            self._waking.looked_at(t)
+            self._heads.set(t, self._nomination.nominate(t))
 
     def _first_in_order(self) -> Entry | None:
-        return self._heads.best(self._wins if self._tournament else None)
+        return self._heads.best(self._nomination.wins if self._policies.tournament else None)
 
     def _still_true(self, e: Entry) -> Entry | None:
         """The entry, or its fresh nomination if it predates the last admission; None
         when that changed the head or how it goes in (the cycle looks again)."""
-        if e.epoch == self._epoch:
+        if e.epoch == self._nomination.epoch:
             return e
         e.status = Status.SKIPPED
         tenant = e.req.tenant
-        self._looked_at(tenant)
-        fresh = self._nominate(tenant)
+        self._waking.looked_at(tenant)
+        fresh = self._nomination.nominate(tenant)
         self._heads.set(tenant, fresh)
         if fresh is None or fresh.req is not e.req or fresh.key != e.key:
             return None
         return fresh
 
-    def _requeue_inadmissible(self, now: float, out: list[Decision]) -> None:
-        if not self._config.policy.autoscale:
+    def _admit_or_preempt(self, e: Entry, now: float, out: list[Decision]) -> None:
+        """Step 5: an entry in mode PREEMPT first evicts its victims (jobs and victims
+        without grace at once) or warns them (servers and kernels with
+        `preemption_grace`): warned, the head waits for them and keeps its room. Then the
+        head is bound to the best-fit node."""
+        req = e.req
+        if e.victims and not self._preemptor.issue(req, e.flavor, e.key, e.victims, now, out):
+            self._nomination.taken()  # the warned victims' room is promised
+            self._queues.touch(req.tenant)
+            e.status = Status.WAITING  # for its warned victims
             return
-        resuming = {rid: (f, self._requests[rid].gpus) for rid, f in self._resume_blocked.items()}
-        blocked = self._capacity_blocked
+        if self._graces.waiting(req.id):
+            self._releases.withdraw(req, now, out)  # admitted before its victims had to go
+        node = self._cluster.best_fit(e.flavor, req.gpus)
+        assert node is not None, "nominated without room"
+        resume = e.mode is Mode.RESUME
+        if resume:
+            self._queues.tenants[req.tenant].resuming.pop(req.id, None)
+            self._ledger.parked[(req.tenant, e.flavor)] -= req.gpus
+            self._parked.discard(req)
+            self._timers.clear(EXPIRE, req.id)
+            req.park_expires = None
+            req.wants_devices = False
+        else:
+            self._queues.dequeue(req)
+            self._ledger.add(req.tenant, e.flavor, req.gpus)
+            self._nomination.capacity_blocked.pop((req.tenant, (req.flavor, req.gpus)), None)
+        self._bind(req, node, e.flavor, now)
+        e.status = Status.ASSUMED
+        self._nomination.taken()
+        if resume or self._ledger.borrowed(req.tenant, e.flavor):
+            # Parked, it held quota that no one could take; holding devices again, it is a
+            # candidate for preemption. Or its tenant borrows, now more than before, and
+            # the cohort may reclaim as much as it borrows (Kueue's reclaimWithinCohort
+            # and borrowWithinCohort). Either way, heads that may evict look again.
+            self._waking.wake_preemptors(req.tenant, e.flavor)
+        if resume and req.resumed_from is None:
+            out.append(
+                Decision(now, "resume", req.id, {"node": node.name, "devices": list(req.devices)})
+            )
+        else:
+            if req.first_admit is None:
+                req.first_admit = now
+            fields: dict[str, Any] = {
+                "tenant": req.tenant,
+                "flavor": e.flavor,
+                "gpus": req.gpus,
+                "node": node.name,
+                "devices": list(req.devices),
+            }
+            if req.resumed_from is not None:
+                fields["resumed_from"] = req.resumed_from
+            out.append(Decision(now, "admit", req.id, fields))
+        self._queues.touch(req.tenant)
+
+    def _bind(self, req: Request, node: Node, flavor: str, now: float) -> None:
+        req.devices = node.free_devices(req.gpus)
+        self._cluster.bind(node, req.id, req.devices)
+        self._timers.clear(SCALE_DOWN, node.name)
+        req.node = node.name
+        req.assigned_flavor = flavor
+        req.state = State.ADMITTED
+        req.admit_time = now
+        self._holders.hold(req, flavor)
+        ttl = self._policies.config.policy.lease_ttl
+        if ttl > 0:
+            req.lease_expires = now + ttl
+            self._timers.set(LEASE, req.id, req.lease_expires)
+        req.idle_since = None if req.busy else now
+        if req.idle_since is not None:
+            self._arm_cull(req)
+
+    def _requeue_inadmissible(self, now: float, out: list[Decision]) -> None:
+        config = self._policies.config
+        if not config.policy.autoscale:
+            return
+        nomination = self._nomination
+        resuming = {
+            rid: (f, self._requests[rid].gpus) for rid, f in nomination.resume_blocked.items()
+        }
+        blocked = nomination.capacity_blocked
         sizes = scale_sizes(
-            self._config, blocked, self._queues, self._ledger, self._cluster, resuming
+            config, blocked, self._queues.tenants, self._ledger, self._cluster, resuming
         )
-        out += self._scaler.plan(self._config, sizes, now)
+        out += self._scaler.plan(config, sizes, now)
+
+    # ------------------------------------------------------------------ idle policy
+
+    def _arm_cull(self, req: Request) -> None:
+        if req.idle_since is None:
+            return
+        times = self._policies.cull_times(req, req.idle_since)
+        if times is None:
+            return
+        cull_at, warn_at = times
+        self._timers.set(CULL, req.id, cull_at)
+        if warn_at is not None:
+            self._timers.set(WARN, req.id, warn_at)
+
+    def idle_deadline(self, rid: str, idle_since: float) -> float:
+        """The first time the core would act on the holder of `rid` if it went idle at
+        `idle_since` and stayed so: its cull warning, else its cull (inf: never culled).
+        A holder busy again before it has changed nothing the core decides on; the
+        simulator's driver uses this to leave such short idle spells unsaid."""
+        times = self._policies.cull_times(self._get(rid), idle_since)
+        if times is None:
+            return math.inf
+        cull_at, warn_at = times
+        return cull_at if warn_at is None else warn_at
+
+    # ------------------------------------------------------------------ questions
+
+    def _get(self, rid: str) -> Request:
+        req = self._requests.get(rid)
+        if req is None:
+            raise KeyError(rid)
+        return req
+
+    def get(self, rid: str) -> Request | None:
+        return self._requests.get(rid)
+
+    def live_requests(self) -> Iterator[Request]:
+        return iter(self._requests.values())
+
+    def waiting_for(self, rid: str) -> tuple[str, dict[str, Any]] | None:
+        """Why a queued request waits, as nomination left it: (kind, details), kind one of
+        "quota", "capacity", "fifo" (reasons.py); None unless it is queued and nomination
+        has found its head inadmissible."""
+        req = self._requests.get(rid)
+        if req is None or req.state is not State.QUEUED:
+            return None
+        return self._nomination.waiting_for(req, self._queries.provisioning())
+
+    def never_fits(self, req: Request) -> str:
+        """Why `req` can never be admitted ('' if it can), in words for its user."""
+        return self._queries.never_fits(req)
+
+    def position(self, rid: str) -> Position | None:
+        """1-based place of a queued request in its tenant's queue and among all queued."""
+        return self._queries.position(rid)
+
+    def admitted(self) -> Iterable[Request]:
+        """The admitted requests (the running grants), in the order they were bound."""
+        return self._queries.admitted()
+
+    def tenant_usage(self) -> list[TenantUsage]:
+        return self._queries.tenant_usage()
+
+    def nodes(self) -> list[NodeState]:
+        return self._queries.nodes()
+
+    def desired_nodes(self) -> dict[str, int]:
+        """Nodes per flavor the queue asks for: ready, coming, and still to ask for."""
+        return self._queries.desired_nodes()
+
+    def provisioning(self) -> dict[str, dict[str, float]]:
+        """Nodes on their way, by flavor: name -> time they will be ready."""
+        return self._queries.provisioning()
+
+    def reclaiming(self, rid: str) -> list[Request]:
+        """The warned victims a queued preemptor waits for (empty if none)."""
+        return self._queries.reclaiming(rid)

@@ -5,8 +5,9 @@ would it preempt), and the key that orders the nominated heads (step 4).
 A head that can neither fit nor preempt is not nominated: its bucket is marked
 inadmissible, and `waiting_for` says why (reasons.py) from what nomination left behind.
 
-A base of :class:`~jupyter_gpuaas.admission.core.AdmissionCore`, which owns the state;
-the victim choice is preemption.py's, the tree tournament fairshare.py's.
+A collaborator of :class:`~jupyter_gpuaas.admission.core.AdmissionCore` (Kueue's flavor
+assigner and the nominate half of its scheduler); the victim choice is preemption.py's,
+the tree tournament fairshare.py's. Who waits for devices it tells waking.py.
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ from typing import Any
 
 from .fairshare import share, tournament
 from .grace import Graces, kept_for_reclaim
-from .model import Request, State
+from .holders import Holders
+from .ledger import Ledger
+from .model import Request
+from .nodes import Cluster
+from .policies import Policies
 from .preemption import find_victims
+from .queueing import Queues
 from .queues import BucketKey, order_key
 from .reasons import waiting_reason
 from .waking import Waking
@@ -91,29 +97,52 @@ def _condemned(failed: list[tuple[str | None, int, int]], req: Request) -> bool:
     return False
 
 
-class Nominating(Waking):
-    _requests: dict[str, Request]
-    _graces: Graces
-    _capacity_blocked: dict[tuple[str, BucketKey], str]
-    _resume_blocked: dict[str, str]
-    _epoch: int
-    _tournament: bool
-    # Whether the last failed `_try` was held back by devices (its key is then in
-    # `_capacity_blocked`), so nomination need not build the key again to ask.
-    _by_capacity: bool
-    # The flavors where the head `_choose_flavor` last looked at could make room in quota
-    # by preempting (the holders' bound says so) but found no victims while no node has
-    # room for it: it may wait for devices there too (`_cap_waiters`).
-    _short: list[str]
+class Nomination:
+    def __init__(
+        self,
+        policies: Policies,
+        ledger: Ledger,
+        cluster: Cluster,
+        holders: Holders,
+        graces: Graces,
+        requests: dict[str, Request],
+        queues: Queues,
+        waking: Waking,
+    ) -> None:
+        self._policies = policies
+        self._ledger = ledger
+        self._cluster = cluster
+        self._holders = holders
+        self._graces = graces
+        self._requests = requests
+        self._queues = queues
+        # The queues' own dict of tenant queues, read in every loop here (one lookup, not two).
+        self._tenant_queues = queues.tenants
+        self._waking = waking
+        self.epoch = 0  # bumps whenever quota or devices are taken (`taken`)
+        # Bucket heads held back by capacity alone (quota would admit them): scale demand.
+        self.capacity_blocked: dict[tuple[str, BucketKey], str] = {}
+        self.resume_blocked: dict[str, str] = {}  # parked rid -> flavor, no node has room
+        # Whether the last failed `_try` was held back by devices (its key is then in
+        # `capacity_blocked`), so nomination need not build the key again to ask.
+        self._by_capacity = False
+        # The flavors where the head `_choose_flavor` last looked at could make room in
+        # quota by preempting (the holders' bound says so) but found no victims while no
+        # node has room for it: it may wait for devices there too (waking.py).
+        self._short: list[str] = []
 
-    def _wins(self, e: Entry, other: Entry) -> bool:
+    def taken(self) -> None:
+        """Quota or devices were taken: every entry nominated before is stale."""
+        self.epoch += 1
+
+    def wins(self, e: Entry, other: Entry) -> bool:
         """With fair sharing in a cohort tree: Kueue's tournament (fairshare.py) decides
         between two heads of one tree; otherwise, and on a tie, the admission key."""
         if e.key[0] == other.key[0] == 1:
             won = tournament(
                 self._ledger,
-                self._config.tenants,
-                self._config.cohorts,
+                self._policies.config.tenants,
+                self._policies.config.cohorts,
                 (e.req.tenant, e.flavor, e.req.gpus, own_victims(e.req, e.victims)),
                 (
                     other.req.tenant,
@@ -126,28 +155,28 @@ class Nominating(Waking):
                 return won
         return e.key < other.key
 
-    def _nominate(self, tenant: str) -> Entry | None:
-        q = self._queues[tenant]
-        spec = self._specs[tenant]
+    def nominate(self, tenant: str) -> Entry | None:
+        q = self._tenant_queues[tenant]
+        spec = self._policies.specs[tenant]
         for req in sorted(q.resuming.values(), key=order_key) if q.resuming else ():
             flavor = req.assigned_flavor or ""
             if self._cluster.widest_gap(flavor) >= req.gpus:
-                self._resume_blocked.pop(req.id, None)
+                self.resume_blocked.pop(req.id, None)
                 key = (0, order_key(req))
-                return Entry(req, Mode.RESUME, flavor, False, key=key, epoch=self._epoch)
-            self._resume_blocked[req.id] = flavor
-            self._cap_waiters[flavor].add((tenant, None))
+                return Entry(req, Mode.RESUME, flavor, False, key=key, epoch=self.epoch)
+            self.resume_blocked[req.id] = flavor
+            self._waking.wait_for_devices(flavor, (tenant, None))
             if spec.queueing == "StrictFIFO":
                 return None
         if spec.queueing == "StrictFIFO":
-            if tenant in self._strict_blocked:
+            if tenant in self._queues.strict_blocked:
                 return None
             head = q.first()
             if head is None:
                 return None
             entry = self._try(head, strict=True)
             if entry is None:
-                self._strict_blocked.add(tenant)
+                self._queues.strict_blocked.add(tenant)
             return entry
         # A head that fails by quota (not capacity) and cannot preempt condemns every later
         # head with the same flavor choice, as many GPUs or more and no higher priority:
@@ -172,7 +201,7 @@ class Nominating(Waking):
         self, req: Request, bkey: BucketKey | None = None, strict: bool = False
     ) -> Entry | None:
         tenant = req.tenant
-        flavors = (req.flavor,) if req.flavor else self._flavors[tenant]
+        flavors = (req.flavor,) if req.flavor else self._policies.flavors[tenant]
         ledger = self._ledger
         cluster = self._cluster  # (a bound method kept in a local is a generic call)
         borrowing_choice: str | None = None
@@ -199,7 +228,7 @@ class Nominating(Waking):
             borrowing_choice = borrowing_choice or f
         if borrowing_choice is not None:
             return self._entry(req, Mode.FIT, borrowing_choice, True)
-        if not self._preempts[tenant] or self._graces.waiting(req.id):
+        if not self._policies.preempts[tenant] or self._graces.waiting(req.id):
             flavors = ()  # a waiting preemptor picks no second victim set
         if flavors:
             chosen = self._choose_flavor(req, flavors)
@@ -212,38 +241,37 @@ class Nominating(Waking):
                 # freed on a node where its candidates sit may change that (waking.py).
                 waiter = (req.tenant, None if strict else bkey or (req.flavor, req.gpus))
                 for f in self._short:
-                    self._cap_waiters[f].add(waiter)
+                    self._waking.wait_for_devices(f, waiter)
         self._by_capacity = bool(capacity_flavors)
-        if capacity_flavors or self._capacity_blocked:  # (else no key to build)
+        if capacity_flavors or self.capacity_blocked:  # (else no key to build)
             key = (req.tenant, bkey if bkey is not None else (req.flavor, req.gpus))
             if capacity_flavors:
-                self._capacity_blocked[key] = capacity_flavors[0]
+                self.capacity_blocked[key] = capacity_flavors[0]
                 waiter = (req.tenant, None if strict else key[1])
                 for f in capacity_flavors:
-                    self._cap_waiters[f].add(waiter)
+                    self._waking.wait_for_devices(f, waiter)
             else:
-                self._capacity_blocked.pop(key, None)
+                self.capacity_blocked.pop(key, None)
         return None
 
-    def waiting_for(self, rid: str) -> tuple[str, dict[str, Any]] | None:
+    def waiting_for(
+        self, req: Request, provisioning: dict[str, dict[str, float]]
+    ) -> tuple[str, dict[str, Any]] | None:
         """Why a queued request waits, as nomination left it: (kind, details), kind one of
-        "quota", "capacity", "fifo" (reasons.py); None unless it is queued and nomination
-        has found its head inadmissible."""
-        req = self._requests.get(rid)
-        if req is None or req.state is not State.QUEUED:
-            return None
-        if req.tenant in self._dirty:
+        "quota", "capacity", "fifo" (reasons.py); None until nomination has found its head
+        inadmissible. `provisioning`: the nodes on their way (the core's `provisioning`)."""
+        if req.tenant in self._queues.dirty:
             return None  # not nominated since it changed: no reason recorded yet
         reason = waiting_reason(
             req,
-            self._queues[req.tenant],
-            self._config.tenants[req.tenant].queueing == "StrictFIFO",
-            req.tenant in self._strict_blocked,
-            self._flavors[req.tenant],
-            self._capacity_blocked,
+            self._tenant_queues[req.tenant],
+            self._policies.config.tenants[req.tenant].queueing == "StrictFIFO",
+            req.tenant in self._queues.strict_blocked,
+            self._policies.flavors[req.tenant],
+            self.capacity_blocked,
             self._ledger,
             self._cluster,
-            self.provisioning(),
+            provisioning,
         )
         return None if reason is None else (reason.kind, reason.details())
 
@@ -254,7 +282,7 @@ class Nominating(Waking):
         reclaim above preempt): the first flavor whose victims are all other tenants'
         wins; else the first where the tenant evicts its own by priority; quota order
         breaks ties."""
-        spec = self._specs[req.tenant]
+        spec = self._policies.specs[req.tenant]
         graces = self._graces
         by_priority: tuple[str, list[Request]] | None = None
         self._short = []
@@ -304,7 +332,7 @@ class Nominating(Waking):
         victims: list[Request] | None = None,
     ) -> Entry:
         weighted = 0.0
-        if borrowing and self._config.policy.fair_sharing:
+        if borrowing and self._policies.config.policy.fair_sharing:
             # Ranked by its share as it would be with the head admitted (Kueue simulates
             # the addition), so a big head does not jump a small one on a lower share.
             weighted = share(self._ledger, req.tenant, flavor, req.gpus)
@@ -312,7 +340,7 @@ class Nominating(Waking):
         # (a flat cohort: 0 within nominal, 1 borrowing).
         height = self._ledger.height(req.tenant, flavor, req.gpus) if borrowing else 0
         key = (1, height, weighted, *order_key(req))
-        return Entry(req, mode, flavor, borrowing, victims or [], key, self._epoch)
+        return Entry(req, mode, flavor, borrowing, victims or [], key, self.epoch)
 
     def _order(self, req: Request, flavor: str) -> tuple[Any, ...]:
         """The admission-order key `req` would have if it fit `flavor` now."""

@@ -1,97 +1,63 @@
-"""Waking and requeueing: who looks again when quota or devices free up, and how a
-request goes (back) into its tenant's queue.
+"""Waking: who looks again when quota or devices free up (Kueue's requeue step:
+inadmissible heads wait until an event can change their answer).
 
 A head that can neither fit nor preempt marks its bucket inadmissible, so an idle queue
-costs nothing; these methods clear the marks of exactly the heads that something they
-wait for has changed for: devices of a flavor (capacity waiters), quota of a flavor in
-their tree, or a holder that became a preemption candidate again (Kueue's requeue
-step: inadmissible heads wait until an event can change their answer).
-
-Requeueing: every entry into a tenant's queue and every exit goes through `_enqueue` and
-`_dequeue`, which keep the positions index (positions.py) in step once a driver asked for
-a position. A base of :class:`~jupyter_gpuaas.admission.core.AdmissionCore`, which owns
-the state.
+costs nothing; `Waking` clears the marks of exactly the heads that something they wait
+for has changed for: devices of a flavor (capacity waiters), quota of a flavor in their
+tree, or a holder that became a preemption candidate again. A collaborator of
+:class:`~jupyter_gpuaas.admission.core.AdmissionCore`; nomination tells it who waits for
+devices (`wait_for_devices`), releases tell it what they freed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import defaultdict
 from typing import Any
 
 from .holders import Bound, Holders
 from .ledger import Ledger
-from .model import Config, Decision, Request, State, Tenant
+from .model import Request
 from .nodes import Cluster, Node
-from .queries import Queries
+from .policies import Policies
+from .queueing import Queues
 from .queues import Bucket, BucketKey, TenantQueue
 
+Waiter = tuple[str, BucketKey | None]
 
-class Waking(Queries):
-    _config: Config
-    _ledger: Ledger
-    _cluster: Cluster
-    _holders: Holders
-    _queues: dict[str, TenantQueue]
-    _dirty: set[str]
-    _strict_blocked: set[str]
-    _cap_waiters: dict[str, set[tuple[str, BucketKey | None]]]
-    _preempts: dict[str, bool]
-    _flavors: dict[str, tuple[str, ...]]
-    _specs: dict[str, Tenant]
-    # Per root cohort, its tenants that may have a sleeping head (a superset): the ones
-    # looked at since they were last seen with none. A release wakes these, not the tree.
-    _sleepers: dict[str, set[str]]
-    # The tenants holding a head nominated in the cycle under way (the Heads' entries).
-    _nominees: dict[str, Any]
 
-    # ------------------------------------------------------------------ requeueing
+class Waking:
+    def __init__(
+        self,
+        policies: Policies,
+        ledger: Ledger,
+        cluster: Cluster,
+        holders: Holders,
+        queues: Queues,
+        nominees: dict[str, Any],
+    ) -> None:
+        self._policies = policies
+        self._ledger = ledger
+        self._cluster = cluster
+        self._holders = holders
+        self._queues = queues
+        # The queues' own dict of tenant queues, read in every loop here (one lookup, not two).
+        self._tenant_queues = queues.tenants
+        # The tenants holding a head nominated in the cycle under way (the Heads' entries).
+        self._nominees = nominees
+        # Per root cohort, its tenants that may have a sleeping head (a superset): the ones
+        # looked at since they were last seen with none. A release wakes these, not the tree.
+        self._sleepers: dict[str, set[str]] = defaultdict(set)
+        # Who to wake when devices of a flavor free up: (tenant, bucket) with quota there (or
+        # room by preemption) but no node; bucket None: the tenant (StrictFIFO head, resume).
+        self._cap_waiters: dict[str, set[Waiter]] = defaultdict(set)
 
-    def _enqueue(self, req: Request) -> Bucket:
-        """Into its tenant's queue (submitted, restored or requeued), QUEUED already."""
-        q = self._queues[req.tenant]
-        bucket = q.push(req)
-        # A new head may go where the old one could not (a higher priority may preempt):
-        # its bucket, or a StrictFIFO tenant, looks again. A requeued request (a preempted
-        # job, a culled one busy again) can be such a head as much as a new one.
-        if bucket.inadmissible and q.head(bucket) is req:
-            bucket.inadmissible = False
-        if req.tenant in self._strict_blocked and q.first() is req:
-            self._strict_blocked.discard(req.tenant)
-        if self._positions is not None:
-            self._positions.add(req)
-        self._touch(req.tenant)
-        return bucket
-
-    def _dequeue(self, req: Request) -> None:
-        """Out of its tenant's queue (admitted, or ended while queued)."""
-        q = self._queues[req.tenant]
-        if req.tenant in self._strict_blocked and q.first() is req:
-            # The head that blocked a StrictFIFO queue leaves (cancelled, say): the next
-            # one may fit.
-            self._strict_blocked.discard(req.tenant)
-            self._touch(req.tenant)
-        q.remove(req.id)
-        if self._positions is not None:
-            self._positions.discard(req.id)
-
-    def _requeue(self, req: Request, now: float, queue_time: float, out: list[Decision]) -> None:
-        """Queued again: a preempted job (by its submit time), a culled request busy again
-        or one whose reservation expired while it wanted devices (by now)."""
-        req.state = State.QUEUED
-        req.queue_time = queue_time
-        req.assigned_flavor = None
-        req.wants_devices = False
-        self._enqueue(req)
-        out.append(Decision(now, "requeue", req.id))
-
-    # ------------------------------------------------------------------ waking
-
-    def _looked_at(self, tenant: str) -> None:
+    def looked_at(self, tenant: str) -> None:
         """About to nominate the tenant's heads, which may mark some inadmissible."""
         self._sleepers[self._ledger.root(tenant)].add(tenant)
 
-    def _touch(self, tenant: str) -> None:
-        self._dirty.add(tenant)
+    def wait_for_devices(self, flavor: str, waiter: Waiter) -> None:
+        """`waiter` is woken when devices of `flavor` free up (`room_freed_in`)."""
+        self._cap_waiters[flavor].add(waiter)
 
     def _rouse(self, tenant: str) -> None:
         """A tenant whose sleeping head was woken is nominated again, at once unless it
@@ -101,15 +67,9 @@ class Waking(Queries):
         buckets happened to be marked: a head nominated afresh here could rank above a
         stale one the reference keeps (the 100,000-request month parted at t=43,250)."""
         if tenant not in self._nominees:
-            self._dirty.add(tenant)
+            self._queues.dirty.add(tenant)
 
-    def _wake(self, tenants: Iterable[str]) -> None:
-        for t in tenants:
-            self._queues[t].clear_marks()
-            self._strict_blocked.discard(t)
-            self._dirty.add(t)
-
-    def _room_freed_in(self, flavor: str, node: Node | None = None) -> None:
+    def room_freed_in(self, flavor: str, node: Node | None = None) -> None:
         """Devices of `flavor` freed (on `node`; None: a node joined, or gone): wake who
         waits for devices there and now fits on one node, or, where it may preempt, could
         now make room on `node`: its free devices and its candidates' there together (only
@@ -119,16 +79,18 @@ class Waking(Queries):
         if not waiters:
             return
         gap = self._cluster.widest_gap(flavor)
-        still: set[tuple[str, BucketKey | None]] = set()
+        preempts = self._policies.preempts
+        strict_blocked = self._queues.strict_blocked
+        still: set[Waiter] = set()
         for waiter in waiters:
             tenant, bkey = waiter
             if bkey is not None:
-                bucket = self._queues[tenant].buckets.get(bkey)
+                bucket = self._tenant_queues[tenant].buckets.get(bkey)
                 if bkey[1] > gap and not (
                     node is not None
                     and bucket is not None
                     and bucket.inadmissible
-                    and self._preempts[tenant]
+                    and preempts[tenant]
                     # (No node gives more than it has: half the asks a month end here.)
                     and bkey[1] <= node.gpus
                     and self._room_on(node, tenant, bucket) >= bkey[1]
@@ -137,35 +99,37 @@ class Waking(Queries):
                     continue
                 if bucket is not None:
                     bucket.inadmissible = False
-            self._strict_blocked.discard(tenant)
+            strict_blocked.discard(tenant)
             self._rouse(tenant)
         self._cap_waiters[flavor] = still
 
     def _room_on(self, node: Node, tenant: str, bucket: Bucket) -> int:
-        head = self._queues[tenant].head(bucket)
+        head = self._tenant_queues[tenant].head(bucket)
         return -1 if head is None else self._holders.room_on(node, tenant, head.priority)
 
-    def _quota_freed_in(self, tenant: str, flavor: str) -> None:
+    def quota_freed_in(self, tenant: str, flavor: str) -> None:
         """Quota of `flavor` freed in the tenant's cohort: wake the members' heads that could
         use it. Heads pinned to another flavor, or of members without quota for this one,
         stay asleep: nothing they wait for changed."""
         # With autoscale, a head held back by devices alone is demand for nodes: let the
         # cycle see it. Nothing below changes the nodes: one look for the whole tree.
-        gap = 1 << 30 if flavor in self._config.policy.autoscale else None
+        gap = 1 << 30 if flavor in self._policies.config.policy.autoscale else None
         gap = gap or self._cluster.widest_gap(flavor)
         free = self._cluster.free_in(flavor)
-        flavors = self._flavors
+        flavors = self._policies.flavors
+        preempts = self._policies.preempts
+        strict_blocked = self._queues.strict_blocked
         sleepers = self._sleepers[self._ledger.root(tenant)]
         # Marks are only set by nomination (so a member not looked at since it had none
         # has none); what is done below is order-free (set additions).
         for name in list(sleepers):
-            q = self._queues[name]
-            strict = name in self._strict_blocked
+            q = self._tenant_queues[name]
+            strict = name in strict_blocked
             if flavor not in flavors[name]:
                 if not (q.resuming or strict or any(b.inadmissible for b in q.buckets.values())):
                     sleepers.discard(name)
                 continue
-            may_preempt = self._preempts[name]
+            may_preempt = preempts[name]
             asleep = False  # any bucket marked, of whichever flavor
             woken = strict
             room = -1  # asked of the ledger at the first sleeping head (most have none)
@@ -216,24 +180,25 @@ class Waking(Queries):
                 bucket.inadmissible = False
                 woken = True
             if woken or q.resuming:
-                self._strict_blocked.discard(name)
+                strict_blocked.discard(name)
                 self._rouse(name)
             elif not asleep:
                 sleepers.discard(name)  # nothing of it sleeps: not looked at again till then
 
-    def _wake_preemptors(self, tenant: str, flavor: str) -> None:
+    def wake_preemptors(self, tenant: str, flavor: str) -> None:
         free = self._cluster.free_in(flavor)  # (waking changes no node: one look)
+        strict_blocked = self._queues.strict_blocked
         for name in self._ledger.tree(tenant):
-            q = self._queues[name]
+            q = self._tenant_queues[name]
             most: dict[int, Bound] = {}
-            if name in self._strict_blocked:  # (its head is its first request, unmarked)
+            if name in strict_blocked:  # (its head is its first request, unmarked)
                 first = q.first()
                 if (
                     first is not None
                     and first.flavor in (None, flavor)
                     and self._could_preempt_head(name, flavor, first, most, -1)
                 ):
-                    self._strict_blocked.discard(name)
+                    strict_blocked.discard(name)
                     self._rouse(name)
                 continue
             room = -1  # asked of the ledger at the first sleeping head
@@ -246,7 +211,7 @@ class Waking(Queries):
                     continue
                 if room < 0:
                     room = self._ledger.room(name, flavor)
-                # As in `_quota_freed_in`: most heads end at the reach of the top level.
+                # As in `quota_freed_in`: most heads end at the reach of the top level.
                 if gpus > self._reach(name, flavor, bucket, most, reach, room, free):
                     continue
                 head = q.head(bucket)

@@ -1,10 +1,10 @@
 """`--devices kubernetes`: the inventory is the cluster's GPU Nodes, followed live.
 
-The Node list and watch live in `jupyter_gpuaas.kubernetes.nodes` (on the floor above the
-gateway, beside hub/: ARCHITECTURE.md). The gateway does not import it: like a scaler
-given by dotted name, the node source is loaded by name (`ClusterInventory.source`), so
-no import arrow points up from the gateway, and the source never sees the gateway either:
-it only yields joins and leaves of plain (name, flavor, GPUs) nodes.
+The Node list and watch live in `jupyter_gpuaas.kubeapi.nodes`, and the scale-up objects
+in `jupyter_gpuaas.kubeapi.scaleup`: on the floor below the gateway (ARCHITECTURE.md), so
+the gateway imports them as it imports the core, and they never see the gateway: the
+source only yields joins and leaves of plain (name, flavor, GPUs) nodes. A deployment may
+still name another source or target class in its config (`source`, `target`).
 
 The arbiter asks for two things an inventory read once at start cannot give:
 `prepare()` lists the Nodes before the queue is restored (so restored grants find their
@@ -26,6 +26,8 @@ from traitlets.utils.importstring import import_item
 
 from ..admission.model import State
 from ..devices import DeviceInfo, DeviceSample, Inventory, NodeInfo
+from ..kubeapi.nodes import NodeWatch
+from ..kubeapi.scaleup import Placeholders, ProvisioningRequests
 from .scalers import Scaler
 
 if TYPE_CHECKING:
@@ -51,8 +53,9 @@ class ClusterInventory(LoggingConfigurable, Inventory):
     ).tag(config=True)
 
     source = Unicode(
-        "jupyter_gpuaas.kubernetes.nodes.NodeWatch",
-        help="""Dotted name of the node source: a class taking flavors= and
+        "",
+        help="""Dotted name of another node source than the cluster's Nodes
+        (`jupyter_gpuaas.kubeapi.nodes.NodeWatch`): a class taking flavors= and
         label_selector=, with `async list_nodes()` and `changes()` (an async iterator of joins
         and leaves).""",
     ).tag(config=True)
@@ -67,9 +70,8 @@ class ClusterInventory(LoggingConfigurable, Inventory):
         super().__init__(**kwargs)
         self._nodes: dict[str, Any] = {}
         try:
-            self._source = import_item(self.source)(
-                flavors=self.flavors, label_selector=self.label_selector
-            )
+            source: Any = import_item(self.source) if self.source else NodeWatch
+            self._source = source(flavors=self.flavors, label_selector=self.label_selector)
         except ImportError as e:
             raise ValueError(
                 f"kubernetes: {e}; install the kubernetes extra (jupyter-gpuaas[kubernetes])"
@@ -130,11 +132,16 @@ class ClusterInventory(LoggingConfigurable, Inventory):
 
 class ClusterScaler(Scaler):
     """Scale-up through cluster objects: the nodes wanted per flavor (desired minus
-    ready) handed to a target loaded by name from `jupyter_gpuaas.kubernetes.scaleup`.
+    ready) handed to a target of `jupyter_gpuaas.kubeapi.scaleup` (`target_class`).
     The target creates what makes the cluster autoscaler add Nodes; the Nodes then join
     through ClusterInventory, and the wanted count (and the object) goes back to 0."""
 
-    target = Unicode(help="Dotted name of the scale-up target class.").tag(config=True)
+    target = Unicode(
+        help="Dotted name of another scale-up target class than the scaler's own."
+    ).tag(config=True)
+
+    # The scale-up target each scaler drives unless `target` names another.
+    target_class: Any = None
 
     namespace = Unicode(
         help="Namespace of the scale-up objects. Default: the gateway pod's own."
@@ -162,7 +169,11 @@ class ClusterScaler(Scaler):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._target = import_item(self.target)(
+        target: Any = import_item(self.target) if self.target else self.target_class
+        if target is None:
+            raise ValueError(f"{type(self).__name__}: no scale-up target: set `target`")
+        self._target_name = self.target or f"{target.__module__}.{target.__qualname__}"
+        self._target = target(
             self.flavors, namespace=self.namespace, provisioning_class=self.provisioning_class
         )
 
@@ -172,7 +183,7 @@ class ClusterScaler(Scaler):
             try:
                 await self._target.apply(wanted)
             except Exception as e:  # never into the gateway: retried on the next change
-                self.log.error("scale-up through %s failed: %s", self.target, e)
+                self.log.error("scale-up through %s failed: %s", self._target_name, e)
                 return
             self.last_applied.update(desired)
 
@@ -246,9 +257,7 @@ class ProvisioningRequestScaler(ClusterScaler):
     synced right after it, and a sync that fails is retried on the next change.
     """
 
-    @default("target")
-    def _target_default(self) -> str:
-        return "jupyter_gpuaas.kubernetes.scaleup.ProvisioningRequests"
+    target_class = ProvisioningRequests
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -283,7 +292,7 @@ class ProvisioningRequestScaler(ClusterScaler):
                 try:
                     await self._target.sync([tuple(h) for h in plan])
                 except Exception as e:  # never into the gateway: retried on the next change
-                    self.log.error("scale-up through %s failed: %s", self.target, e)
+                    self.log.error("scale-up through %s failed: %s", self._target_name, e)
                     return
                 self._synced = plan
                 self.last_applied.update(desired)
@@ -302,6 +311,4 @@ class ProvisioningRequestScaler(ClusterScaler):
 class PlaceholderScaler(ClusterScaler):
     """Placeholder Deployments' replicas set to the nodes wanted (cluster autoscaler)."""
 
-    @default("target")
-    def _target_default(self) -> str:
-        return "jupyter_gpuaas.kubernetes.scaleup.Placeholders"
+    target_class = Placeholders

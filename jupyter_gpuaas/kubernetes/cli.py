@@ -104,9 +104,9 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from jupyter_gpuaas.admission.config import SpecError, parse_config
+    from jupyter_gpuaas.kubeapi.meta import ManifestError, Settings, cluster_flavors
 
     from .manifests import manifests
-    from .meta import ManifestError, Settings, cluster_flavors
 
     def fail(message: str) -> int:
         print(f"{PROG}: {message}", file=sys.stderr)

@@ -20,7 +20,7 @@ from typing import Any
 
 from jupyter_gpuaas.admission.model import Config, Policy, Tenant
 
-from .meta import FLAVOR_LABEL, ClusterFlavor, ManifestError
+from ..kubeapi.meta import FLAVOR_LABEL, ClusterFlavor, ManifestError
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"

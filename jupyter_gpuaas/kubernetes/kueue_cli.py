@@ -82,9 +82,9 @@ def run_manifests(args: argparse.Namespace) -> int:
 
     from jupyter_gpuaas.admission.config import SpecError, parse_config
 
+    from ..kubeapi.meta import ManifestError, cluster_flavors
     from .cli import _pair, parse_selectors, to_yaml
     from .kueue import manifests
-    from .meta import ManifestError, cluster_flavors
 
     try:
         with open(args.quotas, encoding="utf-8") as f:

@@ -28,7 +28,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .meta import (
+from jupyter_gpuaas.kubeapi.meta import (
     CONFIG_DIR,
     HEALTH_PATH,
     NAME,
@@ -42,8 +42,9 @@ from .meta import (
     meta,
     selector_labels,
 )
+from jupyter_gpuaas.kubeapi.scaleup import scale_up_objects
+
 from .monitoring import scrape_config_map
-from .scaleup import scale_up_objects
 
 # --------------------------------------------------------------------- access
 

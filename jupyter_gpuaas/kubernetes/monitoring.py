@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from .meta import NAME, SERVICE_PREFIX, Settings, meta
+from jupyter_gpuaas.kubeapi.meta import NAME, SERVICE_PREFIX, Settings, meta
 
 #: Where the admin mounts the Secret `jupyter-gpuaas-metrics` in the Prometheus pod.
 TOKEN_DIR = f"/etc/secrets/{NAME}-metrics"

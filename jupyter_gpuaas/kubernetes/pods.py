@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from jupyter_gpuaas.client import grant_names
+from jupyter_gpuaas.kubeapi.meta import DEFAULT_RESOURCE
 
-DEFAULT_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: Annotations that name the gateway request a pod holds (read by people and the inventory).
 REQUEST_ANNOTATION = "gpuaas.jupyter.org/request"

@@ -25,9 +25,9 @@ from test_leader import INTERVAL, health
 from test_metrics_auth import promtool_check, scrape
 from test_store_faults import wait_until
 
-from jupyter_gpuaas.kubernetes.meta import Settings
+from jupyter_gpuaas.kubeapi.meta import Settings
+from jupyter_gpuaas.kubeapi.scaleup import nodes_wanted_query
 from jupyter_gpuaas.kubernetes.monitoring import scrape_config
-from jupyter_gpuaas.kubernetes.scaleup import nodes_wanted_query
 
 pytestmark = pytest.mark.slow
 

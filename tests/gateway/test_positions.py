@@ -23,7 +23,7 @@ def check(gw: Gateway) -> int:
     queued = 0
     for req in list(core.live_requests()):
         if req.state is State.QUEUED:
-            assert core.position(req.id) == views.position(core._queues, req), req.id
+            assert core.position(req.id) == views.position(core._queues.tenants, req), req.id
             queued += 1
     running = {r.id for r in core.live_requests() if r.state is State.ADMITTED}
     assert {r.id for r in core.admitted()} == running

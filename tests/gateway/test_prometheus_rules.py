@@ -29,8 +29,8 @@ from promutil import (
 
 from jupyter_gpuaas.devices import DeviceInfo, DeviceSample
 from jupyter_gpuaas.gateway.metrics import GatewayMetrics, PendingCount, TenantUsage
+from jupyter_gpuaas.kubeapi.meta import Settings
 from jupyter_gpuaas.kubernetes import manifests, monitoring
-from jupyter_gpuaas.kubernetes.meta import Settings
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:

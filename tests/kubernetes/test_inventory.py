@@ -19,7 +19,7 @@ from kubefix import TOKEN_FILE, TOKENS
 from tornado.httpclient import AsyncHTTPClient
 
 from jupyter_gpuaas.client import GatewayClient
-from jupyter_gpuaas.kubernetes.nodes import ClusterNode, NodeChange, diff, node_view
+from jupyter_gpuaas.kubeapi.nodes import ClusterNode, NodeChange, diff, node_view
 
 FLAVORS = {
     "a100": {"node_selector": {"pool": "a100"}, "resource": "nvidia.com/gpu"},

@@ -20,9 +20,9 @@ from kubeschemas import validate
 
 from jupyter_gpuaas.admission.config import parse_config
 from jupyter_gpuaas.cli import main
+from jupyter_gpuaas.kubeapi.meta import ClusterFlavor, Settings
+from jupyter_gpuaas.kubeapi.scaleup import nodes_wanted_query, provisioning_request
 from jupyter_gpuaas.kubernetes.manifests import rules, singleuser_rules
-from jupyter_gpuaas.kubernetes.meta import ClusterFlavor, Settings
-from jupyter_gpuaas.kubernetes.scaleup import nodes_wanted_query, provisioning_request
 
 QUOTAS = """\
 # the lab's GPUs

@@ -40,9 +40,9 @@ from jupyter_gpuaas.admission.core import AdmissionCore
 from jupyter_gpuaas.admission.model import Request
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.gateway.cluster import BlockedHead, blocked_heads, heads_to_provision
+from jupyter_gpuaas.kubeapi.meta import ClusterFlavor, Settings
+from jupyter_gpuaas.kubeapi.scaleup import head_objects, placeholder_deployment
 from jupyter_gpuaas.kubernetes.manifests import rules
-from jupyter_gpuaas.kubernetes.meta import ClusterFlavor, Settings
-from jupyter_gpuaas.kubernetes.scaleup import head_objects, placeholder_deployment
 
 PR = ("/apis/autoscaling.x-k8s.io/v1", "provisioningrequests")
 

@@ -23,7 +23,7 @@ from traitlets.config import Config
 from jupyter_gpuaas.cli import main
 from jupyter_gpuaas.hub.k8s import validate_flavors
 from jupyter_gpuaas.hub.kube import profile_gpus
-from jupyter_gpuaas.kubernetes.meta import NAME
+from jupyter_gpuaas.kubeapi.meta import NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "hub_config" / "kubernetes" / "values.yaml"
@@ -295,8 +295,8 @@ def test_the_network_rules_let_the_kernel_pods_and_the_server_talk() -> None:
     (outbound,) = [r for r in policy["egress"] if any(selects(p, kernel) for p in r["to"])]
     assert "ports" not in outbound  # the kernel's ports are picked when it starts
     # ... and the gateway's pods (the manifests' Deployment) stay reachable on its port.
+    from jupyter_gpuaas.kubeapi.meta import PORT, Settings
     from jupyter_gpuaas.kubernetes.manifests import deployment
-    from jupyter_gpuaas.kubernetes.meta import PORT, Settings
 
     gateway = deployment(Settings())["spec"]["template"]["metadata"]["labels"]
     (to_gateway,) = [r for r in policy["egress"] if any(selects(p, gateway) for p in r["to"])]

@@ -16,7 +16,7 @@ import yaml
 
 from jupyter_gpuaas.admission.config import CONFIG_KEYS, parse_config
 from jupyter_gpuaas.admission.model import Config
-from jupyter_gpuaas.kubernetes.meta import check_label_key
+from jupyter_gpuaas.kubeapi.meta import check_label_key
 
 #: The Kueue this project pins (the real-cluster set-up runs the same one).
 KUEUE_MODULE = "sigs.k8s.io/kueue@v0.19.2"
@@ -162,9 +162,9 @@ def server_round_trip(config: Config, kubeconfig: str | os.PathLike[str], namesp
     installed, `namespace` existing and no other Kueue quota objects there), read back
     with `kubectl get -o yaml` and imported; the objects are deleted again. The caller
     compares the result with `config`."""
+    from jupyter_gpuaas.kubeapi.meta import cluster_flavors
     from jupyter_gpuaas.kubernetes.kueue import manifests
     from jupyter_gpuaas.kubernetes.kueue_import import flatten, import_objects
-    from jupyter_gpuaas.kubernetes.meta import cluster_flavors
 
     kubectl = ["kubectl", "--kubeconfig", os.fspath(kubeconfig)]
 

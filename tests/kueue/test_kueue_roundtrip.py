@@ -14,10 +14,10 @@ from kueue_objects import config_of, kueue_refuses, scenario_configs, validate
 
 from jupyter_gpuaas.admission.config import parse_config
 from jupyter_gpuaas.admission.model import Config
+from jupyter_gpuaas.kubeapi.meta import ManifestError, cluster_flavors
 from jupyter_gpuaas.kubernetes.cli import to_yaml
 from jupyter_gpuaas.kubernetes.kueue import manifests
 from jupyter_gpuaas.kubernetes.kueue_import import flatten, import_objects
-from jupyter_gpuaas.kubernetes.meta import ManifestError, cluster_flavors
 
 CONFIGS = scenario_configs()
 

@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 from kueue_objects import KINDS, config_of, kueue_refuses, scenario_configs, validate
 
+from jupyter_gpuaas.kubeapi.meta import cluster_flavors
 from jupyter_gpuaas.kubernetes.kueue import API_VERSION, manifests
-from jupyter_gpuaas.kubernetes.meta import cluster_flavors
 
 # Those Kueue cannot hold are refused by `manifests` (test_kueue_roundtrip pins that).
 CONFIGS = [(n, d) for n, d in scenario_configs() if not kueue_refuses(config_of(d))]

@@ -11,8 +11,8 @@ from typing import Any
 from jupyter_gpuaas._version import __version__
 from jupyter_gpuaas.admission.model import Config
 
-from .pods import DEFAULT_RESOURCE
-
+#: The extended resource of a flavor that names none: a whole NVIDIA GPU.
+DEFAULT_RESOURCE = "nvidia.com/gpu"
 NAME = "jupyter-gpuaas"
 PART_OF = "jupyterhub"
 PORT = 8765

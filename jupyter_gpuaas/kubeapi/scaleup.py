@@ -32,7 +32,7 @@ from typing import Any
 
 from .meta import FLAVOR_LABEL, ClusterFlavor, ManifestError, Settings, labels, meta
 
-log = logging.getLogger("jupyter_gpuaas.kubernetes.scaleup")
+log = logging.getLogger("jupyter_gpuaas.kubeapi.scaleup")
 
 PLACEHOLDER_PRIORITY = "jupyter-gpuaas-placeholder"
 REQUEST_KEY = "gpuaas.jupyter.org/request"  # the head's request id, on its scale-up objects

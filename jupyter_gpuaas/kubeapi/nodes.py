@@ -9,9 +9,9 @@ allocates at least one; its taints are kept, to be tolerated.
 `node_view()` is the pure mapping (tested by dict equality). `NodeWatch` lists the Nodes
 once (`list_nodes()`), then turns the watch into joins and leaves (`changes()`): it resumes from
 the last resourceVersion after a disconnect and relists on 410 Gone, reporting what
-changed in between. It knows nothing of the gateway, which loads it by name (see
-`jupyter_gpuaas/gateway/cluster.py`): this package stays on the floor above the gateway
-and never imports it.
+changed in between. It knows nothing of the gateway, which imports it (gateway/cluster.py's
+`ClusterInventory`): this package is on the floor below the gateway and imports nothing
+above it.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .pods import DEFAULT_RESOURCE
+from .meta import DEFAULT_RESOURCE
 
-log = logging.getLogger("jupyter_gpuaas.kubernetes.nodes")
+log = logging.getLogger("jupyter_gpuaas.kubeapi.nodes")
 
 #: Labels of NVIDIA's GPU feature discovery, read for the devices page when present.
 PRODUCT_LABEL = "nvidia.com/gpu.product"
