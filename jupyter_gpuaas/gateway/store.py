@@ -93,6 +93,14 @@ class StoreBusy(StoreUnavailable):
     state = "locked"
 
 
+class StoreUnresponsive(StoreUnavailable):
+    """The store did not answer within the gateway's deadline (a frozen server, a disk
+    that stopped): nothing was changed, and the gateway did not wait any longer."""
+
+    public = "the store did not answer in time, so nothing was changed"
+    state = "unresponsive"
+
+
 class CommitUnknown(StoreUnavailable):
     """The store went away during the COMMIT itself: the database may have recorded the
     change before the connection broke (PostgreSQL stopped mid-commit), and nobody can
@@ -161,6 +169,10 @@ def _dialect_insert(dialect: str) -> Any:
 # SQLite's wait for a lock held by another process, per attempt. Short: the arbiter runs
 # on the event loop, and retries later itself (StoreBusy) rather than sleeping here.
 SQLITE_BUSY_TIMEOUT_MS = 10
+SQLITE_WAL_LIMIT = 1 << 20
+# PostgreSQL's own bound on one statement (milliseconds): a statement stuck on the server
+# ends there; a server that does not answer at all is the gateway's deadline's business.
+PG_STATEMENT_TIMEOUT_MS = 5000
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -174,6 +186,9 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=FULL")
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    # After a checkpoint resets the WAL, cut its file back to this size: space a burst
+    # took is given back to the filesystem instead of staying the WAL's for good.
+    cur.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_LIMIT}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 
@@ -196,7 +211,8 @@ def make_engine(url: str) -> Engine:
             pool_pre_ping=True,
             connect_args={
                 "connect_timeout": 3,
-                "options": "-c lock_timeout=200 -c synchronous_commit=on",
+                "options": "-c lock_timeout=200 -c synchronous_commit=on "
+                f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS}",
             },
         )
     return engine
@@ -264,6 +280,21 @@ class Store:
             raise StoreUnavailable(f"the store is not writable: {e.message}") from None
         except SQLAlchemyError as e:
             raise StoreUnavailable(f"the store is not writable: {describe(e)}") from None
+
+    @property
+    def dialect(self) -> str:
+        return str(self.engine.dialect.name)
+
+    def checkpoint(self) -> None:
+        """SQLite: copy the WAL into the database and truncate it, so that space freed
+        (rows pruned, a file deleted next to it) is space the next write can use."""
+        if self.dialect != "sqlite":
+            return
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        except SQLAlchemyError as e:
+            log.debug("checkpoint failed: %s", describe(e))
 
     def ping(self) -> None:
         """Raise StoreUnavailable unless the database answers a query now."""
@@ -456,6 +487,13 @@ class Store:
         with self.session() as s:
             return s.get(RequestRow, rid)
 
+    def find_key(self, user: str, key: str) -> RequestRow | None:
+        """The request `user` submitted with this Idempotency-Key, if any."""
+        with self.session() as s:
+            return s.scalars(
+                select(RequestRow).where(RequestRow.user == user, RequestRow.idempotency_key == key)
+            ).first()
+
     def query(
         self,
         *,
@@ -529,6 +567,7 @@ __all__ = [
     "Store",
     "StoreBusy",
     "StoreUnavailable",
+    "StoreUnresponsive",
     "TenantOverrideRow",
     "WriteTx",
     "check_snapshot",
