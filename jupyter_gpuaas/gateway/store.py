@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -170,6 +171,9 @@ def _dialect_insert(dialect: str) -> Any:
 # on the event loop, and retries later itself (StoreBusy) rather than sleeping here.
 SQLITE_BUSY_TIMEOUT_MS = 10
 SQLITE_WAL_LIMIT = 1 << 20
+# Less free space than this on the filesystem of a SQLite store: health says "failing"
+# (the next group write would not fit; a write probe alone may still reuse WAL pages).
+SQLITE_MIN_FREE = 64 * 1024
 # PostgreSQL's own bound on one statement (milliseconds): a statement stuck on the server
 # ends there; a server that does not answer at all is the gateway's deadline's business.
 PG_STATEMENT_TIMEOUT_MS = 5000
@@ -272,6 +276,7 @@ class Store:
 
     def check_writable(self) -> None:
         """Write (and commit) one row: refuse a store that cannot record decisions."""
+        self.check_space()
         try:
             tx = self.begin_write(wait=2.0)
             tx.conn.execute(text("UPDATE alembic_version SET version_num = version_num"))
@@ -296,8 +301,21 @@ class Store:
         except SQLAlchemyError as e:
             log.debug("checkpoint failed: %s", describe(e))
 
+    def check_space(self) -> None:
+        """SQLite: StoreUnavailable when its filesystem is (nearly) full."""
+        if self.dialect != "sqlite" or not self.engine.url.database:
+            return
+        try:
+            st = os.statvfs(Path(self.engine.url.database).resolve().parent)
+        except OSError:
+            return
+        if st.f_bavail * st.f_frsize < SQLITE_MIN_FREE:
+            raise StoreUnavailable("the filesystem holding the store is full")
+
     def ping(self) -> None:
-        """Raise StoreUnavailable unless the database answers a query now."""
+        """Raise StoreUnavailable unless the database answers a query now (and, for
+        SQLite, its filesystem has room for the next write)."""
+        self.check_space()
         try:
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
