@@ -553,7 +553,7 @@ class Arbiter(Loops, Views):
         this batch: later batches of the group do not leak into its announcement.
         """
         if self._staging is None:
-            raise RuntimeError("Arbiter.commit outside an operation (use _run or _commit_now)")
+            raise RuntimeError("Arbiter.commit outside an operation (use _run or _stage)")
         touched: dict[str, Request] = {r.id: r for r in extra}
         for d in decisions:
             if d.id is not None and d.id in self.requests:

@@ -625,14 +625,3 @@ class Loops:
             self._staging = None
             self._json_cache = {}
         return staged
-
-    def _commit_now(self, fn: Callable[[], None], wait: float = 0.0) -> None:
-        """Stage, write and announce synchronously (restore, before the loop serves)."""
-        staged = self._stage(fn)
-        if staged:
-            for st in staged:
-                check_snapshot(st.snap)
-            self.store.write_many([st.snap for st in staged], wait=wait)
-            for st in staged:
-                self._announce(st)
-            self._maybe_scale()

@@ -238,6 +238,8 @@ def upgrade(engine: Engine) -> None:
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":  # a migration of a big table takes its time
+            conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
 
