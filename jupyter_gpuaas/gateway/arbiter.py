@@ -341,11 +341,8 @@ class Arbiter(Loops, Views):
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        if self._tasks:  # bounded: a task that swallowed its cancellation is left behind
+            await asyncio.wait(self._tasks, timeout=self.store_timeout + 1)
         if self._probe_timer is not None:
             self._probe_timer.cancel()
         if self._ops:

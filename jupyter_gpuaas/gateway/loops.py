@@ -125,6 +125,14 @@ class _Flight:
                 raise _Abandoned("the gateway stopped waiting for the store")
 
 
+def _wrap(fut: concurrent.futures.Future[T]) -> asyncio.Future[T]:
+    """An asyncio future of a store thread's future; its exception always retrieved (the
+    loop may stop waiting for it)."""
+    waited = asyncio.wrap_future(fut)
+    waited.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return waited
+
+
 def _begin_in(store: Any, flight: _Flight) -> WriteTx:
     """begin_write in a store thread; rolled back at once if the loop gave up waiting."""
     tx: WriteTx = store.begin_write()
@@ -280,8 +288,14 @@ class Loops:
     ) -> T:
         started = time.monotonic()
         fut.add_done_callback(self._store_returned)
+        waited = _wrap(fut)
         try:
-            result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), timeout)
+            # asyncio.wait, not wait_for: wait_for (3.11) swallows a cancellation that
+            # arrives as the call ends, and a stopping gateway would wait for that task.
+            done, _ = await asyncio.wait({waited}, timeout=timeout)
+            if not done:
+                raise asyncio.TimeoutError
+            result = waited.result()
         except asyncio.TimeoutError:
             self._hung.add(fut)  # past its deadline: the store counts as unresponsive
             committing = flight.abandon() if flight is not None else False
@@ -341,11 +355,11 @@ class Loops:
             probe.add_done_callback(self._store_returned)
         writes = self._probe_writes
         failed = False
-        try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(probe)), HEALTH_DEADLINE)
-        except asyncio.TimeoutError:
+        waited = _wrap(probe)
+        done, _ = await asyncio.wait({waited}, timeout=HEALTH_DEADLINE)
+        if not done:
             return "unresponsive"
-        except Exception:
+        if waited.exception() is not None:
             failed = True
         # A call still stuck in the store past its deadline: it does not answer (new
         # connections may be refused meanwhile, once a frozen server's backlog is full).
