@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import Freezer  # noqa: F401  (the fixtures' module: see conftest.py)
 from gwutil import GatewayProcess, call, store_rows
 
 UNKNOWN = "may or may not"
