@@ -25,8 +25,10 @@ import functools
 import json
 import os
 import ssl
+import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlencode, urlparse
@@ -57,6 +59,7 @@ class GatewayError(Exception):
         self.error = error
         self.field = field
         self.body = body
+        self.retry_after: float | None = None  # the answer's Retry-After, in seconds
 
     def __str__(self) -> str:
         """One sentence a person reads: the gateway's own words, naming the field. A
@@ -199,7 +202,35 @@ def _submit_body(
     return body
 
 
-def _error_from(status: int, raw: bytes) -> GatewayError:
+# A submission is retried (with the same Idempotency-Key, so it is never made twice) when
+# its answer was ambiguous or a refusal that says try again: no answer at all (0), the
+# leader did not answer a standby (502), the store did not record it (503).
+RETRY_STATUSES = (0, 502, 503)
+SUBMIT_ATTEMPTS = 4
+RETRY_PAUSE_MAX = 5.0
+
+
+def new_idempotency_key() -> str:
+    return uuid.uuid4().hex
+
+
+def _retry_pause(error: GatewayError, attempt: int) -> float:
+    """Seconds before the next try: the gateway's Retry-After when it said, else 1, 2, 4."""
+    after = error.retry_after
+    pause = after if after is not None else float(2**attempt)
+    return min(RETRY_PAUSE_MAX, max(0.1, pause))
+
+
+def _error_from(status: int, raw: bytes, retry_after: str | None = None) -> GatewayError:
+    error = _parse_error(status, raw)
+    try:
+        error.retry_after = float(retry_after) if retry_after is not None else None
+    except ValueError:
+        error.retry_after = None
+    return error
+
+
+def _parse_error(status: int, raw: bytes) -> GatewayError:
     try:
         body = json.loads(raw)
         return GatewayError(status, str(body.get("error")), body.get("field"), body)
@@ -250,16 +281,26 @@ class _Base:
 class SyncGatewayClient(_Base):
     """Blocking client (urllib): no event loop needed."""
 
-    def _call(self, method: str, path: str, body: Any = None, query: Any = None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
-            self._url(path, query), data=data, method=method, headers=self._headers()
+            self._url(path, query),
+            data=data,
+            method=method,
+            headers={**self._headers(), **(headers or {})},
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout, context=self.ssl) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as e:
-            raise _error_from(e.code, e.read()) from None
+            raise _error_from(e.code, e.read(), e.headers.get("Retry-After")) from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise GatewayError(0, f"cannot reach the gateway at {self.url}: {reason}") from None
@@ -285,9 +326,22 @@ class SyncGatewayClient(_Base):
         flavor: str | None = None,
         priority: int = 0,
         name: str | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
+        """Submit. Sent with an Idempotency-Key (`idempotency_key`, else a new one) and
+        retried with it after an ambiguous answer, so a retry never makes a second request."""
         body = _submit_body(tenant, kind, gpus, flavor, priority, name)
-        return self._call("POST", "api/requests", body)  # type: ignore[no-any-return]
+        key = idempotency_key or new_idempotency_key()
+        for attempt in range(SUBMIT_ATTEMPTS):
+            try:
+                return self._call(  # type: ignore[no-any-return]
+                    "POST", "api/requests", body, headers={"Idempotency-Key": key}
+                )
+            except GatewayError as e:
+                if e.status not in RETRY_STATUSES or attempt == SUBMIT_ATTEMPTS - 1:
+                    raise
+                time.sleep(_retry_pause(e, attempt))
+        raise AssertionError("unreachable")
 
     def get(self, rid: str) -> dict[str, Any]:
         return self._call("GET", f"api/requests/{rid}")  # type: ignore[no-any-return]
@@ -308,14 +362,21 @@ class SyncGatewayClient(_Base):
 class GatewayClient(_Base):
     """Async client (tornado AsyncHTTPClient). `events()` iterates the SSE stream."""
 
-    async def _call(self, method: str, path: str, body: Any = None, query: Any = None) -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
         from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
         try:
             resp = await AsyncHTTPClient().fetch(
                 self._url(path, query),
                 method=method,
-                headers=self._headers(),
+                headers={**self._headers(), **(headers or {})},
                 body=None if body is None else json.dumps(body),
                 allow_nonstandard_methods=True,
                 request_timeout=self.timeout,
@@ -323,7 +384,8 @@ class GatewayClient(_Base):
             )
         except HTTPClientError as e:
             if e.response is not None and e.code != 599:
-                raise _error_from(e.code, e.response.body or b"") from None
+                after = e.response.headers.get("Retry-After")
+                raise _error_from(e.code, e.response.body or b"", after) from None
             raise GatewayError(0, f"cannot reach the gateway at {self.url}: {e}") from None
         except OSError as e:
             raise GatewayError(0, f"cannot reach the gateway at {self.url}: {e}") from None
@@ -349,9 +411,22 @@ class GatewayClient(_Base):
         flavor: str | None = None,
         priority: int = 0,
         name: str | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
+        """Submit. Sent with an Idempotency-Key (`idempotency_key`, else a new one) and
+        retried with it after an ambiguous answer, so a retry never makes a second request."""
         body = _submit_body(tenant, kind, gpus, flavor, priority, name)
-        return await self._call("POST", "api/requests", body)  # type: ignore[no-any-return]
+        key = idempotency_key or new_idempotency_key()
+        for attempt in range(SUBMIT_ATTEMPTS):
+            try:
+                return await self._call(  # type: ignore[no-any-return]
+                    "POST", "api/requests", body, headers={"Idempotency-Key": key}
+                )
+            except GatewayError as e:
+                if e.status not in RETRY_STATUSES or attempt == SUBMIT_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(_retry_pause(e, attempt))
+        raise AssertionError("unreachable")
 
     async def get(self, rid: str) -> dict[str, Any]:
         return await self._call("GET", f"api/requests/{rid}")  # type: ignore[no-any-return]

@@ -219,6 +219,20 @@ class AdmissionCore:
             return []
         return self.activity(rid, busy, now)
 
+    def extend_leases(self, by: float) -> list[Request]:
+        """The driver could not act for `by` seconds (it stalled, or its store did not
+        answer): every live lease moves `by` later, so that time never counts against a
+        holder (as etcd's lessor does on promotion). The requests whose leases moved."""
+        moved: list[Request] = []
+        if by <= 0:
+            return moved
+        for req in self._requests.values():
+            if req.state is State.ADMITTED and req.lease_expires is not None:
+                req.lease_expires += by
+                self._timers.set(LEASE, req.id, req.lease_expires)
+                moved.append(req)
+        return moved
+
     def add_node(
         self, flavor: str, name: str, gpus: int, now: float, *, autoscaled: bool = False
     ) -> list[Decision]:

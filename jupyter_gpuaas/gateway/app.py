@@ -298,6 +298,17 @@ class GatewayApp(GatewayStartup, Application):
         "answered 503 with Retry-After. Nothing is decided before the lock is held.",
     ).tag(config=True)
 
+    store_timeout = Float(
+        5.0,
+        min=0.5,
+        max=300.0,
+        help="Seconds the gateway waits for its store to answer one call (a write of a "
+        "group of decisions, a read). Store work runs off the event loop; past this the "
+        "operation is answered 503 with Retry-After and nothing is changed, so a frozen "
+        "database never freezes the gateway. PostgreSQL connections also carry "
+        "connect_timeout, statement_timeout and lock_timeout.",
+    ).tag(config=True)
+
     history_retention = Float(
         30 * 86400.0,
         min=0.0,

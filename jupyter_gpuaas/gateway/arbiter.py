@@ -15,6 +15,7 @@ and sampling loops, the group commit cycle and what happens when the store refus
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import logging
@@ -38,8 +39,9 @@ from jupyter_gpuaas.admission.model import (
 from ..devices import DeviceSample, Inventory, NodeInfo
 from .events import Event, EventBus
 from .leader import NotLeader
-from .loops import Conflict, Loops, _Op, _Staged
+from .loops import Conflict, Duplicate, Loops, _Op, _Staged
 from .metrics import GatewayMetrics
+from .rows import NodeRow, RequestRow
 from .scalers import Scaler
 from .store import (
     Batch,
@@ -63,6 +65,16 @@ def new_request_id() -> str:
     return "r-" + uuid.uuid4().hex[:16]
 
 
+@dataclasses.dataclass
+class Stored:
+    """What a restore reads from the store (read in a store thread, used on the loop)."""
+
+    overrides: dict[str, Any]
+    nodes: list[NodeRow]
+    live: list[RequestRow]
+    hold_times: list[tuple[str, float]]
+
+
 class Arbiter(Loops, Views):
     """Owns the core, the store and the announcements of one gateway."""
 
@@ -80,6 +92,7 @@ class Arbiter(Loops, Views):
         sample_interval: float = 5.0,
         lock_timeout: float = 2.0,
         retention: float = 0.0,
+        store_timeout: float = 5.0,
     ) -> None:
         self.quotas = dict(quotas)
         self.store = store
@@ -92,18 +105,39 @@ class Arbiter(Loops, Views):
         self.sample_interval = sample_interval
         self.lock_timeout = lock_timeout
         self.retention = retention
+        # Store work runs in these threads, awaited at most `store_timeout` seconds
+        # (loops.py); health probes have their own thread, so they never queue behind it.
+        self.store_timeout = store_timeout
+        self._store_pool = concurrent.futures.ThreadPoolExecutor(4, "gpuaas-store")
+        self._health_pool = concurrent.futures.ThreadPoolExecutor(1, "gpuaas-health")
+        self._probe: concurrent.futures.Future[None] | None = None
+        self._probe_writes = False
+        self._hung: set[concurrent.futures.Future[Any]] = set()
+        self.store_state = "ok"
+        self._store_down_since: float | None = None
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self._cycler: asyncio.Task[None] | None = None
+        # Stalls (loops.py): when the loop last looked, and the gap owed to the leases.
+        self._last_seen = time.monotonic()
+        self._gap = 0.0
+        self._probe_timer: asyncio.TimerHandle | None = None
         # Why memory was dropped (the store could not be read back), or None.
         self.broken: str | None = None
         # Two gateways, one leader (leader.py): a standby mirrors the store and decides
         # nothing; `leader_url` is who leads, when known. One gateway: always the leader.
         self.leader = True
         self.leader_url: str | None = None
+        # A standby: the leader's lease is not being renewed (leader.py); changes are
+        # refused with 503 rather than sent to a leader that may be frozen.
+        self.leader_stale = False
         self._last_rebuild = 0.0
         self._busy_since: float | None = None
-        self._retry: asyncio.TimerHandle | None = None
         self._next_prune = 0.0
         # Requests handed to the core, by id, while live (the core mutates them).
         self.requests: dict[str, Request] = {}
+        # (user, Idempotency-Key) of live requests, and of those being submitted.
+        self.keys: dict[tuple[str, str], str] = {}
         # What the API adds to a request: name, created, updated, utilization.
         self.meta: dict[str, dict[str, Any]] = {}
         self.samples: list[DeviceSample] = []
@@ -116,7 +150,6 @@ class Arbiter(Loops, Views):
         # stages its batches (see the module docstring).
         self._ops: list[_Op] = []
         self._staging: list[_Staged] | None = None
-        self._cycle_scheduled = False
         self._json_cache: dict[str, dict[str, Any]] = {}
         check_names(parse_config(self.quotas))  # SpecError: the file breaks the name rule
         self.overrides = store.tenant_overrides()
@@ -172,20 +205,52 @@ class Arbiter(Loops, Views):
 
         Its decisions are committed waiting up to `lock_wait` seconds for a lock held
         elsewhere (`lock_timeout` at start; a rebuild on the event loop does not wait)."""
-        decisions = self._load(now)
+        stored = self.read_stored()
         wait = self.lock_timeout if lock_wait is None else lock_wait
-        self._commit_now(lambda: self.commit(decisions + self.core.step(now), now), wait)
+        staged = self._restored(now, stored)
+        if staged:
+            for st in staged:
+                check_snapshot(st.snap)
+            self.store.write_many([st.snap for st in staged], wait=wait)
+            for st in staged:
+                self._announce(st)
+            self._maybe_scale()
+
+    def read_stored(self) -> Stored:
+        """Everything a restore needs from the store (blocking: a store thread's work)."""
+        manages = self.scaler.manages_provisioning
+        return Stored(
+            overrides=self.store.tenant_overrides(),
+            nodes=self.store.nodes() if manages else [],
+            live=self.store.live_requests(),
+            hold_times=list(self.store.ended_hold_times()),
+        )
+
+    def _restored(self, now: float, stored: Stored) -> list[_Staged]:
+        """Memory rebuilt from `stored` (on the loop); what it decided, staged."""
+        self.overrides = stored.overrides
+        self.config = self.make_config(self.quotas, self.overrides)
+        self.core = AdmissionCore(self.config)
+        staged = self._stage(lambda: self._restore_into(now, stored))
         log.info(
             "restored %d live requests on %d nodes", len(self.requests), len(self.core.nodes())
         )
+        return staged
 
-    def _load(self, now: float) -> list[Decision]:
+    def _restore_into(self, now: float, stored: Stored) -> None:
+        decisions = self._load(now, stored)
+        # The fresh leases are written too, like every decision: a restart right after
+        # this one must not find the old ones.
+        leased = [r for r in self.requests.values() if r.state is State.ADMITTED]
+        self.commit(decisions + self.core.step(now), now, extra=leased)
+
+    def _load(self, now: float, stored: Stored) -> list[Decision]:
         """Load nodes and live requests into the core; the decisions it made doing so."""
         decisions: list[Decision] = []
         known = set(self.config.flavors)
         # Nodes the simulated scaler added are in the store (and, when this is a rebuild
         # rather than a start, in the inventory too): they stay autoscaled.
-        stored_nodes = self.store.nodes() if self.scaler.manages_provisioning else []
+        stored_nodes = stored.nodes
         autoscaled = {n.name for n in stored_nodes}
         for node in self.inventory.nodes():
             if node.flavor not in known:
@@ -203,16 +268,18 @@ class Arbiter(Loops, Views):
                 decisions += self.core.add_node(
                     node_row.flavor, node_row.name, node_row.gpus, now, autoscaled=True
                 )
-        for row in self.store.live_requests():
+        for row in stored.live:
             req = row_to_request(row)
             self.meta[req.id] = meta_of(row)
+            if row.idempotency_key is not None:
+                self.keys[(row.user, row.idempotency_key)] = req.id
             if req.state is State.ADMITTED and self.lease_ttl > 0:
                 # Holders could not heartbeat while the gateway was down: a fresh lease.
                 req.lease_expires = max(req.lease_expires or 0.0, now + self.lease_ttl)
             self.requests[req.id] = req
             # A grant whose node or devices are gone comes back as a `finish` decision.
             decisions += self.core.restore(req, now)
-        for flavor, seconds in self.store.ended_hold_times():
+        for flavor, seconds in stored.hold_times:
             self.hold_times.setdefault(flavor, []).append(seconds)
         return decisions
 
@@ -221,37 +288,51 @@ class Arbiter(Loops, Views):
     def follow(self, leader_url: str | None) -> None:
         """Be a standby: decide nothing, refuse changes, mirror the store for reads."""
         self.leader, self.leader_url = False, leader_url
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
         self._fail_queued(NotLeader(leader_url))
-        self.refresh_mirror()
 
-    def refresh_mirror(self) -> None:
+    def mirror_now(self) -> None:
+        """`refresh_mirror`, blocking (at start-up, before the loop serves)."""
+        self._mirror(self.read_stored)
+
+    async def refresh_mirror(self) -> None:
         """A standby's view: the store as it is now, loaded as `restore` loads it, but
         nothing is committed or announced (its own decisions, if any, are the leader's
-        to make)."""
+        to make). The store is read in a store thread, with its deadline."""
+        if self.leader:
+            return
+        try:
+            stored = await self.in_store(self.read_stored)
+        except Exception as e:
+            self._reset_memory()
+            self.broken = f"the standby cannot read the store: {describe(e)}"
+            return
+        self._mirror(lambda: stored)
+
+    def _mirror(self, read: Callable[[], Stored]) -> None:
         if self.leader:
             return
         self._reset_memory()
         try:
-            self.overrides = self.store.tenant_overrides()
+            stored = read()
+            self.overrides = stored.overrides
             self.config = self.make_config(self.quotas, self.overrides)
             self.core = AdmissionCore(self.config)
-            self._load(time.time())
+            self._load(time.time(), stored)
             self.broken = None
         except Exception as e:
             self._reset_memory()
             self.broken = f"the standby cannot read the store: {describe(e)}"
 
-    def take_over(self) -> None:
+    async def take_over(self) -> None:
         """Leadership won: restore from the store exactly as at start-up, then decide."""
         self.leader, self.leader_url = True, None
-        self._rebuild("this gateway took over as the leader")
+        await self._rebuild("this gateway took over as the leader")
         self.wake()
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self._last_seen = time.monotonic()
+        self._probe_timer = loop.call_later(0.25, self._stall_probe)
         self._tasks = [
             loop.create_task(self._admission_loop()),
             loop.create_task(self._sampling_loop()),
@@ -263,20 +344,21 @@ class Arbiter(Loops, Views):
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
+        if self._tasks:  # bounded: a task that swallowed its cancellation is left behind
+            await asyncio.wait(self._tasks, timeout=self.store_timeout + 1)
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
         if self._ops:
-            self._cycle()
-        if self._retry is not None:  # still locked: these will not be decided
-            self._retry.cancel()
-            self._fail_queued(StoreUnavailable("the gateway is stopping"))
+            self._schedule_cycle()
+        if self._cycler is not None:  # the last group: committed, or answered 503
+            try:
+                await asyncio.wait_for(asyncio.shield(self._cycler), self.store_timeout + 1)
+            except (asyncio.TimeoutError, Exception):
+                pass
+        self._fail_queued(StoreUnavailable("the gateway is stopping"))
         self.bus.close()
+        self._store_pool.shutdown(wait=False, cancel_futures=True)
+        self._health_pool.shutdown(wait=False, cancel_futures=True)
 
     def wake(self) -> None:
         self._wake.set()
@@ -325,11 +407,28 @@ class Arbiter(Loops, Views):
         flavor: str | None = None,
         priority: int = 0,
         name: str | None = None,
+        key: str | None = None,
     ) -> tuple[Request, dict[str, Any]]:
-        """Submit; the request and its API object as of its own decision."""
+        """Submit; the request and its API object as of its own decision.
+
+        With an Idempotency-Key already used by this user: `Duplicate`, with the request
+        that key created (looked up in memory, then in the store)."""
+        if key is not None:
+            await self._raise_if_keyed(user, key)
         return await self._run(
-            functools.partial(self._submit, tenant, user, kind, gpus, flavor, priority, name)
+            functools.partial(self._submit, tenant, user, kind, gpus, flavor, priority, name, key)
         )
+
+    async def _raise_if_keyed(self, user: str, key: str) -> None:
+        rid = self.keys.get((user, key))
+        if rid is not None and rid in self.requests:
+            await self.settled()
+            raise Duplicate(self._json_of(self.requests[rid]))
+        row = await self.in_store(self.store.find_key, user, key)
+        if row is not None:
+            await self.settled()
+            live = self.requests.get(row.id)
+            raise Duplicate(self.request_json(live if live is not None else row))
 
     def _submit(
         self,
@@ -340,8 +439,13 @@ class Arbiter(Loops, Views):
         flavor: str | None,
         priority: int,
         name: str | None,
+        key: str | None = None,
     ) -> tuple[Request, dict[str, Any]]:
         now = time.time()
+        if key is not None:  # the same key twice in one group: the first one's request
+            rid = self.keys.get((user, key))
+            if rid is not None and rid in self.requests:
+                raise Duplicate(self._json_of(self.requests[rid]))
         req = Request(
             id=new_request_id(),
             tenant=tenant,
@@ -354,10 +458,13 @@ class Arbiter(Loops, Views):
         )
         # Its row, built and checked on its own before the core sees it: a value the
         # store cannot hold fails this submission alone (400), never its group.
-        extra = {"name": name, "utilization": None, "created": now}
+        extra = {"name": name, "utilization": None, "created": now, "idempotency_key": key}
         check_snapshot(snapshot(Batch([(req, extra)], []), now))
         self.requests[req.id] = req
         self.meta[req.id] = {"name": name, "created": now, "updated": now}
+        if key is not None:
+            self.meta[req.id]["idempotency_key"] = key
+            self.keys[(user, key)] = req.id
         decisions = list(self.core.submit(req, now))
         if req.state is not State.REJECTED:
             decisions += self.core.step(now)
@@ -421,7 +528,7 @@ class Arbiter(Loops, Views):
         live = self.requests.get(rid)
         if live is not None:
             return live.user
-        row = self.store.get(rid)
+        row = self.read_now(self.store.get, rid)
         return None if row is None else row.user
 
     def _live(self, rid: str) -> Request:
@@ -446,7 +553,7 @@ class Arbiter(Loops, Views):
         this batch: later batches of the group do not leak into its announcement.
         """
         if self._staging is None:
-            raise RuntimeError("Arbiter.commit outside an operation (use _run or _commit_now)")
+            raise RuntimeError("Arbiter.commit outside an operation (use _run or _stage)")
         touched: dict[str, Request] = {r.id: r for r in extra}
         for d in decisions:
             if d.id is not None and d.id in self.requests:
@@ -473,6 +580,8 @@ class Arbiter(Loops, Views):
             extra_cols = {"name": meta.get("name"), "utilization": meta.get("utilization")}
             if "created" in meta:
                 extra_cols["created"] = meta["created"]
+            if "idempotency_key" in meta:
+                extra_cols["idempotency_key"] = meta["idempotency_key"]
             rows.append((req, extra_cols))
         snap = snapshot(
             Batch(
@@ -517,7 +626,9 @@ class Arbiter(Loops, Views):
             req = self.requests.get(rid)
             if req is not None and req.state in TERMINAL:
                 self.requests.pop(rid, None)
-                self.meta.pop(rid, None)
+                meta = self.meta.pop(rid, None)
+                if meta and "idempotency_key" in meta:  # the store answers for it now
+                    self.keys.pop((req.user, meta["idempotency_key"]), None)
 
     def _account(self, d: Decision) -> list[Callable[[], None]]:
         """The metrics and hold times a decision changes, applied once it is committed."""
@@ -574,4 +685,4 @@ def check_names(config: Config) -> None:
             raise SpecError(f"tenants.{name}.cohort", f"is not a valid name: {NAME_RULE}")
 
 
-__all__ = ["Arbiter", "Conflict", "SpecError", "new_request_id"]
+__all__ = ["Arbiter", "Conflict", "Duplicate", "SpecError", "new_request_id"]

@@ -104,6 +104,8 @@ class BaseHandler(web.RequestHandler):
 
     async def prepare(self) -> None:
         self.identity = await self._identify()
+        # Never answer from memory ahead of the store (a group's write in flight).
+        await self.arbiter.settled()
 
     async def _identify(self) -> Identity | None:
         hub_auth = self.settings.get("hub_auth")

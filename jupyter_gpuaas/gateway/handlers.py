@@ -18,7 +18,6 @@ from .events import Listener
 from .handler_base import ApiError, BaseHandler
 from .openapi import build_openapi
 from .requests_api import HeartbeatHandler, RequestHandler, RequestsHandler
-from .store import StoreUnavailable
 from .tenants_api import DevicesHandler, MeHandler, TenantHandler, TenantsHandler
 
 
@@ -96,15 +95,18 @@ class HealthHandler(BaseHandler):
     async def prepare(self) -> None:
         return
 
-    def get(self) -> None:
+    async def get(self) -> None:
         arbiter = self.arbiter
-        store, status, code = "ok", "ok", 200
-        try:
-            arbiter.check_available()
-            arbiter.store.ping()
-        except StoreUnavailable as e:
-            store, status, code = e.state, "unavailable", 503
-            self.set_header("Retry-After", str(e.retry_after))
+        # Answered within a second whatever the store does: `store` says whether it
+        # answers ("ok"), answers with errors ("failing": unreachable, full, read-only)
+        # or does not answer in time ("unresponsive"). 503 unless "ok": a readiness probe
+        # needs the store; a liveness probe should accept 503 too (the process answers).
+        store = await arbiter.store_health()
+        if store == "ok" and arbiter.broken is not None:
+            store = "failing"  # memory was dropped and could not be rebuilt yet
+        status, code = ("ok", 200) if store == "ok" else ("unavailable", 503)
+        if code == 503:
+            self.set_header("Retry-After", "2")
         # A standby is healthy too (it answers reads); `leader_url` says who decides.
         body = {"status": status, "store": store, "leader": arbiter.leader}
         if not arbiter.leader:

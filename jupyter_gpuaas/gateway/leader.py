@@ -25,8 +25,24 @@ twice. Replicas (Kubernetes pods behind a Service, or two hosts) therefore elect
   the lock connection's backend still holds the lock, so a leader that lost the lock (a
   network partition) cannot commit a decision next to the new leader's.
 
+A leader that is alive but frozen (SIGSTOP, a VM paused, a loop blocked) keeps its lock
+connection open, so the lock alone never frees. The leader therefore also holds a
+**lease** (the `leader_lease` row, as client-go's leader election does with a Lease):
+it renews it every `leader_check_interval` (the retry period), and steps down when it
+could not renew for RENEW_DEADLINE. A standby that finds the lease unrenewed for
+LEASE_DURATION (the database's clock: hosts need not agree on time) fences the old
+leader: it ends the old leader's sessions (`pg_terminate_backend` of every backend
+whose `application_name` is the old leader's URL, its lock connection included), takes
+the lock, and bumps the lease's **epoch**. Every write transaction of a leader first
+reads the epoch `FOR SHARE` and refuses to write unless it is its own (`fence`), so a
+frozen leader that wakes up cannot commit anything next to its successor; and a
+transaction of the old leader still open holds the row, so the bump waits for it (or
+for its session's end): the new leader's restore sees everything the old one committed.
+A standby never forwards a change to a leader whose lease is not being renewed: it
+answers 503 "nothing was changed" instead of sending it into a frozen process's socket.
+
 Who leads is found in `pg_locks` joined with `pg_stat_activity`: the leader sets its
-lock connection's `application_name` to its advertised URL.
+lock connection's `application_name` (and its store connections') to its advertised URL.
 
 SQLite has no such lock and a SQLite file cannot be shared by hosts: one gateway, always
 the leader (`leader_election=auto` is off there, `on` is refused).
@@ -42,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any, Protocol
 
 from sqlalchemy import create_engine, event, func, select, text
@@ -64,6 +81,16 @@ APPLICATION_NAME_MAX = 63
 # without a decision), and relays at most this many decisions per check.
 FULL_REFRESH_EVERY = 10
 RELAY_BATCH = 5000
+# The leader lease (seconds): a standby takes over once the lease went unrenewed for
+# LEASE_DURATION; a leader that could not renew for RENEW_DEADLINE steps down first.
+# With a 1 s retry period, a frozen leader is replaced in about 8 to 10 s.
+LEASE_DURATION = 6.0
+RENEW_DEADLINE = 4.0
+# A standby forwards a change only while the leader's lease is younger than this: an
+# older one means the leader is not renewing, and a change sent to it might sit in a
+# frozen process's socket. Refused with 503 (nothing was changed) instead.
+FORWARD_MAX_LEASE_AGE = 3.0
+_NOW = "extract(epoch from clock_timestamp())"
 
 
 class NotLeader(StoreUnavailable):
@@ -118,11 +145,15 @@ class AdvisoryLockElection:
             connect_args={
                 "connect_timeout": 3,
                 "options": "-c tcp_keepalives_idle=4 -c tcp_keepalives_interval=2 "
-                "-c tcp_keepalives_count=3 -c idle_session_timeout=0",
+                "-c tcp_keepalives_count=3 -c idle_session_timeout=0 "
+                "-c lock_timeout=2000 -c statement_timeout=5000",
             },
         )
         self._conn: Connection | None = None
         self._pid: int | None = None  # the lock connection's backend, while leading
+        self.epoch: int | None = None  # the lease's epoch this replica leads in
+        self._renewed = 0.0  # monotonic time of the last renewal that succeeded
+        self.lease_age: float | None = None  # a standby's last look at the leader's lease
 
         @event.listens_for(self.engine, "do_connect")
         def _name(_dialect: Any, _rec: Any, _args: Any, params: dict[str, Any]) -> None:
@@ -131,6 +162,16 @@ class AdvisoryLockElection:
     def _application_name(self) -> str:
         url = self.advertise_url
         return url if len(url.encode()) <= APPLICATION_NAME_MAX else "gpuaas"
+
+    def attach(self, store_engine: Engine) -> None:
+        """Name the store's connections as the lock connection is named, so a successor
+        can end them all (`pg_terminate_backend`) when it fences this replica."""
+
+        @event.listens_for(store_engine, "do_connect")
+        def _name(_dialect: Any, _rec: Any, _args: Any, params: dict[str, Any]) -> None:
+            params["application_name"] = self._application_name()
+
+        store_engine.dispose()  # connections opened before are unnamed
 
     def advertise(self, url: str) -> None:
         self.advertise_url = url
@@ -156,29 +197,112 @@ class AdvisoryLockElection:
             log.debug("leader election: cannot connect: %s", describe(e))
             return False
         try:
-            got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar()
+            got = self._try_lock(conn)
+            if not got and self._lease_expired(conn):
+                got = self._fence_old_leader(conn)
+            if not got:
+                conn.close()
+                return False
             pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+            self.epoch = self._claim_lease(conn)
         except SQLAlchemyError as e:
-            log.debug("leader election: %s", describe(e))
-            conn.close()
-            return False
-        if not got:
-            conn.close()
+            log.warning("leader election: %s", describe(e))
+            conn.close()  # the session's end frees the lock, if it was taken
             return False
         self._conn, self._pid = conn, int(pid or 0)
+        self._renewed = time.monotonic()
+        log.warning("leader election: leading in epoch %d", self.epoch)
         return True
 
+    def _try_lock(self, conn: Connection) -> bool:
+        got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar()
+        return bool(got)
+
+    def _lease_expired(self, conn: Connection) -> bool:
+        """Whether the lease went unrenewed for LEASE_DURATION (a frozen leader)."""
+        row = conn.execute(
+            text(f"SELECT holder, {_NOW} - renewed FROM leader_lease WHERE id = 1")
+        ).first()
+        if row is None:
+            self.lease_age = None
+            return False
+        self.lease_age = float(row[1])
+        return self.lease_age > LEASE_DURATION
+
+    def _fence_old_leader(self, conn: Connection) -> bool:
+        """End every session of the lease's holder (its lock connection and its store
+        connections, frozen transactions included), then take the lock it held."""
+        holder = conn.execute(text("SELECT holder FROM leader_lease WHERE id = 1")).scalar()
+        log.error(
+            "leader election: the leader %s did not renew its lease for %.1f s: fencing it",
+            holder,
+            self.lease_age or 0.0,
+        )
+        conn.execute(
+            text(
+                "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a "
+                "WHERE a.pid <> pg_backend_pid() AND (a.application_name = :holder OR a.pid IN "
+                "(SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+                "AND l.classid = :hi AND l.objid = :lo AND l.objsubid = 1))"
+            ),
+            {"holder": holder or "", "hi": self.key >> 32, "lo": self.key & 0xFFFFFFFF},
+        )
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:  # the backends end asynchronously
+            if self._try_lock(conn):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _claim_lease(self, conn: Connection) -> int:
+        """Holding the lock: the lease is ours, in a new epoch (every write of an older
+        epoch is refused from now on). Waits (lock_timeout) for a transaction of the old
+        leader that still holds the lease row: what it commits comes before our restore."""
+        epoch = conn.execute(
+            text(
+                "INSERT INTO leader_lease (id, holder, epoch, renewed) "
+                f"VALUES (1, :me, 1, {_NOW}) ON CONFLICT (id) DO UPDATE SET "
+                "holder = excluded.holder, epoch = leader_lease.epoch + 1, "
+                "renewed = excluded.renewed RETURNING epoch"
+            ),
+            {"me": self._application_name()},
+        ).scalar()
+        return int(epoch or 0)
+
     def still_held(self) -> bool:
+        """Renew the lease (the retry period). False once it is lost: taken in another
+        epoch, or the lock connection is gone."""
         conn = self._conn
         if conn is None:
             return False
         try:
-            conn.execute(text("SELECT 1"))
-            return True
+            renewed = conn.execute(
+                text(f"UPDATE leader_lease SET renewed = {_NOW} WHERE id = 1 AND epoch = :e"),
+                {"e": self.epoch},
+            ).rowcount
         except SQLAlchemyError as e:
             log.warning("leader election: the lock connection failed: %s", describe(e))
             self._drop()
             return False
+        if not renewed:
+            log.error("leader election: another replica leads in a later epoch")
+            self._drop()
+            return False
+        self._renewed = time.monotonic()
+        return True
+
+    def overdue(self) -> bool:
+        """While leading: the lease could not be renewed for RENEW_DEADLINE."""
+        return self._pid is not None and time.monotonic() - self._renewed > RENEW_DEADLINE
+
+    def observe(self) -> float | None:
+        """A standby: the age of the leader's lease (seconds), or None if unknown."""
+        try:
+            with self.engine.connect() as conn:
+                self._lease_expired(conn)
+        except SQLAlchemyError:
+            self.lease_age = None
+        return self.lease_age
 
     def current_leader(self) -> str | None:
         if self._pid is not None:
@@ -201,25 +325,26 @@ class AdvisoryLockElection:
         return str(name) if name and str(name).startswith("http") else None
 
     def fence(self, conn: Connection) -> None:
-        pid = self._pid
-        if pid is None:
+        """The in-transaction check: the lease's epoch is still ours. `FOR SHARE` holds
+        the row until this transaction ends, so a successor's epoch bump comes after it."""
+        epoch = self.epoch
+        if self._pid is None or epoch is None:
             raise NotLeader(None)
         try:
-            held = conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                    "AND classid = :hi AND objid = :lo AND objsubid = 1 AND pid = :pid"
-                ),
-                {"hi": self.key >> 32, "lo": self.key & 0xFFFFFFFF, "pid": pid},
+            current = conn.execute(
+                text("SELECT epoch FROM leader_lease WHERE id = 1 FOR SHARE")
             ).scalar()
         except SQLAlchemyError as e:
             raise StoreUnavailable(f"the store is unreachable: {describe(e)}") from None
-        if not held:
-            log.error("leader election: the lock is no longer held: refusing to write")
+        if current != epoch:
+            log.error(
+                "leader election: epoch %s is over (now %s): refusing to write", epoch, current
+            )
             raise NotLeader(None)
 
     def _drop(self) -> None:
         conn, self._conn, self._pid = self._conn, None, None
+        self.epoch = None
         if conn is not None:
             try:
                 conn.close()
@@ -248,6 +373,7 @@ class Leadership:
             log.info("leader election: this gateway leads")
             return True
         self.arbiter.follow(self.election.current_leader())
+        self.arbiter.mirror_now()
         try:  # relay what the leader decides from now on
             self._seen = self._decisions_after(None)[0]
         except Exception as e:
@@ -280,6 +406,7 @@ class Leadership:
             if not await asyncio.to_thread(self.election.still_held):
                 log.error("leader election: leadership lost: this gateway is a standby now")
                 arbiter.follow(None)
+                await arbiter.refresh_mirror()
                 self._seen = None
             return
         if await asyncio.to_thread(self.election.try_acquire):
@@ -287,7 +414,7 @@ class Leadership:
             # The old leader is gone: what it committed is final; relay the rest first.
             await self._relay(refresh=False)
             self._seen = None
-            arbiter.take_over()
+            await arbiter.take_over()
             return
         arbiter.leader_url = await asyncio.to_thread(self.election.current_leader)
         self._checks += 1
@@ -312,15 +439,15 @@ class Leadership:
         """A standby: refresh the mirror if the log moved, then publish what it logged."""
         arbiter = self.arbiter
         try:
-            seq, rows = await asyncio.to_thread(self._decisions_after, self._seen)
+            seq, rows = await arbiter.in_store(self._decisions_after, self._seen)
         except Exception as e:
             log.debug("standby: cannot read the decision log: %s", describe(e))
-            arbiter.refresh_mirror()  # says why reads are 503 now, if the store is gone
+            await arbiter.refresh_mirror()  # says why reads are 503 now, if the store is gone
             return
         first = self._seen is None
         self._seen = seq
         if rows or refresh or first:
-            arbiter.refresh_mirror()
+            await arbiter.refresh_mirror()
         for row in rows:
             publish_logged(arbiter, row)
 
@@ -348,7 +475,14 @@ def publish_logged(arbiter: Any, row: DecisionRow) -> None:
 # Set on a forwarded request: a standby never forwards one again (no loops when two
 # replicas each think the other leads for an instant); it refuses it with 503.
 FORWARDED = "X-Gpuaas-Forwarded"
-_REQUEST_HEADERS = ("Authorization", "Cookie", "Content-Type", "X-XSRFToken", "Accept")
+_REQUEST_HEADERS = (
+    "Authorization",
+    "Cookie",
+    "Content-Type",
+    "X-XSRFToken",
+    "Accept",
+    "Idempotency-Key",
+)
 _ANSWER_HEADERS = ("Content-Type", "Location", "Retry-After", "Link")
 
 
@@ -368,6 +502,10 @@ async def forward(handler: Any, body: bytes | None) -> None:
     leader = arbiter.leader_url
     if leader is None or handler.request.headers.get(FORWARDED):
         raise NotLeader(leader)
+    if getattr(arbiter, "leader_stale", False):
+        # The leader has not renewed its lease: it may be frozen, and a change sent now
+        # could sit unanswered in its socket. Not sent: nothing was changed.
+        raise NotLeader(None)
     base = handler.settings.get("base_url", "/")
     path = handler.request.path[len(base) :] if handler.request.path.startswith(base) else ""
     url = leader + path + (f"?{handler.request.query}" if handler.request.query else "")
@@ -389,7 +527,16 @@ async def forward(handler: Any, body: bytes | None) -> None:
         )
     except ConnectionRefusedError:
         raise NotLeader(leader) from None  # never reached the leader: nothing changed
-    except (OSError, HTTPClientError) as e:
+    except HTTPClientError as e:
+        if e.code == 599 and "while connecting" in str(e):  # never sent: nothing changed
+            log.warning("forwarding %s %s: %s did not accept", handler.request.method, path, leader)
+            raise NotLeader(leader) from None
+        log.warning("forwarding %s %s to %s failed: %s", handler.request.method, path, leader, e)
+        raise LeaderUnreachable(
+            f"the leader ({leader}) did not answer, so this change may or may not have been "
+            "recorded: look before sending it again"
+        ) from None
+    except OSError as e:
         log.warning("forwarding %s %s to %s failed: %s", handler.request.method, path, leader, e)
         raise LeaderUnreachable(
             f"the leader ({leader}) did not answer, so this change may or may not have been "

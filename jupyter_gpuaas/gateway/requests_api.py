@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any
 from urllib.parse import urlencode
 
 from jupyter_gpuaas.admission.model import KINDS, State
 
-from .arbiter import Conflict
+from .arbiter import Conflict, Duplicate
 from .handler_base import (
     REQUEST_ID,
     STATES,
@@ -43,7 +45,7 @@ SUBMIT_KEYS = ("tenant", "kind", "gpus", "flavor", "priority", "name")
 
 
 class RequestsHandler(BodyHandler):
-    def get(self) -> None:
+    async def get(self) -> None:
         who = self.require()
         self.arbiter.check_available()
         q = self.query(("state", "tenant", "user", "kind", "limit", "cursor"))
@@ -57,14 +59,18 @@ class RequestsHandler(BodyHandler):
             if q.get("user", who.name) != who.name:
                 raise ApiError(403, "seeing other users' requests needs custom:gpuaas:view", "user")
             q["user"] = who.name
-        rows = self.arbiter.store.query(
-            state=q.get("state"),
-            tenant=q.get("tenant"),
-            user=q.get("user"),
-            kind=q.get("kind"),
-            limit=limit + 1,
-            after=after,
+        rows = await self.arbiter.in_store(
+            functools.partial(
+                self.arbiter.store.query,
+                state=q.get("state"),
+                tenant=q.get("tenant"),
+                user=q.get("user"),
+                kind=q.get("kind"),
+                limit=limit + 1,
+                after=after,
+            )
         )
+        await self.arbiter.settled()  # the rows, and memory as of a committed state
         if len(rows) > limit:  # more exist: RFC 8288 says where (the list is never cut)
             rows = rows[:limit]
             nxt = {k: v for k, v in q.items() if k != "cursor"}
@@ -76,6 +82,16 @@ class RequestsHandler(BodyHandler):
             live = self.arbiter.requests.get(row.id)
             out.append(self.arbiter.request_json(live if live is not None else row))
         self.send(out)
+
+    def idempotency_key(self) -> str | None:
+        key = self.request.headers.get("Idempotency-Key")
+        if key is not None and not IDEMPOTENCY_KEY.fullmatch(key):
+            raise ApiError(
+                400,
+                "the Idempotency-Key header must be 1 to 255 visible ASCII characters",
+                "Idempotency-Key",
+            )
+        return key
 
     async def post(self) -> None:
         who = self.require()
@@ -107,20 +123,32 @@ class RequestsHandler(BodyHandler):
         if tenant in self.arbiter.config.tenants and not who.may_charge(tenant):
             raise ApiError(403, f"you are not a member of tenant {tenant!r}", "tenant")
         # Answered once the submission (and whatever it admitted) is committed; `obj` is
-        # the request as of its own decision.
-        req, obj = await self.arbiter.submit(
-            tenant=tenant,
-            user=who.name,
-            kind=kind,
-            gpus=gpus,
-            flavor=flavor,
-            priority=priority,
-            name=name,
-        )
+        # the request as of its own decision. A retry (the same Idempotency-Key from the
+        # same user) is answered 200 with the request the first one created.
+        try:
+            req, obj = await self.arbiter.submit(
+                tenant=tenant,
+                user=who.name,
+                kind=kind,
+                gpus=gpus,
+                flavor=flavor,
+                priority=priority,
+                name=name,
+                key=self.idempotency_key(),
+            )
+        except Duplicate as d:
+            self.set_header(
+                "Location", f"{self.settings['base_url']}api/requests/{d.request['id']}"
+            )
+            self.send(d.request, 200)
+            return
         if req.state is State.REJECTED:
             raise ApiError(422, req.reason, _reject_field(req.reason), id=req.id, request=obj)
         self.set_header("Location", f"{self.settings['base_url']}api/requests/{req.id}")
         self.send(obj, 201)
+
+
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 class RequestHandler(BaseHandler):

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import Boolean, Float, Index, Integer, String, Table, Text
+from sqlalchemy import BigInteger, Boolean, Float, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from jupyter_gpuaas.admission.model import Decision, Request, State
@@ -66,9 +66,14 @@ class RequestRow(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
+    # The submission's Idempotency-Key header, unique per user (migration 0004).
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
     # A user's own list (newest first) and its next pages: migration 0002.
-    __table_args__ = (Index("ix_requests_user_created", "user", "created"),)
+    __table_args__ = (
+        Index("ix_requests_user_created", "user", "created"),
+        Index("ux_requests_user_idempotency_key", "user", "idempotency_key", unique=True),
+    )
 
     def device_list(self) -> list[int]:
         return list(json.loads(self.devices or "[]"))
@@ -96,6 +101,18 @@ class NodeRow(Base):
     gpus: Mapped[int] = mapped_column(Integer)
     autoscaled: Mapped[bool] = mapped_column(Boolean, default=True)
     created: Mapped[float] = mapped_column(Float)
+
+
+class LeaderLeaseRow(Base):
+    """The leader election's lease (leader.py; one row, id 1): who leads, the epoch every
+    write of the leader checks in its transaction, and the database time it last renewed."""
+
+    __tablename__ = "leader_lease"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    renewed: Mapped[float] = mapped_column(Float)
 
 
 class TenantOverrideRow(Base):

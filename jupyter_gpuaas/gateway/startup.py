@@ -88,6 +88,7 @@ class GatewayStartup:
                 sample_interval=self.sample_interval,
                 lock_timeout=self.store_lock_timeout,
                 retention=self.history_retention,
+                store_timeout=self.store_timeout,
             )
         except SpecError as e:
             raise StartupError(f"--quotas {self.quotas}: {e}") from None
@@ -200,6 +201,7 @@ class GatewayStartup:
             raise StartupError("--leader-election=on needs a PostgreSQL store (--db-url)")
         url = self.advertise_url or f"http://{self.ip}:{self.port}{self.base_url}"
         election = AdvisoryLockElection(self.db_url, url)
+        election.attach(self.store.engine)
         self.store.fence = election.fence
         return Leadership(self.arbiter, election, self.leader_check_interval)
 

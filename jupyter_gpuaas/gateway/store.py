@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -91,6 +92,14 @@ class StoreBusy(StoreUnavailable):
 
     public = "the store is locked by another process, so nothing was changed"
     state = "locked"
+
+
+class StoreUnresponsive(StoreUnavailable):
+    """The store did not answer within the gateway's deadline (a frozen server, a disk
+    that stopped): nothing was changed, and the gateway did not wait any longer."""
+
+    public = "the store did not answer in time, so nothing was changed"
+    state = "unresponsive"
 
 
 class CommitUnknown(StoreUnavailable):
@@ -161,6 +170,13 @@ def _dialect_insert(dialect: str) -> Any:
 # SQLite's wait for a lock held by another process, per attempt. Short: the arbiter runs
 # on the event loop, and retries later itself (StoreBusy) rather than sleeping here.
 SQLITE_BUSY_TIMEOUT_MS = 10
+SQLITE_WAL_LIMIT = 1 << 20
+# Less free space than this on the filesystem of a SQLite store: health says "failing"
+# (the next group write would not fit; a write probe alone may still reuse WAL pages).
+SQLITE_MIN_FREE = 64 * 1024
+# PostgreSQL's own bound on one statement (milliseconds): a statement stuck on the server
+# ends there; a server that does not answer at all is the gateway's deadline's business.
+PG_STATEMENT_TIMEOUT_MS = 5000
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -174,6 +190,9 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=FULL")
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    # After a checkpoint resets the WAL, cut its file back to this size: space a burst
+    # took is given back to the filesystem instead of staying the WAL's for good.
+    cur.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_LIMIT}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 
@@ -196,7 +215,8 @@ def make_engine(url: str) -> Engine:
             pool_pre_ping=True,
             connect_args={
                 "connect_timeout": 3,
-                "options": "-c lock_timeout=200 -c synchronous_commit=on",
+                "options": "-c lock_timeout=200 -c synchronous_commit=on "
+                f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS}",
             },
         )
     return engine
@@ -218,6 +238,8 @@ def upgrade(engine: Engine) -> None:
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":  # a migration of a big table takes its time
+            conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
 
@@ -256,6 +278,7 @@ class Store:
 
     def check_writable(self) -> None:
         """Write (and commit) one row: refuse a store that cannot record decisions."""
+        self.check_space()
         try:
             tx = self.begin_write(wait=2.0)
             tx.conn.execute(text("UPDATE alembic_version SET version_num = version_num"))
@@ -265,8 +288,36 @@ class Store:
         except SQLAlchemyError as e:
             raise StoreUnavailable(f"the store is not writable: {describe(e)}") from None
 
+    @property
+    def dialect(self) -> str:
+        return str(self.engine.dialect.name)
+
+    def checkpoint(self) -> None:
+        """SQLite: copy the WAL into the database and truncate it, so that space freed
+        (rows pruned, a file deleted next to it) is space the next write can use."""
+        if self.dialect != "sqlite":
+            return
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        except SQLAlchemyError as e:
+            log.debug("checkpoint failed: %s", describe(e))
+
+    def check_space(self) -> None:
+        """SQLite: StoreUnavailable when its filesystem is (nearly) full."""
+        if self.dialect != "sqlite" or not self.engine.url.database:
+            return
+        try:
+            st = os.statvfs(Path(self.engine.url.database).resolve().parent)
+        except OSError:
+            return
+        if st.f_bavail * st.f_frsize < SQLITE_MIN_FREE:
+            raise StoreUnavailable("the filesystem holding the store is full")
+
     def ping(self) -> None:
-        """Raise StoreUnavailable unless the database answers a query now."""
+        """Raise StoreUnavailable unless the database answers a query now (and, for
+        SQLite, its filesystem has room for the next write)."""
+        self.check_space()
         try:
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
@@ -456,6 +507,13 @@ class Store:
         with self.session() as s:
             return s.get(RequestRow, rid)
 
+    def find_key(self, user: str, key: str) -> RequestRow | None:
+        """The request `user` submitted with this Idempotency-Key, if any."""
+        with self.session() as s:
+            return s.scalars(
+                select(RequestRow).where(RequestRow.user == user, RequestRow.idempotency_key == key)
+            ).first()
+
     def query(
         self,
         *,
@@ -529,6 +587,7 @@ __all__ = [
     "Store",
     "StoreBusy",
     "StoreUnavailable",
+    "StoreUnresponsive",
     "TenantOverrideRow",
     "WriteTx",
     "check_snapshot",

@@ -26,7 +26,7 @@ class Views:
         live = self.requests.get(rid)
         if live is not None:
             return self.request_json(live)
-        row = self.store.get(rid)
+        row = self.read_now(self.store.get, rid)
         return None if row is None else self.request_json(row)
 
     def request_json(self, req: Request | RequestRow) -> dict[str, Any]:

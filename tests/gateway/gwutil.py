@@ -178,12 +178,13 @@ def call(
     body: Any = None,
     who: str | None = "alice",
     timeout: float = 10.0,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, Any, dict[str, str]]:
     """(status, parsed JSON or text, headers) of one blocking call; status 0: no answer."""
     data = None
     if body is not None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, method=method)
+    req = urllib.request.Request(url + path, data=data, method=method, headers=headers or {})
     if who is not None:
         req.add_header("Authorization", f"token {TOKENS.get(who, who)}")
     try:

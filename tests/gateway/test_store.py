@@ -24,13 +24,21 @@ def test_upgrade_is_idempotent_and_creates_tables(db_url: str) -> None:
     store = Store.open(db_url)  # again: already at head
     try:
         tables = set(inspect(store.engine).get_table_names())
-        assert {"requests", "decisions", "nodes", "tenant_overrides", "alembic_version"} <= tables
+        assert {
+            "requests",
+            "decisions",
+            "nodes",
+            "tenant_overrides",
+            "alembic_version",
+            "leader_lease",
+        } <= tables
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0003"
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0004"
         indexes = {
             i["name"]: i["column_names"] for i in inspect(store.engine).get_indexes("requests")
         }
         assert indexes["ix_requests_user_created"] == ["user", "created"]
+        assert indexes["ux_requests_user_idempotency_key"] == ["user", "idempotency_key"]
         assert "ix_requests_user" not in indexes  # the composite one serves it
     finally:
         store.close()
