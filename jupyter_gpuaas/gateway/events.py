@@ -7,8 +7,16 @@ events about that user's requests (and those about no request); one without an o
 everything its `allow` filter passes (viewers and admins: everything). Owners are indexed,
 so publishing an event costs the listeners that get it, not all of them. An event is
 encoded once, whoever hears it. A listener that falls too far behind is dropped rather than
-letting memory grow without bound — it reconnects and re-reads state from
-`GET api/requests`.
+letting memory grow without bound: its buffer is bounded in events and in bytes, and a
+listener over either bound is handed one `reset` event and its stream ends (it reconnects
+and re-reads state from `GET api/requests`), so a slow client never slows the decision
+loop nor holds more than its bound.
+
+Writing to a stream costs the loop tens of microseconds, so with a thousand streams that
+hear every event a round of writes takes tens of milliseconds. Rounds are spaced by their
+own cost (`fanout_spacing` seconds per stream written in the last round, 50 µs: at most
+about half of the loop for writes however many streams there are), so submissions keep
+their answers' latency and the streams their events, only later and in bigger writes.
 
 Every event carries an SSE `id:` (`<boot>-<sequence>`; `boot` is random per gateway
 process). The bus keeps the last `replay_window` events, as their encoded bytes and owner
@@ -17,7 +25,9 @@ gets exactly the events it missed that it may see, in order, before anything new
 they are no longer all in the window (or the id is of another gateway process, or
 unknown), it gets one `reset` event instead, telling it to relist. A fresh stream's
 `: connected` block carries the current id, so even a client that has heard nothing yet
-can resume.
+can resume. A `Last-Event-ID` that is no id at all (longer than `ID_MAX` characters, or
+not printable ASCII) is refused before any listener exists (`check_last_event_id`; the
+stream answers 400): a 4,301-digit id costs one sentence, not a listener.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import functools
 import json
 import logging
 import math
+import re
 import secrets
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -35,6 +46,28 @@ from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
+
+#: The longest `Last-Event-ID` taken: ours are `<8 hex>-<sequence>`, about 30 characters.
+ID_MAX = 64
+_ID_CHARS = re.compile(r"[\x21-\x7e]*")  # printable ASCII, no space
+
+
+def check_last_event_id(value: str) -> str:
+    """The Last-Event-ID header's value, stripped; ValueError (one sentence) when it is no
+    id at all. A well-formed id this gateway never gave is not an error: it is answered
+    with a `reset` (the client relists), as an id of a restarted gateway is."""
+    text = value.strip()
+    if len(text) > ID_MAX:
+        raise ValueError(
+            f"Last-Event-ID is {len(text)} characters long; an event id of this gateway "
+            f"is at most {ID_MAX}: reconnect without it and list the requests again"
+        )
+    if not _ID_CHARS.fullmatch(text):
+        raise ValueError(
+            "Last-Event-ID must be printable ASCII without spaces (an id this gateway "
+            "sent): reconnect without it and list the requests again"
+        )
+    return text
 
 
 @dataclass(frozen=True)
@@ -81,12 +114,15 @@ class Listener:
         allow: Filter | None,
         maxsize: int,
         owner: str | None = None,
+        maxbytes: int = 1 << 20,
     ) -> None:
         self.deliver = deliver
         self.allow = allow
         self.owner = owner
         self.maxsize = maxsize
+        self.maxbytes = maxbytes
         self.pending: list[Event] = []
+        self.pending_bytes = 0
         self.ready = asyncio.Event()
         self.dropped = False
         self.closed = False
@@ -97,13 +133,16 @@ class Listener:
 
     def put(self, event: Event) -> bool:
         """Buffer an event; False when the listener is too far behind (drop it)."""
-        if len(self.pending) >= self.maxsize:
+        size = len(event.wire)
+        if len(self.pending) >= self.maxsize or self.pending_bytes + size > self.maxbytes:
             return False
         self.pending.append(event)
+        self.pending_bytes += size
         return True
 
     def take(self) -> list[Event]:
         events, self.pending = self.pending, []
+        self.pending_bytes = 0
         return events
 
     def end(self, *, dropped: bool = False) -> None:
@@ -144,10 +183,16 @@ class EventBus:
         coalesce: float = 0.01,
         chunk: int = 50,
         replay_window: int = 10_000,
+        maxbytes: int = 1 << 20,
+        fanout_spacing: float = 50e-6,
     ) -> None:
         self.maxsize = maxsize
+        self.maxbytes = maxbytes
         self.coalesce = coalesce
+        self.fanout_spacing = fanout_spacing
         self.chunk = chunk
+        self.dropped = 0  # listeners dropped for falling behind, since start
+        self._last_round = 0  # listeners written in the last round (its cost)
         self.boot = secrets.token_hex(4)
         self.seq = 0
         # (seq, name, owner, wire) of the last `replay_window` events
@@ -156,6 +201,10 @@ class EventBus:
         self._everything: set[Listener] = set()  # no owner: filtered by `allow`
         self._by_owner: dict[str, set[Listener]] = {}
         self._to_deliver: dict[Listener, None] = {}  # ordered set
+        # The bytes of a batch of events, by (first, last, count), for the round: streams
+        # that hear the same events (every viewer's) share one joined write.
+        # (The batch holds its first and last events: their ids cannot be reused meanwhile.)
+        self._batches: dict[tuple[int, int, int], tuple[Event, Event, bytes]] = {}
         self._scheduled = False
         self._last_flush = -math.inf  # the loop's time when the last flush began
 
@@ -171,9 +220,12 @@ class EventBus:
 
         `deliver()` is called (on the loop) when events are pending for it. With
         `last_event_id` (a reconnecting client's Last-Event-ID) the events it missed are
-        pending at once, or a `reset` event when they cannot all be replayed.
+        pending at once, or a `reset` event when they cannot all be replayed; one that is
+        no id at all raises ValueError before anything is registered.
         """
-        listener = Listener(deliver, allow, self.maxsize, owner)
+        if last_event_id is not None:
+            last_event_id = check_last_event_id(last_event_id)
+        listener = Listener(deliver, allow, self.maxsize, owner, self.maxbytes)
         self.listeners.add(listener)
         if owner is None:
             self._everything.add(listener)
@@ -190,7 +242,8 @@ class EventBus:
 
     def _replay(self, listener: Listener, last_event_id: str) -> None:
         """Queue what `listener` missed since `last_event_id`, or a `reset`."""
-        boot, _, seq_text = last_event_id.strip().partition("-")
+        boot, _, seq_text = last_event_id.partition("-")
+        # At most ID_MAX characters (checked): int() never meets its 4,300-digit limit.
         seq = int(seq_text) if seq_text.isascii() and seq_text.isdigit() else -1
         oldest = self.window[0][0] if self.window else self.seq + 1
         why = None
@@ -208,14 +261,19 @@ class EventBus:
                     missed.append(Event.replayed(name, user, f"{self.boot}-{n}", wire))
             if len(missed) > listener.maxsize:
                 why = f"more than {listener.maxsize} events were missed"
+            elif sum(len(e.wire) for e in missed) > listener.maxbytes:
+                why = f"more than {listener.maxbytes // 1024} KiB of events were missed"
         if why is not None:
-            reason = f"cannot replay the events after {last_event_id[:40]!r}: {why}"
-            data = {"reason": reason + "; list the requests again", "id": None}
-            missed = [Event("reset", data, None, self.last_id)]
-        listener.pending.extend(missed)
+            missed = [self._reset(f"cannot replay the events after {last_event_id!r}: {why}")]
+        for event in missed:
+            listener.put(event)
         if missed:
             self._to_deliver[listener] = None
             self._schedule()
+
+    def _reset(self, why: str) -> Event:
+        data = {"reason": why + "; list the requests again", "id": None}
+        return Event("reset", data, None, self.last_id)
 
     def unsubscribe(self, listener: Listener) -> None:
         self.listeners.discard(listener)
@@ -233,20 +291,40 @@ class EventBus:
         event = dataclasses.replace(event, id=f"{self.boot}-{self.seq}")
         if self.window.maxlen:
             self.window.append((self.seq, event.name, event.user, event.wire))
+        # Owners' streams first: a holder waiting for its admission is written before the
+        # viewers' streams of the same round.
         if event.user is None:
-            targets: Iterable[Listener] = list(self.listeners)
+            targets: Iterable[Listener] = [
+                *(x for mine in self._by_owner.values() for x in mine),
+                *self._everything,
+            ]
         else:
-            targets = [*self._everything, *self._by_owner.get(event.user, ())]
+            targets = [*self._by_owner.get(event.user, ()), *self._everything]
+        to_deliver = self._to_deliver
         for listener in targets:
             if listener.allow is not None and not listener.allow(event):
                 continue
             if listener.put(event):
-                self._to_deliver[listener] = None
+                to_deliver[listener] = None
             else:
-                log.warning("dropping a slow event listener (%d events behind)", self.maxsize)
-                self.unsubscribe(listener)
-                listener.end(dropped=True)
+                self.drop(listener)
         self._schedule()
+
+    def drop(self, listener: Listener) -> None:
+        """End a listener that fell behind: what it has not been sent is replaced by one
+        `reset` (its stream sends it and ends; the client relists), so it holds nothing
+        more and the loop spends nothing more on it."""
+        self.dropped += 1
+        log.warning(
+            "dropping a slow event listener (%d events, %d bytes behind)",
+            len(listener.pending),
+            listener.pending_bytes,
+        )
+        self.unsubscribe(listener)
+        listener.take()
+        behind = "the stream fell too far behind (its client did not read fast enough)"
+        listener.put(self._reset(behind))
+        listener.end(dropped=True)
 
     def _schedule(self) -> None:
         if self._to_deliver and not self._scheduled:
@@ -256,7 +334,10 @@ class EventBus:
                 return
             # A period after the last flush began: at once when that is past (a lone
             # event is not held back), else when it ends (one write per period under load).
-            wait = self._last_flush + self.coalesce - loop.time()
+            # The period is at least the last round's cost: 1,000 streams written take
+            # tens of ms, and the loop's other work (submissions) goes in between.
+            period = max(self.coalesce, self.fanout_spacing * self._last_round)
+            wait = self._last_flush + period - loop.time()
             if wait > 0:
                 loop.call_later(wait, self.flush)
             else:
@@ -267,6 +348,8 @@ class EventBus:
         """Hand listeners with pending events to their streams (once each): a period
         begins, timed from now."""
         self._last_flush = asyncio.get_running_loop().time()
+        self._last_round = len(self._to_deliver)
+        self._batches.clear()
         self._deliver_some()
 
     def _deliver_some(self) -> None:
@@ -285,6 +368,21 @@ class EventBus:
             asyncio.get_running_loop().call_soon(self._deliver_some)
         else:
             self._scheduled = False
+
+    def encode(self, listener: Listener, events: list[Event]) -> bytes:
+        """The bytes of `events` for `listener` in one write: joined once per round for
+        the streams that hear everything (a run of theirs from one event to another is
+        every event between: the same bytes)."""
+        if len(events) == 1:
+            return events[0].wire
+        if listener.owner is not None or listener.allow is not None:
+            return b"".join(e.wire for e in events)
+        first, last = events[0], events[-1]
+        key = (id(first), id(last), len(events))
+        batch = self._batches.get(key)
+        if batch is None or batch[0] is not first or batch[1] is not last:
+            batch = self._batches[key] = (first, last, b"".join(e.wire for e in events))
+        return batch[2]
 
     def close(self) -> None:
         """Wake every listener so its handler can finish (on shutdown)."""

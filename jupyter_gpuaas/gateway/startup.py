@@ -114,6 +114,7 @@ class GatewayStartup:
             "metrics_public": self.metrics_public,
             "service_name": self.service_name,
             "max_body_size": self.max_body_size,
+            "max_queued_per_user": self.max_queued_per_user,
             "forward_writes": self.forward_writes,
             "default_handler_class": NotFoundHandler,
         }
