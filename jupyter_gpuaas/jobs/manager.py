@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from traitlets import Integer, Type, Unicode, default
+from traitlets import Integer, List, Type, Unicode, default
 from traitlets.config import Configurable, LoggingConfigurable
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError
@@ -115,6 +117,13 @@ class JobManager(LoggingConfigurable):
         "outputs stay on disk.",
     ).tag(config=True)
 
+    interpreters = List(
+        Unicode(),
+        help="Python interpreters a cell or script job may name (`python`), besides this "
+        "server's own and each kernelspec's (a kernelspec's `python` is this server's, as "
+        "jupyter_client reads it). Absolute paths; another one is refused with 403.",
+    ).tag(config=True)
+
     runner_class = Type(
         LocalProcessRunner,
         klass=JobRunner,
@@ -123,10 +132,19 @@ class JobManager(LoggingConfigurable):
 
     # ------------------------------------------------------------------ life cycle
 
-    def __init__(self, client: GatewayClient | None, root_dir: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        client: GatewayClient | None,
+        root_dir: str,
+        kernel_specs: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """`kernel_specs`: the server's KernelSpecManager (whose interpreters a job may
+        use); None: jupyter_client's default one."""
         super().__init__(**kwargs)
         self.client = client
         self.root_dir = os.path.abspath(root_dir)
+        self.kernel_specs = kernel_specs
         runner: Any = self.runner_class
         # A configurable runner (KubernetesJobRunner) reads its traits from our config.
         self.runner: JobRunner = (
@@ -276,6 +294,9 @@ class JobManager(LoggingConfigurable):
             if spec.get(key) is not None and not isinstance(spec[key], str):
                 raise JobError(400, "must be a string", key)
 
+        python = spec.get("python") if kind != "notebook" else None
+        if python is not None:
+            self._interpreter(python)
         source: str | None = None
         if kind in ("notebook", "script"):
             source = self._source(spec.get("path"), ".ipynb" if kind == "notebook" else ".py")
@@ -315,7 +336,7 @@ class JobManager(LoggingConfigurable):
             cwd=cwd,
             source=source,
             parameters=dict(parameters),
-            python=spec.get("python") if kind != "notebook" else None,
+            python=python,
             kernel_name=self.notebook_kernel or None,
         )
         try:
@@ -338,11 +359,29 @@ class JobManager(LoggingConfigurable):
         await self.apply(job, answer)
         return job
 
+    def _inside_root(self, path: str, field: str) -> str:
+        """`path` resolved as jupyter_server's contents API resolves it (relative to
+        `root_dir`; an absolute path taken as it is, as the shell's `submit` sends one),
+        symlinks followed. Anywhere outside `root_dir` is 403, naming the path as given
+        and nothing of what is there (not even whether it exists)."""
+        if "\x00" in path:
+            raise JobError(400, "must not contain NUL characters", field)
+        root = os.path.realpath(self.root_dir)
+        full = os.path.realpath(os.path.join(root, path))
+        if os.path.commonpath([root, full]) != root:
+            shown = path if len(path) <= 200 else path[:200] + "…"
+            raise JobError(
+                403,
+                f"{shown!r} is outside the server's root directory: jobs run files inside it only",
+                field,
+            )
+        return full
+
     def _source(self, path: Any, suffix: str) -> str:
         what = "notebook" if suffix == ".ipynb" else "script"
         if not path:
             raise JobError(400, f"a {what} path is required", "path")
-        full = os.path.abspath(os.path.join(self.root_dir, os.path.expanduser(path)))
+        full = self._inside_root(path, "path")
         if not os.path.isfile(full):
             raise JobError(400, f"no such {what}: {path}", "path")
         if not full.endswith(suffix):
@@ -353,15 +392,62 @@ class JobManager(LoggingConfigurable):
 
         try:
             nbformat.read(full, as_version=4)  # type: ignore[no-untyped-call]
-        except Exception as e:
-            raise JobError(400, f"cannot read {path} as a notebook: {e}", "path") from None
+        except Exception:
+            # Not the parser's message: it may quote the file's first bytes.
+            raise JobError(
+                400, f"cannot read {path} as a notebook (nbformat JSON)", "path"
+            ) from None
         return full
 
     def _directory(self, path: Any) -> str:
-        full = os.path.abspath(os.path.join(self.root_dir, os.path.expanduser(path or ".")))
+        full = self._inside_root(path or ".", "cwd")
         if not os.path.isdir(full):
             raise JobError(400, f"no such directory: {path}", "cwd")
         return full
+
+    def allowed_interpreters(self) -> set[str]:
+        """This server's Python, each kernelspec's, and the `interpreters` trait's."""
+        allowed = {sys.executable, *self.interpreters}
+        specs = self.kernel_specs
+        if specs is None:
+            from jupyter_client.kernelspec import KernelSpecManager
+
+            specs = KernelSpecManager(parent=self)
+        try:
+            found = specs.get_all_specs()
+        except Exception as e:  # a broken kernel.json must not stop every job
+            self.log.warning("gpuaas: cannot read the kernelspecs: %s", e)
+            found = {}
+        python_names = {"python", f"python{sys.version_info[0]}",
+                        "python{}.{}".format(*sys.version_info[:2])}  # fmt: skip
+        for kernel in found.values():
+            argv = (kernel.get("spec") or {}).get("argv") or []
+            if not argv or not isinstance(argv[0], str):
+                continue
+            exe = argv[0]
+            if exe in python_names:  # jupyter_client runs these as its own interpreter
+                continue
+            where = exe if os.path.isabs(exe) else shutil.which(exe)
+            if where:
+                allowed.add(where)
+        return {os.path.abspath(a) for a in allowed if a}
+
+    def _interpreter(self, python: str) -> str:
+        """A cell or script job's `python`: one of `allowed_interpreters` (or another name
+        of the same file, such as a venv's `python3` beside its `python`), else 403."""
+        allowed = self.allowed_interpreters()
+        if os.path.isabs(python) and (
+            os.path.abspath(python) in allowed
+            or os.path.realpath(python) in {os.path.realpath(a) for a in allowed}
+        ):
+            return python
+        shown = python if len(python) <= 200 else python[:200] + "…"
+        raise JobError(
+            403,
+            f"{shown!r} is not an interpreter of this server: use a kernel's Python, or ask "
+            "the administrator to list it in JobManager.interpreters",
+            "python",
+        )
 
     def _client(self) -> GatewayClient:
         if self.client is None:
