@@ -13,10 +13,12 @@ and re-reads state from `GET api/requests`), so a slow client never slows the de
 loop nor holds more than its bound.
 
 Writing to a stream costs the loop tens of microseconds, so with a thousand streams that
-hear every event a round of writes takes tens of milliseconds. Rounds are spaced by their
-own cost (`fanout_spacing` seconds per stream written in the last round, 50 µs: at most
-about half of the loop for writes however many streams there are), so submissions keep
-their answers' latency and the streams their events, only later and in bigger writes.
+hear every event (viewers') a round of writes takes tens of milliseconds. Their rounds are
+spaced by their own cost (`fanout_spacing` seconds per stream written in the last round,
+150 µs: a fraction of the loop for writes however many such streams there are), so
+submissions keep their answers' latency and those streams their events, only later and
+in bigger writes (one joined write shared by all of them). An owner's stream (a holder's)
+has rounds of its own, every `coalesce` seconds, and hears of its admission at once.
 
 Every event carries an SSE `id:` (`<boot>-<sequence>`; `boot` is random per gateway
 process). The bus keeps the last `replay_window` events, as their encoded bytes and owner
@@ -184,15 +186,13 @@ class EventBus:
         chunk: int = 50,
         replay_window: int = 10_000,
         maxbytes: int = 1 << 20,
-        fanout_spacing: float = 50e-6,
+        fanout_spacing: float = 150e-6,
     ) -> None:
         self.maxsize = maxsize
         self.maxbytes = maxbytes
         self.coalesce = coalesce
-        self.fanout_spacing = fanout_spacing
         self.chunk = chunk
         self.dropped = 0  # listeners dropped for falling behind, since start
-        self._last_round = 0  # listeners written in the last round (its cost)
         self.boot = secrets.token_hex(4)
         self.seq = 0
         # (seq, name, owner, wire) of the last `replay_window` events
@@ -200,13 +200,15 @@ class EventBus:
         self.listeners: set[Listener] = set()
         self._everything: set[Listener] = set()  # no owner: filtered by `allow`
         self._by_owner: dict[str, set[Listener]] = {}
-        self._to_deliver: dict[Listener, None] = {}  # ordered set
+        # Listeners with events to write, in two classes with rounds of their own: the
+        # owners' streams every `coalesce` seconds (a holder hears of its admission at
+        # once), the streams that hear everything spaced by the cost of their last round.
+        self._owners = _Rounds(self, spacing=0.0)
+        self._wide = _Rounds(self, spacing=fanout_spacing)
         # The bytes of a batch of events, by (first, last, count), for the round: streams
         # that hear the same events (every viewer's) share one joined write.
         # (The batch holds its first and last events: their ids cannot be reused meanwhile.)
         self._batches: dict[tuple[int, int, int], tuple[Event, Event, bytes]] = {}
-        self._scheduled = False
-        self._last_flush = -math.inf  # the loop's time when the last flush began
 
     def subscribe(
         self,
@@ -268,8 +270,11 @@ class EventBus:
         for event in missed:
             listener.put(event)
         if missed:
-            self._to_deliver[listener] = None
+            self._rounds_of(listener).pending[listener] = None
             self._schedule()
+
+    def _rounds_of(self, listener: Listener) -> _Rounds:
+        return self._wide if listener.owner is None else self._owners
 
     def _reset(self, why: str) -> Event:
         data = {"reason": why + "; list the requests again", "id": None}
@@ -278,7 +283,7 @@ class EventBus:
     def unsubscribe(self, listener: Listener) -> None:
         self.listeners.discard(listener)
         self._everything.discard(listener)
-        self._to_deliver.pop(listener, None)
+        self._rounds_of(listener).pending.pop(listener, None)
         if listener.owner is not None:
             mine = self._by_owner.get(listener.owner)
             if mine is not None:
@@ -300,12 +305,12 @@ class EventBus:
             ]
         else:
             targets = [*self._by_owner.get(event.user, ()), *self._everything]
-        to_deliver = self._to_deliver
+        owners, wide = self._owners.pending, self._wide.pending
         for listener in targets:
             if listener.allow is not None and not listener.allow(event):
                 continue
             if listener.put(event):
-                to_deliver[listener] = None
+                (wide if listener.owner is None else owners)[listener] = None
             else:
                 self.drop(listener)
         self._schedule()
@@ -327,47 +332,8 @@ class EventBus:
         listener.end(dropped=True)
 
     def _schedule(self) -> None:
-        if self._to_deliver and not self._scheduled:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop (nobody is listening yet)
-                return
-            # A period after the last flush began: at once when that is past (a lone
-            # event is not held back), else when it ends (one write per period under load).
-            # The period is at least the last round's cost: 1,000 streams written take
-            # tens of ms, and the loop's other work (submissions) goes in between.
-            period = max(self.coalesce, self.fanout_spacing * self._last_round)
-            wait = self._last_flush + period - loop.time()
-            if wait > 0:
-                loop.call_later(wait, self.flush)
-            else:
-                loop.call_soon(self.flush)
-            self._scheduled = True
-
-    def flush(self) -> None:
-        """Hand listeners with pending events to their streams (once each): a period
-        begins, timed from now."""
-        self._last_flush = asyncio.get_running_loop().time()
-        self._last_round = len(self._to_deliver)
-        self._batches.clear()
-        self._deliver_some()
-
-    def _deliver_some(self) -> None:
-        """At most `chunk` listeners per loop iteration: writing to 500 streams takes
-        ~20 ms, and requests waiting for the loop (a submission's 201) go in between."""
-        listeners = list(self._to_deliver)[: self.chunk]
-        for listener in listeners:
-            del self._to_deliver[listener]
-            try:
-                listener.deliver()
-            except Exception:
-                log.exception("event delivery failed")
-                self.unsubscribe(listener)
-                listener.end()
-        if self._to_deliver:
-            asyncio.get_running_loop().call_soon(self._deliver_some)
-        else:
-            self._scheduled = False
+        self._owners.schedule()
+        self._wide.schedule()
 
     def encode(self, listener: Listener, events: list[Event]) -> bytes:
         """The bytes of `events` for `listener` in one write: joined once per round for
@@ -389,3 +355,58 @@ class EventBus:
         for listener in list(self.listeners):
             self.unsubscribe(listener)
             listener.end()
+
+
+class _Rounds:
+    """One class of listeners with pending events, handed to their streams in rounds.
+
+    A round begins `period` after the last one began: at once when that is past (a lone
+    event is not held back), else when it ends (one write per stream per period under
+    load). The period is `coalesce`, or the last round's cost (`spacing` seconds per
+    stream written) when that is longer. A round writes `chunk` streams per loop turn,
+    so requests waiting for the loop (a submission's 201) go in between.
+    """
+
+    def __init__(self, bus: EventBus, spacing: float) -> None:
+        self.bus = bus
+        self.spacing = spacing
+        self.pending: dict[Listener, None] = {}  # ordered set
+        self.scheduled = False
+        self.last_flush = -math.inf  # the loop's time when the last round began
+        self.last_round = 0  # streams written in the last round
+
+    def schedule(self) -> None:
+        if self.pending and not self.scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (nobody is listening yet)
+                return
+            period = max(self.bus.coalesce, self.spacing * self.last_round)
+            wait = self.last_flush + period - loop.time()
+            if wait > 0:
+                loop.call_later(wait, self.flush)
+            else:
+                loop.call_soon(self.flush)
+            self.scheduled = True
+
+    def flush(self) -> None:
+        self.last_flush = asyncio.get_running_loop().time()
+        self.last_round = len(self.pending)
+        if self.spacing:
+            self.bus._batches.clear()
+        self._deliver_some()
+
+    def _deliver_some(self) -> None:
+        listeners = list(self.pending)[: self.bus.chunk]
+        for listener in listeners:
+            del self.pending[listener]
+            try:
+                listener.deliver()
+            except Exception:
+                log.exception("event delivery failed")
+                self.bus.unsubscribe(listener)
+                listener.end()
+        if self.pending:
+            asyncio.get_running_loop().call_soon(self._deliver_some)
+        else:
+            self.scheduled = False
