@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,25 +36,14 @@ from traitlets.config import Configurable, LoggingConfigurable
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError
 from jupyter_gpuaas.holder import Lease, Seconds, follow, grant_holder
-from jupyter_gpuaas.words import about_field
 
-from . import model
+from . import model, paths
+from .errors import JobError
 from .model import Job
 from .runner import JobRunner, LocalProcessRunner
 
 #: Gateway request states that leave a job waiting for (re)admission.
 _WAITING = ("queued", "preempted")
-
-
-class JobError(Exception):
-    """A submit or cancel refused: HTTP status, message, and the offending field."""
-
-    def __init__(self, status: int, error: str, field: str | None = None) -> None:
-        error = about_field(field, error)  # "gpus must be ...": one sentence with its field
-        super().__init__(error)
-        self.status = status
-        self.error = error
-        self.field = field
 
 
 class JobManager(LoggingConfigurable):
@@ -119,9 +106,8 @@ class JobManager(LoggingConfigurable):
 
     interpreters = List(
         Unicode(),
-        help="Python interpreters a cell or script job may name (`python`), besides this "
-        "server's own and each kernelspec's (a kernelspec's `python` is this server's, as "
-        "jupyter_client reads it). Absolute paths; another one is refused with 403.",
+        help="Absolute paths of Python interpreters a cell or script job may name (`python`) "
+        "besides this server's own and each kernelspec's; any other is refused (403).",
     ).tag(config=True)
 
     runner_class = Type(
@@ -132,15 +118,9 @@ class JobManager(LoggingConfigurable):
 
     # ------------------------------------------------------------------ life cycle
 
-    def __init__(
-        self,
-        client: GatewayClient | None,
-        root_dir: str,
-        kernel_specs: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        """`kernel_specs`: the server's KernelSpecManager (whose interpreters a job may
-        use); None: jupyter_client's default one."""
+    def __init__(self, client: GatewayClient | None, root_dir: str, kernel_specs: Any = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        """`kernel_specs`: the server's KernelSpecManager (its interpreters may run jobs)."""
         super().__init__(**kwargs)
         self.client = client
         self.root_dir = os.path.abspath(root_dir)
@@ -359,24 +339,6 @@ class JobManager(LoggingConfigurable):
         await self.apply(job, answer)
         return job
 
-    def _inside_root(self, path: str, field: str) -> str:
-        """`path` resolved as jupyter_server's contents API resolves it (relative to
-        `root_dir`; an absolute path taken as it is, as the shell's `submit` sends one),
-        symlinks followed. Anywhere outside `root_dir` is 403, naming the path as given
-        and nothing of what is there (not even whether it exists)."""
-        if "\x00" in path:
-            raise JobError(400, "must not contain NUL characters", field)
-        root = os.path.realpath(self.root_dir)
-        full = os.path.realpath(os.path.join(root, path))
-        if os.path.commonpath([root, full]) != root:
-            shown = path if len(path) <= 200 else path[:200] + "…"
-            raise JobError(
-                403,
-                f"{shown!r} is outside the server's root directory: jobs run files inside it only",
-                field,
-            )
-        return full
-
     def _source(self, path: Any, suffix: str) -> str:
         what = "notebook" if suffix == ".ipynb" else "script"
         if not path:
@@ -405,49 +367,12 @@ class JobManager(LoggingConfigurable):
             raise JobError(400, f"no such directory: {path}", "cwd")
         return full
 
-    def allowed_interpreters(self) -> set[str]:
-        """This server's Python, each kernelspec's, and the `interpreters` trait's."""
-        allowed = {sys.executable, *self.interpreters}
-        specs = self.kernel_specs
-        if specs is None:
-            from jupyter_client.kernelspec import KernelSpecManager
-
-            specs = KernelSpecManager(parent=self)
-        try:
-            found = specs.get_all_specs()
-        except Exception as e:  # a broken kernel.json must not stop every job
-            self.log.warning("gpuaas: cannot read the kernelspecs: %s", e)
-            found = {}
-        python_names = {"python", f"python{sys.version_info[0]}",
-                        "python{}.{}".format(*sys.version_info[:2])}  # fmt: skip
-        for kernel in found.values():
-            argv = (kernel.get("spec") or {}).get("argv") or []
-            if not argv or not isinstance(argv[0], str):
-                continue
-            exe = argv[0]
-            if exe in python_names:  # jupyter_client runs these as its own interpreter
-                continue
-            where = exe if os.path.isabs(exe) else shutil.which(exe)
-            if where:
-                allowed.add(where)
-        return {os.path.abspath(a) for a in allowed if a}
+    def _inside_root(self, path: str, field: str) -> str:
+        return paths.inside_root(self.root_dir, path, field)
 
     def _interpreter(self, python: str) -> str:
-        """A cell or script job's `python`: one of `allowed_interpreters` (or another name
-        of the same file, such as a venv's `python3` beside its `python`), else 403."""
-        allowed = self.allowed_interpreters()
-        if os.path.isabs(python) and (
-            os.path.abspath(python) in allowed
-            or os.path.realpath(python) in {os.path.realpath(a) for a in allowed}
-        ):
-            return python
-        shown = python if len(python) <= 200 else python[:200] + "…"
-        raise JobError(
-            403,
-            f"{shown!r} is not an interpreter of this server: use a kernel's Python, or ask "
-            "the administrator to list it in JobManager.interpreters",
-            "python",
-        )
+        allowed = paths.interpreters(self.kernel_specs, self.interpreters, self.log)
+        return paths.check_interpreter(python, allowed)
 
     def _client(self) -> GatewayClient:
         if self.client is None:
