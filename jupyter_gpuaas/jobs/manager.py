@@ -38,7 +38,7 @@ from jupyter_gpuaas.client import GatewayClient, GatewayError
 from jupyter_gpuaas.holder import Lease, Seconds, follow, grant_holder
 
 from . import model, paths
-from .errors import JobError
+from .errors import JobError as JobError  # re-exported: handlers and the sidebar import it here
 from .model import Job
 from .runner import JobRunner, LocalProcessRunner
 
