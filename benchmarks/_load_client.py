@@ -118,6 +118,7 @@ class SSE(asyncio.Protocol):
         self.on_event = on_event
         self.buf = b""
         self.events = 0
+        self.resets = 0
         self.by_name: Counter[str] = Counter()
         self.connected = asyncio.get_running_loop().create_future()
         self.closed = False
@@ -157,6 +158,9 @@ class SSE(asyncio.Protocol):
                 continue
             j = block.index(b"\n", i)
             name = block[i + 7 : j].decode()
+            if name == "reset":  # dropped for falling behind (or a replay it cannot have)
+                self.resets += 1
+                continue
             k = block.index(b'{"t": ', j)
             t = float(block[k + 6 : block.index(b",", k)])
             self.events += 1

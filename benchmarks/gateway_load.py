@@ -161,6 +161,8 @@ def start_gateway(
         f"--tokens={t}",
         "--devices=simulated:a100=2x8,h100=1x1",
         f"--db-url=sqlite:///{db}",
+        # ~1,000 live requests over 16 users: no per-user limit on the queue here.
+        "--GatewayApp.max_queued_per_user=0",
         *extra,
     ]
 
@@ -183,6 +185,24 @@ def start_gateway(
             time.sleep(0.1)
     proc.kill()
     raise SystemExit(f"gateway did not start:\n{log.read_text()[-3000:]}")
+
+
+def scrape_streams(port: int) -> dict[str, float]:
+    """gpuaas_event_streams{,_dropped_total} from the gateway's metrics (a viewer's token)."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics",
+        headers={"Authorization": f"token {token_of(VIEWERS[0])}"},
+    )
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            for line in resp.read().decode().splitlines():
+                name, _, value = line.partition(" ")
+                if name in ("gpuaas_event_streams", "gpuaas_event_streams_dropped_total"):
+                    out[name] = float(value)
+    except OSError as e:
+        out["error"] = str(e)  # type: ignore[assignment]
+    return out
 
 
 def proc_status(pid: int) -> dict[str, int]:
@@ -398,9 +418,12 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         lags: list[float] = []
         listeners: list[SSE] = []
         who = [u for u, _ in users()]
+        viewers, nv = round(args.listeners * args.viewer_share), 0
         for i in range(args.listeners):
-            if i % 10 == 9:
-                user = VIEWERS[(i // 10) % len(VIEWERS)]
+            # Viewers spread evenly among the listeners (every 10th at the default 0.1).
+            if (i + 1) * viewers // args.listeners > i * viewers // args.listeners:
+                user = VIEWERS[nv % len(VIEWERS)]
+                nv += 1
             else:
                 user = who[i % len(who)]
             listeners.append(SSE(user, lags))
@@ -440,6 +463,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             received += sse.events
             if sse.events != want or sse.closed:
                 short.append(f"{sse.who}: {sse.events}/{want}{' closed' if sse.closed else ''}")
+        streams = scrape_streams(port)
         probe = await release_probes(pool, port, args.probes)
         status = proc_status(proc.pid)
         pool.close()
@@ -464,6 +488,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "rate_per_s": args.rate,
         "duration_s": args.duration,
         "listeners": args.listeners,
+        "viewer_share": args.viewer_share,
         "submitted": len(load.latencies)
         + sum(n for k, n in load.errors.items() if k.startswith("submit ") and "HTTP" not in k),
         "submit_window_s": round(submitted_wall, 2),
@@ -520,6 +545,9 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "received": received,
             "missing": expected - received,
             "listeners_short": short[:10],
+            "resets_received": sum(sse.resets for sse in listeners),
+            # the gateway's own counts (metrics): open streams, streams dropped
+            "streams": streams,
             "lag_ms": {
                 "p50": round(pct(lag, 50), 1),
                 "p99": round(pct(lag, 99), 1),
@@ -543,6 +571,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--rate", type=float, default=200.0)
     p.add_argument("--listeners", type=int, default=500)
+    p.add_argument(
+        "--viewer-share",
+        type=float,
+        default=0.1,
+        help="share of the listeners opened by users with view rights, who hear every "
+        "decision (1: all of them, the fan-out case of issue 40)",
+    )
     p.add_argument("--probes", type=int, default=20)
     p.add_argument("--connections", type=int, default=32, help="keep-alive connections")
     p.add_argument("--seed", type=int, default=3)

@@ -109,6 +109,7 @@ def start_gateway(
         f"--devices=simulated:{devices}",
         f"--db-url=sqlite:///{db}",
         "--lease-ttl=0",
+        "--GatewayApp.max_queued_per_user=0",  # one user a tenant queues the whole trace
         *extra,
     ]
     with open(log, "wb") as out:

@@ -23,6 +23,7 @@ __all__ = [
     "Release",
     "about",
     "about_field",
+    "another_user",
     "format_duration",
     "holder",
     "join_names",
@@ -171,20 +172,34 @@ class Release:
     """The next grant expected to free a GPU: whose, and in how many seconds.
 
     `idle`: it ends because the idle culler takes it (known), else because grants of its
-    flavor are held about that long on average (a guess).
+    flavor are held about that long on average (a guess). `user` None: another user's
+    grant, said as "another user of <tenant>" (the view rule: a wait sentence is read by
+    the waiting request's owner, who may not see other users' names, as in api/devices).
     """
 
-    user: str
+    user: str | None
     kind: str
     seconds: float
     idle: bool = False
+    tenant: str = ""
 
     def phrase(self) -> str:
-        who = holder(self.user, self.kind)
+        when = about(self.seconds)
+        if self.user is None:
+            someone = another_user(self.tenant)
+            if self.idle:
+                return f"when an idle {self.kind} of {someone} is culled ({when})"
+            verb = "ends" if self.kind == "job" else "stops"
+            return f"when a {self.kind} of {someone} {verb} ({when})"
         if self.idle:
-            return f"when {self.user}'s idle {self.kind} is culled ({about(self.seconds)})"
+            return f"when {self.user}'s idle {self.kind} is culled ({when})"
         verb = "ends" if self.kind == "job" else "stops"
-        return f"when {who} {verb} ({about(self.seconds)})"
+        return f"when {holder(self.user, self.kind)} {verb} ({when})"
+
+
+def another_user(tenant: str) -> str:
+    """Another user, named only by tenant: what one without the view scope reads."""
+    return f"another user of {tenant}" if tenant else "another user"
 
 
 def wait_sentence(

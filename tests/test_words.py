@@ -160,3 +160,13 @@ def test_wait_sentences() -> None:
     assert "when carol's kernel stops (about 5 min)" in wait_sentence(
         flavor="a100", total=4, free=0, gpus=1, release=kernel
     )
+    # Another user's grant, to one who may not see names: the tenant, never the user.
+    theirs = Release(None, "kernel", 300, tenant="vision")
+    assert wait_sentence(flavor="a100", total=4, free=0, gpus=1, release=theirs) == (
+        "waiting: all 4 a100 are in use; the next one frees when a kernel of another user of "
+        "vision stops (about 5 min)"
+    )
+    idle = Release(None, "server", 30, idle=True, tenant="nlp")
+    assert idle.phrase() == (
+        "when an idle server of another user of nlp is culled (less than a minute)"
+    )

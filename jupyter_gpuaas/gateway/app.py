@@ -325,6 +325,14 @@ class GatewayApp(GatewayStartup, Application):
         "chunked body as soon as it passes the limit; the HTTP server buffers no more.",
     ).tag(config=True)
 
+    max_queued_per_user = Integer(
+        20,
+        min=0,
+        help="Most requests one user may have waiting in the queue at once; a submission "
+        "past it is answered 429 with a sentence (cancel one, or wait for an admission). "
+        "Admitted and parked requests do not count. 0: no limit.",
+    ).tag(config=True)
+
     header_timeout = Float(
         60.0,
         min=1.0,

@@ -7,8 +7,18 @@ events about that user's requests (and those about no request); one without an o
 everything its `allow` filter passes (viewers and admins: everything). Owners are indexed,
 so publishing an event costs the listeners that get it, not all of them. An event is
 encoded once, whoever hears it. A listener that falls too far behind is dropped rather than
-letting memory grow without bound — it reconnects and re-reads state from
-`GET api/requests`.
+letting memory grow without bound: its buffer is bounded in events and in bytes, and a
+listener over either bound is handed one `reset` event and its stream ends (it reconnects
+and re-reads state from `GET api/requests`), so a slow client never slows the decision
+loop nor holds more than its bound.
+
+Writing to a stream costs the loop tens of microseconds, so with a thousand streams that
+hear every event (viewers') a round of writes takes tens of milliseconds. Their rounds are
+spaced by their own cost (`fanout_spacing` seconds per stream written in the last round,
+150 µs: a fraction of the loop for writes however many such streams there are), so
+submissions keep their answers' latency and those streams their events, only later and
+in bigger writes (one joined write shared by all of them). An owner's stream (a holder's)
+has rounds of its own, every `coalesce` seconds, and hears of its admission at once.
 
 Every event carries an SSE `id:` (`<boot>-<sequence>`; `boot` is random per gateway
 process). The bus keeps the last `replay_window` events, as their encoded bytes and owner
@@ -17,7 +27,9 @@ gets exactly the events it missed that it may see, in order, before anything new
 they are no longer all in the window (or the id is of another gateway process, or
 unknown), it gets one `reset` event instead, telling it to relist. A fresh stream's
 `: connected` block carries the current id, so even a client that has heard nothing yet
-can resume.
+can resume. A `Last-Event-ID` that is no id at all (longer than `ID_MAX` characters, or
+not printable ASCII) is refused before any listener exists (`check_last_event_id`; the
+stream answers 400): a 4,301-digit id costs one sentence, not a listener.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import functools
 import json
 import logging
 import math
+import re
 import secrets
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -35,6 +48,28 @@ from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
+
+#: The longest `Last-Event-ID` taken: ours are `<8 hex>-<sequence>`, about 30 characters.
+ID_MAX = 64
+_ID_CHARS = re.compile(r"[\x21-\x7e]*")  # printable ASCII, no space
+
+
+def check_last_event_id(value: str) -> str:
+    """The Last-Event-ID header's value, stripped; ValueError (one sentence) when it is no
+    id at all. A well-formed id this gateway never gave is not an error: it is answered
+    with a `reset` (the client relists), as an id of a restarted gateway is."""
+    text = value.strip()
+    if len(text) > ID_MAX:
+        raise ValueError(
+            f"Last-Event-ID is {len(text)} characters long; an event id of this gateway "
+            f"is at most {ID_MAX}: reconnect without it and list the requests again"
+        )
+    if not _ID_CHARS.fullmatch(text):
+        raise ValueError(
+            "Last-Event-ID must be printable ASCII without spaces (an id this gateway "
+            "sent): reconnect without it and list the requests again"
+        )
+    return text
 
 
 @dataclass(frozen=True)
@@ -81,12 +116,15 @@ class Listener:
         allow: Filter | None,
         maxsize: int,
         owner: str | None = None,
+        maxbytes: int = 1 << 20,
     ) -> None:
         self.deliver = deliver
         self.allow = allow
         self.owner = owner
         self.maxsize = maxsize
+        self.maxbytes = maxbytes
         self.pending: list[Event] = []
+        self.pending_bytes = 0
         self.ready = asyncio.Event()
         self.dropped = False
         self.closed = False
@@ -97,13 +135,16 @@ class Listener:
 
     def put(self, event: Event) -> bool:
         """Buffer an event; False when the listener is too far behind (drop it)."""
-        if len(self.pending) >= self.maxsize:
+        size = len(event.wire)
+        if len(self.pending) >= self.maxsize or self.pending_bytes + size > self.maxbytes:
             return False
         self.pending.append(event)
+        self.pending_bytes += size
         return True
 
     def take(self) -> list[Event]:
         events, self.pending = self.pending, []
+        self.pending_bytes = 0
         return events
 
     def end(self, *, dropped: bool = False) -> None:
@@ -144,10 +185,14 @@ class EventBus:
         coalesce: float = 0.01,
         chunk: int = 50,
         replay_window: int = 10_000,
+        maxbytes: int = 1 << 20,
+        fanout_spacing: float = 150e-6,
     ) -> None:
         self.maxsize = maxsize
+        self.maxbytes = maxbytes
         self.coalesce = coalesce
         self.chunk = chunk
+        self.dropped = 0  # listeners dropped for falling behind, since start
         self.boot = secrets.token_hex(4)
         self.seq = 0
         # (seq, name, owner, wire) of the last `replay_window` events
@@ -155,9 +200,15 @@ class EventBus:
         self.listeners: set[Listener] = set()
         self._everything: set[Listener] = set()  # no owner: filtered by `allow`
         self._by_owner: dict[str, set[Listener]] = {}
-        self._to_deliver: dict[Listener, None] = {}  # ordered set
-        self._scheduled = False
-        self._last_flush = -math.inf  # the loop's time when the last flush began
+        # Listeners with events to write, in two classes with rounds of their own: the
+        # owners' streams every `coalesce` seconds (a holder hears of its admission at
+        # once), the streams that hear everything spaced by the cost of their last round.
+        self._owners = _Rounds(self, spacing=0.0)
+        self._wide = _Rounds(self, spacing=fanout_spacing)
+        # The bytes of a batch of events, by (first, last, count), for the round: streams
+        # that hear the same events (every viewer's) share one joined write.
+        # (The batch holds its first and last events: their ids cannot be reused meanwhile.)
+        self._batches: dict[tuple[int, int, int], tuple[Event, Event, bytes]] = {}
 
     def subscribe(
         self,
@@ -171,9 +222,12 @@ class EventBus:
 
         `deliver()` is called (on the loop) when events are pending for it. With
         `last_event_id` (a reconnecting client's Last-Event-ID) the events it missed are
-        pending at once, or a `reset` event when they cannot all be replayed.
+        pending at once, or a `reset` event when they cannot all be replayed; one that is
+        no id at all raises ValueError before anything is registered.
         """
-        listener = Listener(deliver, allow, self.maxsize, owner)
+        if last_event_id is not None:
+            last_event_id = check_last_event_id(last_event_id)
+        listener = Listener(deliver, allow, self.maxsize, owner, self.maxbytes)
         self.listeners.add(listener)
         if owner is None:
             self._everything.add(listener)
@@ -190,7 +244,8 @@ class EventBus:
 
     def _replay(self, listener: Listener, last_event_id: str) -> None:
         """Queue what `listener` missed since `last_event_id`, or a `reset`."""
-        boot, _, seq_text = last_event_id.strip().partition("-")
+        boot, _, seq_text = last_event_id.partition("-")
+        # At most ID_MAX characters (checked): int() never meets its 4,300-digit limit.
         seq = int(seq_text) if seq_text.isascii() and seq_text.isdigit() else -1
         oldest = self.window[0][0] if self.window else self.seq + 1
         why = None
@@ -208,19 +263,27 @@ class EventBus:
                     missed.append(Event.replayed(name, user, f"{self.boot}-{n}", wire))
             if len(missed) > listener.maxsize:
                 why = f"more than {listener.maxsize} events were missed"
+            elif sum(len(e.wire) for e in missed) > listener.maxbytes:
+                why = f"more than {listener.maxbytes // 1024} KiB of events were missed"
         if why is not None:
-            reason = f"cannot replay the events after {last_event_id[:40]!r}: {why}"
-            data = {"reason": reason + "; list the requests again", "id": None}
-            missed = [Event("reset", data, None, self.last_id)]
-        listener.pending.extend(missed)
+            missed = [self._reset(f"cannot replay the events after {last_event_id!r}: {why}")]
+        for event in missed:
+            listener.put(event)
         if missed:
-            self._to_deliver[listener] = None
+            self._rounds_of(listener).pending[listener] = None
             self._schedule()
+
+    def _rounds_of(self, listener: Listener) -> _Rounds:
+        return self._wide if listener.owner is None else self._owners
+
+    def _reset(self, why: str) -> Event:
+        data = {"reason": why + "; list the requests again", "id": None}
+        return Event("reset", data, None, self.last_id)
 
     def unsubscribe(self, listener: Listener) -> None:
         self.listeners.discard(listener)
         self._everything.discard(listener)
-        self._to_deliver.pop(listener, None)
+        self._rounds_of(listener).pending.pop(listener, None)
         if listener.owner is not None:
             mine = self._by_owner.get(listener.owner)
             if mine is not None:
@@ -233,61 +296,117 @@ class EventBus:
         event = dataclasses.replace(event, id=f"{self.boot}-{self.seq}")
         if self.window.maxlen:
             self.window.append((self.seq, event.name, event.user, event.wire))
+        # Owners' streams first: a holder waiting for its admission is written before the
+        # viewers' streams of the same round.
         if event.user is None:
-            targets: Iterable[Listener] = list(self.listeners)
+            targets: Iterable[Listener] = [
+                *(x for mine in self._by_owner.values() for x in mine),
+                *self._everything,
+            ]
         else:
-            targets = [*self._everything, *self._by_owner.get(event.user, ())]
+            targets = [*self._by_owner.get(event.user, ()), *self._everything]
+        owners, wide = self._owners.pending, self._wide.pending
         for listener in targets:
             if listener.allow is not None and not listener.allow(event):
                 continue
             if listener.put(event):
-                self._to_deliver[listener] = None
+                (wide if listener.owner is None else owners)[listener] = None
             else:
-                log.warning("dropping a slow event listener (%d events behind)", self.maxsize)
-                self.unsubscribe(listener)
-                listener.end(dropped=True)
+                self.drop(listener)
         self._schedule()
 
+    def drop(self, listener: Listener) -> None:
+        """End a listener that fell behind: what it has not been sent is replaced by one
+        `reset` (its stream sends it and ends; the client relists), so it holds nothing
+        more and the loop spends nothing more on it."""
+        self.dropped += 1
+        log.warning(
+            "dropping a slow event listener (%d events, %d bytes behind)",
+            len(listener.pending),
+            listener.pending_bytes,
+        )
+        self.unsubscribe(listener)
+        listener.take()
+        behind = "the stream fell too far behind (its client did not read fast enough)"
+        listener.put(self._reset(behind))
+        listener.end(dropped=True)
+
     def _schedule(self) -> None:
-        if self._to_deliver and not self._scheduled:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop (nobody is listening yet)
-                return
-            # A period after the last flush began: at once when that is past (a lone
-            # event is not held back), else when it ends (one write per period under load).
-            wait = self._last_flush + self.coalesce - loop.time()
-            if wait > 0:
-                loop.call_later(wait, self.flush)
-            else:
-                loop.call_soon(self.flush)
-            self._scheduled = True
+        self._owners.schedule()
+        self._wide.schedule()
 
-    def flush(self) -> None:
-        """Hand listeners with pending events to their streams (once each): a period
-        begins, timed from now."""
-        self._last_flush = asyncio.get_running_loop().time()
-        self._deliver_some()
-
-    def _deliver_some(self) -> None:
-        """At most `chunk` listeners per loop iteration: writing to 500 streams takes
-        ~20 ms, and requests waiting for the loop (a submission's 201) go in between."""
-        listeners = list(self._to_deliver)[: self.chunk]
-        for listener in listeners:
-            del self._to_deliver[listener]
-            try:
-                listener.deliver()
-            except Exception:
-                log.exception("event delivery failed")
-                self.unsubscribe(listener)
-                listener.end()
-        if self._to_deliver:
-            asyncio.get_running_loop().call_soon(self._deliver_some)
-        else:
-            self._scheduled = False
+    def encode(self, listener: Listener, events: list[Event]) -> bytes:
+        """The bytes of `events` for `listener` in one write: joined once per round for
+        the streams that hear everything (a run of theirs from one event to another is
+        every event between: the same bytes)."""
+        if len(events) == 1:
+            return events[0].wire
+        if listener.owner is not None or listener.allow is not None:
+            return b"".join(e.wire for e in events)
+        first, last = events[0], events[-1]
+        key = (id(first), id(last), len(events))
+        batch = self._batches.get(key)
+        if batch is None or batch[0] is not first or batch[1] is not last:
+            batch = self._batches[key] = (first, last, b"".join(e.wire for e in events))
+        return batch[2]
 
     def close(self) -> None:
         """Wake every listener so its handler can finish (on shutdown)."""
         for listener in list(self.listeners):
             self.unsubscribe(listener)
             listener.end()
+
+
+class _Rounds:
+    """One class of listeners with pending events, handed to their streams in rounds.
+
+    A round begins `period` after the last one began: at once when that is past (a lone
+    event is not held back), else when it ends (one write per stream per period under
+    load). The period is `coalesce`, or the last round's cost (`spacing` seconds per
+    stream written) when that is longer. A round writes `chunk` streams per loop turn,
+    so requests waiting for the loop (a submission's 201) go in between.
+    """
+
+    def __init__(self, bus: EventBus, spacing: float) -> None:
+        self.bus = bus
+        self.spacing = spacing
+        self.pending: dict[Listener, None] = {}  # ordered set
+        self.scheduled = False
+        self.last_flush = -math.inf  # the loop's time when the last round began
+        self.last_round = 0  # streams written in the last round
+
+    def schedule(self) -> None:
+        if self.pending and not self.scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (nobody is listening yet)
+                return
+            period = max(self.bus.coalesce, self.spacing * self.last_round)
+            wait = self.last_flush + period - loop.time()
+            if wait > 0:
+                loop.call_later(wait, self.flush)
+            else:
+                loop.call_soon(self.flush)
+            self.scheduled = True
+
+    def flush(self) -> None:
+        self.last_flush = asyncio.get_running_loop().time()
+        self.last_round = len(self.pending)
+        if self.spacing:
+            self.bus._batches.clear()
+        self._deliver_some()
+
+    def _deliver_some(self) -> None:
+        listeners = list(self.pending)[: self.bus.chunk]
+        for listener in listeners:
+            del self.pending[listener]
+            try:
+                listener.deliver()
+            except Exception:
+                log.exception("event delivery failed")
+                self.bus.unsubscribe(listener)
+                listener.end()
+        if self.pending:
+            asyncio.get_running_loop().call_soon(self._deliver_some)
+        else:
+            self.scheduled = False

@@ -1,7 +1,12 @@
 """What every handler of the REST API shares (INTERFACES.md, "Gateway REST API").
 
 Every handler answers JSON; every error is `{"error": ..., "field": ...}` with a 4xx status,
-never an HTML page or a 500 for bad input (`write_error`). Input is validated strictly:
+never an HTML page or a 500 for bad input (`write_error`). Every answer carries
+`Content-Security-Policy: default-src 'none'; frame-ancestors 'none'` and
+`X-Content-Type-Options: nosniff`: a JSON answer is never a page, a script or a frame,
+whatever a browser is tricked into loading it as. A body must say it is JSON
+(`Content-Type: application/json`, optionally `; charset=utf-8`), else 415, and each key
+of a JSON object may appear once (validate.py). Input is validated strictly:
 unknown keys, booleans where integers belong, and non-positive GPU counts are errors that
 name the field, because a silently ignored `gpu: 4` typo would queue the wrong request.
 The bounds themselves (names, integers, text, JSON) are in validate.py. When the store
@@ -33,11 +38,13 @@ from .auth import (
 )
 from .leader import LeaderUnreachable, forward
 from .store import StoreUnavailable, describe
-from .validate import QUERY_MAX, InputError, check_text, parse_json_object
+from .validate import QUERY_MAX, InputError, check_text, json_media_type, parse_json_object
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
 
 STATES = tuple(s.value for s in State)
+#: The CSP of every JSON answer: nothing may load from it, nothing may frame it.
+JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
 REQUEST_ID = re.compile(r"r-[0-9a-f]{16}")
 
 
@@ -62,6 +69,8 @@ class BaseHandler(web.RequestHandler):
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
+        self.set_header("Content-Security-Policy", JSON_CSP)
+        self.set_header("X-Content-Type-Options", "nosniff")
 
     # --- XSRF, as JupyterHub does it for services ------------------------------------
     # A request that brings its token (`Authorization: token T`) is exempt. A browser's
@@ -201,7 +210,15 @@ class BaseHandler(web.RequestHandler):
         self.finish(json.dumps(body))
 
     def json_body(self) -> dict[str, Any]:
-        return parse_json_object(self.request.body)
+        return self.parse_json(self.request.body or b"")
+
+    def parse_json(self, body: bytes) -> dict[str, Any]:
+        """A JSON object body: 415 unless it says it is JSON, 400 unless it is one."""
+        if body:
+            why = json_media_type(self.request.headers.get("Content-Type"))
+            if why is not None:
+                raise ApiError(415, why, "Content-Type")
+        return parse_json_object(body)
 
     def raw_body(self) -> bytes:
         return self.request.body or b""
@@ -293,7 +310,7 @@ class BodyHandler(BaseHandler):
         if self._too_big:
             limit = int(self.settings.get("max_body_size", 64 * 1024))
             raise ApiError(413, f"the body is larger than {limit // 1024} KiB")
-        return parse_json_object(b"".join(self._chunks))
+        return self.parse_json(b"".join(self._chunks))
 
 
 def check_keys(data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:

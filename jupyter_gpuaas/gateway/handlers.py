@@ -14,7 +14,7 @@ import time
 from tornado import web
 
 from .auth import METRICS_FORBIDDEN, may_scrape
-from .events import Listener
+from .events import Listener, check_last_event_id
 from .handler_base import ApiError, BaseHandler
 from .openapi import build_openapi
 from .requests_api import HeartbeatHandler, RequestHandler, RequestsHandler
@@ -27,7 +27,8 @@ class EventsHandler(BaseHandler):
     The bus calls `_deliver` with everything published in its last period; at most one
     write is in flight per stream (tornado's flush futures must not overlap) and what
     arrives meanwhile is sent when it completes. A stream that cannot keep up piles up
-    in its listener until the bus drops it.
+    in its listener until the bus drops it: it is sent one `reset` event and ends.
+    A `Last-Event-ID` that is no id at all is a 400 before any listener exists.
     """
 
     _listener: Listener | None = None
@@ -36,6 +37,12 @@ class EventsHandler(BaseHandler):
 
     async def get(self) -> None:
         who = self.require()
+        last = self.request.headers.get("Last-Event-ID")
+        if last is not None:
+            try:
+                last = check_last_event_id(last)
+            except ValueError as e:
+                raise ApiError(400, str(e), "Last-Event-ID") from None
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("X-Accel-Buffering", "no")  # proxies must not buffer the stream
         keepalive = float(self.settings.get("keepalive_interval", 15.0))
@@ -44,7 +51,6 @@ class EventsHandler(BaseHandler):
         owner = None if who.can_view else who.name
         # A reconnecting client names the last event it heard: it gets what it missed
         # (or a `reset`). A new stream learns the current id, to resume from (events.py).
-        last = self.request.headers.get("Last-Event-ID")
         listener = self._listener = bus.subscribe(self._deliver, owner=owner, last_event_id=last)
         try:
             resume = "" if last is not None else f"id: {bus.last_id}\n"
@@ -54,8 +60,11 @@ class EventsHandler(BaseHandler):
                     self._send(b": keepalive\n\n")
         finally:
             bus.unsubscribe(listener)
-        if not self._finished:
-            self.finish()
+        if self._finished:
+            return
+        if listener.dropped:  # fell behind: its `reset`, then the end of the stream
+            self.write(b"".join(e.wire for e in listener.take()))
+        self.finish()
 
     def _deliver(self) -> None:
         listener = self._listener
@@ -63,7 +72,7 @@ class EventsHandler(BaseHandler):
             return  # sent when the write in flight completes
         events = listener.take()
         if events:
-            self._send(b"".join(e.wire for e in events))
+            self._send(self.arbiter.bus.encode(listener, events))
 
     def _send(self, data: bytes) -> None:
         listener = self._listener
@@ -133,6 +142,8 @@ class MetricsHandler(BaseHandler):
         if not self.settings.get("metrics_public") and not may_scrape(self.require()):
             raise ApiError(403, METRICS_FORBIDDEN)
         self.arbiter.snapshot_metrics()
+        bus = self.arbiter.bus
+        self.arbiter.metrics.set_event_streams(len(bus.listeners), bus.dropped)
         body, content_type = self.arbiter.metrics.render()
         self.set_header("Content-Type", content_type)
         self.finish(body)

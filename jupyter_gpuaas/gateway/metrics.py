@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -295,6 +295,27 @@ def _dcgm_labels(s: DeviceSample, info: DeviceInfo | None, exact_gpu: bool) -> l
     return [gpu, uuid, info.model, hostname, info.mig_profile]
 
 
+class _StreamsCollector(Collector):
+    """The event streams (api/events): open now, and dropped for falling behind."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.dropped = 0
+
+    def describe(self) -> list[Metric]:
+        return self.collect()
+
+    def collect(self) -> list[Metric]:
+        streams = GaugeMetricFamily("gpuaas_event_streams", "Open event streams (api/events).")
+        streams.add_metric([], self.open)
+        dropped = CounterMetricFamily(
+            "gpuaas_event_streams_dropped",
+            "Event streams ended with a reset because their client fell too far behind.",
+        )
+        dropped.add_metric([], self.dropped)
+        return [streams, dropped]
+
+
 class GatewayMetrics:
     """All of one gateway's metrics and their rendering."""
 
@@ -310,6 +331,8 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self._collector = _SnapshotCollector(user_label, devices)
         self.registry.register(self._collector)
+        self._streams = _StreamsCollector()
+        self.registry.register(self._streams)
         self.admission_wait = Histogram(
             "gpuaas_admission_wait_seconds",
             "Seconds from submit to admission.",
@@ -376,6 +399,10 @@ class GatewayMetrics:
             nodes=tuple((nodes or {}).items()),
             leader=leader,
         )
+
+    def set_event_streams(self, open_streams: int, dropped: int) -> None:
+        """The event bus's counts, as of this scrape."""
+        self._streams.open, self._streams.dropped = open_streams, dropped
 
     def render(self) -> tuple[bytes, str]:
         """The body and Content-Type of a `GET metrics` answer."""

@@ -14,6 +14,7 @@ from typing import Any
 from jupyter_gpuaas._version import __version__
 from jupyter_gpuaas.admission.model import KINDS
 
+from .events import ID_MAX
 from .schemas import NAME, QUERY, SCHEMAS, STATES, _ref
 from .validate import CURSOR_RE, LIMIT_DEFAULT, LIMIT_MAX
 
@@ -41,7 +42,9 @@ def _errors(*codes: str) -> dict[str, Any]:
         "404": "no such request",
         "409": "the request's state does not allow it",
         "413": "the body is larger than the limit (64 KiB by default)",
+        "415": "the body is not JSON: send Content-Type: application/json",
         "422": "valid, but can never be admitted; stored as rejected",
+        "429": "the caller already has GatewayApp.max_queued_per_user requests queued",
         "502": "a standby forwarded this change and the leader did not answer: it may or "
         "may not have been recorded (look before sending it again)",
         "503": "the store is unavailable, this gateway is a standby and the leader "
@@ -139,7 +142,7 @@ def build_openapi(base_url: str = "/", flavors: Iterable[str] | None = None) -> 
                     "requestBody": _body("TenantSpec"),
                     "responses": {
                         "200": _resp("the tenant", _ref("Tenant")),
-                        **_errors("400", "409", "413", "502"),
+                        **_errors("400", "409", "413", "415", "502"),
                     },
                 }
             },
@@ -186,7 +189,7 @@ def build_openapi(base_url: str = "/", flavors: Iterable[str] | None = None) -> 
                             **_resp("accepted (queued or admitted)", _ref("Request")),
                             "links": SUBMIT_LINKS,
                         },
-                        **_errors("400", "413", "422", "502"),
+                        **_errors("400", "413", "415", "422", "429", "502"),
                     },
                 },
             },
@@ -215,7 +218,7 @@ def build_openapi(base_url: str = "/", flavors: Iterable[str] | None = None) -> 
                     "requestBody": _body("Heartbeat"),
                     "responses": {
                         "200": _resp("lease renewed", _ref("Request")),
-                        **_errors("400", "404", "409", "413", "502"),
+                        **_errors("400", "404", "409", "413", "415", "502"),
                     },
                 }
             },
@@ -229,13 +232,21 @@ def build_openapi(base_url: str = "/", flavors: Iterable[str] | None = None) -> 
                             "name": "Last-Event-ID",
                             "in": "header",
                             "required": False,
-                            "schema": {"type": "string"},
+                            "schema": {
+                                "type": "string",
+                                "maxLength": ID_MAX,
+                                "pattern": "^[!-~]*$",
+                            },
                             "description": "Resume after this event: the missed events "
                             "come first, or one `reset` event (relist the requests) when "
-                            "the gateway no longer has them all.",
+                            "the gateway no longer has them all (or never gave this id). "
+                            "Longer, or not printable ASCII: 400.",
                         }
                     ],
-                    "responses": {"200": {"description": "text/event-stream"}, **_errors()},
+                    "responses": {
+                        "200": {"description": "text/event-stream"},
+                        **_errors("400"),
+                    },
                 }
             },
             "/api/me": {

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from jupyter_gpuaas.admission.model import KINDS, State
+from jupyter_gpuaas.words import plural
 
 from .arbiter import Conflict, Duplicate
 from .handler_base import (
@@ -122,6 +123,7 @@ class RequestsHandler(BodyHandler):
             raise ApiError(403, "submitting needs custom:gpuaas:use")
         if tenant in self.arbiter.config.tenants and not who.may_charge(tenant):
             raise ApiError(403, f"you are not a member of tenant {tenant!r}", "tenant")
+        self._take_queue_slot(who.name)
         # Answered once the submission (and whatever it admitted) is committed; `obj` is
         # the request as of its own decision. A retry (the same Idempotency-Key from the
         # same user) is answered 200 with the request the first one created.
@@ -146,6 +148,38 @@ class RequestsHandler(BodyHandler):
             raise ApiError(422, req.reason, _reject_field(req.reason), id=req.id, request=obj)
         self.set_header("Location", f"{self.settings['base_url']}api/requests/{req.id}")
         self.send(obj, 201)
+
+    _slot_of: str | None = None  # the user whose queue slot this submission holds
+
+    def _take_queue_slot(self, user: str) -> None:
+        """Room in `user`'s share of the queue (GatewayApp.max_queued_per_user), or 429.
+
+        Counts the user's queued requests and their submissions not yet answered (a slot
+        held from here to `on_finish`), so concurrent submissions cannot pass the limit
+        together."""
+        limit = int(self.settings.get("max_queued_per_user", 0))
+        if not limit:
+            return
+        in_flight: dict[str, int] = self.settings.setdefault("_submits_in_flight", {})
+        queued = sum(
+            1 for r in self.arbiter.requests.values() if r.user == user and r.state is State.QUEUED
+        )
+        if queued + in_flight.get(user, 0) >= limit:
+            raise ApiError(
+                429,
+                f"you already have {plural(limit, 'request')} waiting in the queue, the most "
+                "one user may have: cancel one, or wait until one is admitted",
+            )
+        in_flight[user] = in_flight.get(user, 0) + 1
+        self._slot_of = user
+
+    def on_finish(self) -> None:
+        user, self._slot_of = self._slot_of, None
+        if user is not None:
+            in_flight: dict[str, int] = self.settings["_submits_in_flight"]
+            in_flight[user] -= 1
+            if not in_flight[user]:
+                del in_flight[user]
 
 
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")

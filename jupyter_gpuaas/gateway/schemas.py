@@ -20,13 +20,16 @@ from jupyter_gpuaas.admission.model import (
 )
 
 from .validate import (
+    COUNT_MAX,
     INT32_MAX,
     NAME_MAX,
     NAME_RE,
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUERY_MAX,
+    TENANT_SECONDS_MAX,
     TEXT_MAX,
+    WEIGHT_MAX,
 )
 
 NUM = {"type": "number"}
@@ -58,7 +61,15 @@ def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [{"type": "null"}, schema]}
 
 
-COUNTS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+COUNTS = {
+    "type": "object",
+    "additionalProperties": {"type": "integer", "minimum": 0, "maximum": COUNT_MAX},
+}
+
+
+def _seconds(key: str) -> dict[str, Any]:
+    """A duration of a tenant spec, with its ceiling (validate.py)."""
+    return _or_null({"type": "number", "minimum": 0, "maximum": TENANT_SECONDS_MAX[key]})
 
 
 SCHEMAS: dict[str, Any] = {
@@ -312,7 +323,7 @@ SCHEMAS: dict[str, Any] = {
             "quota": COUNTS,
             "borrowing_limit": _or_null(COUNTS),
             "lending_limit": _or_null(COUNTS),
-            "weight": _or_null({"type": "number", "exclusiveMinimum": 0}),
+            "weight": _or_null({"type": "number", "exclusiveMinimum": 0, "maximum": WEIGHT_MAX}),
             "queueing": _or_null({"enum": list(QUEUEING)}),
             "preemption": _or_null(
                 {
@@ -325,9 +336,9 @@ SCHEMAS: dict[str, Any] = {
                     "additionalProperties": False,
                 }
             ),
-            "idle_timeout": _or_null({"type": "number", "minimum": 0}),
-            "reservation_ttl": _or_null({"type": "number", "minimum": 0}),
-            "preemption_grace": _or_null({"type": "number", "minimum": 0}),
+            "idle_timeout": _seconds("idle_timeout"),
+            "reservation_ttl": _seconds("reservation_ttl"),
+            "preemption_grace": _seconds("preemption_grace"),
         },
         "additionalProperties": False,
     },

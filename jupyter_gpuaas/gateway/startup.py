@@ -118,6 +118,7 @@ class GatewayStartup:
             "grafana_url": self.grafana_url,
             "service_name": self.service_name,
             "max_body_size": self.max_body_size,
+            "max_queued_per_user": self.max_queued_per_user,
             "forward_writes": self.forward_writes,
             "default_handler_class": NotFoundHandler,
         }

@@ -7,7 +7,7 @@ from jupyter_gpuaas.admission.config import SpecError
 
 from .arbiter import Conflict
 from .handler_base import ApiError, BaseHandler, BodyHandler
-from .validate import check_name
+from .validate import check_name, check_tenant_bounds
 
 
 class DevicesHandler(BaseHandler):
@@ -38,6 +38,7 @@ class TenantHandler(BodyHandler):
             return
         check_name(name, "name")
         spec = self.json_body()
+        check_tenant_bounds(spec)
         if spec.get("cohort") is not None:
             check_name(spec["cohort"], "cohort")
         try:

@@ -32,6 +32,19 @@ NAME_RULE = (
     "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, "
     f"at most {NAME_MAX} characters"
 )
+# An admin's tenant values (PUT api/tenants/{name}): each has a ceiling, so a typo of
+# 1e308 is refused at the edge instead of overflowing a deadline or a sum later. A GPU
+# count past a million is no cluster; a duration past 30 days (1 day for a preemption
+# grace, after which a preemption would never happen in practice) no policy.
+COUNT_MAX = 1_000_000
+WEIGHT_MAX = 1_000_000.0
+DAY = 86_400
+TENANT_SECONDS_MAX = {
+    "idle_timeout": 30 * DAY,
+    "reservation_ttl": 30 * DAY,
+    "preemption_grace": DAY,
+}
+TENANT_COUNTS = ("quota", "borrowing_limit", "lending_limit")
 # Query strings of GET api/requests: `limit`, free filters and the page cursor.
 LIMIT_DEFAULT, LIMIT_MAX = 1000, 10000
 QUERY_MAX = 255
@@ -103,6 +116,35 @@ def check_int(value: Any, field: str, *, minimum: int, maximum: int) -> int:
     return value
 
 
+def _over(value: Any, ceiling: float) -> bool:
+    """A number above `ceiling` (non-numbers are the quota format's to refuse)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and bool(value > ceiling)
+
+
+def check_tenant_bounds(spec: Mapping[str, Any]) -> None:
+    """The ceilings of a tenant spec's numbers (the OpenAPI document's `maximum`s).
+
+    Only the ceilings: types, floors and the rules across fields are the quota format's
+    (admission/config.py), which names the key in its own sentence."""
+    for key, ceiling in TENANT_SECONDS_MAX.items():
+        value = spec.get(key)
+        if _over(value, ceiling):
+            raise InputError(f"{key} must be at most {ceiling} seconds ({ceiling // DAY} "
+                             f"{'day' if ceiling == DAY else 'days'})", key)  # fmt: skip
+    weight = spec.get("weight")
+    if _over(weight, WEIGHT_MAX):
+        raise InputError(f"weight must be at most {WEIGHT_MAX:g}", "weight")
+    for key in TENANT_COUNTS:
+        block = spec.get(key)
+        if not isinstance(block, Mapping):
+            continue
+        for flavor, value in block.items():
+            if _over(value, COUNT_MAX):
+                field = f"{key}.{flavor}"
+                raise InputError(f"{field} must be at most {COUNT_MAX:,} GPUs", field)
+
+
 def parse_limit(raw: str, *, maximum: int) -> int:
     """A `limit` query value: ASCII digits only (int() also reads '²' and '١')."""
     if not _ASCII_DIGITS.fullmatch(raw) or not 1 <= int(raw) <= maximum:
@@ -133,8 +175,50 @@ def _constant(text: str) -> Any:
     raise InputError(f"{text} is not a number JSON allows")
 
 
+def json_media_type(header: str | None) -> str | None:
+    """None when a Content-Type header says JSON as the API takes it, else why not.
+
+    Taken: `application/json`, with at most a `charset=utf-8` parameter (any case, the
+    charset quoted or not): what our clients, the sidebar's proxy and the Hub spawner
+    send. Anything else (a form, text/plain, a missing header, another charset) is
+    refused rather than guessed at: a browser can send a cross-site form or text/plain
+    body without asking first, but not `application/json`.
+    """
+    if header is None or not header.strip():
+        return "the request has a body but no Content-Type: send Content-Type: application/json"
+    media, *params = (part.strip() for part in header.split(";"))
+    if media.lower() != "application/json":
+        return f"Content-Type {header[:60]!r} is not JSON: send Content-Type: application/json"
+    for param in params:
+        key, _, value = param.partition("=")
+        if key.strip().lower() != "charset" or value.strip().strip('"').lower() != "utf-8":
+            return (
+                f"Content-Type parameter {param[:40]!r} is not taken: JSON bodies are "
+                "UTF-8 (application/json or application/json; charset=utf-8)"
+            )
+    return None
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: `{"gpus": 1, "gpus": 8}` is refused
+    rather than read as whichever came last (RFC 8259 leaves it to the reader; a proxy or
+    a validator in front of us may have read the first)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                shown = key if len(key) <= 40 and key.isprintable() else key[:40] + "…"
+                raise InputError(
+                    f"the key {shown!r} appears more than once in the body: send it once", key
+                )
+            seen.add(key)
+    return out
+
+
 def parse_json_object(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or InputError: bounded in depth, numbers and Unicode."""
+    """The body as a JSON object, or InputError: bounded in depth, numbers and Unicode,
+    each key of an object at most once."""
     if not body:
         raise InputError("a JSON object body is required")
     try:
@@ -143,12 +227,15 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
             parse_int=_number,
             parse_float=_number,
             parse_constant=_constant,
+            object_pairs_hook=_object,
         )
     except RecursionError:
         raise InputError("body is nested too deeply") from None
     except UnicodeDecodeError:
         raise InputError("body is not valid UTF-8") from None
-    except InputError:
+    except InputError as e:
+        if e.field is not None:
+            check_unicode(e.field, None)  # a duplicated lone surrogate: no such field
         raise
     except ValueError as e:
         raise InputError(f"body is not valid JSON: {e}") from None

@@ -5,6 +5,10 @@ tenant list say: the cohort members a borrower's GPUs come from, the estimated w
 queued request and why it waits (`waiting_for`), all in the sentences of
 jupyter_gpuaas/words.py. Functions of plain inputs (the arbiter passes its state and the
 time in), so each case is tested without a gateway.
+
+A request's wait sentence is read by its owner, who may lack the view scope: another
+user's grant is "another user of <tenant>", never their name (the view rule of
+api/devices). The object is the same for whoever reads it (its SSE event is encoded once).
 """
 
 from __future__ import annotations
@@ -193,7 +197,10 @@ def estimate(
     release = None
     if ends:
         at, _, idle_end, first = ends[0]
-        release = Release(first.user, first.kind, at - now, idle=idle_end)
+        # Another user's grant by tenant only: the owner of `req` reads this sentence, and
+        # names follow the view rule (api/devices shows them only with custom:gpuaas:view).
+        whose = first.user if first.user == req.user else None
+        release = Release(whose, first.kind, at - now, idle=idle_end, tenant=first.tenant)
     if seconds is None:
         why = f"no estimate yet: none of the {label} in use has a known end"
         wait: dict[str, Any] = {"seconds": None, "basis": why}

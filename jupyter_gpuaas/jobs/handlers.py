@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized
@@ -31,6 +32,9 @@ from .manager import JobError, JobManager
 AUTH_RESOURCE = "gpuaas"
 #: Bytes sent per write while following a log.
 CHUNK = 64 * 1024
+#: The largest `offset` or `tail` taken: 2^53 bytes, far past any log, and a seek the OS takes.
+OFFSET_MAX = 2**53
+_DIGITS = re.compile(r"[0-9]{1,16}")
 
 
 class JobsBase(APIHandler):
@@ -102,11 +106,13 @@ class LogsHandler(JobsBase):
         self._closed = True
 
     def _int_arg(self, name: str) -> int | None:
+        """A byte count of the query: ASCII digits (str.isdigit() also says yes to '²',
+        which int() refuses) and at most OFFSET_MAX (a file offset the OS can seek to)."""
         text = self.get_argument(name, None)
         if text is None:
             return None
-        if not text.isdigit():
-            raise JobError(400, "must be a non-negative whole number", name)
+        if not _DIGITS.fullmatch(text) or int(text) > OFFSET_MAX:
+            raise JobError(400, f"must be a whole number of bytes from 0 to {OFFSET_MAX:,}", name)
         return int(text)
 
     @web.authenticated

@@ -31,30 +31,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from traitlets import Integer, Type, Unicode, default
+from traitlets import Integer, List, Type, Unicode, default
 from traitlets.config import Configurable, LoggingConfigurable
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError
 from jupyter_gpuaas.holder import Lease, Seconds, follow, grant_holder
-from jupyter_gpuaas.words import about_field
 
-from . import model
+from . import model, paths
+from .errors import JobError as JobError  # re-exported: handlers and the sidebar import it here
 from .model import Job
 from .runner import JobRunner, LocalProcessRunner
 
 #: Gateway request states that leave a job waiting for (re)admission.
 _WAITING = ("queued", "preempted")
-
-
-class JobError(Exception):
-    """A submit or cancel refused: HTTP status, message, and the offending field."""
-
-    def __init__(self, status: int, error: str, field: str | None = None) -> None:
-        error = about_field(field, error)  # "gpus must be ...": one sentence with its field
-        super().__init__(error)
-        self.status = status
-        self.error = error
-        self.field = field
 
 
 class JobManager(LoggingConfigurable):
@@ -115,6 +104,12 @@ class JobManager(LoggingConfigurable):
         "outputs stay on disk.",
     ).tag(config=True)
 
+    interpreters = List(
+        Unicode(),
+        help="Absolute paths of Python interpreters a cell or script job may name (`python`) "
+        "besides this server's own and each kernelspec's; any other is refused (403).",
+    ).tag(config=True)
+
     runner_class = Type(
         LocalProcessRunner,
         klass=JobRunner,
@@ -123,10 +118,13 @@ class JobManager(LoggingConfigurable):
 
     # ------------------------------------------------------------------ life cycle
 
-    def __init__(self, client: GatewayClient | None, root_dir: str, **kwargs: Any) -> None:
+    def __init__(self, client: GatewayClient | None, root_dir: str, kernel_specs: Any = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        """`kernel_specs`: the server's KernelSpecManager (its interpreters may run jobs)."""
         super().__init__(**kwargs)
         self.client = client
         self.root_dir = os.path.abspath(root_dir)
+        self.kernel_specs = kernel_specs
         runner: Any = self.runner_class
         # A configurable runner (KubernetesJobRunner) reads its traits from our config.
         self.runner: JobRunner = (
@@ -276,6 +274,9 @@ class JobManager(LoggingConfigurable):
             if spec.get(key) is not None and not isinstance(spec[key], str):
                 raise JobError(400, "must be a string", key)
 
+        python = spec.get("python") if kind != "notebook" else None
+        if python is not None:
+            self._interpreter(python)
         source: str | None = None
         if kind in ("notebook", "script"):
             source = self._source(spec.get("path"), ".ipynb" if kind == "notebook" else ".py")
@@ -315,7 +316,7 @@ class JobManager(LoggingConfigurable):
             cwd=cwd,
             source=source,
             parameters=dict(parameters),
-            python=spec.get("python") if kind != "notebook" else None,
+            python=python,
             kernel_name=self.notebook_kernel or None,
         )
         try:
@@ -342,7 +343,7 @@ class JobManager(LoggingConfigurable):
         what = "notebook" if suffix == ".ipynb" else "script"
         if not path:
             raise JobError(400, f"a {what} path is required", "path")
-        full = os.path.abspath(os.path.join(self.root_dir, os.path.expanduser(path)))
+        full = self._inside_root(path, "path")
         if not os.path.isfile(full):
             raise JobError(400, f"no such {what}: {path}", "path")
         if not full.endswith(suffix):
@@ -353,15 +354,25 @@ class JobManager(LoggingConfigurable):
 
         try:
             nbformat.read(full, as_version=4)  # type: ignore[no-untyped-call]
-        except Exception as e:
-            raise JobError(400, f"cannot read {path} as a notebook: {e}", "path") from None
+        except Exception:
+            # Not the parser's message: it may quote the file's first bytes.
+            raise JobError(
+                400, f"cannot read {path} as a notebook (nbformat JSON)", "path"
+            ) from None
         return full
 
     def _directory(self, path: Any) -> str:
-        full = os.path.abspath(os.path.join(self.root_dir, os.path.expanduser(path or ".")))
+        full = self._inside_root(path or ".", "cwd")
         if not os.path.isdir(full):
             raise JobError(400, f"no such directory: {path}", "cwd")
         return full
+
+    def _inside_root(self, path: str, field: str) -> str:
+        return paths.inside_root(self.root_dir, path, field)
+
+    def _interpreter(self, python: str) -> str:
+        allowed = paths.interpreters(self.kernel_specs, self.interpreters, self.log)
+        return paths.check_interpreter(python, allowed)
 
     def _client(self) -> GatewayClient:
         if self.client is None:

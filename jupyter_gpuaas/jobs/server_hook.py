@@ -23,7 +23,12 @@ SETTINGS_KEY = "gpuaas_jobs"
 
 
 def setup(ext: Any) -> JobManager:
-    manager = JobManager(ext.client, ext.serverapp.root_dir, parent=ext)
+    manager = JobManager(
+        ext.client,
+        ext.serverapp.root_dir,
+        kernel_specs=getattr(ext.serverapp, "kernel_spec_manager", None),
+        parent=ext,
+    )
     ext.settings[SETTINGS_KEY] = manager
     manager.load()  # before the server answers: no orphan is ever seen "running"
     return manager

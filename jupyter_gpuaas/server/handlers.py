@@ -6,6 +6,13 @@ holds a gateway token and needs no CORS: whoever this server lets in acts as the
 owner (in JupyterHub, the token's user). Answers come back verbatim (status and JSON body),
 so the sidebar sees the gateway's own errors (`{"error", "field"}`); an unreachable gateway
 is a 502 in the same shape.
+
+Only the gateway routes of `PROXIED` are reached, and the check is on the path as the
+gateway will read it: tornado matches its route table against the raw path but hands the
+handler the decoded one, so `requests%2F..%2F..%2Fmetrics` passes the table as one
+segment and decodes to `requests/../../metrics`. The decoded path must have no empty,
+`.` or `..` segment and match `PROXIED` whole, and each segment is encoded again when the
+gateway's URL is built; anything else is a 404 that never leaves this server.
 """
 
 from __future__ import annotations
@@ -13,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import re
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
@@ -29,6 +38,17 @@ if TYPE_CHECKING:
     from .kernels import GpuKernel
 
 AUTH_RESOURCE = "gpuaas"
+#: The gateway routes the sidebar may reach through `/gpuaas/api/` (decoded paths).
+PROXIED = re.compile(r"(?:requests|tenants|devices|me)(?:/[^/]+)?(?:/heartbeat)?")
+
+
+def gateway_path(path: str) -> str | None:
+    """The gateway URL path (after `api/`) of a decoded proxy path, each segment encoded;
+    None when it is not one of `PROXIED` (a `..`, `.` or empty segment never is)."""
+    segments = path.split("/")
+    if any(s in ("", ".", "..") for s in segments) or not PROXIED.fullmatch(path):
+        return None
+    return "/".join(quote(s, safe="") for s in segments)
 
 
 class GpuaasHandler(APIHandler):  # type: ignore[misc]
@@ -56,10 +76,15 @@ class ProxyHandler(GpuaasHandler):
     """GET/POST/DELETE `/gpuaas/api/<path>` → the gateway's `api/<path>`."""
 
     async def _forward(self, path: str) -> None:
+        target = gateway_path(path)
+        if target is None:
+            shown = path if len(path) <= 80 and path.isprintable() else "this path"
+            self.send_error_json(404, f"{shown!r} is not a gateway route the sidebar may use")
+            return
         client = self.gateway_or_502()
         if client is None:
             return
-        url = client.url + "api/" + path
+        url = client.url + "api/" + target
         # `no_track_activity` is jupyter_server's (a widget's refresh), not the gateway's.
         query = "&".join(
             part for part in self.request.query.split("&")

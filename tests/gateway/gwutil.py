@@ -100,6 +100,8 @@ class Gateway:
             hdrs.setdefault("Authorization", f"token {TOKENS.get(who, who)}")
         if body is not None and not isinstance(body, (str, bytes)):
             body = json.dumps(body)
+        if body:  # what every client of ours sends (a body without it is a 415)
+            hdrs.setdefault("Content-Type", "application/json")
         if body is None and method in ("POST", "PUT"):
             body = ""
         resp = await AsyncHTTPClient().fetch(
@@ -185,6 +187,8 @@ def call(
     if body is not None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
     req = urllib.request.Request(url + path, data=data, method=method, headers=headers or {})
+    if data and not req.has_header("Content-type"):
+        req.add_header("Content-Type", "application/json")
     if who is not None:
         req.add_header("Authorization", f"token {TOKENS.get(who, who)}")
     try:

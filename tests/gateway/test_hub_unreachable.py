@@ -69,7 +69,7 @@ async def call(gw: Gateway, path: str, token: str, body: Any = None) -> tuple[in
         gw.url + path,
         method="POST" if body is not None else "GET",
         body=json.dumps(body) if body is not None else None,
-        headers={"Authorization": f"token {token}"},
+        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
         raise_error=False,
     )
     return resp.code, json.loads(resp.body or b"null"), resp.headers.get("Retry-After", "")

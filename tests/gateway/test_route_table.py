@@ -227,6 +227,7 @@ async def test_every_route_by_every_caller(
                         headers["Content-Type"] = "application/x-www-form-urlencoded"
                     elif r.body is not None:
                         body = json.dumps(r.body)
+                        headers["Content-Type"] = "application/json"
                     resp = await client.fetch(
                         gw.url + path,
                         method=r.method,

@@ -119,6 +119,10 @@ async def test_bus_batches_delivery_and_drops_a_listener_that_falls_behind() -> 
     bus.publish(Event("bob's", {"t": 0.0}, user="bob"))
     bus.publish(Event("node", {"t": 0.0}))  # about no request: everyone
     assert stuck.dropped and stuck not in bus.listeners and stuck.ready.is_set()
+    # What it had not been sent is gone; one `reset` is left for its stream to send.
+    (reset,) = stuck.pending
+    assert reset.name == "reset" and "fell too far behind" in reset.data["reason"]
+    assert bus.dropped == 1
     assert got == []  # delivered together, `coalesce` seconds after the first
     await asyncio.sleep(bus.coalesce + 0.05)
     assert got == ["bob's", "node"] and calls == []
@@ -174,3 +178,26 @@ async def test_bus_writes_many_streams_a_chunk_per_loop_turn() -> None:
     bus.publish(Event("node2", {"t": 1.0}))
     await asyncio.sleep(0.05)
     assert all(names == ["node", "node2"] for names in got.values())
+
+
+async def test_a_listener_past_its_byte_bound_is_dropped_with_a_reset() -> None:
+    """The buffer is bounded in bytes too: a few large events cannot pile up unbounded."""
+    from jupyter_gpuaas.gateway.events import Event, EventBus
+
+    bus = EventBus(maxsize=1000, maxbytes=10_000)
+    stuck = bus.subscribe(lambda: None)
+    for i in range(4):
+        bus.publish(Event("big", {"pad": "x" * 3000, "i": i}))
+    assert stuck.dropped and [e.name for e in stuck.pending] == ["reset"]
+    assert stuck.pending_bytes < 1000
+
+
+async def test_a_last_event_id_that_is_no_id_registers_no_listener() -> None:
+    from jupyter_gpuaas.gateway.events import ID_MAX, EventBus, check_last_event_id
+
+    bus = EventBus()
+    for bad in ("0-" + "1" * 4301, "x" * (ID_MAX + 1), "caf\u00e9-1", "a b"):
+        with pytest.raises(ValueError, match="Last-Event-ID"):
+            bus.subscribe(lambda: None, last_event_id=bad)
+    assert not bus.listeners
+    assert check_last_event_id(" 0000-7 ") == "0000-7"  # well-formed: a reset, not an error

@@ -265,7 +265,8 @@ def test_full_disk_answers_503_and_memory_stays_the_store(
 ) -> None:
     disk = tmpfs("4m")
     db_url = f"sqlite:///{disk / 'gpuaas.sqlite'}"
-    proc = spawn_gateway(db_url, "--lease-ttl=600")
+    # carol queues until the disk is full: no per-user limit on the queue
+    proc = spawn_gateway(db_url, "--lease-ttl=600", "--GatewayApp.max_queued_per_user=0")
     events = Events(proc.url)
     ledger = Ledger()
     status, held = ledger.submit(

@@ -114,7 +114,8 @@ def test_the_next_end_from_past_holds_longer_than_its_age() -> None:
     wait, why = wait_of([holder("a", "alice", "job", 4, admit_time=NOW - 120)], [60, 600, 1200])
     assert wait["seconds"] == 780
     assert why["message"] == (
-        "waiting: all 4 a100 are in use; the next one frees when alice's job ends (about 13 min)"
+        "waiting: all 4 a100 are in use; the next one frees when a job of another user of "
+        "vision ends (about 13 min)"
     )
 
 
@@ -126,7 +127,7 @@ def test_an_idle_holder_ends_when_culled() -> None:
     assert "1 grant idle until culled" in wait["basis"]
     assert why["message"] == (
         "waiting: all 4 a100 are in use; "
-        "the next one frees when alice's idle kernel is culled (about 5 min)"
+        "the next one frees when an idle kernel of another user of vision is culled (about 5 min)"
     )
     # Jobs are never culled, however long idle.
     job = holder("j", "dave", "job", 4, admit_time=NOW - 50, idle_since=NOW - 100)
@@ -135,12 +136,13 @@ def test_an_idle_holder_ends_when_culled() -> None:
 
 def test_later_turns_and_fifo_and_quota_waits() -> None:
     # Two held 500 s (left: 200 or 800, about 500), two held 100 s (600 or 1200: 900).
-    holders = [holder(f"h{i}", "alice", "job", 1, admit_time=NOW - age)
+    # The waiting request's own user holds them: a user's own grants keep the name.
+    holders = [holder(f"h{i}", "bob", "job", 1, admit_time=NOW - age)
                for i, age in enumerate((500, 500, 100, 100))]  # fmt: skip
     wait, why = wait_of(holders, [700, 1300], position=3)  # the third GPU to free is its
     assert wait["seconds"] == 900 and why["kind"] == "capacity"
     assert why["message"] == (
-        "waiting: all 4 a100 are in use; the next one frees when alice's job ends "
+        "waiting: all 4 a100 are in use; the next one frees when bob's job ends "
         "(about 8 min); its turn in about 15 min"
     )
     wait, why = wait_of(holders[:2], [], position=2, free=2)

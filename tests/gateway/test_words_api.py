@@ -67,8 +67,9 @@ async def test_an_idle_holder_gives_a_known_end(make_gateway: Any) -> None:
     assert 540 <= seconds <= 600, waiting["estimated_wait"]
     assert waiting["waiting_for"]["message"] == (
         "waiting for quota: nlp uses none of its 2 a100 and 2 of them are lent out in the cohort; "
-        "the next one frees when alice's idle kernel is culled (about 10 min)"
-    )
+        "the next one frees when an idle kernel of another user of vision is culled "
+        "(about 10 min)"
+    )  # bob has no view of alice's requests: her name is not his to read
 
 
 @pytest.mark.parametrize(
