@@ -20,12 +20,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 
+from faultutil import Freezer
 from gwutil import GatewayProcess, free_port, gateway_argv, wait_ready
 
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
-    """`spawn(db_url, *flags)`: a `jupyter-gpuaas gateway` process, ready."""
+    """`spawn(db_url, *flags)`: a `jupyter-gpuaas gateway` process, ready.
+
+    These tests load one user with hundreds of queued requests, so the per-user queue limit
+    (`max_queued_per_user`, tested in test_edge_gateway.py) is off unless a flag sets it."""
     procs: list[GatewayProcess] = []
 
     def start(db_url: str, *extra: str, **kw: Any) -> GatewayProcess:
@@ -36,7 +40,9 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
             env.pop(k, None)
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                gateway_argv(tmp_path, db_url, port, *extra, **kw),
+                gateway_argv(
+                    tmp_path, db_url, port, "--GatewayApp.max_queued_per_user=0", *extra, **kw
+                ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -52,35 +58,6 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
         if gp.proc.poll() is None:
             os.kill(gp.proc.pid, signal.SIGCONT)
         gp.stop()
-
-
-class Freezer:
-    """SIGSTOP and SIGCONT of process trees; everything still stopped is resumed at the end."""
-
-    def __init__(self) -> None:
-        self.stopped: list[int] = []
-
-    @staticmethod
-    def tree(pid: int) -> list[int]:
-        """`pid` and its descendants (PostgreSQL: the postmaster and its backends)."""
-        out = [pid]
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            out += Freezer.tree(int(child))
-        return out
-
-    def stop(self, pid: int) -> None:
-        pids = self.tree(pid)
-        for p in pids:
-            os.kill(p, signal.SIGSTOP)
-        self.stopped += pids
-
-    def resume(self) -> None:
-        pids, self.stopped = self.stopped, []
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture
@@ -103,10 +80,6 @@ def own_postgres() -> Iterator[Any]:
     server.url_ = url
     yield server
     server.stop()
-
-
-def postmaster_pid(server: Any) -> int:
-    return int((Path(server.data) / "postmaster.pid").read_text().split()[0])
 
 
 @pytest.fixture

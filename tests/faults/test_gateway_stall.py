@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import Freezer
+from faultutil import Freezer
 from gwutil import GatewayProcess, call
 
 TTL = 4.0

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from conftest import Freezer
+from faultutil import Freezer
 from gwutil import GatewayProcess, call, fresh_pg_database, store_rows
 
 

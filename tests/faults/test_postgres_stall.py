@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from conftest import Freezer, postmaster_pid
+from faultutil import Freezer, postmaster_pid
 from gwutil import GatewayProcess, call, store_rows
 
 STORE_TIMEOUT = 2
