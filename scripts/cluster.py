@@ -44,6 +44,7 @@ CACHE = (
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jupyter-gpuaas" / "cluster"
 )
 CLUSTER_NAME = "gpuaas"
+POD_CIDR = "127.20.0.0/16"
 # Bump when the recipe below changes in a way the go.mod files do not show (flags, tags).
 RECIPE = "1"
 
@@ -305,15 +306,22 @@ NODES: dict[str, dict[str, Any]] = {
         "resources": {"nvidia.com/mig-1g.10gb": "7"},
         "taints": [GPU_TAINT],
     },
-    "cpu-0": {"labels": {"pool": "cpu"}, "resources": {}, "taints": []},
+    "cpu-node-0": {"labels": {"pool": "cpu"}, "resources": {}, "taints": []},
 }
 
 
 def kwok_node(
     name: str, labels: dict[str, str], resources: dict[str, str], taints: list[dict[str, str]]
 ) -> dict[str, Any]:
-    """A Node KWOK plays (its annotation), with the capacity of a 32-core host."""
-    capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", **resources}
+    """A Node KWOK plays (its annotation), with the capacity of a 32-core host and its disk
+    (a pod with an ephemeral-storage limit fits only where a node declares some)."""
+    capacity = {
+        "cpu": "32",
+        "memory": "256Gi",
+        "ephemeral-storage": "1Ti",
+        "pods": "110",
+        **resources,
+    }
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -354,6 +362,13 @@ def _kueue_config(root: Path, webhook_port: int, certs: Path, kubeconfig: Path) 
     return path
 
 
+# The CRDs Kueue needs at its start: its own, and the ProvisioningRequest, without which
+# it leaves its provisioning admission check off.
+KUEUE_NEEDS = (
+    "workloads.kueue.x-k8s.io",
+    "topologies.kueue.x-k8s.io",
+    "provisioningrequests.autoscaling.x-k8s.io",
+)
 SYSTEM_NAMESPACES_OUT = {
     "matchExpressions": [
         {
@@ -363,6 +378,47 @@ SYSTEM_NAMESPACES_OUT = {
         }
     ]
 }
+
+
+# Kueue v0.19 reads its metrics server's certificate from this fixed path whenever it does not
+# rotate its own certificates (cmd/kueue/main.go), metrics server on or off: its internal
+# rotation cannot serve here, as it names the webhooks' certificate after a Service's DNS
+# name and the API server reaches them by URL on 127.0.0.1.
+KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+
+
+def _kueue_metrics_cert() -> None:
+    """Put a self-signed certificate where Kueue insists on one (no cluster's own: it
+    outlives them), or say why Kueue cannot start."""
+    if (KUEUE_METRICS_CERTS / "tls.crt").exists() and (KUEUE_METRICS_CERTS / "tls.key").exists():
+        return
+    try:
+        KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "3650",
+                "-subj",
+                "/CN=kueue-metrics",
+                "-keyout",
+                str(KUEUE_METRICS_CERTS / "tls.key"),
+                "-out",
+                str(KUEUE_METRICS_CERTS / "tls.crt"),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(
+            f"cluster: Kueue v0.19 needs a certificate in {KUEUE_METRICS_CERTS} and it cannot be"
+            f" written ({e}); create that directory, writable by you, and run again"
+        ) from e
 
 
 def _url_webhooks(objects: list[dict[str, Any]], port: int, ca: str) -> Iterator[dict[str, Any]]:
@@ -403,6 +459,15 @@ def _kueue_manifests(port: int, ca: str) -> list[dict[str, Any]]:
     webhooks = list(yaml.safe_load_all((src / "webhook" / "manifests.yaml").read_text()))
     objects.extend(_url_webhooks([w for w in webhooks if w], port, ca))
     return objects
+
+
+def _shell_named(root: Path, name: str) -> Path:
+    """/bin/sh under another name: kwokctl names a component's log after its binary."""
+    link = root / "wrappers" / name
+    link.parent.mkdir(exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to("/bin/sh")
+    return link
 
 
 def _kwokctl_config(c: Cluster, binaries: Path, apiserver_port: int, kueue: list[str]) -> Path:
@@ -447,10 +512,24 @@ def _kwokctl_config(c: Cluster, binaries: Path, apiserver_port: int, kueue: list
         ],
         "components": [
             {
+                # kwokctl starts every component before it applies anything, and its
+                # binary runtime restarts none; Kueue exits when its CRDs are missing, so a
+                # shell waits for them (up() applies them) and then becomes Kueue (exec:
+                # the same PID, which kwokctl stops).
                 "name": "kueue",
-                "binary": str(binaries / "kueue"),
+                "binary": str(_shell_named(c.root, "kueue")),
                 "links": ["kube-apiserver"],
-                "args": kueue,
+                "workDir": str(c.workdir),
+                "args": [
+                    "-c",
+                    'until "$0" wait --for=condition=Established --timeout=2s '
+                    + " ".join(f"crd/{n}" for n in KUEUE_NEEDS)
+                    + " >/dev/null 2>&1;"
+                    ' do sleep 0.5; done; exec "$@"',
+                    str(binaries / "kubectl"),
+                    str(binaries / "kueue"),
+                    *kueue,
+                ],
                 "envs": [
                     {"name": "NAMESPACE", "value": "kueue-system"},
                     {"name": "KUBECONFIG", "value": str(c.workdir / "kubeconfig.yaml")},
@@ -458,8 +537,25 @@ def _kwokctl_config(c: Cluster, binaries: Path, apiserver_port: int, kueue: list
             }
         ],
     }
+    # KWOK hands pods IPs from a loopback range, so that where a test needs a pod's process
+    # (a user's server, a kernel), a local process bound to that IP plays its container.
+    kwok = {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        # A KwokConfiguration given replaces kwokctl's defaults: the rest are KWOK's own.
+        "options": {
+            "cidr": POD_CIDR,
+            "nodeIP": "127.0.0.1",
+            "podPlayStageParallelism": 4,
+            "nodePlayStageParallelism": 4,
+            "nodeLeaseParallelism": 4,
+            "podsOnNodeSyncParallelism": 1,
+            "enablePodsOnNodeSyncListPager": True,
+            "enablePodsOnNodeSyncStreamWatch": False,
+        },
+    }
     path = c.root / "kwokctl.yaml"
-    path.write_text(yaml.safe_dump(conf))
+    path.write_text(yaml.safe_dump_all([conf, kwok]))
     return path
 
 
@@ -486,17 +582,25 @@ def up(root: Path, *, timeout: float = 120.0) -> Cluster:
         if not (certs / name).is_symlink():
             (certs / name).symlink_to(pki / src)
     kueue_conf = _kueue_config(c.root, webhook_port, certs, c.kubeconfig)
+    _kueue_metrics_cert()
     kueue_args = [
         f"--config={kueue_conf}",
         f"--kubeconfig={c.workdir / 'kubeconfig.yaml'}",
         "--zap-log-level=2",
+        # The visibility API server reads its certificate from /visibility (fixed), and
+        # the aggregation layer reaches an APIService only through a Service's endpoints,
+        # which may not be loopback addresses: off until there is a way.
+        "--feature-gates=VisibilityOnDemand=false",
     ]
     kwokctl_conf = _kwokctl_config(c, binaries, _free_port(), kueue_args)
 
     kwok = modcache("kwok", "sigs.k8s.io/kwok") / "kustomize" / "stage"
+    # KWOK's own stage sets, as their kustomizations list them: nodes Ready at once, pods
+    # Running, and Job pods Succeeded after their `pod-complete.stage.kwok.x-k8s.io/delay`.
     stages = [
-        *sorted((kwok / "node" / "fast").glob("*.yaml")),
-        *sorted((kwok / "pod" / "general").glob("*.yaml")),
+        d / name
+        for d in (kwok / "node" / "fast", kwok / "pod" / "general")
+        for name in yaml.safe_load((d / "kustomization.yaml").read_text())["resources"]
     ]
     say(f"starting the control plane in {c.root} (kwokctl, binary runtime)")
     cmd = [

@@ -2,7 +2,10 @@
 OpenAPI schemas (the kubernetes-validate package, strict: unknown fields are errors), the
 ScaledObject and ProvisioningRequest against those projects' published CRD schemas
 (vendored under crds/, made strict the same way), key objects compared by dict equality,
-and bad input exiting 2 with one line. No cluster is involved: these are pure builders.
+and bad input exiting 2 with one line; and every document applied, with strict field
+validation, to the real API server of the session's cluster (conftest.py's `cluster`, with
+the ScaledObject and ProvisioningRequest CRDs of those projects' Go modules installed),
+where the pods of its Deployments are then bound by the real scheduler.
 """
 
 from __future__ import annotations
@@ -113,6 +116,59 @@ def test_every_document_validates(run_cli: Any, scale_up: str) -> None:
             ],
         },
     }
+
+
+@pytest.mark.parametrize("scale_up", ["keda", "provisioning-request", "placeholders", "none"])
+def test_every_document_applies_to_the_real_api_server(
+    run_cli: Any, cluster: Any, scale_up: str
+) -> None:
+    """The API server, not a copy of its schemas, takes every object: strict field
+    validation (an unknown field is an error), the CRDs' structural schemas and CEL rules,
+    the API server's own validation of each kind, and the default admission plugins."""
+    ns = f"manifests-{scale_up}"
+    code, out, err = run_cli(
+        "--namespace",
+        ns,
+        "--image",
+        "registry.example/gpuaas:1",
+        "--scale-up",
+        scale_up,
+        "--flavor-selector",
+        "a100=pool=a100",
+        "--flavor-resource",
+        "mig=nvidia.com/mig-1g.10gb",
+    )
+    assert (code, err) == (0, "")
+    docs = list(yaml.safe_load_all(out))
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        applied = cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "--validate=strict", "-f", "-", input=out
+        )
+        assert len(applied.splitlines()) == len(docs)
+        for doc in docs:
+            kind = doc["kind"].lower()
+            where = ["-n", ns] if doc["metadata"].get("namespace") else []
+            got = yaml.safe_load(
+                cluster.kubectl("get", kind, doc["metadata"]["name"], *where, "-o", "yaml")
+            )
+            assert got["metadata"]["labels"] == doc["metadata"]["labels"]
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_the_real_api_server_refuses_a_misspelt_field(cluster: Any) -> None:
+    """The check above can fail: strict field validation names the unknown field."""
+    bad = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "misspelt", "namespace": "default"},
+        "dta": {"a": "b"},
+    }
+    with pytest.raises(RuntimeError, match="dta"):
+        cluster.kubectl(
+            "apply", "--server-side", "--validate=strict", "-f", "-", input=yaml.safe_dump(bad)
+        )
 
 
 def test_the_example_provisioning_request_is_shaped_like_one_blocked_head(run_cli: Any) -> None:
