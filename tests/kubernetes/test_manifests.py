@@ -347,6 +347,83 @@ def test_the_users_servers_get_only_what_their_kernel_pods_and_jobs_use(
     ]
 
 
+def _can_i(cluster: Any, token: str, verb: str, resource: str, ns: str, group: str = "") -> bool:
+    """`kubectl auth can-i` as the holder of `token` (no admin certificate: the API server
+    authenticates the ServiceAccount's token and RBAC decides); `resource` may name a
+    subresource (`deployments/scale`)."""
+    resource, _, sub = resource.partition("/")
+    what = [
+        f"{resource}.{group}" if group else resource,
+        *([f"--subresource={sub}"] if sub else []),
+    ]
+    server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    proc = subprocess.run(
+        [
+            str(cluster.bin / "kubectl"),
+            "--kubeconfig=/dev/null",
+            f"--server={server}",
+            f"--certificate-authority={cluster.workdir / 'pki' / 'ca.crt'}",
+            f"--token={token}",
+            "auth",
+            "can-i",
+            verb,
+            *what,
+            "-n",
+            ns,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.stdout.strip() in ("yes", "no"), proc.stderr
+    return proc.stdout.strip() == "yes"
+
+
+@pytest.mark.parametrize("scale_up", ["provisioning-request", "placeholders"])
+def test_the_service_accounts_tokens_hold_exactly_their_rules(
+    run_cli: Any, cluster: Any, scale_up: str
+) -> None:
+    """The manifests applied to the real API server, then each ServiceAccount's own token
+    (`kubectl create token`: the API server issues it) asked, verb by verb, what RBAC lets
+    it do: every verb of its rules, and nothing next to them."""
+    ns = f"rbac-{scale_up}"
+    code, out, _ = run_cli(
+        "--namespace",
+        ns,
+        "--scale-up",
+        scale_up,
+        "--flavor-selector",
+        "a100=pool=a100",
+        "--singleuser-access",
+        "kernels-and-jobs",
+    )
+    assert code == 0
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        cluster.kubectl("apply", "--server-side", "-f", "-", input=out)
+        cluster_rules, ns_rules = rules(scale_up)
+        accounts = {
+            "jupyter-gpuaas": [*cluster_rules, *ns_rules],
+            "jupyter-gpuaas-singleuser": singleuser_rules("kernels-and-jobs"),
+        }
+        for account, granted in accounts.items():
+            token = cluster.kubectl("create", "token", account, "-n", ns).strip()
+            for rule in granted:
+                for resource in rule["resources"]:
+                    group = rule["apiGroups"][0]
+                    for verb in rule["verbs"]:
+                        assert _can_i(cluster, token, verb, resource, ns, group), (
+                            account,
+                            verb,
+                            resource,
+                        )
+            # Nothing beside them: no Secrets, no deleting Nodes, no cluster-wide pods.
+            assert not _can_i(cluster, token, "get", "secrets", ns), account
+            assert not _can_i(cluster, token, "delete", "nodes", ns), account
+            assert not _can_i(cluster, token, "create", "pods", "kube-system"), account
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
 def test_scaled_object_reads_the_nodes_wanted(run_cli: Any) -> None:
     code, out, _ = run_cli("--prometheus-url", "http://prom:9090")
     assert code == 0
