@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 CHP := node_modules/.bin/configurable-http-proxy
 
-.PHONY: setup node-deps labextension core demo test lint typecheck contracts pytest uitest scenarios bench clean
+.PHONY: setup node-deps labextension core demo test lint typecheck contracts pytest uitest scenarios bench clean \
+	cluster-bin cluster-up cluster-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,7 +75,22 @@ contracts: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy jupyter_gpuaas/admission jupyter_gpuaas/sim
 
-pytest: setup core
+# The real Kubernetes control plane of tests/kubernetes (scripts/cluster.py): its binaries
+# built from the Go modules pinned in cluster/*/go.mod into ~/.cache/jupyter-gpuaas/cluster/
+# (keyed by those pins: nothing is built twice), and a cluster on loopback for people,
+# through kwokctl's binary runtime: .cluster/kubeconfig, .cluster/bin/ (kubectl beside the
+# others), every component's log under .cluster/kwok/clusters/gpuaas/logs/.
+CLUSTER_DIR ?= .cluster
+cluster-bin: $(STAMP)
+	$(BIN)/python scripts/cluster.py bin
+
+cluster-up: cluster-bin
+	$(BIN)/python scripts/cluster.py up --dir $(CLUSTER_DIR)
+
+cluster-down: $(STAMP)
+	$(BIN)/python scripts/cluster.py down --dir $(CLUSTER_DIR)
+
+pytest: setup core cluster-bin
 	$(BIN)/python -m pytest -q
 
 test: lint contracts typecheck pytest uitest

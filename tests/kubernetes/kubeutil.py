@@ -51,6 +51,63 @@ SCALE_QUOTAS: dict[str, Any] = {
 }
 
 
+class KubeOnCluster:
+    """The session's REAL cluster (conftest.py's `cluster`) as one test uses it: the API
+    server's URL, a namespace of its own (`namespace`), its pods, and KWOK Nodes it adds
+    (`add_node`), which leave with the test (`close`)."""
+
+    def __init__(self, cluster: Any, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.url: str = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"][
+            "server"
+        ]
+        self._nodes: list[str] = []
+
+    def get(self, *args: str) -> Any:
+        import json
+
+        return json.loads(self.cluster.kubectl("get", *args, "-o", "json"))
+
+    def pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.get("pods", "-n", namespace or self.namespace)["items"]
+        return items
+
+    def add_node(
+        self,
+        name: str,
+        labels: Mapping[str, str] | None = None,
+        allocatable: Mapping[str, str] | None = None,
+        taints: list[dict[str, str]] | None = None,
+        unschedulable: bool = False,
+    ) -> None:
+        """A Node KWOK plays, Ready once KWOK has seen it."""
+        from gpuaas_cluster import kwok_node
+
+        node = kwok_node(name, dict(labels or {}), dict(allocatable or {}), list(taints or []))
+        node["spec"]["unschedulable"] = unschedulable
+        self._nodes.append(name)
+        self.cluster.apply([node])
+        self.cluster.kubectl("wait", "--for=condition=Ready", f"node/{name}", "--timeout=60s")
+
+    def left_behind(self) -> set[str]:
+        """What the namespace holds beyond what Kubernetes puts in every one."""
+        names = self.cluster.kubectl(
+            "get",
+            "pods,services,secrets,configmaps,persistentvolumeclaims,serviceaccounts",
+            "-n",
+            self.namespace,
+            "-o",
+            "name",
+        ).split()
+        return set(names) - {"configmap/kube-root-ca.crt", "serviceaccount/default"}
+
+    def close(self) -> None:
+        for name in self._nodes:
+            self.cluster.kubectl("delete", "node", name, "--wait=false", check=False)
+        self.cluster.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
+
+
 _NAMESPACED = re.compile(
     r"/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
     r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?"

@@ -1,8 +1,9 @@
 """The cluster inventory (`--devices kubernetes`): the pure Node mapping by dict equality,
-then the real gateway following the Nodes of the Kubernetes API DOUBLE (k8s_double.py; no
-API server can run here) over real HTTP: nodes that join are placed on, a Node that turns
-NotReady releases its grants, the watch resumes from its resourceVersion after a
-disconnect and lists again on 410 Gone."""
+then the real gateway following the Nodes of the Kubernetes API DOUBLE (k8s_double.py)
+over real HTTP: nodes that join are placed on, a Node that turns NotReady releases its
+grants, the watch resumes from its resourceVersion after a disconnect and lists again on
+410 Gone (these still on the double: their move to the real control plane is issue 39's
+next step); and the gateway command on the REAL API server of the session's cluster."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import yaml
 from helpers import wait_until
 from k8s_double import KubernetesDouble
 from kubefix import TOKEN_FILE, TOKENS
+from kubeutil import KubeOnCluster
 from tornado.httpclient import AsyncHTTPClient
 
 from jupyter_gpuaas.client import GatewayClient
@@ -226,11 +228,13 @@ def _node_lists(k8s: KubernetesDouble) -> int:
 
 @pytest.mark.asyncio
 async def test_the_gateway_command_with_the_manifests_config(
-    k8s: KubernetesDouble, tmp_path: Path
+    kube: KubeOnCluster, tmp_path: Path
 ) -> None:
     """`jupyter-gpuaas gateway --devices=kubernetes --config=gpuaas_config.json`, the config
     being the one `kubernetes manifests` puts in its ConfigMap, as a real process talking
-    to the API double (its kubeconfig) over HTTP: it lists the double's GPU Node."""
+    to the session's REAL API server (its kubeconfig, a client certificate) over HTTPS: it
+    lists the KWOK GPU Node this test adds (its flavor's selector names this test's label,
+    so the cluster's other a100 Nodes stay out)."""
     import contextlib
     import io
     import os
@@ -239,7 +243,8 @@ async def test_the_gateway_command_with_the_manifests_config(
 
     from jupyter_gpuaas.cli import main
 
-    k8s.add_node("gpu-a", labels={"pool": "a100"}, allocatable={"nvidia.com/gpu": "2"})
+    mine = {"pool": "a100", "gpuaas-test": kube.namespace}
+    kube.add_node("gpu-a", labels=mine, allocatable={"nvidia.com/gpu": "2"})
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text(yaml.safe_dump(QUOTAS))
     tokens = tmp_path / "tokens.yaml"
@@ -254,7 +259,7 @@ async def test_the_gateway_command_with_the_manifests_config(
                     "--quotas",
                     str(quotas),
                     "--flavor-selector",
-                    "a100=pool=a100",
+                    "a100=" + ",".join(f"{k}={v}" for k, v in mine.items()),
                 ]
             )
             == 0

@@ -2,7 +2,10 @@
 OpenAPI schemas (the kubernetes-validate package, strict: unknown fields are errors), the
 ScaledObject and ProvisioningRequest against those projects' published CRD schemas
 (vendored under crds/, made strict the same way), key objects compared by dict equality,
-and bad input exiting 2 with one line. No cluster is involved: these are pure builders.
+and bad input exiting 2 with one line; and every document applied, with strict field
+validation, to the real API server of the session's cluster (conftest.py's `cluster`, with
+the ScaledObject and ProvisioningRequest CRDs of those projects' Go modules installed),
+where the pods of its Deployments are then bound by the real scheduler.
 """
 
 from __future__ import annotations
@@ -113,6 +116,59 @@ def test_every_document_validates(run_cli: Any, scale_up: str) -> None:
             ],
         },
     }
+
+
+@pytest.mark.parametrize("scale_up", ["keda", "provisioning-request", "placeholders", "none"])
+def test_every_document_applies_to_the_real_api_server(
+    run_cli: Any, cluster: Any, scale_up: str
+) -> None:
+    """The API server, not a copy of its schemas, takes every object: strict field
+    validation (an unknown field is an error), the CRDs' structural schemas and CEL rules,
+    the API server's own validation of each kind, and the default admission plugins."""
+    ns = f"manifests-{scale_up}"
+    code, out, err = run_cli(
+        "--namespace",
+        ns,
+        "--image",
+        "registry.example/gpuaas:1",
+        "--scale-up",
+        scale_up,
+        "--flavor-selector",
+        "a100=pool=a100",
+        "--flavor-resource",
+        "mig=nvidia.com/mig-1g.10gb",
+    )
+    assert (code, err) == (0, "")
+    docs = list(yaml.safe_load_all(out))
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        applied = cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "--validate=strict", "-f", "-", input=out
+        )
+        assert len(applied.splitlines()) == len(docs)
+        for doc in docs:
+            kind = doc["kind"].lower()
+            where = ["-n", ns] if doc["metadata"].get("namespace") else []
+            got = yaml.safe_load(
+                cluster.kubectl("get", kind, doc["metadata"]["name"], *where, "-o", "yaml")
+            )
+            assert got["metadata"]["labels"] == doc["metadata"]["labels"]
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_the_real_api_server_refuses_a_misspelt_field(cluster: Any) -> None:
+    """The check above can fail: strict field validation names the unknown field."""
+    bad = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "misspelt", "namespace": "default"},
+        "dta": {"a": "b"},
+    }
+    with pytest.raises(RuntimeError, match="dta"):
+        cluster.kubectl(
+            "apply", "--server-side", "--validate=strict", "-f", "-", input=yaml.safe_dump(bad)
+        )
 
 
 def test_the_example_provisioning_request_is_shaped_like_one_blocked_head(run_cli: Any) -> None:
@@ -289,6 +345,83 @@ def test_the_users_servers_get_only_what_their_kernel_pods_and_jobs_use(
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "jupyter-gpuaas-singleuser", "namespace": "lab"}
     ]
+
+
+def _can_i(cluster: Any, token: str, verb: str, resource: str, ns: str, group: str = "") -> bool:
+    """`kubectl auth can-i` as the holder of `token` (no admin certificate: the API server
+    authenticates the ServiceAccount's token and RBAC decides); `resource` may name a
+    subresource (`deployments/scale`)."""
+    resource, _, sub = resource.partition("/")
+    what = [
+        f"{resource}.{group}" if group else resource,
+        *([f"--subresource={sub}"] if sub else []),
+    ]
+    server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    proc = subprocess.run(
+        [
+            str(cluster.bin / "kubectl"),
+            "--kubeconfig=/dev/null",
+            f"--server={server}",
+            f"--certificate-authority={cluster.workdir / 'pki' / 'ca.crt'}",
+            f"--token={token}",
+            "auth",
+            "can-i",
+            verb,
+            *what,
+            "-n",
+            ns,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.stdout.strip() in ("yes", "no"), proc.stderr
+    return proc.stdout.strip() == "yes"
+
+
+@pytest.mark.parametrize("scale_up", ["provisioning-request", "placeholders"])
+def test_the_service_accounts_tokens_hold_exactly_their_rules(
+    run_cli: Any, cluster: Any, scale_up: str
+) -> None:
+    """The manifests applied to the real API server, then each ServiceAccount's own token
+    (`kubectl create token`: the API server issues it) asked, verb by verb, what RBAC lets
+    it do: every verb of its rules, and nothing next to them."""
+    ns = f"rbac-{scale_up}"
+    code, out, _ = run_cli(
+        "--namespace",
+        ns,
+        "--scale-up",
+        scale_up,
+        "--flavor-selector",
+        "a100=pool=a100",
+        "--singleuser-access",
+        "kernels-and-jobs",
+    )
+    assert code == 0
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        cluster.kubectl("apply", "--server-side", "-f", "-", input=out)
+        cluster_rules, ns_rules = rules(scale_up)
+        accounts = {
+            "jupyter-gpuaas": [*cluster_rules, *ns_rules],
+            "jupyter-gpuaas-singleuser": singleuser_rules("kernels-and-jobs"),
+        }
+        for account, granted in accounts.items():
+            token = cluster.kubectl("create", "token", account, "-n", ns).strip()
+            for rule in granted:
+                for resource in rule["resources"]:
+                    group = rule["apiGroups"][0]
+                    for verb in rule["verbs"]:
+                        assert _can_i(cluster, token, verb, resource, ns, group), (
+                            account,
+                            verb,
+                            resource,
+                        )
+            # Nothing beside them: no Secrets, no deleting Nodes, no cluster-wide pods.
+            assert not _can_i(cluster, token, "get", "secrets", ns), account
+            assert not _can_i(cluster, token, "delete", "nodes", ns), account
+            assert not _can_i(cluster, token, "create", "pods", "kube-system"), account
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false")
 
 
 def test_scaled_object_reads_the_nodes_wanted(run_cli: Any) -> None:
