@@ -13,7 +13,8 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -72,3 +73,46 @@ def stop(proc: subprocess.Popen[Any] | None, timeout: float = 10, *, group: bool
     except subprocess.TimeoutExpired:
         send(signal.SIGKILL)
         proc.wait(timeout)
+
+
+def tmpfs_mounts(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """The body of a fixture: `mount("2m")` mounts a tmpfs of that size under `tmp_path`
+    (root only; the test is skipped, saying why, where mounting is refused); every mount is
+    undone after the test. A full disk on cue, which no real disk here gives."""
+    import pytest
+
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        where = tmp_path / f"tmpfs{len(mounted)}"
+        where.mkdir()
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+        )
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in reversed(mounted):
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(where: Path, name: str = "filler") -> Path:
+    """Take every byte still free on `where`'s filesystem; the file is returned (delete it
+    to free the space again)."""
+    path = where / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return path

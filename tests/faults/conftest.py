@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +20,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 
 from faultutil import Freezer
-from gwutil import GatewayProcess, free_port, gateway_argv, wait_ready
+from gwutil import GatewayProcess, launch_gateway
+from helpers import tmpfs_mounts
 
 
 @pytest.fixture
@@ -33,25 +33,9 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     procs: list[GatewayProcess] = []
 
     def start(db_url: str, *extra: str, **kw: Any) -> GatewayProcess:
-        port = free_port()
-        log = tmp_path / f"gateway-{len(procs)}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        for k in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_SERVICE_NAME"):
-            env.pop(k, None)
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                gateway_argv(
-                    tmp_path, db_url, port, "--GatewayApp.max_queued_per_user=0", *extra, **kw
-                ),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=tmp_path,
-            )
-        gp = GatewayProcess(proc, f"http://127.0.0.1:{port}/", log)
-        procs.append(gp)
-        wait_ready(gp.url, proc, log)
-        return gp
+        flags = ("--GatewayApp.max_queued_per_user=0", *extra)
+        procs.append(launch_gateway(tmp_path, db_url, *flags, **kw))
+        return procs[-1]
 
     yield start
     for gp in procs:
@@ -85,21 +69,4 @@ def own_postgres() -> Iterator[Any]:
 @pytest.fixture
 def tiny_fs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     """`tiny_fs("2m")`: a tmpfs of that size (root may mount; skipped where refused)."""
-    mounted: list[Path] = []
-
-    def mount(size: str) -> Path:
-        where = tmp_path / f"tiny{len(mounted)}"
-        where.mkdir()
-        r = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-            capture_output=True,
-            text=True,
-        )
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in reversed(mounted):
-        subprocess.run(["umount", "-l", str(where)], check=False)
+    yield from tmpfs_mounts(tmp_path)

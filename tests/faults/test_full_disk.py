@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gwutil import GatewayProcess, call, store_rows
+from helpers import fill
 
 UNKNOWN = "may or may not"
 
@@ -27,22 +28,6 @@ def ballast(where: Path, leave: int) -> Path:
     size = max(0, st.f_bavail * st.f_frsize - leave)
     with open(path, "wb") as f:
         f.write(b"\0" * size)
-    return path
-
-
-def fill(where: Path, name: str) -> Path:
-    """Take every byte still free (the space a checkpoint just gave back, too)."""
-    path = where / name
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-    try:
-        for size in (65536, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
     return path
 
 

@@ -9,8 +9,6 @@ of tests/pg.py).
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +19,8 @@ from gwutil import (
     DEVICES,
     Gateway,
     GatewayProcess,
-    free_port,
     fresh_pg_database,
-    gateway_argv,
-    wait_ready,
+    launch_gateway,
     write_files,
 )
 
@@ -88,23 +84,8 @@ def spawn_gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     procs: list[GatewayProcess] = []
 
     def spawn(db_url: str, *extra: str, port: int | None = None, **kw: Any) -> GatewayProcess:
-        port = port or free_port()
-        log = tmp_path / f"gateway-{len(procs)}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        for k in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_SERVICE_NAME"):
-            env.pop(k, None)
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                gateway_argv(tmp_path, db_url, port, *extra, **kw),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=tmp_path,
-            )
-        gp = GatewayProcess(proc, f"http://127.0.0.1:{port}/", log)
-        procs.append(gp)
-        wait_ready(gp.url, proc, log)
-        return gp
+        procs.append(launch_gateway(tmp_path, db_url, *extra, port=port, **kw))
+        return procs[-1]
 
     yield spawn
     for gp in procs:

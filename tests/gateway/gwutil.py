@@ -10,6 +10,7 @@ of tests/pg.py).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -168,6 +169,30 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"gateway did not start: {log.read_text()[-3000:]}")
+
+
+def launch_gateway(
+    tmp_path: Path, db_url: str, *extra: str, port: int | None = None, **kw: Any
+) -> GatewayProcess:
+    """A real `jupyter-gpuaas gateway` process on a free loopback port, ready; its output
+    in `tmp_path/gateway-N.log`. Outside any Hub: the Hub's variables are left out."""
+    port = port or free_port()
+    n = len(list(tmp_path.glob("gateway-*.log")))
+    log = tmp_path / f"gateway-{n}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for k in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_SERVICE_NAME"):
+        env.pop(k, None)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            gateway_argv(tmp_path, db_url, port, *extra, **kw),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+        )
+    gp = GatewayProcess(proc, f"http://127.0.0.1:{port}/", log)
+    wait_ready(gp.url, proc, log)
+    return gp
 
 
 # --- raw calls and the store-is-the-truth checks (test_store_faults.py) ------------------

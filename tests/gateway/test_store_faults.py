@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from gwutil import TOKENS, GatewayProcess, assert_memory_is_store, call, gateway_argv, store_rows
+from helpers import fill, tmpfs_mounts
 
 from jupyter_gpuaas.gateway.store import CommitUnknown
 
@@ -224,40 +225,7 @@ def test_bad_values_fail_alone_and_leave_memory_the_store(
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     """Mount small tmpfs filesystems (root only; skipped elsewhere)."""
-    mounted: list[Path] = []
-
-    def mount(size: str) -> Path:
-        where = tmp_path / f"fs{len(mounted)}"
-        where.mkdir()
-        r = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-            capture_output=True,
-            text=True,
-        )
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in reversed(mounted):
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(where: Path, name: str = "filler") -> Path:
-    """Fill the filesystem to its last byte; the filler file is returned (delete: free)."""
-    filler = where / name
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        for size in (65536, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return filler
+    yield from tmpfs_mounts(tmp_path)
 
 
 def test_full_disk_answers_503_and_memory_stays_the_store(
