@@ -35,6 +35,25 @@ def parse_selectors(items: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def add_flavor_arguments(parser: argparse.ArgumentParser, resource_default: str) -> None:
+    """How a flavor's nodes are found and which resource counts their GPUs: the same two
+    options for every command that writes Kubernetes objects for flavors."""
+    parser.add_argument(
+        "--flavor-selector",
+        action="append",
+        default=[],
+        metavar="FLAVOR=LABEL=VALUE[,LABEL=VALUE]",
+        help="the node labels of a flavor's nodes (default: gpuaas.jupyter.org/flavor=FLAVOR)",
+    )
+    parser.add_argument(
+        "--flavor-resource",
+        action="append",
+        default=[],
+        metavar="FLAVOR=RESOURCE",
+        help=f"the extended resource of one flavor's GPUs (default: {resource_default})",
+    )
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "kubernetes",
@@ -65,20 +84,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "run GPU kernels in pods of their own (default), also run batch jobs as Kubernetes "
         "Jobs, or nothing",
     )
-    m.add_argument(
-        "--flavor-selector",
-        action="append",
-        default=[],
-        metavar="FLAVOR=LABEL=VALUE[,LABEL=VALUE]",
-        help="the node labels of a flavor's nodes (default: gpuaas.jupyter.org/flavor=FLAVOR)",
-    )
-    m.add_argument(
-        "--flavor-resource",
-        action="append",
-        default=[],
-        metavar="FLAVOR=RESOURCE",
-        help="the extended resource of a flavor's GPUs (default: nvidia.com/gpu)",
-    )
+    add_flavor_arguments(m, "nvidia.com/gpu")
     m.add_argument("--hub-api-url", default="http://hub:8081/hub/api", help="the Hub's API")
     m.add_argument(
         "--prometheus-url",

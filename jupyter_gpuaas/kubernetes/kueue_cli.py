@@ -13,6 +13,8 @@ import argparse
 import sys
 from typing import Any
 
+from .cli import add_flavor_arguments
+
 PROG = "jupyter-gpuaas kueue"
 
 
@@ -40,20 +42,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="nvidia.com/gpu",
         help="the extended resource of the flavors' GPUs (default: nvidia.com/gpu)",
     )
-    m.add_argument(
-        "--flavor-selector",
-        action="append",
-        default=[],
-        metavar="FLAVOR=LABEL=VALUE[,LABEL=VALUE]",
-        help="the node labels of a flavor's nodes (default: gpuaas.jupyter.org/flavor=FLAVOR)",
-    )
-    m.add_argument(
-        "--flavor-resource",
-        action="append",
-        default=[],
-        metavar="FLAVOR=RESOURCE",
-        help="the extended resource of one flavor's GPUs (default: --resource)",
-    )
+    add_flavor_arguments(m, "--resource")
     m.set_defaults(run=run_manifests)
     i = sub.add_parser(
         "import",
