@@ -373,7 +373,7 @@ class AdmissionCore(Admitting):
             self._heads.set(t, self._nominate(t))
 
     def _first_in_order(self) -> Entry | None:
-        return self._heads.best(self._wins if self._tournament else None)
+        return self._heads.best(self._bracket if self._tournament else None)
 
     def _still_true(self, e: Entry) -> Entry | None:
         """The entry, or its fresh nomination if it predates the last admission; None
