@@ -22,7 +22,6 @@ transitive and the scan's answer followed the order of the heads.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import pairwise
 from typing import Any
 
 from .ledger import Ledger
@@ -65,38 +64,37 @@ def share(ledger: Ledger, tenant: str, flavor: str = "", gpus: int = 0) -> float
     return tenant_side(ledger, tenant, flavor, gpus)
 
 
-def ranks(
+def tenant_rank(ledger: Ledger, head: Head, order: tuple[Any, ...]) -> Rank:
+    """The head's rank at its tenant's own cohort. Whether the tenant borrows counts its
+    own victims gone; its share is with the head added, as the flat order's key has it
+    (one rule for a flat cohort, declared in `cohorts:` or not)."""
+    tenant, flavor, gpus, own = head
+    borrowing = ledger.borrows(tenant, flavor, gpus, own)
+    return (borrowing, tenant_side(ledger, tenant, flavor, gpus) if borrowing else 0.0, *order)
+
+
+def cohort_rank(
     ledger: Ledger,
     cohorts: Mapping[str, Cohort],
     head: Head,
     order: tuple[Any, ...],
-) -> list[Rank]:
-    """The head's rank at each cohort of its tenant's path, from its own to the root (the
-    root's is the last): Kueue's computeDRS, once per head."""
-    tenant, flavor, gpus, own = head
-    path = ledger.path(tenant)
-    if not path:
-        return []
-    delta = gpus - own
-    # The tenant at its own cohort. Whether it borrows counts its own victims gone; its
-    # share is with the head added, as the flat order's key has it (one rule for a flat
-    # cohort, declared in `cohorts:` or not).
-    borrowing = ledger.borrows(tenant, flavor, gpus, own)
-    side = tenant_side(ledger, tenant, flavor, gpus) if borrowing else 0.0
-    out: list[Rank] = [(borrowing, side, *order)]
-    after = ledger.usage_after(tenant, flavor, delta)
-    for child, parent in pairwise(path):
-        used = after.get(child)
-        if used is None:
-            used = ledger.cohort_usage(child, flavor)
-        borrowing = used > ledger.pool(child, flavor)
-        side = 0.0
-        if borrowing:
-            spec = cohorts.get(child)
-            weight = spec.weight if spec is not None else 1.0
-            side = drs(ledger.subtree_over(child, flavor, used), ledger.lendable(parent), weight)
-        out.append((borrowing, side, *order))
-    return out
+    after: Mapping[str, int],
+    child: str,
+    parent: str,
+) -> Rank:
+    """The head's rank at `parent`, coming through its child cohort `child`, whose usage of
+    the head's flavor with the head admitted is in `after` (`Ledger.usage_after`; a
+    cohort absent there is unchanged)."""
+    flavor = head[1]
+    used = after.get(child)
+    if used is None:
+        used = ledger.cohort_usage(child, flavor)
+    if used <= ledger.pool(child, flavor):
+        return (False, 0.0, *order)
+    spec = cohorts.get(child)
+    weight = spec.weight if spec is not None else 1.0
+    over = ledger.subtree_over(child, flavor, used)
+    return (True, drs(over, ledger.lendable(parent), weight), *order)
 
 
 def bracket(
@@ -107,22 +105,33 @@ def bracket(
     """Run the tournament of every tree that has heads: the winner of each root cohort, as
     an index into `heads` (at most one head per tenant; each with its tie-break order,
     which must be unique). Heads of tenants without a cohort are not in any tree: the
-    caller orders the trees' winners and those."""
-    # cohort -> its children's candidates: (child name, head index). A tenant's head enters
-    # at its own cohort; a child cohort's winner is added once that cohort is decided.
-    rank_of: dict[int, list[Rank]] = {}
+    caller orders the trees' winners and those.
+
+    A head's rank at an upper cohort is computed only if it gets there (Kueue's computeDRS
+    computes them all up front): with 2,000 tenants most heads lose at their own cohort."""
     level: dict[int, int] = {}  # head index -> how far up its path it has won
-    entrants: dict[str, list[int]] = {}
+    entrants: dict[str, list[int]] = {}  # cohort -> its candidates so far
     depth: dict[str, int] = {}  # cohort -> its distance from the root
-    for i, (head, order) in enumerate(heads):
+    for i, (head, _) in enumerate(heads):
         path = ledger.path(head[0])
         if not path:
             continue
-        rank_of[i] = ranks(ledger, cohorts, head, order)
         level[i] = 0
         entrants.setdefault(path[0], []).append(i)
         for k, c in enumerate(path):
+            if c in depth:
+                break
             depth[c] = len(path) - 1 - k
+
+    def rank(i: int) -> Rank:
+        head, order = heads[i]
+        k = level[i]
+        if k == 0:
+            return tenant_rank(ledger, head, order)
+        path = ledger.path(head[0])
+        after = ledger.usage_after(head[0], head[1], head[2] - head[3])
+        return cohort_rank(ledger, cohorts, head, order, after, path[k - 1], path[k])
+
     winners: dict[str, int] = {}
     # Deepest cohorts first, so every child cohort is decided before its parent; among
     # cohorts of one depth the order does not matter (they do not meet).
@@ -130,12 +139,12 @@ def bracket(
         candidates = entrants.get(c)
         if not candidates:
             continue
-        best = min(candidates, key=lambda i: rank_of[i][level[i]])
+        best = candidates[0] if len(candidates) == 1 else min(candidates, key=rank)
         path = ledger.path(heads[best][0][0])
-        k = level[best]
-        if k + 1 < len(path):
-            level[best] = k + 1
-            entrants.setdefault(path[k + 1], []).append(best)
+        k = level[best] + 1
+        if k < len(path):
+            level[best] = k
+            entrants.setdefault(path[k], []).append(best)
         else:
             winners[c] = best
     return winners
