@@ -402,7 +402,7 @@ class AdmissionCore:
             self._heads.set(t, self._nomination.nominate(t))
 
     def _first_in_order(self) -> Entry | None:
-        return self._heads.best(self._nomination.wins if self._policies.tournament else None)
+        return self._heads.best(self._nomination.bracket if self._policies.tournament else None)
 
     def _still_true(self, e: Entry) -> Entry | None:
         """The entry, or its fresh nomination if it predates the last admission; None

@@ -6,13 +6,13 @@ busy instant a thousand heads may wait at once. Admission keys are unique (they 
 request's arrival number), so the best is the least key: a heap finds it. A replaced head
 stays in the heap, stale, until it reaches the top, where it is dropped.
 
-Fair sharing in a cohort tree compares two heads by Kueue's tournament, not by key alone,
-so there the best is found by the same pairwise scan as before (`wins`).
+Fair sharing in a cohort tree orders heads by Kueue's tournament, not by key alone: there
+the caller's `tournament` picks the best of all the heads at once (a bracket, fairshare.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from .heap import heapify, heappop, heappush
@@ -39,14 +39,10 @@ class Heads:
             self._heap = [x for x in self._heap if self.entries.get(x[2]) is x[3]]
             heapify(self._heap)
 
-    def best(self, wins: Callable[[Entry, Entry], bool] | None) -> Entry | None:
-        """The head that goes first: the least key, or by `wins` when given."""
-        if wins is not None:
-            best: Entry | None = None
-            for e in self.entries.values():
-                if best is None or wins(e, best):
-                    best = e
-            return best
+    def best(self, tournament: Callable[[Collection[Entry]], Entry | None] | None) -> Entry | None:
+        """The head that goes first: the least key, or the `tournament`'s pick when given."""
+        if tournament is not None:
+            return tournament(self.entries.values()) if self.entries else None
         heap = self._heap
         entries = self.entries
         while heap:

@@ -58,6 +58,7 @@ class Ledger:
         self._lq: dict[tuple[str, str], int] = defaultdict(int)
         self._climit: dict[tuple[str, str], int | None] = {}
         self._cohort: dict[str, str | None] = {}
+        self._potential: dict[tuple[str, str], int] = {}  # per (cohort, flavor)
         parent: dict[str, str | None] = {c.name: c.parent for c in config.cohorts.values()}
         for t in config.tenants.values():
             self._cohort[t.name] = t.cohort
@@ -104,11 +105,32 @@ class Ledger:
                 above = parent[c]
                 if above is not None:
                     self._sq[(above, f)] += self._sq[key] - self._lq[key]
+        # Kueue's calculateLendable per cohort: its potential available summed over the
+        # flavors (all of them GPUs, one resource). Fixed until the next reconfiguration.
+        self._lendable: dict[str, int] = {}
+        for c in sorted(parent, key=lambda c: len(self._up[c])):  # parents first
+            above = parent[c]
+            total = 0
+            for f in flavors:
+                key = (c, f)
+                if above is None:
+                    avail = self._sq[key]
+                else:
+                    avail = self._lq[key] + self._potential[(above, f)]
+                    limit = self._climit.get(key)
+                    if limit is not None and self._sq[key] + limit < avail:
+                        avail = self._sq[key] + limit
+                self._potential[key] = avail
+                total += avail
+            self._lendable[c] = total
         self._levels = {
             (c, f): Level(c, self._sq[(c, f)], self._lq[(c, f)], self._climit.get((c, f)))
             for c in parent
             for f in flavors
         }
+        self._of_cohort: dict[str, list[tuple[str, Level]]] = defaultdict(list)
+        for (c, f), lv in self._levels.items():
+            self._of_cohort[c].append((f, lv))
         # tenant -> flavor -> its quota, with its usage: string keys, no tuple to build
         # for each of the millions of `fits` of a month.
         self._quotas: dict[str, dict[str, TenantQuota]] = {t: {} for t in config.tenants}
@@ -223,6 +245,20 @@ class Ledger:
     def pool(self, cohort: str, flavor: str) -> int:
         """A cohort's subtree quota of `flavor` (for a flat cohort: what its members lend)."""
         return self._sq[(cohort, flavor)]
+
+    def lendable(self, cohort: str) -> int:
+        """What a cohort's children are measured against in fair sharing (Kueue's
+        calculateLendable): the most its subtree could use of every flavor with all
+        else idle, including what it may borrow from above, summed over the flavors."""
+        return self._lendable.get(cohort, 0)
+
+    def subtree_over(self, cohort: str, flavor: str = "", used: int = 0) -> int:
+        """What the cohort's subtree uses beyond its subtree quota, summed over the
+        flavors, with its usage of `flavor` taken as `used` (the rest as they are)."""
+        total = 0
+        for f, lv in self._of_cohort.get(cohort, ()):
+            total += beyond(used if f == flavor else lv.used, lv.sq)
+        return total
 
     def root(self, tenant: str) -> str:
         """The root cohort of the tenant's tree, or the tenant itself without a cohort."""

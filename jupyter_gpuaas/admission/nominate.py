@@ -12,11 +12,12 @@ the tree tournament fairshare.py's. Who waits for devices it tells waking.py.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from .fairshare import share, tournament
+from .fairshare import bracket, share
 from .grace import Graces, kept_for_reclaim
 from .holders import Holders
 from .ledger import Ledger
@@ -135,25 +136,26 @@ class Nomination:
         """Quota or devices were taken: every entry nominated before is stale."""
         self.epoch += 1
 
-    def wins(self, e: Entry, other: Entry) -> bool:
-        """With fair sharing in a cohort tree: Kueue's tournament (fairshare.py) decides
-        between two heads of one tree; otherwise, and on a tie, the admission key."""
-        if e.key[0] == other.key[0] == 1:
-            won = tournament(
-                self._ledger,
-                self._policies.config.tenants,
-                self._policies.config.cohorts,
+    def bracket(self, entries: Collection[Entry]) -> Entry | None:
+        """With fair sharing in a cohort tree, the head that goes first: a resuming
+        reservation by its key; else Kueue's tournament (fairshare.py) picks each tree's
+        winner, and the least key goes first among those and the heads of tenants without
+        a cohort. Deterministic: every step takes the least of a total order."""
+        resuming = [e for e in entries if e.key[0] != 1]
+        if resuming:
+            return min(resuming, key=lambda e: e.key)
+        listed = list(entries)
+        heads = [
+            (
                 (e.req.tenant, e.flavor, e.req.gpus, own_victims(e.req, e.victims)),
-                (
-                    other.req.tenant,
-                    other.flavor,
-                    other.req.gpus,
-                    own_victims(other.req, other.victims),
-                ),
+                order_key(e.req),
             )
-            if won is not None:
-                return won
-        return e.key < other.key
+            for e in listed
+        ]
+        winners = bracket(self._ledger, self._policies.config.cohorts, heads)
+        finalists = [listed[i] for i in winners.values()]
+        finalists += [e for e in listed if not self._ledger.path(e.req.tenant)]
+        return min(finalists, key=lambda e: e.key) if finalists else None
 
     def nominate(self, tenant: str) -> Entry | None:
         q = self._tenant_queues[tenant]
