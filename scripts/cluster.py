@@ -507,8 +507,25 @@ def _kwokctl_config(c: Cluster, binaries: Path, apiserver_port: int, kueue: list
                     {"key": "requestheader-extra-headers-prefix", "value": "X-Remote-Extra-"},
                     {"key": "enable-aggregator-routing", "value": "true"},
                     {"key": "service-cluster-ip-range", "value": "10.96.0.0/16"},
+                    # Node watches served from etcd, not the watch cache: a watch resumed
+                    # from a revision etcd has compacted gets 410 Gone, as on a cluster
+                    # whose cache window has passed (test_inventory makes it on cue).
+                    {"key": "watch-cache-sizes", "value": "nodes#0"},
                 ],
-            }
+            },
+            {
+                # KWOK plays the Nodes with its annotation (every Node of kwok_node), not
+                # all of them: a Node without it keeps the status a test patches into it
+                # (NotReady), as a kubelet's own report.
+                "name": "kwok-controller",
+                "extraArgs": [
+                    {"key": "manage-all-nodes", "value": "false", "override": True},
+                    {
+                        "key": "manage-nodes-with-annotation-selector",
+                        "value": "kwok.x-k8s.io/node=fake",
+                    },
+                ],
+            },
         ],
         "components": [
             {

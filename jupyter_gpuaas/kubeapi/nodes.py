@@ -4,7 +4,10 @@ A flavor is a label selector (`{"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB
 feature discovery, or a node pool label) and a resource name; a Node's GPUs are its
 `status.allocatable` of that resource (`nvidia.com/gpu`, or a MIG resource such as
 `nvidia.com/mig-1g.10gb`). A Node counts only while it is Ready and schedulable and
-allocates at least one; its taints are kept, to be tolerated.
+allocates at least one; its taints are kept, to be tolerated. Ready means its Ready
+condition, and no not-ready or unreachable taint of the node lifecycle controller: a Node
+that has just turned Ready keeps that taint a moment more, and its removal would otherwise
+read as a change of shape (a leave and a join) that releases what was placed on it.
 
 `node_view()` is the pure mapping (tested by dict equality). `NodeWatch` lists the Nodes
 once (`list_nodes()`), then turns the watch into joins and leaves (`changes()`): it resumes from
@@ -29,6 +32,8 @@ log = logging.getLogger("jupyter_gpuaas.kubeapi.nodes")
 #: Labels of NVIDIA's GPU feature discovery, read for the devices page when present.
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB
+#: Taints the node lifecycle controller puts on a Node the scheduler must not use yet.
+NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,9 @@ def node_view(
     )
     if not ready:
         return None, "NotReady"
+    held = [t["key"] for t in spec.get("taints") or [] if t.get("key") in NOT_READY_TAINTS]
+    if held:
+        return None, f"NotReady (tainted {held[0]})"
     if spec.get("unschedulable"):
         return None, "cordoned (unschedulable)"
     resource = str(flavors[flavor].get("resource") or DEFAULT_RESOURCE)

@@ -1,13 +1,14 @@
 """The cluster inventory (`--devices kubernetes`): the pure Node mapping by dict equality,
-then the real gateway following the Nodes of the Kubernetes API DOUBLE (k8s_double.py)
-over real HTTP: nodes that join are placed on, a Node that turns NotReady releases its
-grants, the watch resumes from its resourceVersion after a disconnect and lists again on
-410 Gone (these still on the double: their move to the real control plane is issue 39's
-next step); and the gateway command on the REAL API server of the session's cluster."""
+then the real gateway following the Nodes of the REAL API server of the session's cluster:
+KWOK Nodes that join are placed on, a Node that turns NotReady releases its grants, the
+watch resumes from its resourceVersion after a lost connection and lists again on 410 Gone
+after etcd compacted its version; and the gateway command on the same API server."""
 
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,10 @@ import pytest
 import pytest_asyncio
 import yaml
 from helpers import wait_until
-from k8s_double import KubernetesDouble
 from kubefix import TOKEN_FILE, TOKENS
-from kubeutil import KubeOnCluster
+from kubeutil import KubeOnCluster, start_gateway
 from tornado.httpclient import AsyncHTTPClient
+from traitlets.config import Config
 
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.kubeapi.nodes import ClusterNode, NodeChange, diff, node_view
@@ -72,6 +73,10 @@ def test_node_view() -> None:
         None,
         "NotReady",
     )
+    not_yet = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    assert node_view(
+        node("g", {"pool": "a100"}, {"nvidia.com/gpu": "8"}, taints=[not_yet]), FLAVORS
+    ) == (None, "NotReady (tainted node.kubernetes.io/not-ready)")
     cordoned = node("g", {"pool": "a100"}, {"nvidia.com/gpu": "8"}, cordoned=True)
     assert node_view(cordoned, FLAVORS) == (None, "cordoned (unschedulable)")
     assert node_view(node("g", {"pool": "a100"}, {"nvidia.com/gpu": "0"}), FLAVORS) == (
@@ -102,33 +107,180 @@ QUOTAS = {
 }
 
 
-def a100(k8s: KubernetesDouble, name: str) -> None:
-    k8s.add_node(name, labels={"pool": "a100"}, allocatable={"nvidia.com/gpu": "2"})
+class CuttableLink:
+    """A TCP forwarder on loopback between the gateway and the API server, which the test
+    cuts and restores: a lost connection is a fault the real API server cannot make on
+    cue (TLS passes through untouched; the server's certificate names 127.0.0.1)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.down = False
+        self._open: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        self._open |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                dst.close()
+                self._open.discard(dst)
+
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except asyncio.CancelledError:
+            pass  # close(): the test is over
+        finally:
+            self._tasks.discard(task)
+
+    def cut(self) -> None:
+        """Every open connection closed, new ones refused, until `restore`."""
+        self.down = True
+        for w in list(self._open):
+            w.close()
+        self._open.clear()
+
+    def restore(self) -> None:
+        self.down = False
+
+    async def close(self) -> None:
+        self.cut()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+def etcd_compact(kube: KubeOnCluster) -> int:
+    """Compact the cluster's etcd at its current revision through etcd's own API (its
+    gRPC gateway on the client port kwokctl was given): every older revision is gone, as
+    the API server's own compaction every 5 minutes makes it. Returns the revision."""
+    import base64
+    import json
+    import urllib.request
+
+    (conf, _) = yaml.safe_load_all((kube.cluster.root / "kwokctl.yaml").read_text())
+    base = f"http://127.0.0.1:{conf['options']['etcdPort']}/v3/kv/"
+
+    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            out: dict[str, Any] = json.loads(resp.read())
+            return out
+
+    key = base64.b64encode(b"/registry/nodes/").decode()
+    revision = int(post("range", {"key": key, "limit": 1})["header"]["revision"])
+    post("compaction", {"revision": revision, "physical": True})
+    return revision
+
+
+def unmanaged_node(kube: KubeOnCluster, name: str, labels: dict[str, str], ready: bool) -> None:
+    """A Node no KWOK plays (no kwok annotation): its Ready condition is what the test
+    patches into its status, as a kubelet reports it (KWOK would set its own nodes Ready
+    again)."""
+    import json
+    from datetime import datetime, timezone
+
+    from gpuaas_cluster import kwok_node
+
+    if name not in kube._nodes:
+        node = kwok_node(name, labels, {"nvidia.com/gpu": "2"}, [])
+        del node["metadata"]["annotations"]["kwok.x-k8s.io/node"]
+        kube._nodes.append(name)
+        kube.cluster.apply([node])
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = {
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True" if ready else "False",
+                "reason": "KubeletReady" if ready else "KubeletNotReady",
+                "message": "set by the test",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+        ]
+    }
+    kube.cluster.kubectl(
+        "patch", "node", name, "--subresource=status", "-p", json.dumps({"status": status})
+    )
 
 
 @pytest_asyncio.fixture
-async def cluster_gateway(k8s: KubernetesDouble, make_cluster_gateway: Any, db_url: str) -> Any:
-    """The gateway on the double's Nodes (a100-0, and cpu-0 of no flavor), on each store."""
-    a100(k8s, "a100-0")
-    k8s.add_node("cpu-0", labels={"pool": "cpu"})
-    return await make_cluster_gateway(flavors=FLAVORS, quotas=QUOTAS, db_url=db_url)
+async def cluster_gateway(
+    kube: KubeOnCluster, tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Any]:
+    """The real gateway on the REAL cluster's Nodes of this test (label `gpuaas-test`:
+    the inventory's label selector, so the cluster's other Nodes stay out), reaching the
+    API server through a CuttableLink (`gw.link`), on each store. Nodes: <ns>-a100-0 (an
+    a100 no KWOK plays, Ready) and <ns>-cpu-0 (a KWOK Node of no flavor)."""
+    ns = kube.namespace
+    mine = {"gpuaas-test": ns}
+    unmanaged_node(kube, f"{ns}-a100-0", {"pool": "a100", **mine}, ready=True)
+    kube.add_node(f"{ns}-cpu-0", labels={"pool": "cpu", **mine})
+    config = yaml.safe_load(kube.cluster.kubeconfig.read_text())
+    server = urllib.parse.urlsplit(config["clusters"][0]["cluster"]["server"])
+    link = CuttableLink(server.hostname or "127.0.0.1", server.port or 443)
+    port = await link.start()
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    linked = tmp_path / "kubeconfig-linked"
+    linked.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(linked))
+    from kubernetes_asyncio.config import kube_config
+
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(linked))
+    flavors = {
+        name: {**f, "node_selector": {**f["node_selector"], **mine}} for name, f in FLAVORS.items()
+    }
+    inventory = {"flavors": flavors, "label_selector": f"gpuaas-test={ns}"}
+    app = await start_gateway(
+        tmp_path,
+        quotas=QUOTAS,
+        devices="kubernetes",
+        config=Config({"ClusterInventory": inventory}),
+        db_url=db_url,
+    )
+    app.link = link
+    try:
+        yield app
+    finally:
+        await app.stop_server()
+        await link.close()
 
 
 @pytest.mark.asyncio
-async def test_nodes_join_and_leave_the_gateway(
-    k8s: KubernetesDouble, cluster_gateway: Any
-) -> None:
-    gw = cluster_gateway
+async def test_nodes_join_and_leave_the_gateway(kube: KubeOnCluster, cluster_gateway: Any) -> None:
+    """On the REAL API server: a KWOK Node that joins is placed on, a Node that turns
+    NotReady releases its grants."""
+    gw, ns = cluster_gateway, kube.namespace
+    a0, a1 = f"{ns}-a100-0", f"{ns}-a100-1"
     alice = GatewayClient(gw.url, TOKENS["alice"])
     bob = GatewayClient(gw.url, TOKENS["bob"])
     devices = await alice.devices()
     assert devices["simulated"] is False
-    assert [(n["name"], n["flavor"], n["gpus"]) for n in devices["nodes"]] == [
-        ("a100-0", "a100", 2)
-    ]
+    assert [(n["name"], n["flavor"], n["gpus"]) for n in devices["nodes"]] == [(a0, "a100", 2)]
 
     first = await alice.submit("vision", "server", 2, flavor="a100")
-    assert first["state"] == "admitted" and first["grant"]["node"] == "a100-0"
+    assert first["state"] == "admitted" and first["grant"]["node"] == a0
     second = await bob.submit("vision", "server", 2, flavor="a100")
     assert second["state"] == "queued"
 
@@ -144,35 +296,43 @@ async def test_nodes_join_and_leave_the_gateway(
 
     await wait_until(wants_two)
 
-    # A node joins (what a scale-up ends in): the queued request is placed on it.
-    a100(k8s, "a100-1")
+    # A KWOK Node joins (what a scale-up ends in): the queued request is placed on it.
+    kube.add_node(
+        a1, labels={"pool": "a100", "gpuaas-test": ns}, allocatable={"nvidia.com/gpu": "2"}
+    )
 
     async def second_admitted() -> Any:
         req = await bob.get(second["id"])
         return req if req["state"] == "admitted" else None
 
-    placed = await wait_until(second_admitted)
-    assert placed["grant"]["node"] == "a100-1"
+    placed = await wait_until(second_admitted, timeout=60)
+    assert placed["grant"]["node"] == a1
 
     # a100-0 turns NotReady: its holder is told, its grant released.
-    k8s.set_node_ready("a100-0", False)
+    unmanaged_node(kube, a0, {}, ready=False)
 
     async def first_ended() -> Any:
         req = await alice.get(first["id"])
         return req if req["state"] not in ("admitted", "queued") else None
 
-    ended = await wait_until(first_ended)
+    ended = await wait_until(first_ended, timeout=60)
     assert ended["state"] == "finished"
-    assert "a100-0" in ended.get("reason", ""), ended
-    assert [n["name"] for n in (await alice.devices())["nodes"]] == ["a100-1"]
+    assert a0 in ended.get("reason", ""), ended
+    assert [n["name"] for n in (await alice.devices())["nodes"]] == [a1]
     assert (await bob.get(second["id"]))["state"] == "admitted"  # other nodes untouched
 
 
 @pytest.mark.asyncio
 async def test_the_watch_resumes_and_relists_on_410(
-    k8s: KubernetesDouble, cluster_gateway: Any
+    kube: KubeOnCluster, cluster_gateway: Any
 ) -> None:
-    gw = cluster_gateway
+    """On the REAL API server (node watches served from etcd: scripts/cluster.py turns the
+    watch cache off for Nodes) and its etcd: a lost connection (the CuttableLink) resumes
+    the watch from its resourceVersion, no new list; a resume after etcd compacted that
+    version gets 410 Gone, and the gateway lists again and sees the Node deleted
+    meanwhile gone."""
+    gw, ns = cluster_gateway, kube.namespace
+    a0, a1 = f"{ns}-a100-0", f"{ns}-a100-1"
     alice = GatewayClient(gw.url, TOKENS["alice"])
     source = gw.inventory._source
 
@@ -182,30 +342,31 @@ async def test_the_watch_resumes_and_relists_on_410(
     async def has(expected: list[str]) -> bool:
         return await names() == expected
 
-    await wait_until(lambda: _true_when(k8s.watchers))  # the gateway is watching
-    lists_before = _node_lists(k8s)
+    await wait_until(lambda: has([a0]))
     # A lost connection: the watch comes back from its resourceVersion, no new list.
-    k8s.drop_watches()
-    a100(k8s, "a100-1")
-    await wait_until(lambda: has(["a100-0", "a100-1"]))
-    assert _node_lists(k8s) == lists_before and source.relists == 0
-    watches = [p for m, p in k8s.requests if p.startswith("/api/v1/nodes") and "watch=True" in p]
-    assert len(watches) >= 2
-    assert all("resourceVersion=&" not in p for p in watches)  # always from a version
+    gw.link.cut()
+    gw.link.restore()
+    kube.add_node(
+        a1, labels={"pool": "a100", "gpuaas-test": ns}, allocatable={"nvidia.com/gpu": "2"}
+    )
+    await wait_until(lambda: has([a0, a1]), timeout=60)
+    assert source.relists == 0
 
-    # The history is compacted while the watch is away, and a100-0 is deleted meanwhile:
-    # the resume gets 410 Gone, the gateway lists again and sees the node gone.
+    # The history is compacted while the watch is away, and the job's Node is deleted
+    # meanwhile: the resume gets 410 Gone, the gateway lists again and sees it gone.
     held = await alice.submit("vision", "job", 2, flavor="a100")
     assert held["state"] == "admitted"
     gone = held["grant"]["node"]
-    await wait_until(lambda: _true_when(k8s.watchers))
-    k8s.compact()
-    k8s.drop_watches()
-    k8s.delete("/api/v1", "nodes", gone)
-    stay = "a100-1" if gone == "a100-0" else "a100-0"
-    await wait_until(lambda: has([stay]))
+    gw.link.cut()
+    kube.cluster.kubectl("delete", "node", gone)
+    # More writes after the delete, so that the watch's next revision is compacted too.
+    for i in range(2):
+        kube.cluster.kubectl("create", "configmap", f"tick-{i}", "-n", ns)
+    etcd_compact(kube)
+    gw.link.restore()
+    stay = a1 if gone == a0 else a0
+    await wait_until(lambda: has([stay]), timeout=60)
     assert source.relists == 1
-    assert _node_lists(k8s) == lists_before + 1
 
     # The job on it is requeued (as a preempted job), and placed on the node that stays.
     async def held_moved() -> Any:
@@ -213,17 +374,7 @@ async def test_the_watch_resumes_and_relists_on_410(
         moved = req["state"] == "admitted" and req["grant"]["node"] == stay
         return req if moved else None
 
-    await wait_until(held_moved)
-
-
-async def _true_when(value: Any) -> bool:
-    return bool(value)
-
-
-def _node_lists(k8s: KubernetesDouble) -> int:
-    return sum(
-        1 for m, p in k8s.requests if p.startswith("/api/v1/nodes") and "watch=True" not in p
-    )
+    await wait_until(held_moved, timeout=60)
 
 
 @pytest.mark.asyncio

@@ -1,39 +1,59 @@
-"""Scale-up that ends in a Node, against the Kubernetes API DOUBLE (k8s_double.py; no API
-server can run here) with the real gateway (`--devices kubernetes`) and, for the spawn,
-the real QueuedKubeSpawner, for the kernel the real `gpuaas-kubernetes` provisioner and for
-the job the real JobManager with the KubernetesJobRunner. The test plays the cluster
-autoscaler: it adds the Node.
+"""Scale-up that ends in a Node, on the REAL control plane of the session (conftest.py's
+`cluster`: kube-apiserver with the ProvisioningRequest CRD, the scheduler, the controller
+manager's Deployment and Job controllers, KWOK's Nodes) with the real gateway
+(`--devices kubernetes`, its inventory and scaler talking to the API server) and, for the
+spawn, the real QueuedKubeSpawner, for the job the real JobManager with the
+KubernetesJobRunner.
 
-The whole path, for a GPU spawn, a GPU kernel and a job each: the queue grows, the
-scale-up object is created, a Node joins in the double, the request is admitted on it,
-the object is removed, the pod runs on that Node with the GPUs, and the end releases them.
-A ProvisioningRequest stands for one capacity-blocked head: its PodTemplate asks for that
-head's GPUs (1 for the kernel, 2 for the spawn), not for a whole node's; what the scaler
-creates is validated against the published CRD and Kubernetes schemas (kubeschemas.py).
+THE TEST PLAYS THE CLUSTER AUTOSCALER. Its kwok cloud provider cannot be built here (the Go
+module proxy refuses every version of k8s.io/autoscaler/cluster-autoscaler with 403 "This
+module version is not available"), so where the autoscaler would read a ProvisioningRequest
+(or a Pending placeholder pod) and add a Node of its node group, the test adds the KWOK
+Node of that flavor itself, as the kwok provider does. Everything else is real: the
+ProvisioningRequest and its PodTemplate are objects of the API server (its CRD's schema
+and RBAC's admission), the gateway sees the Node join through its watch, admits the head,
+and the real scheduler binds the pod to that Node.
+
+Each test has its own namespace and its own label on its Nodes (`gpuaas-test`), in the
+flavor's selector and the inventory's label selector: the cluster's other Nodes stay out.
+
+The whole path, for a GPU spawn and a job each: the queue grows, the scale-up object is
+created, a Node joins, the request is admitted on it, the object is removed, the pod is
+bound to that Node with the GPUs, and the end releases them. A ProvisioningRequest stands
+for one capacity-blocked head: its PodTemplate asks for that head's GPUs (1 for a job of
+1, 2 for the spawn), not for a whole node's. The GPU kernel's scale-up is still on the API
+DOUBLE (k8s_double.py: its kernel pod's process is a LOCAL kernel run by kubelet.py, whose
+move to the real cluster is test_kernels.py's).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
+import yaml
 from helpers import wait_until
 from k8s_double import KubernetesDouble
 from kubefix import TOKENS
 from kubeschemas import validate
 from kubeutil import (
+    GPU_TAINT,
     POOL_A100,
+    SCALE_QUOTAS,
+    KubeOnCluster,
     add_a100,
-    api_verbs,
     connect,
     job_manager,
     kernel_cluster,
     kube_spawner,
-    rule_verbs,
     run_cell,
+    start_gateway,
 )
+from traitlets.config import Config
 
 from jupyter_gpuaas.admission.config import parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
@@ -41,18 +61,279 @@ from jupyter_gpuaas.admission.model import Request
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.gateway.cluster import BlockedHead, blocked_heads, heads_to_provision
 from jupyter_gpuaas.kubeapi.meta import ClusterFlavor, Settings
-from jupyter_gpuaas.kubeapi.scaleup import head_objects, placeholder_deployment
+from jupyter_gpuaas.kubeapi.scaleup import head_objects, placeholder_deployment, priority_class
 from jupyter_gpuaas.kubernetes.manifests import rules
 
 PR = ("/apis/autoscaling.x-k8s.io/v1", "provisioningrequests")
+PRS = "provisioningrequests.autoscaling.x-k8s.io"
 
 
-def scale_up_request(k8s: KubernetesDouble, gpus: int) -> dict[str, Any]:
-    """The one ProvisioningRequest in jhub, checked: one pod whose PodTemplate asks for
-    exactly `gpus` of the flavor's resource (the blocked request's, not a node's) on the
-    flavor's nodes; both valid by their schemas."""
-    (request,) = k8s.items(*PR, "jhub")
+class Scale:
+    """One test's part of the real cluster: its namespace (`ns`), its a100 pool (the
+    flavor POOL_A100 with the test's own label), and what is in the namespace."""
+
+    def __init__(self, kube: KubeOnCluster) -> None:
+        self.kube, self.ns = kube, kube.namespace
+        self.mine = {"gpuaas-test": self.ns}
+        self.pool = {
+            **POOL_A100,
+            "node_selector": {**POOL_A100["node_selector"], **self.mine},
+        }
+
+    def node(self, i: int) -> str:
+        return f"{self.ns}-a100-{i}"
+
+    def add_a100(self, i: int) -> str:
+        """An a100 KWOK Node of 2 GPUs of this test's pool, tainted for GPU pods: what
+        the autoscaler's kwok provider adds for the pool's node group."""
+        name = self.node(i)
+        self.kube.add_node(name, self.pool["node_selector"], {"nvidia.com/gpu": "2"}, GPU_TAINT)
+        return name
+
+    def occupy(self, name: str, node: str, gpus: int) -> None:
+        """A pod of `gpus` GPUs the real scheduler binds to `node`: the workload of a
+        grant made straight through the gateway's API (the scheduler, unlike the
+        gateway, sees only pods)."""
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {
+                "nodeSelector": {**self.pool["node_selector"], "kubernetes.io/hostname": node},
+                "tolerations": POOL_A100["tolerations"],
+                "containers": [
+                    {
+                        "name": "work",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                    }
+                ],
+            },
+        }
+        self.kube.cluster.apply([pod])
+        self.kube.cluster.kubectl(
+            "wait", "--for=condition=PodScheduled", f"pod/{name}", "-n", self.ns, "--timeout=60s"
+        )
+
+    def items(self, kind: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = self.kube.get(kind, "-n", self.ns)["items"]
+        return out
+
+    def requests(self) -> list[dict[str, Any]]:
+        return self.items(PRS)
+
+    def template(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = self.kube.get("podtemplate", name, "-n", self.ns)
+        return out
+
+    def removed(self) -> bool:
+        return not self.requests() and not self.items("podtemplates")
+
+
+SCALE_UP = {
+    "ProvisioningRequestScaler": "provisioning-request",
+    "PlaceholderScaler": "placeholders",
+}
+
+
+def as_gateway_account(kube: KubeOnCluster, scaler: str, tmp_path: Path) -> Path:
+    """A kubeconfig of a ServiceAccount bound to exactly the rules the manifests give the
+    gateway for `scaler` (manifests.rules: Nodes cluster-wide, the scaler's verbs in the
+    namespace), with the token the API server issues for it: the real authorizer refuses
+    any verb the gateway uses beyond them."""
+    ns = kube.namespace
+    cluster_rules, namespaced = rules(SCALE_UP[scaler])
+    subject = [{"kind": "ServiceAccount", "name": "gateway", "namespace": ns}]
+    rbac = "rbac.authorization.k8s.io"
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": "gateway", "namespace": ns},
+            },
+            {
+                "apiVersion": f"{rbac}/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": ns},
+                "rules": cluster_rules,
+            },
+            {
+                "apiVersion": f"{rbac}/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": ns},
+                "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": ns},
+                "subjects": subject,
+            },
+            {
+                "apiVersion": f"{rbac}/v1",
+                "kind": "Role",
+                "metadata": {"name": "gateway", "namespace": ns},
+                "rules": namespaced,
+            },
+            {
+                "apiVersion": f"{rbac}/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": "gateway", "namespace": ns},
+                "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "gateway"},
+                "subjects": subject,
+            },
+        ]
+    )
+    token = kube.cluster.kubectl("create", "token", "gateway", "-n", ns).strip()
+    config = yaml.safe_load(kube.cluster.kubeconfig.read_text())
+    (ctx,) = [c for c in config["contexts"] if c["name"] == config["current-context"]]
+    config["users"] = [{"name": "gateway", "user": {"token": token}}]
+    ctx["context"]["user"] = "gateway"
+    config["contexts"] = [ctx]
+    path = tmp_path / "kubeconfig-gateway"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest_asyncio.fixture
+async def scale(
+    kube: KubeOnCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Any]:
+    """`await make(scaler)`: a Scale, and the real gateway on its Nodes with a scaler of
+    gateway/cluster.py (ProvisioningRequestScaler, PlaceholderScaler) acting in the
+    test's namespace; quotas kubeutil.SCALE_QUOTAS (a100 autoscaled). With
+    `as_account=True` the gateway talks to the API server as the ServiceAccount of
+    `as_gateway_account` (RBAC enforced), else as the cluster's admin."""
+    apps: list[Any] = []
+    sc = Scale(kube)
+    accounts: list[str] = []
+
+    async def make(scaler: str, as_account: bool = False) -> tuple[Scale, Any]:
+        if as_account:
+            path = as_gateway_account(kube, scaler, tmp_path)
+            accounts.append(kube.namespace)
+            monkeypatch.setenv("KUBECONFIG", str(path))
+            from kubernetes_asyncio.config import kube_config
+
+            monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+        per_node = SCALE_QUOTAS["flavors"]["a100"]["gpus_per_node"]
+        config = {
+            "ClusterInventory": {
+                "flavors": {"a100": sc.pool},
+                "label_selector": f"gpuaas-test={sc.ns}",
+            },
+            "ClusterScaler": {
+                "namespace": sc.ns,
+                "flavors": {"a100": {**sc.pool, "gpus_per_node": per_node}},
+            },
+        }
+        app = await start_gateway(
+            kube_tmp(tmp_path, len(apps)),
+            quotas=SCALE_QUOTAS,
+            devices="kubernetes",
+            config=Config(config),
+            scaler=f"jupyter_gpuaas.gateway.cluster.{scaler}",
+        )
+        apps.append(app)
+        return sc, app
+
+    try:
+        yield make
+    finally:
+        for app in apps:
+            await app.stop_server()
+        for name in accounts:
+            kube.cluster.kubectl(
+                "delete", "clusterrolebinding,clusterrole", name, "--wait=false", check=False
+            )
+
+
+def kube_tmp(tmp_path: Path, i: int) -> Path:
+    path = tmp_path / f"gateway-{i}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def scale_up_request(sc: Scale, gpus: int) -> dict[str, Any]:
+    """The one ProvisioningRequest in the namespace, checked: one pod whose PodTemplate
+    asks for exactly `gpus` of the flavor's resource (the blocked request's, not a node's)
+    on the flavor's nodes; both accepted by the API server (schemas checked there) and by
+    the published schemas."""
+    (request,) = sc.requests()
     assert request["spec"]["provisioningClassName"] == "check-capacity.autoscaling.x-k8s.io"
+    (pod_set,) = request["spec"]["podSets"]
+    assert pod_set["count"] == 1
+    template = sc.template(pod_set["podTemplateRef"]["name"])
+    validate(request)
+    validate(template)
+    spec = template["template"]["spec"]
+    assert spec["nodeSelector"] == sc.pool["node_selector"]
+    assert spec["tolerations"] == POOL_A100["tolerations"]
+    (pause,) = spec["containers"]
+    amount = {"nvidia.com/gpu": str(gpus)}
+    assert pause["resources"] == {"requests": amount, "limits": amount}
+    return request
+
+
+@pytest.mark.asyncio
+async def test_a_queued_spawn_ends_in_a_node_via_a_provisioning_request(
+    kube: KubeOnCluster, scale: Any
+) -> None:
+    sc, gw = await scale("ProvisioningRequestScaler")
+    a0 = sc.add_a100(0)
+    bob = GatewayClient(gw.url, TOKENS["bob"])
+    held = await wait_until(
+        lambda: _admitted_on(bob, a0), timeout=30, what="bob's job admitted on a100-0"
+    )
+    assert held["grant"]["node"] == a0
+
+    spawner = kube_spawner(
+        kube.url, gw.url, namespace=sc.ns, flavors={"a100": sc.pool}, start_timeout=60
+    )
+    spawner.user_options = {"tenant": "vision", "flavor": "a100", "gpus": 2}
+
+    async def spawn() -> Any:
+        await spawner.run_pre_spawn_hook()
+        return await spawner.start()
+
+    task = asyncio.ensure_future(spawn())
+    try:
+        # The queue grows: a ProvisioningRequest for one more a100 node, and its PodTemplate.
+        await wait_until(sc.requests, timeout=30, what="a ProvisioningRequest")
+        request = scale_up_request(sc, gpus=2)  # the spawn's 2 GPUs
+        assert not kube.pods() and not task.done()  # no Pending pod while queued
+
+        # The autoscaler's part (see the module docstring): the Node of the flavor joins,
+        # the spawn is admitted on it, and the real scheduler binds the pod there.
+        a1 = sc.add_a100(1)
+        await asyncio.wait_for(task, 90)
+        assert spawner._gp["grant"]["grant"]["node"] == a1
+        (pod,) = kube.pods()
+        assert pod["spec"]["nodeName"] == a1
+        assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+        # ... and the scale-up objects are removed.
+        await wait_until(sc.removed, timeout=30, what="the scale-up objects removed")
+
+        rid = spawner._gp["rid"]
+        assert request["metadata"]["labels"]["gpuaas.jupyter.org/request"] == rid
+        await spawner.stop()
+        await wait_until(lambda: not kube.pods(), timeout=60, what="the server pod deleted")
+        root = GatewayClient(gw.url, TOKENS["root"])
+        assert (await root.get(rid))["state"] in ("finished", "cancelled")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+async def _admitted_on(client: GatewayClient, node: str) -> Any:
+    """Submit once a Node is in the gateway's inventory; the admitted request."""
+    nodes = [n["name"] for n in (await client.devices())["nodes"]]
+    if node not in nodes:
+        return None
+    req = await client.submit("vision", "job", 2, flavor="a100")
+    assert req["state"] == "admitted", req
+    return req
+
+
+def double_request(k8s: KubernetesDouble, gpus: int) -> dict[str, Any]:
+    """The one ProvisioningRequest in the DOUBLE's jhub, checked as scale_up_request."""
+    (request,) = k8s.items(*PR, "jhub")
     (pod_set,) = request["spec"]["podSets"]
     assert pod_set["count"] == 1
     template = k8s.get("/api/v1", "podtemplates", pod_set["podTemplateRef"]["name"], "jhub")
@@ -61,56 +342,14 @@ def scale_up_request(k8s: KubernetesDouble, gpus: int) -> dict[str, Any]:
     validate(template)
     spec = template["template"]["spec"]
     assert spec["nodeSelector"] == {"pool": "a100"}
-    assert spec["tolerations"] == POOL_A100["tolerations"]
     (pause,) = spec["containers"]
     amount = {"nvidia.com/gpu": str(gpus)}
     assert pause["resources"] == {"requests": amount, "limits": amount}
     return request
 
 
-def scale_up_removed(k8s: KubernetesDouble) -> bool:
+def double_removed(k8s: KubernetesDouble) -> bool:
     return not k8s.items(*PR, "jhub") and not k8s.items("/api/v1", "podtemplates", "jhub")
-
-
-@pytest.mark.asyncio
-async def test_a_queued_spawn_ends_in_a_node_via_a_provisioning_request(
-    k8s: KubernetesDouble, make_cluster_gateway: Any
-) -> None:
-    add_a100(k8s, "a100-0")
-    gw = await make_cluster_gateway("ProvisioningRequestScaler")
-    bob = GatewayClient(gw.url, TOKENS["bob"])
-    held = await bob.submit("vision", "job", 2, flavor="a100")
-    assert held["grant"]["node"] == "a100-0"
-
-    spawner = kube_spawner(k8s.url, gw.url, flavors={"a100": POOL_A100})
-    spawner.user_options = {"tenant": "vision", "flavor": "a100", "gpus": 2}
-
-    async def spawn() -> Any:
-        await spawner.run_pre_spawn_hook()
-        return await spawner.start()
-
-    task = asyncio.ensure_future(spawn())
-    # The queue grows: a ProvisioningRequest for one more a100 node, and its PodTemplate.
-    await wait_until(lambda: k8s.items(*PR, "jhub"), what="a ProvisioningRequest")
-    request = scale_up_request(k8s, gpus=2)  # the spawn's 2 GPUs
-    assert not k8s.pods("jhub") and not task.done()  # no Pending pod while queued
-
-    # The cluster autoscaler provisions: the Node joins, the spawn is admitted on it.
-    add_a100(k8s, "a100-1")
-    await asyncio.wait_for(task, 30)
-    assert spawner._gp["grant"]["grant"]["node"] == "a100-1"
-    (pod,) = k8s.pods("jhub")
-    assert pod["spec"]["nodeName"] == "a100-1"
-    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
-    # ... and the scale-up objects are removed.
-    await wait_until(lambda: scale_up_removed(k8s), what="the scale-up objects removed")
-
-    rid = spawner._gp["rid"]
-    assert request["metadata"]["labels"]["gpuaas.jupyter.org/request"] == rid
-    await spawner.stop()
-    await wait_until(lambda: not k8s.pods("jhub"), what="the server pod deleted")
-    root = GatewayClient(gw.url, TOKENS["root"])
-    assert (await root.get(rid))["state"] in ("finished", "cancelled")
 
 
 @pytest.mark.asyncio
@@ -145,7 +384,7 @@ async def test_a_queued_gpu_kernel_ends_in_a_node_and_runs_in_its_own_pod_there(
             # The queue grows: a ProvisioningRequest shaped like the kernel's request,
             # its 1 GPU (an a100 node has 2).
             await wait_until(lambda: k8s.items(*PR, "jhub"), what="a ProvisioningRequest")
-            scale_up_request(k8s, gpus=1)
+            double_request(k8s, gpus=1)
             assert cl.pod(km) is None and not start.done()  # no kernel pod while queued
 
             # The cluster autoscaler provisions: the Node joins, the kernel is admitted.
@@ -161,7 +400,7 @@ async def test_a_queued_gpu_kernel_ends_in_a_node_and_runs_in_its_own_pod_there(
             # The user's server pod stays CPU-only, where it was.
             server = k8s.get("/api/v1", "pods", "jupyter-alice", "jhub")
             assert server is not None and server["spec"]["nodeName"] == "cpu-0"
-            await wait_until(lambda: scale_up_removed(k8s), what="the scale-up objects removed")
+            await wait_until(lambda: double_removed(k8s), what="the scale-up objects removed")
 
             client = await connect(km)
             got = await run_cell(client, "import os; print(os.environ['GPUAAS_NODE'])")
@@ -182,52 +421,77 @@ async def test_a_queued_gpu_kernel_ends_in_a_node_and_runs_in_its_own_pod_there(
 
 
 @pytest.mark.asyncio
-async def test_placeholders_follow_the_nodes_wanted(
-    k8s: KubernetesDouble, make_cluster_gateway: Any
-) -> None:
+async def test_placeholders_follow_the_nodes_wanted(kube: KubeOnCluster, scale: Any) -> None:
+    """The placeholder Deployment of the manifests on the real API server, scaled by the
+    gateway through its scale subresource: its pod, made by the real Deployment
+    controller, stays Pending (the real scheduler finds no a100 Node of this pool with
+    room) until the autoscaler's part adds one; the job queued is then admitted and the
+    placeholder scaled back to none. The gateway runs as the ServiceAccount the
+    manifests' rules bind (as_gateway_account)."""
+    sc, gw = await scale("PlaceholderScaler", as_account=True)
+    settings = Settings(namespace=sc.ns)
     deployment = placeholder_deployment(
-        ClusterFlavor("a100", 2, POOL_A100["node_selector"]), Settings(namespace="jhub")
+        ClusterFlavor(
+            "a100", 2, sc.pool["node_selector"], tolerations=tuple(POOL_A100["tolerations"])
+        ),
+        settings,
     )
-    k8s.put("/apis/apps/v1", "deployments", deployment, "jhub")
+    kube.cluster.apply([priority_class(settings), deployment])
     name = deployment["metadata"]["name"]
 
     def replicas() -> int:
-        return int(k8s.get("/apis/apps/v1", "deployments", name, "jhub")["spec"]["replicas"])
+        return int(kube.get("deployment", name, "-n", sc.ns)["spec"]["replicas"])
 
-    add_a100(k8s, "a100-0")
-    gw = await make_cluster_gateway("PlaceholderScaler")
+    a0 = sc.add_a100(0)
     bob = GatewayClient(gw.url, TOKENS["bob"])
     alice = GatewayClient(gw.url, TOKENS["alice"])
-    await bob.submit("vision", "job", 2, flavor="a100")
+    await wait_until(lambda: _admitted_on(bob, a0), timeout=30, what="bob admitted on a100-0")
+    sc.occupy("bobs-job", a0, 2)  # what bob's grant runs there
     waiting = await alice.submit("vision", "job", 2, flavor="a100")
     assert waiting["state"] == "queued"
-    await wait_until(lambda: replicas() == 1, what="one placeholder")
-    add_a100(k8s, "a100-1")
+    await wait_until(lambda: replicas() == 1, timeout=30, what="one placeholder")
+
+    def unschedulable() -> Any:
+        for pod in kube.pods():
+            if not pod["metadata"]["name"].startswith(name):
+                continue
+            for c in pod["status"].get("conditions") or []:
+                if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable":
+                    return pod
+        return None
+
+    pending = await wait_until(unschedulable, timeout=30, what="the placeholder Pending")
+    assert pending["status"]["phase"] == "Pending" and not pending["spec"].get("nodeName")
+    assert pending["spec"]["priorityClassName"] == "jupyter-gpuaas-placeholder"
+
+    sc.add_a100(1)
 
     async def admitted() -> bool:
         return (await alice.get(waiting["id"]))["state"] == "admitted"
 
-    await wait_until(admitted, what="the job admitted")
-    await wait_until(lambda: replicas() == 0, what="no placeholder")
+    await wait_until(admitted, timeout=30, what="the job admitted")
+    await wait_until(lambda: replicas() == 0, timeout=30, what="no placeholder")
 
 
 @pytest.mark.asyncio
 async def test_a_queued_job_ends_in_a_node_and_runs_there(
-    k8s: KubernetesDouble, make_cluster_gateway: Any, tmp_path: Path
+    kube: KubeOnCluster, scale: Any, tmp_path: Path
 ) -> None:
     """A job of 1 GPU queued for capacity: a ProvisioningRequest for that 1 GPU, the
-    Node joins, the job is admitted on it, becomes a Kubernetes Job whose pod runs there
-    with the GPU, the request is removed, and the job's end releases the grant."""
+    Node joins, the job is admitted on it, becomes a Kubernetes Job whose pod the real
+    Job controller makes and the real scheduler binds there with the GPU, the request is
+    removed, KWOK completes the pod (its pod-complete stage) and the job's end releases
+    the grant."""
     from jupyter_gpuaas.kubernetes.jobs import job_name
 
-    add_a100(k8s, "a100-0")
-    gw = await make_cluster_gateway("ProvisioningRequestScaler")
+    sc, gw = await scale("ProvisioningRequestScaler")
+    a0 = sc.add_a100(0)
     bob = GatewayClient(gw.url, TOKENS["bob"])
-    await bob.submit("vision", "job", 2, flavor="a100")  # holds a100-0
+    await wait_until(lambda: _admitted_on(bob, a0), timeout=30, what="bob holds a100-0")
     runner = {
-        "namespace": "jhub",
+        "namespace": sc.ns,
         "image": "quay.io/jupyter/pytorch-notebook:2026-11",
-        "flavors": {"a100": POOL_A100},
+        "flavors": {"a100": sc.pool},
     }
     manager = job_manager(gw.url, tmp_path, runner)
     await manager.start()
@@ -236,28 +500,30 @@ async def test_a_queued_job_ends_in_a_node_and_runs_there(
             {"kind": "script", "path": "train.py", "gpus": 1, "tenant": "vision", "flavor": "a100"}
         )
         assert job.state == "queued"
-        await wait_until(lambda: k8s.items(*PR, "jhub"), what="a ProvisioningRequest")
-        scale_up_request(k8s, gpus=1)  # the job's 1 GPU
-        assert k8s.get("/apis/batch/v1", "jobs", job_name(job.id), "jhub") is None
-        add_a100(k8s, "a100-1")
-        pod = await wait_until(
-            lambda: (
-                (p := k8s.job_pod("jhub", job_name(job.id))) and p["spec"].get("nodeName") and p
-            ),
-            what="the job's pod scheduled",
-        )
-        assert pod["spec"]["nodeName"] == "a100-1"
+        await wait_until(sc.requests, timeout=30, what="a ProvisioningRequest")
+        scale_up_request(sc, gpus=1)  # the job's 1 GPU
+        assert not sc.items("jobs")
+        a1 = sc.add_a100(1)
+
+        def job_pod() -> Any:
+            for p in kube.pods():
+                if p["metadata"].get("labels", {}).get("job-name") == job_name(job.id):
+                    return p if p["spec"].get("nodeName") else None
+            return None
+
+        pod = await wait_until(job_pod, timeout=60, what="the job's pod scheduled")
+        assert pod["spec"]["nodeName"] == a1
         assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-        await wait_until(lambda: scale_up_removed(k8s), what="the scale-up objects removed")
-        await wait_until(lambda: manager.get(job.id).state == "running", what="the job running")
-        k8s.finish_job("jhub", job_name(job.id), 0)
-        await wait_until(lambda: manager.get(job.id).state == "succeeded", what="succeeded")
+        await wait_until(sc.removed, timeout=30, what="the scale-up objects removed")
+        await wait_until(
+            lambda: manager.get(job.id).state == "succeeded", timeout=60, what="succeeded"
+        )
         root = GatewayClient(gw.url, TOKENS["root"])
 
         async def released() -> bool:
             return (await root.get(job.id))["state"] == "finished"
 
-        await wait_until(released, what="the grant released")
+        await wait_until(released, timeout=30, what="the grant released")
     finally:
         await manager.stop()
         manager.runner.close()
@@ -266,13 +532,13 @@ async def test_a_queued_job_ends_in_a_node_and_runs_there(
 # ----------------------------------------------------------------- one request per head
 
 
-def requests_by_head(k8s: KubernetesDouble) -> dict[str, int]:
-    """request id → GPUs its PodTemplate asks for, of every ProvisioningRequest in jhub."""
+def requests_by_head(sc: Scale) -> dict[str, int]:
+    """request id → GPUs its PodTemplate asks for, of every ProvisioningRequest there."""
     out = {}
-    for request in k8s.items(*PR, "jhub"):
+    for request in sc.requests():
         (pod_set,) = request["spec"]["podSets"]
-        template = k8s.get("/api/v1", "podtemplates", pod_set["podTemplateRef"]["name"], "jhub")
-        assert template is not None and pod_set["count"] == 1
+        template = sc.template(pod_set["podTemplateRef"]["name"])
+        assert pod_set["count"] == 1
         (pause,) = template["template"]["spec"]["containers"]
         gpus = int(pause["resources"]["limits"]["nvidia.com/gpu"])
         out[request["metadata"]["labels"]["gpuaas.jupyter.org/request"]] = gpus
@@ -281,84 +547,84 @@ def requests_by_head(k8s: KubernetesDouble) -> dict[str, int]:
 
 @pytest.mark.asyncio
 async def test_each_capacity_blocked_head_gets_its_own_provisioning_request(
-    k8s: KubernetesDouble, make_cluster_gateway: Any
+    kube: KubeOnCluster, scale: Any
 ) -> None:
-    """Against the API DOUBLE, with the real gateway: two heads blocked by capacity (1
+    """On the real API server, with the real gateway: two heads blocked by capacity (1
     and 2 GPUs, two buckets of one tenant) get one ProvisioningRequest each, shaped like
     each; a request queued behind a head of its bucket gets none; cancelling a head
     deletes its request and template (the others stay); the Node joining admits the
-    other head and its objects go. The scaler uses only the verbs its Role grants."""
-    add_a100(k8s, "a100-0")
-    gw = await make_cluster_gateway("ProvisioningRequestScaler")
+    other head and its objects go. The gateway runs as the ServiceAccount the manifests'
+    rules bind (as_gateway_account): a verb beyond them is refused by the API server."""
+    sc, gw = await scale("ProvisioningRequestScaler", as_account=True)
+    a0 = sc.add_a100(0)
     bob = GatewayClient(gw.url, TOKENS["bob"])
     alice = GatewayClient(gw.url, TOKENS["alice"])
-    await bob.submit("vision", "job", 2, flavor="a100")  # holds a100-0
+    await wait_until(lambda: _admitted_on(bob, a0), timeout=30, what="bob holds a100-0")
     one = await alice.submit("vision", "job", 1, flavor="a100")
     two = await alice.submit("vision", "job", 2, flavor="a100")
     behind = await bob.submit("vision", "job", 1, flavor="a100")  # after `one`, its bucket
     assert {one["state"], two["state"], behind["state"]} == {"queued"}
 
     want = {one["id"]: 1, two["id"]: 2}
-    await wait_until(lambda: requests_by_head(k8s) == want, what="one request per head")
-    for request in k8s.items(*PR, "jhub"):
+    await wait_until(lambda: requests_by_head(sc) == want, timeout=30, what="one per head")
+    for request in sc.requests():
         validate(request)
-    for template in k8s.items("/api/v1", "podtemplates", "jhub"):
+    for template in sc.items("podtemplates"):
         validate(template)
 
     await alice.cancel(two["id"])
-    await wait_until(lambda: requests_by_head(k8s) == {one["id"]: 1}, what="two's deleted")
-    assert len(k8s.items("/api/v1", "podtemplates", "jhub")) == 1  # its template went too
+    await wait_until(
+        lambda: requests_by_head(sc) == {one["id"]: 1}, timeout=30, what="two's deleted"
+    )
+    assert len(sc.items("podtemplates")) == 1  # its template went too
 
-    add_a100(k8s, "a100-1")  # holds `one` and `behind`: 1 GPU each
+    sc.add_a100(1)  # holds `one` and `behind`: 1 GPU each
 
     root = GatewayClient(gw.url, TOKENS["root"])
 
     async def admitted(rid: str) -> bool:
         return (await root.get(rid))["state"] == "admitted"
 
-    await wait_until(lambda: admitted(one["id"]), what="one admitted")
-    await wait_until(lambda: admitted(behind["id"]), what="the request behind it admitted")
-    await wait_until(lambda: scale_up_removed(k8s), what="the scale-up objects removed")
-
-    _, allowed = rules("provisioning-request")
-    used = {v for v in api_verbs(k8s) if v[1] in ("provisioningrequests", "podtemplates")}
-    assert used == rule_verbs(allowed)  # create, delete and the one list, nothing else
+    await wait_until(lambda: admitted(one["id"]), timeout=30, what="one admitted")
+    await wait_until(lambda: admitted(behind["id"]), timeout=30, what="the one behind admitted")
+    await wait_until(sc.removed, timeout=30, what="the scale-up objects removed")
 
 
 @pytest.mark.asyncio
 async def test_a_new_leader_keeps_the_heads_objects_and_deletes_the_rest(
-    k8s: KubernetesDouble, make_cluster_gateway: Any
+    kube: KubeOnCluster, scale: Any
 ) -> None:
-    """Against the API DOUBLE: objects an earlier gateway left behind (a request and
+    """On the real API server: objects an earlier gateway left behind (a request and
     template for a head since admitted, a template whose request was never made) are
-    deleted at the first sync; the examples of the manifests (no request label) and
-    objects of others are left alone."""
-    settings = Settings(namespace="jhub")
-    flavor = ClusterFlavor("a100", 2, POOL_A100["node_selector"])
+    deleted at the first sync; the examples of the manifests (no request label) are left
+    alone."""
+    sc = Scale(kube)
+    settings = Settings(namespace=sc.ns)
+    flavor = ClusterFlavor("a100", 2, sc.pool["node_selector"])
     template, request = head_objects(("r-gone", "a100", 1), flavor, settings)
     half, _ = head_objects(("r-half", "a100", 2), flavor, settings)
-    k8s.put("/api/v1", "podtemplates", template, "jhub")
-    k8s.put(*PR, request, "jhub")
-    k8s.put("/api/v1", "podtemplates", half, "jhub")
     example = {
         "apiVersion": "v1",
         "kind": "PodTemplate",
         "metadata": {
             "name": "jupyter-gpuaas-example-a100",
+            "namespace": sc.ns,
             "labels": dict(template["metadata"]["labels"]),
         },
         "template": template["template"],
     }
     del example["metadata"]["labels"]["gpuaas.jupyter.org/request"]
-    k8s.put("/api/v1", "podtemplates", example, "jhub")
+    kube.cluster.apply([template, request, half, example])
 
-    add_a100(k8s, "a100-0")
-    gw = await make_cluster_gateway("ProvisioningRequestScaler")
+    sc, gw = await scale("ProvisioningRequestScaler")
+    a0 = sc.add_a100(0)
     bob = GatewayClient(gw.url, TOKENS["bob"])
-    await bob.submit("vision", "job", 2, flavor="a100")
+    await wait_until(lambda: _admitted_on(bob, a0), timeout=30, what="bob holds a100-0")
     waiting = await bob.submit("vision", "job", 2, flavor="a100")
-    await wait_until(lambda: requests_by_head(k8s) == {waiting["id"]: 2}, what="the head's own")
-    names = {t["metadata"]["name"] for t in k8s.items("/api/v1", "podtemplates", "jhub")}
+    await wait_until(
+        lambda: requests_by_head(sc) == {waiting["id"]: 2}, timeout=30, what="the head's own"
+    )
+    names = {t["metadata"]["name"] for t in sc.items("podtemplates")}
     assert names == {"jupyter-gpuaas-example-a100", f"jupyter-gpuaas-a100-{waiting['id']}"}
 
 
