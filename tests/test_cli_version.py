@@ -19,9 +19,11 @@ PACKAGE = Path(jupyter_gpuaas.__file__).resolve().parent
 
 def version(pythonpath: str) -> list[str]:
     env = {**os.environ, "PYTHONPATH": pythonpath}
+    # Run from that directory: `-m` puts the working directory first on sys.path, and the
+    # checkout's own package (compiled, after `make core`) would shadow PYTHONPATH's.
     done = subprocess.run(
         [sys.executable, "-m", "jupyter_gpuaas.cli", "--version"],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True, text=True, env=env, timeout=60, cwd=pythonpath.split(os.pathsep)[0],
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()

@@ -57,6 +57,23 @@ def kernel_config(socket_dir: str) -> Any:
     return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(socket_dir, "k")}})
 
 
+def kernel_arguments(name: str) -> list[str]:
+    """Extra command-line arguments for the job's kernel. jupyter_client interrupts a kernel
+    before every shutdown, and an idle ipykernel then logs "KeyboardInterrupt caught in
+    kernel" at ERROR into the job's log after the last cell, where it reads as a failure of
+    a job that succeeded: ipykernel's own log is kept to CRITICAL (what the cells print,
+    and a crash's traceback, still reach the log). Other kernels get nothing extra."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        argv = KernelSpecManager().get_kernel_spec(name).argv
+    except NoSuchKernel:
+        return []
+    if any("ipykernel" in part for part in argv):
+        return ["--IPKernelApp.log_level=CRITICAL"]
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jupyter_gpuaas.jobs.execute")
     p.add_argument("source")
@@ -85,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 log_output=True,
                 progress_bar=False,
                 config=kernel_config(sockets),  # to nbclient, which makes the kernel manager
+                extra_arguments=kernel_arguments(kernel),  # to nbclient, onto the kernel's argv
             )
     except PapermillExecutionError as e:
         print(f"[gpuaas] cell {e.exec_count} raised {e.ename}: {e.evalue}", flush=True)
