@@ -380,3 +380,71 @@ async def connect(km: Any) -> Any:
     client.start_channels()
     await client.wait_for_ready(timeout=60)
     return client
+
+
+# ------------------------------------------------- the real cluster as a ServiceAccount
+
+
+def service_account_kubeconfig(
+    kube: KubeOnCluster, name: str, rules: list[dict[str, Any]], path: Path
+) -> Path:
+    """A kubeconfig at `path` that holds the token the API server issues for a new
+    ServiceAccount `name` of the test's namespace, bound there to a Role of `rules`
+    only: RBAC, not the admin certificate, decides what a client of it may do."""
+    ns = kube.namespace
+    kube.cluster.apply(
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": name},
+                "rules": rules,
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+            },
+        ],
+        "-n",
+        ns,
+    )
+    token = kube.cluster.kubectl("create", "token", name, "-n", ns).strip()
+    admin = yaml.safe_load(kube.cluster.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cluster", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": "cluster", "user": name}}],
+        "current-context": name,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def pod_logs(kube: KubeOnCluster, name: str, container: str, lines: list[str]) -> Path:
+    """What KWOK's kubelet endpoint serves as the log of `container` in the test's pods
+    (a ClusterLogs object of KWOK for the namespace, deleted with the test's Nodes): a
+    file of `lines` in the CRI log format kubelet reads, beside the cluster's logs."""
+    path = kube.cluster.root / f"pod-logs-{kube.namespace}-{container}.log"
+    path.write_text(
+        "".join(f"2026-12-06T08:00:00.{i:09d}Z stdout F {x}\n" for i, x in enumerate(lines))
+    )
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                "kind": "ClusterLogs",
+                "metadata": {"name": name},
+                "spec": {
+                    "selector": {"matchNamespaces": [kube.namespace]},
+                    "logs": [{"containers": [container], "logsFile": str(path)}],
+                },
+            }
+        ]
+    )
+    return path
