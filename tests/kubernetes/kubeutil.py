@@ -448,3 +448,45 @@ def pod_logs(kube: KubeOnCluster, name: str, container: str, lines: list[str]) -
         ]
     )
     return path
+
+
+def home_claim(kube: KubeOnCluster, home: Path) -> None:
+    """Alice's home claim `claim-alice`, Bound (the scheduler binds no pod whose claim is
+    not) to a hostPath PersistentVolume of her home, which leaves with the test's Nodes
+    (`release_home`): the PersistentVolume controller binds the two."""
+    ns = kube.namespace
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"home-{ns}"},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteMany"],
+                    "hostPath": {"path": str(home)},
+                    "storageClassName": "",
+                    "claimRef": {"namespace": ns, "name": "claim-alice"},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "claim-alice", "namespace": ns},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                    "storageClassName": "",
+                    "volumeName": f"home-{ns}",
+                },
+            },
+        ]
+    )
+    kube.cluster.kubectl(
+        "wait", "--for=jsonpath={.status.phase}=Bound", "pvc/claim-alice", "-n", ns,
+        "--timeout=60s",
+    )  # fmt: skip
+
+
+def release_home(kube: KubeOnCluster) -> None:
+    kube.cluster.kubectl("delete", "pv", f"home-{kube.namespace}", "--wait=false", check=False)
