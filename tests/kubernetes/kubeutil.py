@@ -427,9 +427,11 @@ def service_account_kubeconfig(
 
 
 def pod_logs(kube: KubeOnCluster, name: str, container: str, lines: list[str]) -> Path:
-    """What KWOK's kubelet endpoint serves as the log of `container` in the test's pods
-    (a ClusterLogs object of KWOK for the namespace, deleted with the test's Nodes): a
-    file of `lines` in the CRI log format kubelet reads, beside the cluster's logs."""
+    """What KWOK's kubelet endpoint serves as the log of `container` in the test's pods,
+    through the API server's pods/log: a ClusterLogs object `name` of KWOK for the
+    namespace (cluster-wide: the caller deletes it) naming a file of `lines` in the CRI
+    log format kubelet reads, written beside the cluster's logs. KWOK reads the file
+    once, when asked (no `follow`): write it before the pod runs."""
     path = kube.cluster.root / f"pod-logs-{kube.namespace}-{container}.log"
     path.write_text(
         "".join(f"2026-12-06T08:00:00.{i:09d}Z stdout F {x}\n" for i, x in enumerate(lines))
@@ -451,9 +453,9 @@ def pod_logs(kube: KubeOnCluster, name: str, container: str, lines: list[str]) -
 
 
 def home_claim(kube: KubeOnCluster, home: Path) -> None:
-    """Alice's home claim `claim-alice`, Bound (the scheduler binds no pod whose claim is
-    not) to a hostPath PersistentVolume of her home, which leaves with the test's Nodes
-    (`release_home`): the PersistentVolume controller binds the two."""
+    """Alice's home claim `claim-alice` in the test's namespace, Bound (the scheduler binds
+    no pod whose claim is not) by the PersistentVolume controller to a hostPath
+    PersistentVolume of `home`, which `release_home` deletes (volumes are cluster-wide)."""
     ns = kube.namespace
     kube.cluster.apply(
         [

@@ -15,6 +15,9 @@ users' servers (`--singleuser-access kernels-and-jobs`): a verb it misses fails 
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -232,8 +235,10 @@ async def test_cancel_deletes_the_job_in_the_foreground(
     kube: KubeOnCluster, gateway: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Cancel deletes the Job with propagationPolicy Foreground: the real garbage
-    collector deletes its pod before the Job goes. The node is cordoned, so the pod stays
-    Pending and KWOK cannot complete it before the cancel (its stages need a bound pod)."""
+    collector deletes its pod before the Job goes, and the runner waits for both. The
+    node is cordoned, so the pod stays Pending and KWOK cannot complete it before the
+    cancel (its stages need a bound pod); the test holds the pod with a finalizer of its
+    own (as a slow kubelet would) until it has seen the Job wait for it."""
     runner = on_cluster(kube, tmp_path, monkeypatch, unschedulable=True)
     manager = job_manager(gateway.url, tmp_path, runner)
     await manager.start()
@@ -242,12 +247,44 @@ async def test_cancel_deletes_the_job_in_the_foreground(
             {"kind": "script", "path": "train.py", "gpus": 1, "tenant": "vision", "flavor": "a100"}
         )
         name = job_name(job.id)
-        await wait_until(lambda: job_pod(kube, name), timeout=30)
+        pod = await wait_until(lambda: job_pod(kube, name), timeout=30)
         await wait_until(lambda: manager.get(job.id).state == "running")
-        await manager.cancel(job.id)
+        ns, pod_name = kube.namespace, pod["metadata"]["name"]
+        kube.cluster.kubectl(
+            "patch", "pod", pod_name, "-n", ns, "--type=merge",
+            "-p", '{"metadata": {"finalizers": ["gpuaas.jupyter.org/test-hold"]}}',
+        )  # fmt: skip
+        waiting: list[dict[str, Any]] = []
+
+        def hold_then_release() -> None:
+            """Off the event loop (the runner's cancel waits on it): once the Job is
+            being deleted, in the foreground, while its pod is still there, let it go."""
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                kjob = kget(kube, "job", name)
+                meta = (kjob or {}).get("metadata") or {}
+                if meta.get("deletionTimestamp") and job_pod(kube, name) is not None:
+                    waiting.append(kjob)
+                    break
+                time.sleep(0.1)
+            kube.cluster.kubectl(
+                "patch", "pod", pod_name, "-n", ns, "--type=merge",
+                "-p", '{"metadata": {"finalizers": null}}', check=False,
+            )  # fmt: skip
+
+        holder = threading.Thread(target=hold_then_release)
+        holder.start()
+        try:
+            await manager.cancel(job.id)
+        finally:
+            await asyncio.to_thread(holder.join)
         assert manager.get(job.id).state == "cancelled"
-        # Foreground: the Job stays (deletionTimestamp set) until its pod is gone.
-        await wait_until(lambda: kget(kube, "job", name) is None, timeout=30)
+        # The Job waited for its pod: being deleted, with the garbage collector's
+        # foregroundDeletion finalizer.
+        (kjob,) = waiting
+        assert "foregroundDeletion" in kjob["metadata"]["finalizers"]
+        # The runner's cancel returned once both were gone.
+        assert kget(kube, "job", name) is None
         assert job_pod(kube, name) is None
         root = GatewayClient(gateway.url, TOKENS["root"])
         assert (await root.get(job.id))["state"] in ("finished", "cancelled")  # released
