@@ -457,12 +457,13 @@ def home_claim(kube: KubeOnCluster, home: Path) -> None:
     no pod whose claim is not) by the PersistentVolume controller to a hostPath
     PersistentVolume of `home`, which `release_home` deletes (volumes are cluster-wide)."""
     ns = kube.namespace
+    volume = f"home-{ns}"
     kube.cluster.apply(
         [
             {
                 "apiVersion": "v1",
                 "kind": "PersistentVolume",
-                "metadata": {"name": f"home-{ns}"},
+                "metadata": {"name": volume},
                 "spec": {
                     "capacity": {"storage": "1Gi"},
                     "accessModes": ["ReadWriteMany"],
@@ -470,7 +471,16 @@ def home_claim(kube: KubeOnCluster, home: Path) -> None:
                     "storageClassName": "",
                     "claimRef": {"namespace": ns, "name": "claim-alice"},
                 },
-            },
+            }
+        ]
+    )
+    # The claim once the controller has seen the volume: a claim it syncs before that
+    # waits for its periodic resync (15 s) to bind.
+    kube.cluster.kubectl(
+        "wait", "--for=jsonpath={.status.phase}=Available", f"pv/{volume}", "--timeout=60s"
+    )
+    kube.cluster.apply(
+        [
             {
                 "apiVersion": "v1",
                 "kind": "PersistentVolumeClaim",
@@ -479,9 +489,9 @@ def home_claim(kube: KubeOnCluster, home: Path) -> None:
                     "accessModes": ["ReadWriteMany"],
                     "resources": {"requests": {"storage": "1Gi"}},
                     "storageClassName": "",
-                    "volumeName": f"home-{ns}",
+                    "volumeName": volume,
                 },
-            },
+            }
         ]
     )
     kube.cluster.kubectl(

@@ -38,6 +38,7 @@ class KwokKubelet:
         self.procs: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # pod uid → name, proc
         self.started: list[dict[str, Any]] = []  # the pods it ran, as it found them
         self._api: Any = None
+        self._core: Any = None  # CoreV1Api; its raw (_preload_content=False) calls are untyped
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -159,7 +160,7 @@ class KwokKubelet:
 def _now() -> str:
     import datetime
 
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
