@@ -494,6 +494,9 @@ def _kwokctl_config(c: Cluster, binaries: Path, apiserver_port: int, kueue: list
             "kubeAuthorization": True,
             "kubeAdmission": True,
             "bindAddress": "127.0.0.1",
+            # A pod's log through the API server (`kubectl logs`, the job runner): KWOK
+            # serves it from the file a ClusterLogs object names for the pod's container.
+            "enableCRDs": ["ClusterLogs"],
         },
         "componentsPatches": [
             {
@@ -569,6 +572,9 @@ def _kwokctl_config(c: Cluster, binaries: Path, apiserver_port: int, kueue: list
             "podsOnNodeSyncParallelism": 1,
             "enablePodsOnNodeSyncListPager": True,
             "enablePodsOnNodeSyncStreamWatch": False,
+            # KWOK's kubelet endpoints (the logs of ClusterLogs), which the API server
+            # reaches on loopback at the Node's kubelet port.
+            "enableDebuggingHandlers": True,
         },
     }
     path = c.root / "kwokctl.yaml"

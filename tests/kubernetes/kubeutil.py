@@ -380,3 +380,125 @@ async def connect(km: Any) -> Any:
     client.start_channels()
     await client.wait_for_ready(timeout=60)
     return client
+
+
+# ------------------------------------------------- the real cluster as a ServiceAccount
+
+
+def service_account_kubeconfig(
+    kube: KubeOnCluster, name: str, rules: list[dict[str, Any]], path: Path
+) -> Path:
+    """A kubeconfig at `path` that holds the token the API server issues for a new
+    ServiceAccount `name` of the test's namespace, bound there to a Role of `rules`
+    only: RBAC, not the admin certificate, decides what a client of it may do."""
+    ns = kube.namespace
+    kube.cluster.apply(
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": name},
+                "rules": rules,
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+            },
+        ],
+        "-n",
+        ns,
+    )
+    token = kube.cluster.kubectl("create", "token", name, "-n", ns).strip()
+    admin = yaml.safe_load(kube.cluster.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cluster", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": "cluster", "user": name}}],
+        "current-context": name,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def pod_logs(kube: KubeOnCluster, name: str, container: str, lines: list[str]) -> Path:
+    """What KWOK's kubelet endpoint serves as the log of `container` in the test's pods,
+    through the API server's pods/log: a ClusterLogs object `name` of KWOK for the
+    namespace (cluster-wide: the caller deletes it) naming a file of `lines` in the CRI
+    log format kubelet reads, written beside the cluster's logs. KWOK reads the file
+    once, when asked (no `follow`): write it before the pod runs."""
+    path = kube.cluster.root / f"pod-logs-{kube.namespace}-{container}.log"
+    path.write_text(
+        "".join(f"2026-12-06T08:00:00.{i:09d}Z stdout F {x}\n" for i, x in enumerate(lines))
+    )
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                "kind": "ClusterLogs",
+                "metadata": {"name": name},
+                "spec": {
+                    "selector": {"matchNamespaces": [kube.namespace]},
+                    "logs": [{"containers": [container], "logsFile": str(path)}],
+                },
+            }
+        ]
+    )
+    return path
+
+
+def home_claim(kube: KubeOnCluster, home: Path) -> None:
+    """Alice's home claim `claim-alice` in the test's namespace, Bound (the scheduler binds
+    no pod whose claim is not) by the PersistentVolume controller to a hostPath
+    PersistentVolume of `home`, which `release_home` deletes (volumes are cluster-wide)."""
+    ns = kube.namespace
+    volume = f"home-{ns}"
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteMany"],
+                    "hostPath": {"path": str(home)},
+                    "storageClassName": "",
+                    "claimRef": {"namespace": ns, "name": "claim-alice"},
+                },
+            }
+        ]
+    )
+    # The claim once the controller has seen the volume: a claim it syncs before that
+    # waits for its periodic resync (15 s) to bind.
+    kube.cluster.kubectl(
+        "wait", "--for=jsonpath={.status.phase}=Available", f"pv/{volume}", "--timeout=60s"
+    )
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "claim-alice", "namespace": ns},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                    "storageClassName": "",
+                    "volumeName": volume,
+                },
+            }
+        ]
+    )
+    kube.cluster.kubectl(
+        "wait", "--for=jsonpath={.status.phase}=Bound", "pvc/claim-alice", "-n", ns,
+        "--timeout=60s",
+    )  # fmt: skip
+
+
+def release_home(kube: KubeOnCluster) -> None:
+    kube.cluster.kubectl("delete", "pv", f"home-{kube.namespace}", "--wait=false", check=False)

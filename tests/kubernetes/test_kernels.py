@@ -1,13 +1,17 @@
 """GPU kernels as pods (`gpuaas-kubernetes`): the pure pod builder by dict equality, then
 the real provisioner under jupyter_client's own AsyncKernelManager, against the real
-gateway (in-process) and the Kubernetes API DOUBLE (k8s_double.py: no API server can run
-here).
+gateway (in-process) and the REAL control plane of the session (conftest.py's `cluster`):
+the API server (RBAC: the provisioner holds only the token of a ServiceAccount bound to
+the Role of the users' servers, `--singleuser-access kernels`), the real scheduler binding
+the kernel pod to the granted KWOK Node, KWOK turning it Running with a loopback IP.
 
-The kernel pod's process is played by a LOCAL kernel: when the double schedules a kernel
-pod, kubelet.py's LocalKubelet runs the pod's container command (gateway_provisioners'
-own kernel launcher, with the response address and public key the provisioner put in
-it) on this machine, with the pod's env and working directory; the launcher sends the
-kernel's connection info back to the server's response address, as it would from a pod.
+The kernel pod's process is played by a LOCAL kernel: when KWOK has made a kernel pod
+Running, kwok_kubelet.py's KwokKubelet runs the pod's container command (gateway_provisioners'
+own kernel launcher, with the response address and public key the provisioner put in it)
+on this machine, with the pod's env and working directory; it listens on every address,
+so the provisioner reaches it at the pod's IP (KWOK's 127.20.0.0/16), and the launcher
+sends the kernel's connection info back to the server's response address, as it would
+from a pod. When the process exits, KwokKubelet reports the pod Failed or Succeeded.
 """
 
 from __future__ import annotations
@@ -21,19 +25,21 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
 from helpers import wait_until
-from k8s_double import KubernetesDouble
 from kubefix import FLAVORS, TOKENS
 from kubeutil import (
+    GPU_TAINT,
     HOME_CLAIM,
-    KernelCluster,
-    add_a100,
-    api_verbs,
+    KubeOnCluster,
     connect,
-    kernel_cluster,
-    rule_verbs,
+    free_port,
+    home_claim,
+    release_home,
     run_cell,
+    service_account_kubeconfig,
 )
+from kwok_kubelet import KwokKubelet
 from traitlets import TraitError
 
 from jupyter_gpuaas.client import GatewayClient
@@ -279,27 +285,141 @@ def test_kernelspec_install_kubernetes_cli(
     assert capsys.readouterr().err == "jupyter-gpuaas kernelspec: --image needs --kubernetes\n"
 
 
-# ---------------------------------------------------------------------- against the double
+# ------------------------------------------------------------------ on the real cluster
+
+A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+
+
+class KernelCluster:
+    """Alice's server pod (CPU-only, on the KWOK Node cpu-0) and GPU kernels in pods of
+    their own, in the test's namespace of the real cluster."""
+
+    def __init__(
+        self, kube: KubeOnCluster, gateway_url: str, home: Path, kubelet: KwokKubelet
+    ) -> None:
+        self.kube, self.gateway_url, self.home, self.kubelet = kube, gateway_url, home, kubelet
+        self.root = GatewayClient(gateway_url, TOKENS["root"])
+
+    def kernel_manager(self) -> Any:
+        """jupyter_client's own AsyncKernelManager for the `gpu-pod` kernelspec (1 a100,
+        provisioner gpuaas-kubernetes), configured as a server's config would."""
+        from jupyter_client.kernelspec import KernelSpecManager
+        from jupyter_client.manager import AsyncKernelManager
+        from traitlets.config import Config
+
+        config = Config(
+            {
+                "GpuaasKubernetesProvisioner": {
+                    "namespace": self.kube.namespace,
+                    "flavors": FLAVORS,
+                    "server_pod_name": "jupyter-alice",
+                    "image_name": "quay.io/jupyter/pytorch-notebook:2026-11",
+                    "poll_interval": 0.2,
+                    "pod_poll_interval": 0.1,
+                    "launch_timeout": 60,
+                }
+            }
+        )
+        ksm = KernelSpecManager(kernel_dirs=[str(self.home.parent / "kernels")])
+        return AsyncKernelManager(kernel_name="gpu-pod", kernel_spec_manager=ksm, config=config)
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        out = self.kube.cluster.kubectl(
+            "get", "pod", name, "-n", self.kube.namespace, "-o", "json", "--ignore-not-found"
+        )
+        return yaml.safe_load(out) if out.strip() else None
+
+    def pod(self, km: Any) -> dict[str, Any] | None:
+        return self.get(f"alice-{km.kernel_id}")
+
+    async def request(self, rid: str) -> dict[str, Any]:
+        return await self.root.get(rid)
 
 
 @pytest_asyncio.fixture
 async def cluster(
-    k8s: KubernetesDouble, gateway: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kube: KubeOnCluster, gateway: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[KernelCluster]:
-    """Alice's CPU server pod and an a100 Node of 2 GPUs, on the simulated gateway."""
-    add_a100(k8s, "a100-0", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
-    async with kernel_cluster(k8s, gateway.url, tmp_path, monkeypatch, FLAVORS) as cl:
-        yield cl
+    """KWOK Nodes a100-0 (2 GPUs, named as the simulated gateway names its node) and
+    cpu-0; Alice's home claim and her CPU server pod bound to cpu-0 by the scheduler; the
+    server extension's kernel table on the gateway; a `gpu-pod` kernelspec; the
+    provisioner's API client holding the token of the users' servers' ServiceAccount;
+    KwokKubelet playing the kernel pods' containers."""
+    import gateway_provisioners.response_manager as rm
+
+    from jupyter_gpuaas.server.kernels import KernelTable, set_table
+    from jupyter_gpuaas.server.kernelspec_cli import write_spec
+
+    kube.add_node("a100-0", A100, {"nvidia.com/gpu": "2"}, GPU_TAINT)
+    kube.add_node("cpu-0", {"gpuaas-test": kube.namespace})
+    home = tmp_path / "home"
+    (home / "proj").mkdir(parents=True)
+    home_claim(kube, home)
+    server = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "jupyter-alice",
+            "namespace": kube.namespace,
+            "labels": {"component": "singleuser-server"},
+        },
+        "spec": {
+            "nodeSelector": {"gpuaas-test": kube.namespace},
+            "containers": [
+                {
+                    "name": "notebook",
+                    "image": "img",
+                    "volumeMounts": [{"name": "home", "mountPath": str(home)}],
+                }
+            ],
+            "volumes": HOME_CLAIM,
+        },
+    }
+    kube.cluster.apply([server])
+    kube.cluster.kubectl(
+        "wait", "--for=condition=Ready", "pod/jupyter-alice", "-n", kube.namespace,
+        "--timeout=60s",
+    )  # fmt: skip
+    # The provisioner as the user's server runs it: the Role of `--singleuser-access
+    # kernels` only.
+    config = service_account_kubeconfig(
+        kube, "singleuser", singleuser_rules("kernels"), tmp_path / "sa-kubeconfig"
+    )
+    from kubernetes_asyncio.config import kube_config
+
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(config))
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    # gateway_provisioners' response address: a free port, not its fixed 8877.
+    monkeypatch.setattr(rm, "desired_response_port", free_port())
+    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    monkeypatch.setenv("GPUAAS_TEST_SETTING", "from the user's environment")
+    set_table(KernelTable(GatewayClient(gateway.url, TOKENS["alice"]), tenant="vision"))
+    write_spec(tmp_path / "kernels" / "gpu-pod", 1, "a100", kubernetes=True)
+    kubelet = KwokKubelet(kube.cluster.kubeconfig, kube.namespace, "component=kernel", tmp_path)
+    await kubelet.start()
+    try:
+        yield KernelCluster(kube, gateway.url, home, kubelet)
+    finally:
+        await kubelet.close()
+        set_table(None)
+        if rm.ResponseManager.initialized():
+            manager = rm.ResponseManager.instance()
+            sock = manager._response_socket
+            manager.stop_response_manager()
+            if sock is not None:
+                sock.close()
+            rm.ResponseManager.clear_instance()
+        release_home(kube)
 
 
 @pytest.mark.asyncio
 async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: KernelCluster) -> None:
-    """queued → admitted → a pod on the granted node with the GPU → a cell runs → an
-    interrupt reaches it → restart keeps the grant → shutdown deletes the pod and releases
-    the grant. The kernel pod's process is a LOCAL kernel run by LocalKubelet."""
+    """queued → admitted → a pod bound by the scheduler to the granted node with the GPU →
+    a cell runs → an interrupt reaches it → restart keeps the grant → shutdown deletes the
+    pod and releases the grant, all as the ServiceAccount of the users' servers. The
+    kernel pod's process is a LOCAL kernel run by KwokKubelet, reached at the pod's IP."""
     from jupyter_gpuaas.server.kernels import current_table
 
-    k8s = cluster.k8s
     bob = GatewayClient(cluster.gateway_url, TOKENS["bob"])
     blocker = await bob.submit("vision", "kernel", 2, flavor="a100", name="bob's kernel")
     assert blocker["state"] == "admitted"
@@ -315,7 +435,11 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Kerne
         await asyncio.wait_for(start, 90)
         pod = cluster.pod(km)
         assert pod is not None
-        assert pod["spec"]["nodeName"] == "a100-0"
+        assert pod["spec"]["nodeName"] == "a100-0"  # the scheduler's binding
+        assert pod["status"]["phase"] == "Running"
+        # The kernel is reached at the pod's IP, which KWOK handed out of its range.
+        assert pod["status"]["podIP"].startswith("127.20.")
+        assert km.get_connection_info()["ip"] == pod["status"]["podIP"]
         (container,) = pod["spec"]["containers"]
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
         assert container["image"] == "quay.io/jupyter/pytorch-notebook:2026-11"
@@ -328,9 +452,12 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Kerne
         rid = record.request_id
         assert (await cluster.request(rid))["state"] == "admitted"
         # The user's server pod stays CPU-only and where it was.
-        server = k8s.get("/api/v1", "pods", "jupyter-alice", "jhub")
+        server = cluster.get("jupyter-alice")
         assert server is not None and server["spec"]["nodeName"] == "cpu-0"
-        assert "resources" not in server["spec"]["containers"][0]
+        assert (
+            "resources" not in server["spec"]["containers"][0]
+            or not (server["spec"]["containers"][0]["resources"])
+        )
 
         client = await connect(km)
         got = await run_cell(
@@ -371,12 +498,13 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Kerne
         # Shutdown: the pod goes, the grant is released.
         await km.shutdown_kernel()
         assert cluster.pod(km) is None
-        assert not cluster.kubelet.procs
+        await wait_until(lambda: not cluster.kubelet.procs)
         assert (await cluster.request(rid))["state"] in ("finished", "cancelled")
         assert record.state == "released"
-        # Start, interrupt, restart and shutdown used exactly what the manifests' Role of
-        # the users' servers allows (`--singleuser-access kernels`), nothing more or less.
-        assert api_verbs(k8s, "jhub") == rule_verbs(singleuser_rules("kernels"))
+        assert [p["metadata"]["uid"] for p in cluster.kubelet.started] == [
+            first_uid,
+            pod2["metadata"]["uid"],
+        ]
     finally:
         if not start.done():
             start.cancel()
@@ -388,7 +516,7 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Kerne
 async def test_a_pod_deleted_under_the_kernel_is_a_dead_kernel(cluster: KernelCluster) -> None:
     """A kernel pod deleted by someone else (kubectl, an eviction, a node drain): the
     kernel is dead and its grant released at once. The kernel pod's process is a LOCAL
-    kernel run by LocalKubelet."""
+    kernel run by KwokKubelet, which stops it when the pod is deleted."""
     from jupyter_gpuaas.server.kernels import current_table
 
     km = cluster.kernel_manager()
@@ -399,16 +527,18 @@ async def test_a_pod_deleted_under_the_kernel_is_a_dead_kernel(cluster: KernelCl
         rid = record.request_id
         pod = cluster.pod(km)
         assert pod is not None
-        assert cluster.kubelet.alive(pod["metadata"]["name"])
-        cluster.k8s.delete("/api/v1", "pods", pod["metadata"]["name"], "jhub")
+        name = pod["metadata"]["name"]
+        assert cluster.kubelet.alive(name)
+        cluster.kube.cluster.kubectl("delete", "pod", name, "-n", cluster.kube.namespace)
 
         async def released() -> bool:
             return (await cluster.request(rid))["state"] in ("finished", "cancelled")
 
         await wait_until(released)
         assert record.state == "released"
-        assert record.reason == f"kernel pod {pod['metadata']['name']} deleted"
+        assert record.reason == f"kernel pod {name} deleted"
         assert not await km.is_alive()
+        await wait_until(lambda: not cluster.kubelet.alive(name))
     finally:
         await km.shutdown_kernel(now=True)
     assert cluster.pod(km) is None
@@ -420,7 +550,7 @@ async def test_culling_deletes_the_pod_and_leaves_the_parked_quota(cluster: Kern
     """The server extension culls a GPU kernel the gateway culled by marking its record
     and shutting the kernel down (extension.py `_end_kernel`); done the same here: the pod
     is deleted, and the request is not cancelled (the gateway parks its quota for the
-    user's relaunch). The kernel pod's process is a LOCAL kernel run by LocalKubelet."""
+    user's relaunch). The kernel pod's process is a LOCAL kernel run by KwokKubelet."""
     from jupyter_gpuaas.server.kernels import current_table
 
     km = cluster.kernel_manager()
@@ -434,7 +564,7 @@ async def test_culling_deletes_the_pod_and_leaves_the_parked_quota(cluster: Kern
     table.retire(record)
     await km.shutdown_kernel()
     assert cluster.pod(km) is None
-    assert not cluster.kubelet.alive(name)
+    await wait_until(lambda: not cluster.kubelet.alive(name))
     assert record.state == "culled"
     assert (await cluster.request(str(record.request_id)))["state"] == "admitted"
 
@@ -444,8 +574,9 @@ async def test_a_kernel_process_that_dies_fails_its_pod_and_releases(
     cluster: KernelCluster,
 ) -> None:
     """The kernel exits on its own (a crash): its pod turns Failed, the kernel is dead and
-    its grant released. The kernel pod's process is a LOCAL kernel run by LocalKubelet,
-    which reports its exit status in the pod."""
+    its grant released. The kernel pod's process is a LOCAL kernel run by KwokKubelet,
+    which reports its exit status in the pod's status, as kubelet would (KWOK's stages
+    leave a Running pod's phase alone)."""
     from jupyter_gpuaas.server.kernels import current_table
 
     km = cluster.kernel_manager()
@@ -460,9 +591,11 @@ async def test_a_kernel_process_that_dies_fails_its_pod_and_releases(
         async def released() -> bool:
             return (await cluster.request(str(record.request_id)))["state"] != "admitted"
 
-        await wait_until(released)
+        await wait_until(released, timeout=30)
         pod = cluster.pod(km)
         assert pod is not None and pod["status"]["phase"] == "Failed"
+        (cs,) = pod["status"]["containerStatuses"]
+        assert cs["state"]["terminated"]["exitCode"] == 3
         assert record.reason == f"kernel pod {name} ended (Failed)"
         assert not await km.is_alive()
         client.stop_channels()

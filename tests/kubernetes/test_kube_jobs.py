@@ -1,19 +1,39 @@
 """Batch jobs as Kubernetes Jobs: the pure Job builder by dict equality, then the real
-JobManager with KubernetesJobRunner against the real gateway and the Kubernetes API
-DOUBLE (k8s_double.py; no API server can run here). The double plays the Job controller
-(one pod per Job) and the scheduler; the test plays the container: it writes the pod's
-log and says how it exited."""
+JobManager with KubernetesJobRunner against the real gateway and the REAL control plane of
+the session (conftest.py's `cluster`): the API server, the real Job controller (one pod
+per Job, backoffLimit 0), the real scheduler binding the pod to the granted KWOK Node, the
+garbage collector deleting in the foreground.
+
+No container runs: KWOK plays the kubelet. Its pod stages turn the Job's pod Running, then
+Succeeded after the job's duration (KWOK's `pod-complete` stage: 1 s plus up to 5 s of
+jitter, as no duration annotation is set), and the Job controller completes the Job. The
+container's log is what KWOK's kubelet endpoint serves for it (a ClusterLogs object naming
+a file the test writes, in the CRI log format), read by the runner through the API
+server's `pods/log`, which reaches KWOK on loopback at the Node's kubelet port. The runner
+talks to the API server with the token of a ServiceAccount holding only the Role of the
+users' servers (`--singleuser-access kernels-and-jobs`): a verb it misses fails the test."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from helpers import wait_until
-from k8s_double import KubernetesDouble
 from kubefix import FLAVORS, TOKENS
-from kubeutil import add_a100, api_verbs, job_manager, rule_verbs
+from kubeutil import (
+    GPU_TAINT,
+    KubeOnCluster,
+    home_claim,
+    job_manager,
+    pod_logs,
+    release_home,
+    service_account_kubeconfig,
+)
 
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.kubernetes.jobs import exit_status, job_manifest, job_name
@@ -123,16 +143,8 @@ def test_exit_status() -> None:
     assert exit_status(None, None) == 255
 
 
-def cluster(k8s: KubernetesDouble) -> None:
-    add_a100(k8s, "a100-0", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
-
-
-# What the manifests' Role of the users' servers allows for Kubernetes Jobs beyond kernels.
-JOB_VERBS = rule_verbs(singleuser_rules("kernels-and-jobs")) - rule_verbs(
-    singleuser_rules("kernels")
-)
+A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 RUNNER = {
-    "namespace": "jhub",
     "image": "quay.io/jupyter/pytorch-notebook:2026-11",
     "flavors": FLAVORS,
     "volumes": HOME,
@@ -140,77 +152,143 @@ RUNNER = {
 }
 
 
+def on_cluster(
+    kube: KubeOnCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **node: Any
+) -> dict[str, Any]:
+    """The KWOK Node a100-0 (named as the simulated gateway names its node), Alice's home
+    claim, and the runner's config: the test's namespace, the API server reached as the
+    ServiceAccount of the users' servers' Role."""
+    kube.add_node("a100-0", A100, {"nvidia.com/gpu": "2"}, GPU_TAINT, **node)
+    home_claim(kube, tmp_path / "home")
+    config = service_account_kubeconfig(
+        kube, "singleuser", singleuser_rules("kernels-and-jobs"), tmp_path / "sa-kubeconfig"
+    )
+    from kubernetes_asyncio.config import kube_config
+
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(config))
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    return {**RUNNER, "namespace": kube.namespace}
+
+
+def kget(kube: KubeOnCluster, *args: str) -> Any:
+    out = kube.cluster.kubectl("get", *args, "-n", kube.namespace, "-o", "json", check=False)
+    return yaml.safe_load(out) if out.strip() else None
+
+
+def job_pod(kube: KubeOnCluster, name: str) -> dict[str, Any] | None:
+    items = kget(kube, "pods", "-l", f"job-name={name}")["items"]
+    return items[0] if items else None
+
+
 @pytest.mark.asyncio
 async def test_a_job_runs_as_a_kubernetes_job(
-    k8s: KubernetesDouble, gateway: Any, tmp_path: Path
+    kube: KubeOnCluster, gateway: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cluster(k8s)
-    manager = job_manager(gateway.url, tmp_path, RUNNER)
+    """Submit → a Job the real Job controller runs → its pod bound by the scheduler to
+    the granted node → KWOK completes it → the job succeeded with the pod's log (as KWOK
+    serves it) in output.log → the grant released."""
+    runner = on_cluster(kube, tmp_path, monkeypatch)
+    logs = f"logs-{kube.namespace}"
+    pod_logs(kube, logs, "job", ["epoch 1", "epoch 2"])
+    manager = job_manager(gateway.url, tmp_path, runner)
     await manager.start()
     try:
         job = await manager.submit(
             {"kind": "script", "path": "train.py", "gpus": 1, "tenant": "vision", "flavor": "a100"}
         )
         name = job_name(job.id)
-        kjob = await wait_until(lambda: k8s.get("/apis/batch/v1", "jobs", name, "jhub"))
+        kjob = await wait_until(lambda: kget(kube, "job", name), timeout=30)
         assert kjob["spec"]["backoffLimit"] == 0
         (container,) = kjob["spec"]["template"]["spec"]["containers"]
         assert container["command"][-1] == str(tmp_path / "home" / "train.py")
         assert container["workingDir"] == str(tmp_path / "home")
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-        pod = await wait_until(lambda: k8s.job_pod("jhub", name))
+        # The pod is the Job controller's, bound by the scheduler to the granted node.
         pod = await wait_until(
-            lambda: (p := k8s.job_pod("jhub", name)) and p["spec"].get("nodeName") and p
+            lambda: (p := job_pod(kube, name)) and p["spec"].get("nodeName") and p, timeout=30
         )
         assert pod["spec"]["nodeName"] == "a100-0"
-        # The container prints and exits 0: the log reaches output.log, the job ends.
-        k8s.write_log("jhub", pod["metadata"]["name"], "epoch 1\nepoch 2\n")
-        await wait_until(
-            lambda: "epoch 2" in (job.log_path.read_text() if job.log_path.exists() else "")
-        )
-        k8s.finish_job("jhub", name, 0)
-        await wait_until(lambda: manager.get(job.id).state == "succeeded")
+        (owner,) = pod["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"]) == ("Job", name)
+        # KWOK completes the pod, the Job controller the Job, the runner the job.
+        await wait_until(lambda: manager.get(job.id).state == "succeeded", timeout=60)
         assert manager.get(job.id).exit_status == 0
+        assert kget(kube, "job", name)["status"]["succeeded"] == 1
+        assert job_pod(kube, name)["status"]["phase"] == "Succeeded"
         assert "epoch 1\nepoch 2\n" in job.log_path.read_text()
+        assert "could not be read" not in job.log_path.read_text()
         root = GatewayClient(gateway.url, TOKENS["root"])
 
         async def released() -> bool:
             return (await root.get(job.id))["state"] == "finished"
 
         await wait_until(released)
-        # A job's run used what the Role of the users' servers adds for jobs
-        # (`--singleuser-access kernels-and-jobs`) but the deletion, which only a cancel
-        # uses (next test).
-        assert api_verbs(k8s, "jhub") == JOB_VERBS - {("batch", "jobs", "delete")}
     finally:
         await manager.stop()
         manager.runner.close()
+        kube.cluster.kubectl("delete", "clusterlogs", logs, "--wait=false", check=False)
+        release_home(kube)
 
 
 @pytest.mark.asyncio
 async def test_cancel_deletes_the_job_in_the_foreground(
-    k8s: KubernetesDouble, gateway: Any, tmp_path: Path
+    kube: KubeOnCluster, gateway: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cluster(k8s)
-    manager = job_manager(gateway.url, tmp_path, RUNNER)
+    """Cancel deletes the Job with propagationPolicy Foreground: the real garbage
+    collector deletes its pod before the Job goes, and the runner waits for both. The
+    node is cordoned, so the pod stays Pending and KWOK cannot complete it before the
+    cancel (its stages need a bound pod); the test holds the pod with a finalizer of its
+    own (as a slow kubelet would) until it has seen the Job wait for it."""
+    runner = on_cluster(kube, tmp_path, monkeypatch, unschedulable=True)
+    manager = job_manager(gateway.url, tmp_path, runner)
     await manager.start()
     try:
         job = await manager.submit(
             {"kind": "script", "path": "train.py", "gpus": 1, "tenant": "vision", "flavor": "a100"}
         )
         name = job_name(job.id)
-        await wait_until(lambda: (p := k8s.job_pod("jhub", name)) and p["spec"].get("nodeName"))
+        pod = await wait_until(lambda: job_pod(kube, name), timeout=30)
         await wait_until(lambda: manager.get(job.id).state == "running")
-        await manager.cancel(job.id)
+        ns, pod_name = kube.namespace, pod["metadata"]["name"]
+        kube.cluster.kubectl(
+            "patch", "pod", pod_name, "-n", ns, "--type=merge",
+            "-p", '{"metadata": {"finalizers": ["gpuaas.jupyter.org/test-hold"]}}',
+        )  # fmt: skip
+        waiting: list[dict[str, Any]] = []
+
+        def hold_then_release() -> None:
+            """Off the event loop (the runner's cancel waits on it): once the Job is
+            being deleted, in the foreground, while its pod is still there, let it go."""
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                kjob = kget(kube, "job", name)
+                meta = (kjob or {}).get("metadata") or {}
+                if meta.get("deletionTimestamp") and job_pod(kube, name) is not None:
+                    waiting.append(kjob)
+                    break
+                time.sleep(0.1)
+            kube.cluster.kubectl(
+                "patch", "pod", pod_name, "-n", ns, "--type=merge",
+                "-p", '{"metadata": {"finalizers": null}}', check=False,
+            )  # fmt: skip
+
+        holder = threading.Thread(target=hold_then_release)
+        holder.start()
+        try:
+            await manager.cancel(job.id)
+        finally:
+            await asyncio.to_thread(holder.join)
         assert manager.get(job.id).state == "cancelled"
-        assert k8s.get("/apis/batch/v1", "jobs", name, "jhub") is None
-        assert k8s.job_pod("jhub", name) is None
-        body = next(b for p, b in k8s.deletes if p.endswith(f"/jobs/{name}"))
-        assert body["propagationPolicy"] == "Foreground"
+        # The Job waited for its pod: being deleted, with the garbage collector's
+        # foregroundDeletion finalizer.
+        (kjob,) = waiting
+        assert "foregroundDeletion" in kjob["metadata"]["finalizers"]
+        # The runner's cancel returned once both were gone.
+        assert kget(kube, "job", name) is None
+        assert job_pod(kube, name) is None
         root = GatewayClient(gateway.url, TOKENS["root"])
         assert (await root.get(job.id))["state"] in ("finished", "cancelled")  # released
-        used = api_verbs(k8s, "jhub")
-        assert ("batch", "jobs", "delete") in used and used <= JOB_VERBS
     finally:
         await manager.stop()
         manager.runner.close()
+        release_home(kube)

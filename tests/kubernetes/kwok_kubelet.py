@@ -1,0 +1,180 @@
+"""A container runtime beside KWOK on the REAL cluster: a pod's container as a LOCAL process.
+
+KWOK plays every kubelet of the session's cluster (conftest.py's `cluster`) but runs
+nothing: it turns a bound pod Running with an IP of its loopback range (127.20.0.0/16) and
+removes a deleted one. Where a test needs the pod's process itself (a GPU kernel the
+provisioner talks to), `KwokKubelet` plays the container: it watches the API server for
+pods of its selector that KWOK has made Running on a Node, and runs the first container's
+`command` + `args` with the pod's `env` in its `workingDir`, as a process on this machine
+(the image's Python is this virtualenv's: its bin directory leads the PATH). The process
+listens on every address, so it answers at the pod's IP, which is on loopback.
+
+How it and KWOK share the pod: KWOK's stages own its life up to Running (IP, conditions)
+and its removal once deleted; none of them matches a Running pod again, so when the
+process exits this kubelet reports what kubelet would (`status.phase` Succeeded or Failed,
+the container terminated with its exit code) through the pods/status subresource, and
+KWOK leaves it so. When the pod is deleted (or replaced by a newer one of the same name)
+the process gets SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class KwokKubelet:
+    def __init__(self, kubeconfig: Path, namespace: str, selector: str, logs: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.selector = selector
+        self.logs = logs
+        self.procs: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # pod uid → name, proc
+        self.started: list[dict[str, Any]] = []  # the pods it ran, as it found them
+        self._api: Any = None
+        self._core: Any = None  # CoreV1Api; its raw (_preload_content=False) calls are untyped
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        from kubernetes_asyncio import client, config
+
+        api = await config.new_client_from_config(config_file=str(self.kubeconfig))
+        self._api = api
+        self._core = client.CoreV1Api(api)
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._sync()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the API server busy: the next round reads again
+                print(f"kwok_kubelet: {e}", file=sys.stderr)
+            await asyncio.sleep(0.05)
+
+    async def _sync(self) -> None:
+        resp = await self._core.list_namespaced_pod(
+            self.namespace, label_selector=self.selector, _preload_content=False
+        )
+        pods = {p["metadata"]["uid"]: p for p in (await resp.json())["items"]}
+        for uid, pod in pods.items():
+            status = pod.get("status") or {}
+            running = status.get("phase") == "Running" and status.get("podIP")
+            if (
+                uid not in self.procs
+                and running
+                and pod["spec"].get("nodeName")
+                and not pod["metadata"].get("deletionTimestamp")
+                and not any(p["metadata"]["uid"] == uid for p in self.started)
+            ):
+                self._start(pod)
+        for uid, (_, proc) in list(self.procs.items()):
+            pod = pods.get(uid)
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                del self.procs[uid]
+                await asyncio.to_thread(_kill, proc)
+                continue
+            code = proc.poll()
+            if code is not None:
+                del self.procs[uid]
+                await asyncio.to_thread(_kill, proc)  # what it left in its group
+                await self._finish(pod, code)
+
+    def _start(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        c = pod["spec"]["containers"][0]
+        env = {e["name"]: e.get("value", "") for e in c.get("env") or []}
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        env.setdefault("HOME", os.environ.get("HOME", "/tmp"))
+        log = open(self.logs / f"{meta['name']}-{meta['uid'][:8]}.log", "ab")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [*c["command"], *(c.get("args") or [])],
+            env=env,
+            cwd=c.get("workingDir") or None,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.procs[meta["uid"]] = (meta["name"], proc)
+        self.started.append(copy.deepcopy(pod))
+
+    async def _finish(self, pod: dict[str, Any], exit_code: int) -> None:
+        """The container exited: the pod says so, as kubelet would (restartPolicy Never:
+        it stays, Succeeded or Failed)."""
+        status = copy.deepcopy(pod.get("status") or {})
+        statuses = status.get("containerStatuses") or []
+        for cs in statuses:
+            cs["ready"] = False
+            cs["started"] = False
+            cs["state"] = {
+                "terminated": {
+                    "exitCode": exit_code,
+                    "reason": "Completed" if exit_code == 0 else "Error",
+                    "startedAt": (cs.get("state", {}).get("running") or {}).get("startedAt"),
+                    "finishedAt": _now(),
+                }
+            }
+        conditions = [
+            {**c, "status": "False"} if c.get("type") in ("Ready", "ContainersReady") else c
+            for c in status.get("conditions") or []
+        ]
+        patch = {
+            "status": {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "containerStatuses": statuses,
+                "conditions": conditions,
+            }
+        }
+        await self._core.patch_namespaced_pod_status(
+            pod["metadata"]["name"],
+            self.namespace,
+            patch,
+            _content_type="application/merge-patch+json",
+        )
+
+    def alive(self, name: str) -> bool:
+        return any(n == name and p.poll() is None for n, p in self.procs.values())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for _, proc in self.procs.values():
+            await asyncio.to_thread(_kill, proc)
+        self.procs.clear()
+        if self._api is not None:
+            await self._api.close()
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process group (the launcher and its listener), then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # the group's last ones (a listener that outlived its kernel)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
