@@ -16,6 +16,31 @@ from typing import Any
 
 import yaml
 from tornado import httpserver, netutil, web
+from tornado.log import access_log
+
+
+def log_request(handler: web.RequestHandler) -> None:
+    """The access log: a read that went well is routine (the Hub's service check every
+    minute, health probes, pollers) and logged at debug; a change, and every refusal or
+    error, at info, warning or error as tornado would."""
+    status = handler.get_status()
+    request = handler.request
+    if status < 400 and request.method in ("GET", "HEAD", "OPTIONS"):
+        log = access_log.debug
+    elif status < 400:
+        log = access_log.info
+    elif status < 500:
+        log = access_log.warning
+    else:
+        log = access_log.error
+    log(
+        "%d %s %s (%s) %.2fms",
+        status,
+        request.method,
+        request.uri,
+        request.remote_ip,
+        1000.0 * request.request_time(),
+    )
 
 
 class StartupError(Exception):
@@ -121,6 +146,7 @@ class GatewayStartup:
             "max_queued_per_user": self.max_queued_per_user,
             "forward_writes": self.forward_writes,
             "default_handler_class": NotFoundHandler,
+            "log_function": log_request,
         }
         handlers: list[Any] = list(routes(self.base_url)) + page_routes(self.base_url)
         if self.hub_service:
