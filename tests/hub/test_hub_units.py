@@ -1,7 +1,7 @@
 """Pure parts of the hub package: flavors, options, progress text, demo helpers.
 
 The pods of QueuedKubeSpawner are tested in tests/kubernetes (test_pods.py by dict
-equality, test_kube_spawner.py against a Kubernetes API double).
+equality, test_kube_spawner.py on a real Kubernetes control plane).
 """
 
 from __future__ import annotations

@@ -1,18 +1,17 @@
 """Fixtures of the Kubernetes tests.
 
-`k8s`: the in-process Kubernetes API DOUBLE of k8s_double.py (no API server can run on
-these machines), with a kubeconfig pointing at it. `gateway`: the real gateway app
-in-process on a loopback port (simulated devices named like the double's Nodes, a token
-file); `make_cluster_gateway`: the same with the double's Nodes as its inventory and a
-scaler (kubeutil.py has the helpers under both). `make_spawner`: the real
-QueuedKubeSpawner (a KubeSpawner subclass) with a stand-in for the Hub's user object,
-talking to both over real HTTP.
-
 `cluster`: the REAL control plane (issue 39), one for the session: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, KWOK's GPU nodes and Kueue, built from the Go
 modules pinned in cluster/ and started by scripts/cluster.py through kwokctl (what
 `make cluster-up` runs). A test that fails while it is up gets every component's log tail
-in its report. The tests still on the double move onto it one file at a time.
+in its report. Every test of tests/kubernetes that talks to Kubernetes runs on it.
+
+`kube`: that cluster for one test (a namespace of its own, the KWOK Nodes it adds,
+$KUBECONFIG pointing at the cluster). `gateway`: the real gateway app in-process on a
+loopback port (simulated devices named like the tests' KWOK Nodes, a token file);
+`make_spawner`: the real QueuedKubeSpawner (a KubeSpawner subclass) with a stand-in for
+the Hub's user object, talking to both over real HTTP (kubeutil.py has the helpers under
+them). `db_url`: the gateway's store, SQLite or PostgreSQL.
 """
 
 from __future__ import annotations
@@ -26,14 +25,11 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from k8s_double import KubernetesDouble
 from kubefix import DEVICES, FLAVORS, QUOTAS
-from kubeutil import POOL_A100, SCALE_QUOTAS, KubeOnCluster, kube_spawner, start_gateway
-from traitlets.config import Config
+from kubeutil import KubeOnCluster, kube_spawner, start_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,30 +79,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append(("cluster logs", _CLUSTERS[0].log_tail()))
 
 
-@pytest_asyncio.fixture
-async def k8s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[KubernetesDouble]:
-    double = KubernetesDouble()
-    await double.start()
-    config = tmp_path / "kubeconfig"
-    config.write_text(yaml.safe_dump(double.kubeconfig()))
-    monkeypatch.setenv("KUBECONFIG", str(config))
-    # kubernetes_asyncio reads $KUBECONFIG once, when first imported.
-    from kubernetes_asyncio.config import kube_config
-
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(config))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    try:
-        yield double
-    finally:
-        try:
-            from kubespawner import KubeSpawner
-
-            await KubeSpawner._stop_all_reflectors()
-        except ImportError:
-            pass
-        await double.stop()
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The store: SQLite, or a fresh database on the session's PostgreSQL (tests/pg.py),
@@ -129,54 +101,12 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Any]:
-    """The real gateway with simulated devices named like the double's Nodes (kubefix)."""
+    """The real gateway with simulated devices named like the tests' KWOK Nodes (kubefix)."""
     app = await start_gateway(tmp_path, quotas=QUOTAS, devices=DEVICES)
     try:
         yield app
     finally:
         await app.stop_server()
-
-
-@pytest_asyncio.fixture
-async def make_cluster_gateway(k8s: KubernetesDouble, tmp_path: Path) -> AsyncIterator[Any]:
-    """`await make(scaler)`: the real gateway whose inventory is the double's Nodes
-    (`--devices kubernetes`), with a scaler of gateway/cluster.py (ProvisioningRequestScaler,
-    PlaceholderScaler) or the default one (None). Default flavors: the `pool=a100` pool of
-    kubeutil.POOL_A100; default quotas: kubeutil.SCALE_QUOTAS (a100 autoscaled)."""
-    apps: list[Any] = []
-
-    async def make(
-        scaler: str | None = None,
-        *,
-        flavors: dict[str, Any] | None = None,
-        quotas: dict[str, Any] | None = None,
-        db_url: str | None = None,
-    ) -> Any:
-        flavors = flavors or {"a100": POOL_A100}
-        quotas = quotas or SCALE_QUOTAS
-        config: dict[str, Any] = {"ClusterInventory": {"flavors": flavors}}
-        if scaler is not None:
-            per_node = {n: f["gpus_per_node"] for n, f in quotas["flavors"].items()}
-            config["ClusterScaler"] = {
-                "namespace": "jhub",
-                "flavors": {n: {**f, "gpus_per_node": per_node[n]} for n, f in flavors.items()},
-            }
-        app = await start_gateway(
-            tmp_path,
-            quotas=quotas,
-            devices="kubernetes",
-            config=Config(config),
-            scaler=f"jupyter_gpuaas.gateway.cluster.{scaler}" if scaler else None,
-            db_url=db_url,
-        )
-        apps.append(app)
-        return app
-
-    try:
-        yield make
-    finally:
-        for app in apps:
-            await app.stop_server()
 
 
 @pytest_asyncio.fixture

@@ -13,15 +13,15 @@ TOKEN_FILE = {
         TOKENS["root"]: {"user": "root", "admin": True},
     }
 }
-# One a100 node of 2 GPUs and one t4 node of 1 (simulated at the gateway; the double has
-# Nodes of the same names).
+# One a100 node of 2 GPUs and one t4 node of 1 (simulated at the gateway; the tests add
+# KWOK Nodes of the same names to the real cluster).
 QUOTAS: dict[str, Any] = {
     "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}, "t4": {"nodes": 1, "gpus_per_node": 1}},
     "tenants": {"vision": {"quota": {"a100": 2, "t4": 1}}},
     "policy": {"idle_timeout": 0, "reservation_ttl": 0},
 }
 DEVICES = "simulated:a100=1x2,t4=1x1"
-# The spawners' flavors: the node pool labels and taints of the double's Nodes.
+# The spawners' flavors: the node pool labels and taints of the tests' KWOK Nodes.
 FLAVORS = {
     "a100": {
         "display_name": "NVIDIA A100 80GB",

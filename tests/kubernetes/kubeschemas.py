@@ -2,7 +2,7 @@
 kubernetes-validate package, strict: unknown fields are errors), and the ScaledObject and
 ProvisioningRequest against those projects' published CRD schemas (vendored under crds/,
 made strict the same way). Used by test_manifests.py (the shipped documents) and
-test_scaleup.py (what the scaler creates in the API double)."""
+test_scaleup.py (what the scaler creates on the real API server)."""
 
 from __future__ import annotations
 

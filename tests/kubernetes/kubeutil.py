@@ -1,21 +1,23 @@
 """Helpers the Kubernetes test modules share (a module of its own: `conftest` is ambiguous
 when tests/hub runs in the same session; the fixtures built on these are in conftest.py).
 
+- `KubeOnCluster`: the session's real cluster (conftest.py's `cluster`) as one test uses it;
 - `start_gateway`: the real gateway app in-process on a loopback port, with simulated
-  devices or the cluster inventory (`--devices kubernetes`) of the API DOUBLE;
-- `add_a100`: an a100 Node of 2 GPUs in the double, tainted as GPU nodes are;
-- `kube_spawner`: the real QueuedKubeSpawner on the double and a gateway;
+  devices or the cluster inventory (`--devices kubernetes`) of the real API server;
+- `kube_spawner`: the real QueuedKubeSpawner on the API server and a gateway;
 - `job_manager`: the real JobManager with the KubernetesJobRunner;
 - `KernelCluster` / `kernel_cluster`: what a GPU kernel in its own pod needs around the
-  real `gpuaas-kubernetes` provisioner: the user's server pod in the double, a
-  `--kubernetes` kernelspec, gateway_provisioners' response address on a free port, and
-  the LOCAL kernel (kubelet.py) that plays the kernel pod's process.
+  real `gpuaas-kubernetes` provisioner: the user's home claim and server pod on the real
+  cluster, a `--kubernetes` kernelspec, gateway_provisioners' response address on a free
+  port, and kwok_kubelet.py's KwokKubelet, which runs the kernel pod's container as a
+  LOCAL process once KWOK has made the pod Running;
+- `service_account_kubeconfig`, `pod_logs`, `home_claim`: ServiceAccount tokens, pod logs
+  served by KWOK, and a Bound home claim on the real cluster.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 import socket
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -23,9 +25,8 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_double import KubernetesDouble
 from kubefix import TOKEN_FILE, TOKENS, HubUser
-from kubelet import LocalKubelet
+from kwok_kubelet import KwokKubelet
 from traitlets.config import Config
 
 from jupyter_gpuaas.client import GatewayClient
@@ -108,60 +109,10 @@ class KubeOnCluster:
         self.cluster.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
 
 
-_NAMESPACED = re.compile(
-    r"/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
-    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?"
-)
-_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
-
-
-def api_verbs(k8s: KubernetesDouble, namespace: str = "jhub") -> set[tuple[str, str, str]]:
-    """(API group, resource, RBAC verb) of every call the double got in `namespace`, as
-    the API server's authorizer names them (a GET of a collection is `list`, or `watch`
-    with watch=true; a subresource is `pods/log`)."""
-    out = set()
-    for method, path_qs in k8s.requests:
-        path, _, query = path_qs.partition("?")
-        m = _NAMESPACED.fullmatch(path)
-        if m is None or m["ns"] != namespace:
-            continue
-        resource = m["plural"] + (f"/{m['sub']}" if m["sub"] else "")
-        if method == "GET":
-            watch = "watch=true" in query.lower()
-            verb = "get" if m["name"] else ("watch" if watch else "list")
-        elif method == "DELETE":
-            verb = "delete" if m["name"] else "deletecollection"
-        else:
-            verb = _VERBS[method]
-        out.add((m["group"] or "", resource, verb))
-    return out
-
-
-def rule_verbs(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    """The (API group, resource, verb) a Role's rules allow."""
-    return {
-        (g, r, v)
-        for rule in rules
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def add_a100(k8s: KubernetesDouble, name: str, labels: Mapping[str, str] | None = None) -> None:
-    """An a100 Node of 2 GPUs, tainted for GPU pods only (default: the `pool=a100` pool)."""
-    k8s.add_node(
-        name,
-        labels=dict(labels or POOL_A100["node_selector"]),
-        allocatable={"nvidia.com/gpu": "2"},
-        taints=GPU_TAINT,
-    )
 
 
 async def start_gateway(
@@ -205,7 +156,7 @@ async def start_gateway(
 
 def kube_spawner(k8s_url: str, gateway_url: str, user: str = "alice", **traits: Any) -> Any:
     """The real QueuedKubeSpawner (a KubeSpawner) for `user` of the group vision, on the
-    API at `k8s_url` (the double) and the gateway at `gateway_url`, with a stand-in for
+    API server at `k8s_url` and the gateway at `gateway_url`, with a stand-in for
     the Hub's user object (kubefix.HubUser). `traits` override the defaults."""
     from jupyterhub.objects import Hub
 
@@ -258,17 +209,19 @@ HOME_CLAIM = [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-ali
 
 
 class KernelCluster:
-    """Alice's server pod (CPU-only, on cpu-0) and GPU kernels in pods of their own."""
+    """Alice's server pod (CPU-only, on a KWOK Node of the caller's) and GPU kernels in
+    pods of their own, in the test's namespace of the real cluster; `kubelet` plays the
+    kernel pods' containers."""
 
     def __init__(
         self,
-        k8s: KubernetesDouble,
+        kube: KubeOnCluster,
         gateway_url: str,
         home: Path,
-        kubelet: LocalKubelet,
+        kubelet: KwokKubelet,
         flavors: Mapping[str, Any],
     ) -> None:
-        self.k8s, self.gateway_url, self.home, self.kubelet = k8s, gateway_url, home, kubelet
+        self.kube, self.gateway_url, self.home, self.kubelet = kube, gateway_url, home, kubelet
         self.flavors = dict(flavors)
         self.root = GatewayClient(gateway_url, TOKENS["root"])
 
@@ -281,7 +234,7 @@ class KernelCluster:
         config = Config(
             {
                 "GpuaasKubernetesProvisioner": {
-                    "namespace": "jhub",
+                    "namespace": self.kube.namespace,
                     "flavors": self.flavors,
                     "server_pod_name": "jupyter-alice",
                     "image_name": "quay.io/jupyter/pytorch-notebook:2026-11",
@@ -294,8 +247,14 @@ class KernelCluster:
         ksm = KernelSpecManager(kernel_dirs=[str(self.home.parent / "kernels")])
         return AsyncKernelManager(kernel_name="gpu-pod", kernel_spec_manager=ksm, config=config)
 
+    def get(self, name: str) -> dict[str, Any] | None:
+        out = self.kube.cluster.kubectl(
+            "get", "pod", name, "-n", self.kube.namespace, "-o", "json", "--ignore-not-found"
+        )
+        return yaml.safe_load(out) if out.strip() else None
+
     def pod(self, km: Any) -> dict[str, Any] | None:
-        return self.k8s.get("/api/v1", "pods", f"alice-{km.kernel_id}", "jhub")
+        return self.get(f"alice-{km.kernel_id}")
 
     async def request(self, rid: str) -> dict[str, Any]:
         return await self.root.get(rid)
@@ -303,33 +262,38 @@ class KernelCluster:
 
 @contextlib.asynccontextmanager
 async def kernel_cluster(
-    k8s: KubernetesDouble,
+    kube: KubeOnCluster,
     gateway_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     flavors: Mapping[str, Any],
+    server_node: Mapping[str, str],
+    kubeconfig: Path | None = None,
 ) -> AsyncIterator[KernelCluster]:
-    """Alice's CPU server pod on a cpu-0 Node of the double, her home as its volume, the
-    server extension's kernel table on the gateway at `gateway_url`, a `gpu-pod`
-    kernelspec, and a LocalKubelet that runs the kernel pods' command as LOCAL processes.
-    The GPU Nodes are the caller's."""
+    """Alice's home claim and her CPU server pod, bound by the real scheduler to the Node
+    of `server_node`'s labels (the caller adds it, and the GPU Nodes), the server
+    extension's kernel table on the gateway at `gateway_url`, a `gpu-pod` kernelspec, and
+    a KwokKubelet running the kernel pods' containers as LOCAL processes. With
+    `kubeconfig` the provisioner's API client reads it (a ServiceAccount's token), else
+    the cluster's admin kubeconfig of the `kube` fixture."""
     import gateway_provisioners.response_manager as rm
 
     from jupyter_gpuaas.server.kernels import KernelTable, set_table
     from jupyter_gpuaas.server.kernelspec_cli import write_spec
 
-    # gateway_provisioners' response address: a free port, not its fixed 8877.
-    monkeypatch.setattr(rm, "desired_response_port", free_port())
-    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
-    monkeypatch.setenv("GPUAAS_TEST_SETTING", "from the user's environment")
-    set_table(KernelTable(GatewayClient(gateway_url, TOKENS["alice"]), tenant="vision"))
-    k8s.add_node("cpu-0")
     home = tmp_path / "home"
     (home / "proj").mkdir(parents=True)
+    home_claim(kube, home)
     server = {
-        "metadata": {"name": "jupyter-alice", "labels": {"component": "singleuser-server"}},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "jupyter-alice",
+            "namespace": kube.namespace,
+            "labels": {"component": "singleuser-server"},
+        },
         "spec": {
-            "nodeName": "cpu-0",
+            "nodeSelector": dict(server_node),
             "containers": [
                 {
                     "name": "notebook",
@@ -339,15 +303,29 @@ async def kernel_cluster(
             ],
             "volumes": HOME_CLAIM,
         },
-        "status": {"phase": "Running", "podIP": "127.0.0.1"},
     }
-    k8s.put("/api/v1", "pods", server, "jhub")
+    kube.cluster.apply([server])
+    kube.cluster.kubectl(
+        "wait", "--for=condition=Ready", "pod/jupyter-alice", "-n", kube.namespace,
+        "--timeout=60s",
+    )  # fmt: skip
+    if kubeconfig is not None:
+        from kubernetes_asyncio.config import kube_config
+
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    # gateway_provisioners' response address: a free port, not its fixed 8877.
+    monkeypatch.setattr(rm, "desired_response_port", free_port())
+    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    monkeypatch.setenv("GPUAAS_TEST_SETTING", "from the user's environment")
+    set_table(KernelTable(GatewayClient(gateway_url, TOKENS["alice"]), tenant="vision"))
     write_spec(tmp_path / "kernels" / "gpu-pod", 1, "a100", kubernetes=True)
-    kubelet = LocalKubelet(k8s, "component=kernel", tmp_path)
+    kubelet = KwokKubelet(kube.cluster.kubeconfig, kube.namespace, "component=kernel", tmp_path)
+    await kubelet.start()
     try:
-        yield KernelCluster(k8s, gateway_url, home, kubelet, flavors)
+        yield KernelCluster(kube, gateway_url, home, kubelet, flavors)
     finally:
-        kubelet.close()
+        await kubelet.close()
         set_table(None)
         if rm.ResponseManager.initialized():
             manager = rm.ResponseManager.instance()
@@ -356,6 +334,7 @@ async def kernel_cluster(
             if sock is not None:
                 sock.close()
             rm.ResponseManager.clear_instance()
+        release_home(kube)
 
 
 async def run_cell(client: Any, code: str, timeout: float = 30.0) -> dict[str, Any]:

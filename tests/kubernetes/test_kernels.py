@@ -25,21 +25,18 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import yaml
 from helpers import wait_until
 from kubefix import FLAVORS, TOKENS
 from kubeutil import (
     GPU_TAINT,
     HOME_CLAIM,
+    KernelCluster,
     KubeOnCluster,
     connect,
-    free_port,
-    home_claim,
-    release_home,
+    kernel_cluster,
     run_cell,
     service_account_kubeconfig,
 )
-from kwok_kubelet import KwokKubelet
 from traitlets import TraitError
 
 from jupyter_gpuaas.client import GatewayClient
@@ -290,126 +287,26 @@ def test_kernelspec_install_kubernetes_cli(
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 
 
-class KernelCluster:
-    """Alice's server pod (CPU-only, on the KWOK Node cpu-0) and GPU kernels in pods of
-    their own, in the test's namespace of the real cluster."""
-
-    def __init__(
-        self, kube: KubeOnCluster, gateway_url: str, home: Path, kubelet: KwokKubelet
-    ) -> None:
-        self.kube, self.gateway_url, self.home, self.kubelet = kube, gateway_url, home, kubelet
-        self.root = GatewayClient(gateway_url, TOKENS["root"])
-
-    def kernel_manager(self) -> Any:
-        """jupyter_client's own AsyncKernelManager for the `gpu-pod` kernelspec (1 a100,
-        provisioner gpuaas-kubernetes), configured as a server's config would."""
-        from jupyter_client.kernelspec import KernelSpecManager
-        from jupyter_client.manager import AsyncKernelManager
-        from traitlets.config import Config
-
-        config = Config(
-            {
-                "GpuaasKubernetesProvisioner": {
-                    "namespace": self.kube.namespace,
-                    "flavors": FLAVORS,
-                    "server_pod_name": "jupyter-alice",
-                    "image_name": "quay.io/jupyter/pytorch-notebook:2026-11",
-                    "poll_interval": 0.2,
-                    "pod_poll_interval": 0.1,
-                    "launch_timeout": 60,
-                }
-            }
-        )
-        ksm = KernelSpecManager(kernel_dirs=[str(self.home.parent / "kernels")])
-        return AsyncKernelManager(kernel_name="gpu-pod", kernel_spec_manager=ksm, config=config)
-
-    def get(self, name: str) -> dict[str, Any] | None:
-        out = self.kube.cluster.kubectl(
-            "get", "pod", name, "-n", self.kube.namespace, "-o", "json", "--ignore-not-found"
-        )
-        return yaml.safe_load(out) if out.strip() else None
-
-    def pod(self, km: Any) -> dict[str, Any] | None:
-        return self.get(f"alice-{km.kernel_id}")
-
-    async def request(self, rid: str) -> dict[str, Any]:
-        return await self.root.get(rid)
-
-
 @pytest_asyncio.fixture
 async def cluster(
     kube: KubeOnCluster, gateway: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[KernelCluster]:
     """KWOK Nodes a100-0 (2 GPUs, named as the simulated gateway names its node) and
-    cpu-0; Alice's home claim and her CPU server pod bound to cpu-0 by the scheduler; the
-    server extension's kernel table on the gateway; a `gpu-pod` kernelspec; the
-    provisioner's API client holding the token of the users' servers' ServiceAccount;
-    KwokKubelet playing the kernel pods' containers."""
-    import gateway_provisioners.response_manager as rm
-
-    from jupyter_gpuaas.server.kernels import KernelTable, set_table
-    from jupyter_gpuaas.server.kernelspec_cli import write_spec
-
+    cpu-0, and kubeutil's kernel_cluster around them: Alice's home claim and her CPU
+    server pod bound to cpu-0 by the scheduler, the kernel table on the gateway, a
+    `gpu-pod` kernelspec, KwokKubelet playing the kernel pods' containers; the
+    provisioner's API client holds the token of the users' servers' ServiceAccount (the
+    Role of `--singleuser-access kernels` only)."""
     kube.add_node("a100-0", A100, {"nvidia.com/gpu": "2"}, GPU_TAINT)
-    kube.add_node("cpu-0", {"gpuaas-test": kube.namespace})
-    home = tmp_path / "home"
-    (home / "proj").mkdir(parents=True)
-    home_claim(kube, home)
-    server = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "jupyter-alice",
-            "namespace": kube.namespace,
-            "labels": {"component": "singleuser-server"},
-        },
-        "spec": {
-            "nodeSelector": {"gpuaas-test": kube.namespace},
-            "containers": [
-                {
-                    "name": "notebook",
-                    "image": "img",
-                    "volumeMounts": [{"name": "home", "mountPath": str(home)}],
-                }
-            ],
-            "volumes": HOME_CLAIM,
-        },
-    }
-    kube.cluster.apply([server])
-    kube.cluster.kubectl(
-        "wait", "--for=condition=Ready", "pod/jupyter-alice", "-n", kube.namespace,
-        "--timeout=60s",
-    )  # fmt: skip
-    # The provisioner as the user's server runs it: the Role of `--singleuser-access
-    # kernels` only.
+    mine = {"gpuaas-test": kube.namespace}
+    kube.add_node("cpu-0", mine)
     config = service_account_kubeconfig(
         kube, "singleuser", singleuser_rules("kernels"), tmp_path / "sa-kubeconfig"
     )
-    from kubernetes_asyncio.config import kube_config
-
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(config))
-    monkeypatch.setenv("KUBECONFIG", str(config))
-    # gateway_provisioners' response address: a free port, not its fixed 8877.
-    monkeypatch.setattr(rm, "desired_response_port", free_port())
-    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
-    monkeypatch.setenv("GPUAAS_TEST_SETTING", "from the user's environment")
-    set_table(KernelTable(GatewayClient(gateway.url, TOKENS["alice"]), tenant="vision"))
-    write_spec(tmp_path / "kernels" / "gpu-pod", 1, "a100", kubernetes=True)
-    kubelet = KwokKubelet(kube.cluster.kubeconfig, kube.namespace, "component=kernel", tmp_path)
-    await kubelet.start()
-    try:
-        yield KernelCluster(kube, gateway.url, home, kubelet)
-    finally:
-        await kubelet.close()
-        set_table(None)
-        if rm.ResponseManager.initialized():
-            manager = rm.ResponseManager.instance()
-            sock = manager._response_socket
-            manager.stop_response_manager()
-            if sock is not None:
-                sock.close()
-            rm.ResponseManager.clear_instance()
-        release_home(kube)
+    async with kernel_cluster(
+        kube, gateway.url, tmp_path, monkeypatch, FLAVORS, mine, kubeconfig=config
+    ) as cl:
+        yield cl
 
 
 @pytest.mark.asyncio

@@ -304,8 +304,8 @@ def test_the_users_servers_get_only_what_their_kernel_pods_and_jobs_use(
 ) -> None:
     """The users' servers' ServiceAccount and Role (z2jh `singleuser.serviceAccountName`):
     the verbs of the `gpuaas-kubernetes` provisioner and, when chosen, of the
-    KubernetesJobRunner; test_kernels.py and test_kube_jobs.py check these are the verbs
-    those really send to the API double."""
+    KubernetesJobRunner; test_kernels.py and test_kube_jobs.py run those as this
+    ServiceAccount on the real API server, whose authorizer refuses any other verb."""
     code, out, err = run_cli("--namespace", "lab", "--singleuser-access", access)
     assert (code, err) == (0, "")
     docs = [

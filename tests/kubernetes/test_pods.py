@@ -1,5 +1,5 @@
 """grant_pod, the pure pod builder of QueuedKubeSpawner: dict in, dict out, compared by
-equality (no API server, no double needed)."""
+equality (no API server needed)."""
 
 from __future__ import annotations
 

@@ -21,9 +21,11 @@ The whole path, for a GPU spawn and a job each: the queue grows, the scale-up ob
 created, a Node joins, the request is admitted on it, the object is removed, the pod is
 bound to that Node with the GPUs, and the end releases them. A ProvisioningRequest stands
 for one capacity-blocked head: its PodTemplate asks for that head's GPUs (1 for a job of
-1, 2 for the spawn), not for a whole node's. The GPU kernel's scale-up is still on the API
-DOUBLE (k8s_double.py: its kernel pod's process is a LOCAL kernel run by kubelet.py, whose
-move to the real cluster is test_kernels.py's).
+1, 2 for the spawn), not for a whole node's.
+
+For the GPU kernel, the kernel pod's process is a LOCAL kernel: kwok_kubelet.py's
+KwokKubelet runs the pod's container command on this machine once KWOK has made the pod
+Running (as test_kernels.py does).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import pytest
 import pytest_asyncio
 import yaml
 from helpers import wait_until
-from k8s_double import KubernetesDouble
 from kubefix import TOKENS
 from kubeschemas import validate
 from kubeutil import (
@@ -45,7 +46,6 @@ from kubeutil import (
     POOL_A100,
     SCALE_QUOTAS,
     KubeOnCluster,
-    add_a100,
     connect,
     job_manager,
     kernel_cluster,
@@ -64,7 +64,6 @@ from jupyter_gpuaas.kubeapi.meta import ClusterFlavor, Settings
 from jupyter_gpuaas.kubeapi.scaleup import head_objects, placeholder_deployment, priority_class
 from jupyter_gpuaas.kubernetes.manifests import rules
 
-PR = ("/apis/autoscaling.x-k8s.io/v1", "provisioningrequests")
 PRS = "provisioningrequests.autoscaling.x-k8s.io"
 
 
@@ -331,86 +330,76 @@ async def _admitted_on(client: GatewayClient, node: str) -> Any:
     return req
 
 
-def double_request(k8s: KubernetesDouble, gpus: int) -> dict[str, Any]:
-    """The one ProvisioningRequest in the DOUBLE's jhub, checked as scale_up_request."""
-    (request,) = k8s.items(*PR, "jhub")
-    (pod_set,) = request["spec"]["podSets"]
-    assert pod_set["count"] == 1
-    template = k8s.get("/api/v1", "podtemplates", pod_set["podTemplateRef"]["name"], "jhub")
-    assert template is not None
-    validate(request)
-    validate(template)
-    spec = template["template"]["spec"]
-    assert spec["nodeSelector"] == {"pool": "a100"}
-    (pause,) = spec["containers"]
-    amount = {"nvidia.com/gpu": str(gpus)}
-    assert pause["resources"] == {"requests": amount, "limits": amount}
-    return request
-
-
-def double_removed(k8s: KubernetesDouble) -> bool:
-    return not k8s.items(*PR, "jhub") and not k8s.items("/api/v1", "podtemplates", "jhub")
-
-
 @pytest.mark.asyncio
 async def test_a_queued_gpu_kernel_ends_in_a_node_and_runs_in_its_own_pod_there(
-    k8s: KubernetesDouble,
-    make_cluster_gateway: Any,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    kube: KubeOnCluster, scale: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A GPU kernel (the real `gpuaas-kubernetes` provisioner under jupyter_client's
     AsyncKernelManager) queued for capacity while the user's server pod runs CPU-only:
-    a ProvisioningRequest, the Node joins, the kernel is admitted on it and its pod runs
-    there with the GPU, the request is removed, and shutdown deletes the pod and releases
-    the grant. The kernel pod's process is played by a LOCAL kernel (kubelet.py's
-    LocalKubelet runs the pod's command, gateway_provisioners' launcher, on this machine)."""
+    a ProvisioningRequest for the kernel's 1 GPU, the Node joins (the autoscaler's part,
+    played by the test: see the module docstring), the kernel is admitted on it, its pod
+    is bound there by the real scheduler with the GPU, the request is removed, a cell
+    runs, and shutdown deletes the pod and releases the grant. The kernel pod's process
+    is a LOCAL kernel (kwok_kubelet.py's KwokKubelet runs the pod's command,
+    gateway_provisioners' launcher, once KWOK has made the pod Running). The gateway and
+    the provisioner use the cluster's admin kubeconfig: the provisioner's RBAC is
+    test_kernels.py's, the gateway's the other tests' here."""
     from jupyter_gpuaas.server.kernels import current_table
 
-    add_a100(k8s, "a100-0")
-    gw = await make_cluster_gateway("ProvisioningRequestScaler")
+    sc, gw = await scale("ProvisioningRequestScaler")
+    a0 = sc.add_a100(0)
+    cpu = f"{sc.ns}-cpu-0"
+    server_node = {**sc.mine, "gpuaas-role": "cpu"}
+    kube.add_node(cpu, server_node)
     bob = GatewayClient(gw.url, TOKENS["bob"])
-    held = await bob.submit("vision", "job", 2, flavor="a100")
-    assert held["grant"]["node"] == "a100-0"
+    held = await wait_until(
+        lambda: _admitted_on(bob, a0), timeout=30, what="bob's job admitted on a100-0"
+    )
+    assert held["grant"]["node"] == a0
 
-    async with kernel_cluster(k8s, gw.url, tmp_path, monkeypatch, {"a100": POOL_A100}) as cl:
+    async with kernel_cluster(
+        kube, gw.url, tmp_path, monkeypatch, {"a100": sc.pool}, server_node
+    ) as cl:
         km = cl.kernel_manager()
         start = asyncio.ensure_future(km.start_kernel(cwd=str(cl.home / "proj")))
         try:
             record = await wait_until(
                 lambda: (r := current_table().get(str(km.kernel_id))) and r.state == "queued" and r,
+                timeout=30,
                 what="the kernel queued",
             )
             # The queue grows: a ProvisioningRequest shaped like the kernel's request,
             # its 1 GPU (an a100 node has 2).
-            await wait_until(lambda: k8s.items(*PR, "jhub"), what="a ProvisioningRequest")
-            double_request(k8s, gpus=1)
+            await wait_until(sc.requests, timeout=30, what="a ProvisioningRequest")
+            request = scale_up_request(sc, gpus=1)
             assert cl.pod(km) is None and not start.done()  # no kernel pod while queued
 
-            # The cluster autoscaler provisions: the Node joins, the kernel is admitted.
-            add_a100(k8s, "a100-1")
+            # The autoscaler's part: the Node joins, the kernel is admitted on it.
+            a1 = sc.add_a100(1)
             await asyncio.wait_for(start, 90)
             rid = str(record.request_id)
-            assert (await cl.request(rid))["grant"]["node"] == "a100-1"
+            assert request["metadata"]["labels"]["gpuaas.jupyter.org/request"] == rid
+            assert (await cl.request(rid))["grant"]["node"] == a1
             pod = cl.pod(km)
-            assert pod is not None and pod["spec"]["nodeName"] == "a100-1"
+            assert pod is not None and pod["spec"]["nodeName"] == a1  # the scheduler's
+            assert pod["status"]["phase"] == "Running"
             (container,) = pod["spec"]["containers"]
             assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-            assert pod["spec"]["nodeSelector"] == {"pool": "a100"}
+            assert pod["spec"]["nodeSelector"] == sc.pool["node_selector"]
             # The user's server pod stays CPU-only, where it was.
-            server = k8s.get("/api/v1", "pods", "jupyter-alice", "jhub")
-            assert server is not None and server["spec"]["nodeName"] == "cpu-0"
-            await wait_until(lambda: double_removed(k8s), what="the scale-up objects removed")
+            server = cl.get("jupyter-alice")
+            assert server is not None and server["spec"]["nodeName"] == cpu
+            await wait_until(sc.removed, timeout=30, what="the scale-up objects removed")
 
             client = await connect(km)
             got = await run_cell(client, "import os; print(os.environ['GPUAAS_NODE'])")
-            assert got["out"] == "a100-1\n"
+            assert got["out"] == f"{a1}\n"
             client.stop_channels()
 
             # Shutdown: the pod goes, the grant is released.
             await km.shutdown_kernel()
             assert cl.pod(km) is None
-            assert not cl.kubelet.procs
+            await wait_until(lambda: not cl.kubelet.procs, timeout=30, what="the kernel gone")
             assert (await cl.request(rid))["state"] in ("finished", "cancelled")
             assert record.state == "released"
         finally:
