@@ -133,13 +133,17 @@ async def test_an_execution_moves_last_activity_while_its_iopub_is_silent(
 
 
 async def test_a_running_job_is_activity_with_no_kernel_at_all(
-    gpu_app: Any, jp_fetch: Callable[..., Awaitable[Any]], tmp_path: Any
+    gpu_app: Any, jp_fetch: Callable[..., Awaitable[Any]], jp_root_dir: Any
 ) -> None:
     ext = gpu_extension(gpu_app)
     await rounds(ext)
     mark = await last_activity(jp_fetch)
-    spec = {"kind": "cell", "code": "import time; time.sleep(4)", "gpus": 1,
-            "cwd": str(tmp_path)}  # fmt: skip
+    spec = {
+        "kind": "cell",
+        "code": "import time; time.sleep(4)",
+        "gpus": 1,
+        "cwd": str(jp_root_dir),
+    }  # fmt: skip  (a job's cwd is inside root_dir)
     job = json.loads(
         (await jp_fetch("gpuaas", "jobs", method="POST", body=json.dumps(spec), params=QUIET)).body
     )
