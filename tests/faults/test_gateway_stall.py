@@ -15,16 +15,9 @@ from pathlib import Path
 
 from faultutil import Freezer
 from gwutil import GatewayProcess, call
+from helpers import wait_for
 
 TTL = 4.0
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not in {timeout} s: {what}")
-        time.sleep(0.2)
 
 
 def test_frozen_gateway_keeps_leases_of_holders_that_heartbeat(
@@ -73,7 +66,7 @@ def test_frozen_gateway_keeps_leases_of_holders_that_heartbeat(
         assert answers[rid] and set(answers[rid]) == {200}, (rid, answers[rid])
 
     # The holder that died with the freeze loses its grant within a TTL or so.
-    wait_until(
+    wait_for(
         lambda: call(gw.url, "GET", f"api/requests/{dead}")[1]["state"] == "finished",
         4 * TTL,
         "the grant of a holder that stopped heartbeating ends",

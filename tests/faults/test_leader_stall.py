@@ -17,19 +17,12 @@ from typing import Any
 
 from faultutil import Freezer
 from gwutil import GatewayProcess, call, fresh_pg_database, store_rows
+from helpers import wait_for
 
 
 def health(url: str) -> dict[str, Any]:
     _, body, _ = call(url, "GET", "api/health", who=None, timeout=3)
     return body if isinstance(body, dict) else {}
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not in {timeout} s: {what}")
-        time.sleep(0.2)
 
 
 def test_frozen_leader_is_fenced_and_replaced(
@@ -72,10 +65,10 @@ def test_frozen_leader_is_fenced_and_replaced(
     time.sleep(2)
 
     freezer.stop(a.proc.pid)
-    wait_until(lambda: health(b.url).get("leader") is True, 15, "the standby takes over")
+    wait_for(lambda: health(b.url).get("leader") is True, 15, "the standby takes over")
     time.sleep(3)  # the new leader decides under load
     freezer.resume()
-    wait_until(lambda: health(a.url).get("leader") is False, 15, "the old leader steps down")
+    wait_for(lambda: health(a.url).get("leader") is False, 15, "the old leader steps down")
     time.sleep(2)
     stop.set()
     for t in threads:
