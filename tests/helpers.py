@@ -9,6 +9,7 @@ was imported first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -116,3 +117,34 @@ def fill(where: Path, name: str = "filler") -> Path:
     finally:
         os.close(fd)
     return path
+
+
+#: Debian's Chromium (scripts/ensure-system-deps.sh): Playwright's own browser download
+#: cannot run on these machines. The flags keep it off the network it cannot reach.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """A Playwright browser on Debian's Chromium, closed at the end; the test is skipped,
+    saying why, where Chromium or Playwright is missing."""
+    import pytest
+
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip("no /usr/bin/chromium: scripts/ensure-system-deps.sh installs it")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()

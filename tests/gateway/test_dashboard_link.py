@@ -10,7 +10,6 @@ stands in for the Hub login, as in test_pages.py (the Hub's OAuth walk is tests/
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,11 +17,9 @@ from typing import Any
 
 import pytest
 from gwutil import TOKENS
+from helpers import chromium
 
 pytestmark = pytest.mark.slow
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 
 
 class Grafana:
@@ -64,15 +61,8 @@ def grafana() -> Iterator[Grafana]:
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip("no /usr/bin/chromium: scripts/ensure-system-deps.sh installs it")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def landing(browser: Any, url: str, who: str) -> Any:

@@ -18,7 +18,6 @@ Screenshots go to test-artifacts/newcomer-*.png.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -27,19 +26,10 @@ from typing import Any
 
 import pytest
 from demo_run import PASSWORD, REPO, DemoRun, need_proxy
+from helpers import chromium
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ARTIFACTS = REPO / "test-artifacts"
 KERNEL = "Python 3 (1 GPU)"  # the demo's GPU kernelspec
 
@@ -94,15 +84,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip("no /usr/bin/chromium: scripts/ensure-system-deps.sh installs it")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def new_page(browser: Any) -> Any:

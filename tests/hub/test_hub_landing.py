@@ -21,36 +21,20 @@ from typing import Any
 import psutil
 import pytest
 import requests
+from helpers import chromium
 from hubutil import REPO, Hub
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ARTIFACTS = REPO / "test-artifacts"
 SCRIPT_NAME = "<script>document.title='pwned'</script>"
 
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip("no /usr/bin/chromium: scripts/ensure-system-deps.sh installs it")
-    sync_api = pytest.importorskip("playwright.sync_api")
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def open_landing(browser: Any, hub: Hub, user: str, password: str) -> Any:
