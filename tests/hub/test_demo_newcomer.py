@@ -257,7 +257,10 @@ def test_carol_over_her_share_is_reclaimed_within_the_grace(tmp_path: Path, brow
         log_in(carol, run, "carol")
         spawn_from_form(carol, 2)  # nlp's own GPU and vision's idle one
         run.wait_ready("carol")
-        carol.close()  # her JupyterLab is not what this test is about: spare the CPU
+        # Her JupyterLab is not what this test is about: spare the CPU by leaving it. Not
+        # page.close(), which has no deadline (a CI run once waited on it past the 600 s
+        # limit); a navigation is bounded by the page's 60 s default timeout.
+        carol.goto("about:blank")
 
         alice = new_page(browser)
         log_in(alice, run, "alice")
