@@ -12,20 +12,11 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import CHROMIUM
+from helpers import CHROMIUM_ARGS as ARGS
 from hubutil import REPO, Hub
 
 pytestmark = pytest.mark.slow
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 @pytest.fixture

@@ -21,20 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import CHROMIUM
+from helpers import CHROMIUM_ARGS as ARGS
 from hubutil import REPO, Hub
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ARTIFACTS = REPO / "test-artifacts"
 
 # A terminal of the server, through its REST API and websocket, from the logged-in page.
