@@ -95,7 +95,10 @@ def test_kill_9_under_load_loses_nothing(
     accepted: set[str] = set()
     stats = {"201": 0}
     lock = threading.Lock()
-    proc = spawn_gateway(sqlite_url, "--lease-ttl=60")
+    # No per-user queue limit: three workers queue faster than one user may (429), and a
+    # worker that stops on a 429 would leave the gateway idle when it is killed.
+    flags = ("--lease-ttl=60", "--GatewayApp.max_queued_per_user=0")
+    proc = spawn_gateway(sqlite_url, *flags)
     for round_ in range(2):
         stop = threading.Event()
         workers = [
@@ -112,7 +115,7 @@ def test_kill_9_under_load_loses_nothing(
         for w in workers:
             w.join(10)
         print(f"round {round_}: {stats['201']} accepted so far, {elapsed:.1f}s of load")
-        proc = spawn_gateway(sqlite_url, "--lease-ttl=60", port=int(proc.url.split(":")[2][:-1]))
+        proc = spawn_gateway(sqlite_url, *flags, port=int(proc.url.split(":")[2][:-1]))
         states = check_consistent(proc.url, sqlite_url, accepted)
         print(f"after restart {round_}: {states}")
     assert stats["201"] > 20
