@@ -66,7 +66,7 @@ TERMINAL_STATES = frozenset({"finished", "cancelled", "rejected", "preempted", "
 LOST = (404, 409)
 
 
-class Seconds(Float):  # type: ignore[misc]
+class Seconds(Float[float, float]):
     """A float trait of seconds that must be more than 0 (`zero_ok`: at least 0).
 
     traitlets' `min=` is inclusive, which says "at least 0" but not "more than 0"."""

@@ -106,7 +106,7 @@ class BaseHandler(web.RequestHandler):
             # Standalone: only header tokens identify anybody, so there is nothing for an
             # XSRF token to protect (and HubOAuth may have patched tornado's own).
             return b""
-        from jupyterhub._xsrf_utils import get_xsrf_token  # type: ignore[import-untyped]
+        from jupyterhub._xsrf_utils import get_xsrf_token
 
         token: bytes = get_xsrf_token(self, cookie_path=hub_auth.base_url)
         return token
