@@ -27,7 +27,7 @@ import functools
 import time
 from typing import Any
 
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import HasTraits, Integer, Unicode
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, launch_environment
@@ -47,7 +47,7 @@ class GpuAdmissionError(RuntimeError):
         self.status = status
 
 
-class GpuKernelKnobs(HasTraits):  # type: ignore[misc]
+class GpuKernelKnobs(HasTraits):
     """What a GPU kernelspec's provisioner `config` says about the request, and how its
     provisioner waits and renews: one definition for the local `gpuaas` provisioner and
     the `gpuaas-kubernetes` one (kubernetes/kernels.py), which hands them to the local
@@ -89,7 +89,9 @@ class GpuKernelKnobs(HasTraits):  # type: ignore[misc]
     ).tag(config=True)
 
 
-class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[misc]
+# jupyter_client builds its provisioners' metaclass at runtime (ABCMeta and traitlets'
+# MetaHasTraits), which mypy cannot follow: it sees a conflict Python does not have.
+class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metaclass]
     """Launches a local kernel on GPUs granted by the jupyter-gpuaas gateway."""
 
     record: GpuKernel | None = None
