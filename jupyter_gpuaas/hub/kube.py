@@ -123,9 +123,11 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
                 raise web.HTTPError(400, "GPU request refused: %s", str(e)) from None
         self._gp["profile_gpus"] = fixed
 
-    def gpu_options(self) -> GpuOptions:
-        """The GPU options, with the chosen profile's `gpuaas` block over the form's."""
-        options = {**(self.user_options or {}), **self._gp.get("profile_gpus", {})}
+    def gpu_options(self, options: dict[str, Any] | None = None) -> GpuOptions:
+        """The GPU options (or `options`'), with the chosen profile's `gpuaas` block over
+        the form's."""
+        chosen = self.user_options or {} if options is None else options
+        options = {**chosen, **self._gp.get("profile_gpus", {})}
         try:
             return parse_options(
                 options,

@@ -86,6 +86,8 @@ from .tokens import MintedToken, RequestTokenMixin
 class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
     """Queue GPU spawns at the gpuaas gateway before the wrapped spawner starts them."""
 
+    hub: Any  # provided by JupyterHub's Spawner
+
     gateway_url = Unicode(
         help="""URL of the gpuaas gateway's API root, e.g.
         http://127.0.0.1:8765/services/gpuaas/ (the service's own address: the Hub
@@ -190,7 +192,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         return state
 
     def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().get_state()  # type: ignore[misc]
+        state: dict[str, Any] = super().get_state()
         gp = self._gp
         token: MintedToken | None = gp["token"]
         ids = [token.id] if token else []
@@ -367,7 +369,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
                 why = "cancelled" if isinstance(e, asyncio.CancelledError) else str(e)
                 board.publish(QueueStatus("failed", options, reason=why))
             else:
-                board.publish(QueueStatus("failed", options, reason=e.log_message % e.args))
+                board.publish(QueueStatus("failed", options, reason=(e.log_message or "") % e.args))
             if isinstance(e, asyncio.CancelledError):
                 # A user's stop follows at once and cancels the request (poll()); a Hub
                 # shutting down does not, and the next Hub resumes it (resume.py).
