@@ -54,7 +54,7 @@ import asyncio
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -63,7 +63,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Integer, Unicode, default
 from traitlets.config import Configurable
 
-from jupyter_gpuaas.client import GatewayClient, GatewayError, ssl_context
+from jupyter_gpuaas.client import GatewayClient, GatewayError, RequestObject, ssl_context
 from jupyter_gpuaas.holder import (
     TERMINAL_STATES,
     Lease,
@@ -388,7 +388,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
             (time.perf_counter() - began) * 1000,
         )
 
-    async def _queue_status(self, req: dict[str, Any], options: GpuOptions) -> QueueStatus:
+    async def _queue_status(self, req: RequestObject, options: GpuOptions) -> QueueStatus:
         usage: list[dict[str, Any]] = []
         simulated = False
         try:
@@ -412,7 +412,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         async for event in super().progress():  # type: ignore[misc]
             yield event
 
-    async def _apply_grant(self, req: dict[str, Any]) -> None:
+    async def _apply_grant(self, req: RequestObject) -> None:
         """Hand the granted devices to the wrapped spawner (overridden per spawner kind)."""
 
     # ----------------------------------------------------------------- running
@@ -513,7 +513,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         if rid is None or data.get("id") != rid:
             return
         try:
-            req = await self._user_client().get(rid)
+            req: Mapping[str, Any] = await self._user_client().get(rid)
         except GatewayError:
             req = {"state": "unknown"}
         state = req.get("state")

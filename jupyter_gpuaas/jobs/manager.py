@@ -563,7 +563,7 @@ class JobManager(LoggingConfigurable):
     async def _reconcile(self, job: Job) -> None:
         assert self.client is not None
         try:
-            request = await self.client.get(job.id)
+            request: Mapping[str, Any] = await self.client.get(job.id)
         except GatewayError as e:
             if e.status == 404:
                 request = {"state": "cancelled", "reason": "the gateway forgot the request"}

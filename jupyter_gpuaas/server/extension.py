@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -355,7 +356,7 @@ class GpuaasExtension(ExtensionApp):
         """A renewal found the grant ended (an event we missed): find out why, act."""
         assert self.client is not None and record.request_id is not None
         try:
-            obj = await self.client.get(record.request_id)
+            obj: Mapping[str, Any] = await self.client.get(record.request_id)
         except GatewayError:
             obj = {}
         state = obj.get("state")

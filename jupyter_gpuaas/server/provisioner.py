@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
@@ -385,7 +386,7 @@ class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metac
             record.end(str(saved["state"]), str(saved.get("reason") or ""))
         else:
             try:
-                obj: dict[str, Any] | None = await self._client().get(str(saved["request_id"]))
+                obj: Mapping[str, Any] | None = await self._client().get(str(saved["request_id"]))
             except GatewayError as e:
                 obj = {"state": "gone", "reason": e.error} if e.status in (404, 410) else None
             if obj is not None:
@@ -400,7 +401,7 @@ class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metac
             self._hold(record)
 
     @staticmethod
-    def _restore_from(record: GpuKernel, obj: dict[str, Any]) -> None:
+    def _restore_from(record: GpuKernel, obj: Mapping[str, Any]) -> None:
         state = obj.get("state")
         if state == "admitted" and obj.get("grant"):
             record.state = "queued"  # apply() takes a grant only into a waiting record
