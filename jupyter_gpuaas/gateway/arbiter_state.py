@@ -90,11 +90,7 @@ class ArbiterState:
         def _restored(self, now: float, stored: Stored) -> list[_Staged]: ...
 
         def commit(
-            self,
-            decisions: Sequence[Decision],
-            now: float,
-            extra: Iterable[Request] = (),
-            tenants: Sequence[tuple[str, dict[str, Any]]] = (),
+            self, decisions: Sequence[Decision], now: float, extra: Iterable[Request] = ()
         ) -> None: ...
 
         def _announce(self, st: _Staged) -> None: ...
