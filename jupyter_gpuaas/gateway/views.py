@@ -59,7 +59,7 @@ class Views(ArbiterState):
             "scaling": None,
         }
         if state == State.ADMITTED.value:
-            devices = list(live.devices) if live else req.device_list()  # type: ignore[union-attr]
+            devices = list(req.devices) if isinstance(req, Request) else req.device_list()
             out["grant"] = {
                 "flavor": req.assigned_flavor,
                 "node": req.node,

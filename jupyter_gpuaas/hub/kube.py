@@ -41,13 +41,14 @@ class _JSONBody:
 
 def profile_gpus(profile: Mapping[str, Any] | None) -> dict[str, Any]:
     """The `gpuaas` block of a profile (its fixed `gpus` and `flavor`), checked."""
-    block = (profile or {}).get("gpuaas") or {}
+    profile = profile or {}
+    block = profile.get("gpuaas") or {}
     if not isinstance(block, Mapping):
-        raise ValueError(f"profile {profile.get('slug')!r}: gpuaas must be a mapping")  # type: ignore[union-attr]
+        raise ValueError(f"profile {profile.get('slug')!r}: gpuaas must be a mapping")
     unknown = sorted(set(block) - {"gpus", "flavor"})
     if unknown:
         raise ValueError(
-            f"profile {profile.get('slug')!r}: unknown gpuaas key(s) {', '.join(unknown)}"  # type: ignore[union-attr]
+            f"profile {profile.get('slug')!r}: unknown gpuaas key(s) {', '.join(unknown)}"
         )
     return dict(block)
 
