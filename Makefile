@@ -70,10 +70,11 @@ lint: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
-# The modules scripts/build_core.py compiles: mypyc builds only what mypy accepts, so a type
-# error there would otherwise show up only as a silent fall-back to pure Python.
+# The whole package under mypy --strict ([tool.mypy] in pyproject.toml). It matters twice
+# for the modules scripts/build_core.py compiles: mypyc builds only what mypy accepts, so a
+# type error there would otherwise show up only as a silent fall-back to pure Python.
 typecheck: $(STAMP)
-	$(BIN)/mypy jupyter_gpuaas/admission jupyter_gpuaas/sim
+	$(BIN)/mypy jupyter_gpuaas
 
 # The real Kubernetes control plane of tests/kubernetes (scripts/cluster.py): its binaries
 # built from the Go modules pinned in cluster/*/go.mod into ~/.cache/jupyter-gpuaas/cluster/

@@ -1,9 +1,11 @@
 """The one HTTP client of the gateway: everything outside it (spawner, kernel provisioner,
 magics, widgets, CLI) talks to the gateway only through this module.
 
-`GatewayClient` is async (tornado's AsyncHTTPClient, for code running on an event loop);
-`SyncGatewayClient` uses urllib and needs no event loop (CLI, spawner hooks, scripts). Both
-have the same methods and raise `GatewayError(status, error, field)` on a 4xx/5xx answer.
+`GatewayClient` is async (tornado's AsyncHTTPClient, for code running on an event loop)
+and holds every call once: its path, its retries, the type of its answer (`RequestObject`,
+with its `GrantObject`). `SyncGatewayClient` is its blocking face (the CLI, scripts): the
+same methods, each running GatewayClient's on a private event loop thread. Both raise
+`GatewayError(status, error, field)` on a 4xx/5xx answer (status 0: no answer).
 
 `from_env()` finds the gateway: GPUAAS_URL and GPUAAS_TOKEN, else (inside JupyterHub,
 through its proxy) `<public origin><base_url>services/gpuaas/` from
@@ -21,16 +23,15 @@ Hub's spawner, with the Hub's own certificate) pass `ssl_context=` themselves.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import json
 import os
 import ssl
-import time
-import urllib.error
-import urllib.request
+import threading
 import uuid
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import Any, Concatenate, ParamSpec, TypedDict, TypeVar, cast
 from urllib.parse import urlencode, urlparse
 
 from jupyter_gpuaas.words import about_field
@@ -39,6 +40,8 @@ __all__ = [
     "NO_DEVICES",
     "GatewayClient",
     "GatewayError",
+    "GrantObject",
+    "RequestObject",
     "SyncGatewayClient",
     "gateway_from_env",
     "grant_names",
@@ -158,12 +161,14 @@ def launch_environment(grant: Mapping[str, Any] | None) -> dict[str, str]:
         return {}
     devices = [str(d) for d in inner.get("devices") or []]
     uuids = inner.get("uuids")
-    named = (
+    names = devices
+    if (
         isinstance(uuids, list)
         and len(uuids) == len(devices)
         and all(isinstance(u, str) and u.startswith(("GPU-", "MIG-")) for u in uuids)
-    )
-    visible = ",".join(uuids if named else devices)  # type: ignore[arg-type]
+    ):
+        names = [str(u) for u in uuids]
+    visible = ",".join(names)
     env = {
         "CUDA_VISIBLE_DEVICES": visible,
         "NVIDIA_VISIBLE_DEVICES": visible or "void",
@@ -184,6 +189,78 @@ def grant_names(request: Mapping[str, Any]) -> dict[str, str]:
         "GPUAAS_FLAVOR": str(inner.get("flavor") or request.get("flavor") or ""),
         "GPUAAS_NODE": str(inner.get("node") or ""),
     }
+
+
+# The API's objects as a client reads them (the gateway's schemas.py: `Grant`, `Request`):
+# JSON objects, so a caller indexes them as before, and mypy knows their keys.
+
+
+class _GrantKeys(TypedDict):
+    flavor: str
+    node: str
+    devices: builtins.list[int]
+    lease_expires: float | None
+
+
+class GrantObject(_GrantKeys, total=False):
+    """Where an admitted request's GPUs are: its node, the devices' indices on it and,
+    for real devices, their UUIDs (`launch_environment` turns this into an environment)."""
+
+    uuids: builtins.list[str] | None
+    admitted_at: float | None
+    busy: bool
+    utilization: float | None
+
+
+class PositionObject(TypedDict):
+    """A queued request's place: in its tenant's queue and overall (1 = next)."""
+
+    tenant: int
+    tenant_of: int
+    overall: int
+    of: int
+
+
+class EstimatedWait(TypedDict):
+    seconds: float | None  # None: no estimate; `basis` says why
+    basis: str
+
+
+class WaitingFor(TypedDict):
+    kind: str  # capacity, quota or fifo
+    message: str
+
+
+class _RequestKeys(TypedDict):
+    id: str
+    user: str
+    tenant: str
+    kind: str
+    gpus: int
+    flavor: str | None
+    priority: int
+    state: str
+
+
+class RequestObject(_RequestKeys, total=False):
+    """A request as the gateway answers it (submit, get, list, cancel, heartbeat) and
+    as its events carry it: `grant` while admitted, `position` while queued."""
+
+    name: str | None
+    created: float
+    updated: float
+    submit_time: float
+    admitted_at: float | None
+    reason: str | None
+    position: PositionObject | None
+    estimated_wait: EstimatedWait | None
+    waiting_for: WaitingFor
+    grant: GrantObject | None
+    scaling: dict[str, Any] | None
+    parked: dict[str, Any]
+    preempt_at: float | None
+    preempted_by: str | None
+    preempt_reason: str | None
 
 
 def _submit_body(
@@ -239,7 +316,12 @@ def _parse_error(status: int, raw: bytes) -> GatewayError:
         return GatewayError(status, text)
 
 
+C = TypeVar("C", bound="_Base")
+
+
 class _Base:
+    """Where the gateway is and how to talk to it: shared by both faces of the client."""
+
     def __init__(
         self,
         url: str,
@@ -262,7 +344,7 @@ class _Base:
         return self._ssl_context
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
+    def from_env(cls: type[C], env: Mapping[str, str] | None = None, **kwargs: Any) -> C:
         url, token = gateway_from_env(env)
         return cls(url, token, **kwargs)
 
@@ -278,89 +360,9 @@ class _Base:
         return url
 
 
-class SyncGatewayClient(_Base):
-    """Blocking client (urllib): no event loop needed."""
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        query: Any = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self._url(path, query),
-            data=data,
-            method=method,
-            headers={**self._headers(), **(headers or {})},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self.ssl) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            raise _error_from(e.code, e.read(), e.headers.get("Retry-After")) from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise GatewayError(0, f"cannot reach the gateway at {self.url}: {reason}") from None
-        return json.loads(raw) if raw else None
-
-    def me(self) -> dict[str, Any]:
-        return self._call("GET", "api/me")  # type: ignore[no-any-return]
-
-    def devices(self) -> dict[str, Any]:
-        return self._call("GET", "api/devices")  # type: ignore[no-any-return]
-
-    def tenants(self) -> dict[str, Any]:
-        return self._call("GET", "api/tenants")  # type: ignore[no-any-return]
-
-    def put_tenant(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call("PUT", f"api/tenants/{name}", dict(spec))  # type: ignore[no-any-return]
-
-    def submit(
-        self,
-        tenant: str,
-        kind: str,
-        gpus: int,
-        flavor: str | None = None,
-        priority: int = 0,
-        name: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
-        """Submit. Sent with an Idempotency-Key (`idempotency_key`, else a new one) and
-        retried with it after an ambiguous answer, so a retry never makes a second request."""
-        body = _submit_body(tenant, kind, gpus, flavor, priority, name)
-        key = idempotency_key or new_idempotency_key()
-        for attempt in range(SUBMIT_ATTEMPTS):
-            try:
-                return self._call(  # type: ignore[no-any-return]
-                    "POST", "api/requests", body, headers={"Idempotency-Key": key}
-                )
-            except GatewayError as e:
-                if e.status not in RETRY_STATUSES or attempt == SUBMIT_ATTEMPTS - 1:
-                    raise
-                time.sleep(_retry_pause(e, attempt))
-        raise AssertionError("unreachable")
-
-    def get(self, rid: str) -> dict[str, Any]:
-        return self._call("GET", f"api/requests/{rid}")  # type: ignore[no-any-return]
-
-    def list(self, **filters: Any) -> list[dict[str, Any]]:
-        return self._call("GET", "api/requests", query=filters)  # type: ignore[no-any-return]
-
-    def cancel(self, rid: str) -> dict[str, Any]:
-        return self._call("DELETE", f"api/requests/{rid}")  # type: ignore[no-any-return]
-
-    def heartbeat(self, rid: str, busy: bool, utilization: float | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"busy": busy}
-        if utilization is not None:
-            body["utilization"] = utilization
-        return self._call("POST", f"api/requests/{rid}/heartbeat", body)  # type: ignore[no-any-return]
-
-
 class GatewayClient(_Base):
-    """Async client (tornado AsyncHTTPClient). `events()` iterates the SSE stream."""
+    """The client (tornado's AsyncHTTPClient): every call of the API, its retries and its
+    answers' types are here once. `events()` iterates the SSE stream."""
 
     async def _call(
         self,
@@ -392,16 +394,16 @@ class GatewayClient(_Base):
         return json.loads(resp.body) if resp.body else None
 
     async def me(self) -> dict[str, Any]:
-        return await self._call("GET", "api/me")  # type: ignore[no-any-return]
+        return cast("dict[str, Any]", await self._call("GET", "api/me"))
 
     async def devices(self) -> dict[str, Any]:
-        return await self._call("GET", "api/devices")  # type: ignore[no-any-return]
+        return cast("dict[str, Any]", await self._call("GET", "api/devices"))
 
     async def tenants(self) -> dict[str, Any]:
-        return await self._call("GET", "api/tenants")  # type: ignore[no-any-return]
+        return cast("dict[str, Any]", await self._call("GET", "api/tenants"))
 
     async def put_tenant(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-        return await self._call("PUT", f"api/tenants/{name}", dict(spec))  # type: ignore[no-any-return]
+        return cast("dict[str, Any]", await self._call("PUT", f"api/tenants/{name}", dict(spec)))
 
     async def submit(
         self,
@@ -412,38 +414,41 @@ class GatewayClient(_Base):
         priority: int = 0,
         name: str | None = None,
         idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> RequestObject:
         """Submit. Sent with an Idempotency-Key (`idempotency_key`, else a new one) and
         retried with it after an ambiguous answer, so a retry never makes a second request."""
         body = _submit_body(tenant, kind, gpus, flavor, priority, name)
         key = idempotency_key or new_idempotency_key()
         for attempt in range(SUBMIT_ATTEMPTS):
             try:
-                return await self._call(  # type: ignore[no-any-return]
+                answer = await self._call(
                     "POST", "api/requests", body, headers={"Idempotency-Key": key}
                 )
+                return cast(RequestObject, answer)
             except GatewayError as e:
                 if e.status not in RETRY_STATUSES or attempt == SUBMIT_ATTEMPTS - 1:
                     raise
                 await asyncio.sleep(_retry_pause(e, attempt))
         raise AssertionError("unreachable")
 
-    async def get(self, rid: str) -> dict[str, Any]:
-        return await self._call("GET", f"api/requests/{rid}")  # type: ignore[no-any-return]
+    async def get(self, rid: str) -> RequestObject:
+        return cast(RequestObject, await self._call("GET", f"api/requests/{rid}"))
 
-    async def list(self, **filters: Any) -> list[dict[str, Any]]:
-        return await self._call("GET", "api/requests", query=filters)  # type: ignore[no-any-return]
+    async def list(self, /, **filters: Any) -> builtins.list[RequestObject]:
+        return cast(
+            "builtins.list[RequestObject]", await self._call("GET", "api/requests", query=filters)
+        )
 
-    async def cancel(self, rid: str) -> dict[str, Any]:
-        return await self._call("DELETE", f"api/requests/{rid}")  # type: ignore[no-any-return]
+    async def cancel(self, rid: str) -> RequestObject:
+        return cast(RequestObject, await self._call("DELETE", f"api/requests/{rid}"))
 
     async def heartbeat(
         self, rid: str, busy: bool, utilization: float | None = None
-    ) -> dict[str, Any]:
+    ) -> RequestObject:
         body: dict[str, Any] = {"busy": busy}
         if utilization is not None:
             body["utilization"] = utilization
-        return await self._call("POST", f"api/requests/{rid}/heartbeat", body)  # type: ignore[no-any-return]
+        return cast(RequestObject, await self._call("POST", f"api/requests/{rid}/heartbeat", body))
 
     async def events(
         self, *, comments: bool = False, last_event_id: str | None = None
@@ -498,6 +503,79 @@ class GatewayClient(_Base):
                     yield parsed
         finally:
             writer.close()
+
+
+# The blocking face. Each of its methods is GatewayClient's, awaited on one event loop that
+# runs in a daemon thread of this process: one implementation of every call (its retries
+# and Idempotency-Key included), and a caller needs no loop of its own, nor must it be
+# outside one (a notebook's kernel runs one).
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _LoopThread:
+    """The blocking face's event loop, started on first use (and again in a forked child,
+    which inherits no thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="gpuaas-client")
+                thread.daemon = True
+                thread.start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+    def run(self, call: Coroutine[Any, Any, R]) -> R:
+        future = asyncio.run_coroutine_threadsafe(call, self._running())
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # an interrupted caller (Ctrl-C) leaves no call running
+            raise
+
+
+_LOOP = _LoopThread()
+
+
+def _blocking(
+    method: Callable[Concatenate[GatewayClient, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[SyncGatewayClient, P], R]:
+    """GatewayClient's `method` as a method of SyncGatewayClient that blocks for its answer."""
+
+    @functools.wraps(method)
+    def blocking(self: SyncGatewayClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return _LOOP.run(method(self.client, *args, **kwargs))
+
+    return blocking
+
+
+class SyncGatewayClient(_Base):
+    """GatewayClient for callers without an event loop (the CLI, scripts): the same
+    methods, each blocking until its answer."""
+
+    @property
+    def client(self) -> GatewayClient:
+        """The async client whose calls these are (for `events()`, say, on a loop of one's
+        own)."""
+        return GatewayClient(self.url, self.token, self.timeout, self._ssl_context)
+
+    me = _blocking(GatewayClient.me)
+    devices = _blocking(GatewayClient.devices)
+    tenants = _blocking(GatewayClient.tenants)
+    put_tenant = _blocking(GatewayClient.put_tenant)
+    submit = _blocking(GatewayClient.submit)
+    get = _blocking(GatewayClient.get)
+    list = _blocking(GatewayClient.list)
+    cancel = _blocking(GatewayClient.cancel)
+    heartbeat = _blocking(GatewayClient.heartbeat)
 
 
 def _parse_sse(block: str) -> dict[str, Any] | None:

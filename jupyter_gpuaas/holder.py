@@ -66,7 +66,7 @@ TERMINAL_STATES = frozenset({"finished", "cancelled", "rejected", "preempted", "
 LOST = (404, 409)
 
 
-class Seconds(Float):  # type: ignore[misc]
+class Seconds(Float[float, float]):
     """A float trait of seconds that must be more than 0 (`zero_ok`: at least 0).
 
     traitlets' `min=` is inclusive, which says "at least 0" but not "more than 0"."""
@@ -236,7 +236,8 @@ class GrantHolder:
                 if lease.on_state is not None:
                     lease.run(lease.on_state, request, "a request-state callback")
                 return
-            expires = (request.get("grant") or {}).get("lease_expires")
+            grant = request.get("grant")
+            expires = grant.get("lease_expires") if grant else None
             if expires is None or expires - time.time() >= lease.watch:
                 return  # renewed by someone else (or no leases): nothing to say
         if self.leases.get(lease.request_id) is lease:  # a callback may have ended it
@@ -257,8 +258,9 @@ class GrantHolder:
             await self._failed(lease, e)
             return False
         lease.renewed_at = datetime.now(timezone.utc)
-        grant = (answer or {}).get("grant") or {}
-        lease.lease_expires = grant.get("lease_expires", lease.lease_expires)
+        grant = answer.get("grant") if answer else None
+        if grant:
+            lease.lease_expires = grant.get("lease_expires", lease.lease_expires)
         if lease.on_renewed is not None:
             await _call(lease.on_renewed, answer or {}, what="a renewal callback")
         return True

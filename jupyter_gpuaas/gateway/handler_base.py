@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 from tornado import web
+from tornado.http1connection import HTTP1Connection
 
 from jupyter_gpuaas.admission.model import State
 from jupyter_gpuaas.words import about_field
@@ -106,7 +107,7 @@ class BaseHandler(web.RequestHandler):
             # Standalone: only header tokens identify anybody, so there is nothing for an
             # XSRF token to protect (and HubOAuth may have patched tornado's own).
             return b""
-        from jupyterhub._xsrf_utils import get_xsrf_token  # type: ignore[import-untyped]
+        from jupyterhub._xsrf_utils import get_xsrf_token
 
         token: bytes = get_xsrf_token(self, cookie_path=hub_auth.base_url)
         return token
@@ -287,7 +288,9 @@ class BodyHandler(BaseHandler):
         if length.isdigit() and int(length) > limit:
             # Answer now; the connection closes after the answer instead of reading on
             # (without this, tornado's own cap would append a bare 400 to our 413).
-            self.request.connection.set_max_body_size(int(length))  # type: ignore[union-attr]
+            connection = self.request.connection
+            if isinstance(connection, HTTP1Connection):
+                connection.set_max_body_size(int(length))
             self._too_big = True
             raise ApiError(413, f"the body is larger than {limit // 1024} KiB")
 

@@ -27,8 +27,8 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from jupyterhub.services.auth import HubOAuth  # type: ignore[import-untyped]
-from jupyterhub.utils import url_path_join  # type: ignore[import-untyped]
+from jupyterhub.services.auth import HubOAuth
+from jupyterhub.utils import url_path_join
 from tornado.web import HTTPError
 from traitlets import Float
 

@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 from jupyter_gpuaas.admission.config import SpecError
 from jupyter_gpuaas.admission.core import AdmissionCore
 
+from .arbiter_state import ArbiterState
 from .events import Event
 from .leader import NotLeader
 from .store import (
@@ -183,7 +184,7 @@ class _Group:
     staged: list[_Staged] = field(default_factory=list)
 
 
-class Loops:
+class Loops(ArbiterState):
     """The loops and the group commit of `Arbiter` (mixed into it: the state they use is
     the arbiter's, set in `Arbiter.__init__`)."""
 

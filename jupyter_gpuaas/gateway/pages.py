@@ -393,7 +393,7 @@ class CancelFormHandler(LandingHandler, RequestHandler):  # type: ignore[misc]  
 def oauth_callback_handler() -> type[web.RequestHandler]:
     """JupyterHub's OAuth callback, using the app's own HubOAuth: the state of a login
     (set when the page sent the browser to the Hub) lives in that instance."""
-    from jupyterhub.services.auth import HubOAuthCallbackHandler  # type: ignore[import-untyped]
+    from jupyterhub.services.auth import HubOAuthCallbackHandler
 
     class OAuthCallbackHandler(HubOAuthCallbackHandler):  # type: ignore[misc]
         def initialize(self) -> None:

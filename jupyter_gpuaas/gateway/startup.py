@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import signal
 import socket
+import ssl
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from tornado import httpserver, netutil, web
 from tornado.log import access_log
+
+if TYPE_CHECKING:
+    from ..devices import Inventory
 
 
 def log_request(handler: web.RequestHandler) -> None:
@@ -49,6 +54,48 @@ class StartupError(Exception):
 
 class GatewayStartup:
     """Start-up and shut-down of the gateway (the traits are GatewayApp's)."""
+
+    # GatewayApp's traits (app.py) and the logger of its Application, as read here.
+    ip: str
+    port: int
+    base_url: str
+    db_url: str
+    quotas: str
+    devices: str
+    tokens: str
+    lease_ttl: float
+    gc_threshold: int
+    scaler: str
+    keepalive_interval: float
+    tick_interval: float
+    sample_interval: float
+    event_replay_window: int
+    metrics_public: bool
+    grafana_url: str
+    metrics_user_label: bool
+    hub_auth_cache_max_age: int
+    hub_outage_grace: float
+    service_name: str
+    hub_service: bool
+    store_lock_timeout: float
+    store_timeout: float
+    history_retention: float
+    max_body_size: int
+    max_queued_per_user: int
+    header_timeout: float
+    body_timeout: float
+    leader_election: str
+    leader_check_interval: float
+    forward_writes: bool
+    advertise_url: str
+    log: logging.Logger | logging.LoggerAdapter[Any]
+    inventory: Inventory
+
+    if TYPE_CHECKING:
+
+        def _server_ssl(self) -> ssl.SSLContext | None: ...
+
+        def _cookie_secret(self) -> bytes: ...
 
     def build(self) -> None:
         """Read files, open the store and build the arbiter (no network yet)."""

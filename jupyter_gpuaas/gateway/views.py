@@ -13,12 +13,13 @@ from typing import Any
 from jupyter_gpuaas.admission.model import Request, State
 
 from . import waits
+from .arbiter_state import ArbiterState
 from .grace import grace_of, preempt_reason, preemption_fields, reclaim_wait
 from .metrics import PendingCount, TenantUsage
 from .store import RequestRow
 
 
-class Views:
+class Views(ArbiterState):
     """Read-only views of `Arbiter`'s state (mixed into it)."""
 
     def view(self, rid: str) -> dict[str, Any] | None:
@@ -58,7 +59,7 @@ class Views:
             "scaling": None,
         }
         if state == State.ADMITTED.value:
-            devices = list(live.devices) if live else req.device_list()  # type: ignore[union-attr]
+            devices = list(req.devices) if isinstance(req, Request) else req.device_list()
             out["grant"] = {
                 "flavor": req.assigned_flavor,
                 "node": req.node,

@@ -6,13 +6,13 @@ inherits it, so `c.QueuedSpawnerMixin.max_gpus` and the like still configure it)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tornado import web
 from traitlets import Dict, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from jupyter_gpuaas.client import GatewayError
+from jupyter_gpuaas.client import GatewayClient, GatewayError
 
 from .k8s import validate_flavors
 from .options import (
@@ -29,6 +29,14 @@ __all__ = ["SpawnFormMixin"]
 
 class SpawnFormMixin(Configurable):
     """The GPU options of a spawn: traits, the spawn form, and their validation."""
+
+    # Provided by QueuedSpawnerMixin and JupyterHub's Spawner.
+    user: Any
+    orm_spawner: Any
+    user_options: dict[str, Any] | None
+    if TYPE_CHECKING:
+
+        def _reader_client(self) -> GatewayClient: ...
 
     flavors = Dict(
         help="""GPU flavors by name: {"a100": {"display_name": "NVIDIA A100 80GB",

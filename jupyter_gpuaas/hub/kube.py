@@ -41,13 +41,14 @@ class _JSONBody:
 
 def profile_gpus(profile: Mapping[str, Any] | None) -> dict[str, Any]:
     """The `gpuaas` block of a profile (its fixed `gpus` and `flavor`), checked."""
-    block = (profile or {}).get("gpuaas") or {}
+    profile = profile or {}
+    block = profile.get("gpuaas") or {}
     if not isinstance(block, Mapping):
-        raise ValueError(f"profile {profile.get('slug')!r}: gpuaas must be a mapping")  # type: ignore[union-attr]
+        raise ValueError(f"profile {profile.get('slug')!r}: gpuaas must be a mapping")
     unknown = sorted(set(block) - {"gpus", "flavor"})
     if unknown:
         raise ValueError(
-            f"profile {profile.get('slug')!r}: unknown gpuaas key(s) {', '.join(unknown)}"  # type: ignore[union-attr]
+            f"profile {profile.get('slug')!r}: unknown gpuaas key(s) {', '.join(unknown)}"
         )
     return dict(block)
 
@@ -123,9 +124,11 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
                 raise web.HTTPError(400, "GPU request refused: %s", str(e)) from None
         self._gp["profile_gpus"] = fixed
 
-    def gpu_options(self) -> GpuOptions:
-        """The GPU options, with the chosen profile's `gpuaas` block over the form's."""
-        options = {**(self.user_options or {}), **self._gp.get("profile_gpus", {})}
+    def gpu_options(self, options: dict[str, Any] | None = None) -> GpuOptions:
+        """The GPU options (or `options`'), with the chosen profile's `gpuaas` block over
+        the form's."""
+        chosen = self.user_options or {} if options is None else options
+        options = {**chosen, **self._gp.get("profile_gpus", {})}
         try:
             return parse_options(
                 options,

@@ -29,7 +29,7 @@ def device_env(grant: dict[str, Any] | None, hide_without_grant: bool) -> dict[s
 
 class _LocalGrantMixin(QueuedSpawnerMixin):
     def get_env(self) -> dict[str, str]:
-        env: dict[str, str] = super().get_env()  # type: ignore[misc]
+        env: dict[str, str] = super().get_env()
         env.update(device_env(self._gp["grant"], self.hide_devices_without_grant))
         return env
 

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy.orm import object_session
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from jupyter_gpuaas.client import GatewayClient, GatewayError
+from jupyter_gpuaas.client import GatewayClient, GatewayError, RequestObject
 
 from .options import GpuOptions
 
@@ -54,7 +55,7 @@ def save_pending(spawner: Any) -> None:
         spawner.log.warning("could not save the gpuaas request of %s: %s", spawner._log_name, e)
 
 
-def matches(req: dict[str, Any], options: GpuOptions) -> bool:
+def matches(req: Mapping[str, Any], options: GpuOptions) -> bool:
     """Whether a saved request asks for what this start asks."""
     if options.tenant and req.get("tenant") != options.tenant:
         return False
@@ -65,7 +66,7 @@ def matches(req: dict[str, Any], options: GpuOptions) -> bool:
 
 async def take_back(
     spawner: Any, client: GatewayClient, options: GpuOptions
-) -> dict[str, Any] | None:
+) -> RequestObject | None:
     """The saved request to resume for this start, or None (after cancelling a saved one
     that no longer fits)."""
     gp = spawner._gp

@@ -54,7 +54,7 @@ import asyncio
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -63,7 +63,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Integer, Unicode, default
 from traitlets.config import Configurable
 
-from jupyter_gpuaas.client import GatewayClient, GatewayError, ssl_context
+from jupyter_gpuaas.client import GatewayClient, GatewayError, RequestObject, ssl_context
 from jupyter_gpuaas.holder import (
     TERMINAL_STATES,
     Lease,
@@ -85,6 +85,8 @@ from .tokens import MintedToken, RequestTokenMixin
 
 class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
     """Queue GPU spawns at the gpuaas gateway before the wrapped spawner starts them."""
+
+    hub: Any  # provided by JupyterHub's Spawner
 
     gateway_url = Unicode(
         help="""URL of the gpuaas gateway's API root, e.g.
@@ -190,7 +192,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         return state
 
     def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().get_state()  # type: ignore[misc]
+        state: dict[str, Any] = super().get_state()
         gp = self._gp
         token: MintedToken | None = gp["token"]
         ids = [token.id] if token else []
@@ -367,7 +369,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
                 why = "cancelled" if isinstance(e, asyncio.CancelledError) else str(e)
                 board.publish(QueueStatus("failed", options, reason=why))
             else:
-                board.publish(QueueStatus("failed", options, reason=e.log_message % e.args))
+                board.publish(QueueStatus("failed", options, reason=(e.log_message or "") % e.args))
             if isinstance(e, asyncio.CancelledError):
                 # A user's stop follows at once and cancels the request (poll()); a Hub
                 # shutting down does not, and the next Hub resumes it (resume.py).
@@ -386,7 +388,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
             (time.perf_counter() - began) * 1000,
         )
 
-    async def _queue_status(self, req: dict[str, Any], options: GpuOptions) -> QueueStatus:
+    async def _queue_status(self, req: RequestObject, options: GpuOptions) -> QueueStatus:
         usage: list[dict[str, Any]] = []
         simulated = False
         try:
@@ -410,7 +412,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         async for event in super().progress():  # type: ignore[misc]
             yield event
 
-    async def _apply_grant(self, req: dict[str, Any]) -> None:
+    async def _apply_grant(self, req: RequestObject) -> None:
         """Hand the granted devices to the wrapped spawner (overridden per spawner kind)."""
 
     # ----------------------------------------------------------------- running
@@ -511,7 +513,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         if rid is None or data.get("id") != rid:
             return
         try:
-            req = await self._user_client().get(rid)
+            req: Mapping[str, Any] = await self._user_client().get(rid)
         except GatewayError:
             req = {"state": "unknown"}
         state = req.get("state")

@@ -9,7 +9,7 @@ only the current place in the queue matters.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ from .options import GpuOptions
 class QueueStatus:
     phase: str  # queued | admitted | skipped (gpus: 0) | failed
     options: GpuOptions
-    request: dict[str, Any] = field(default_factory=dict)
+    request: Mapping[str, Any] = field(default_factory=dict)
     usage: list[dict[str, Any]] = field(default_factory=list)
     simulated: bool = False
     reason: str = ""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from traitlets import Integer
 from traitlets.config import Configurable
@@ -39,7 +39,7 @@ class MintedToken:
 
 def mint(user: Any, *, note: str, scopes: list[str], lifetime: int) -> MintedToken:
     """A new token of `user` (JupyterHub's User), expiring in `lifetime` seconds."""
-    from jupyterhub import orm  # type: ignore[import-untyped]
+    from jupyterhub import orm
 
     began = time.time()
     token = user.new_api_token(note=note, scopes=scopes, expires_in=lifetime)
@@ -69,7 +69,13 @@ class RequestTokenMixin(Configurable):
     """The request token's life in the spawner (QueuedSpawnerMixin's `_gp` holds it)."""
 
     # Provided by QueuedSpawnerMixin and JupyterHub's Spawner.
-    _gp: dict[str, Any]
+    if TYPE_CHECKING:
+
+        @property
+        def _gp(self) -> dict[str, Any]: ...
+
+        def get_state(self) -> dict[str, Any]: ...
+
     gateway_url: str
     gateway_service_name: str
     user: Any

@@ -25,6 +25,7 @@ failed ("server restarted"), their processes killed and their requests released.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
 import time
 from collections.abc import Mapping
@@ -232,7 +233,7 @@ class JobManager(LoggingConfigurable):
     def list(self) -> list[Job]:
         return sorted(self.jobs.values(), key=lambda j: j.created, reverse=True)
 
-    def activity(self, since: float | None = None) -> list[str]:
+    def activity(self, since: float | None = None) -> builtins.list[str]:
         """The server's activity hook (server/idle.py): why jobs keep this server busy.
 
         A starting or running job is GPU work of this server, and so is one that ran
@@ -562,7 +563,7 @@ class JobManager(LoggingConfigurable):
     async def _reconcile(self, job: Job) -> None:
         assert self.client is not None
         try:
-            request = await self.client.get(job.id)
+            request: Mapping[str, Any] = await self.client.get(job.id)
         except GatewayError as e:
             if e.status == 404:
                 request = {"state": "cancelled", "reason": "the gateway forgot the request"}

@@ -19,7 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
-import psutil  # type: ignore[import-untyped]
+import psutil
 
 from jupyter_gpuaas.client import launch_environment
 

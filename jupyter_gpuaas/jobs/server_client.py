@@ -22,9 +22,10 @@ import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
+from jupyter_gpuaas.client import RequestObject
 from jupyter_gpuaas.words import about_field
 
 HOW_TO_CONFIGURE = (
@@ -116,16 +117,16 @@ class ServerClient:
     # ------------------------------------------------------------------ jobs
 
     def submit(self, spec: Mapping[str, Any]) -> dict[str, Any]:
-        return self.call("POST", "gpuaas/jobs", dict(spec))  # type: ignore[no-any-return]
+        return cast("dict[str, Any]", self.call("POST", "gpuaas/jobs", dict(spec)))
 
     def jobs(self) -> list[dict[str, Any]]:
-        return self.call("GET", "gpuaas/jobs")  # type: ignore[no-any-return]
+        return cast("list[dict[str, Any]]", self.call("GET", "gpuaas/jobs"))
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self.call("GET", f"gpuaas/jobs/{job_id}")  # type: ignore[no-any-return]
+        return cast("dict[str, Any]", self.call("GET", f"gpuaas/jobs/{job_id}"))
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self.call("DELETE", f"gpuaas/jobs/{job_id}")  # type: ignore[no-any-return]
+        return cast("dict[str, Any]", self.call("DELETE", f"gpuaas/jobs/{job_id}"))
 
     def logs(self, job_id: str, offset: int = 0, tail: int | None = None) -> str:
         query = {"offset": offset or None, "tail": tail}
@@ -147,16 +148,16 @@ class ServerClient:
     # ------------------------------------------------------------------ the gateway, proxied
 
     def me(self) -> dict[str, Any]:
-        return self.call("GET", "gpuaas/api/me")  # type: ignore[no-any-return]
+        return cast("dict[str, Any]", self.call("GET", "gpuaas/api/me"))
 
     def tenants(self) -> dict[str, Any]:
-        return self.call("GET", "gpuaas/api/tenants")  # type: ignore[no-any-return]
+        return cast("dict[str, Any]", self.call("GET", "gpuaas/api/tenants"))
 
     def devices(self) -> dict[str, Any]:
-        return self.call("GET", "gpuaas/api/devices")  # type: ignore[no-any-return]
+        return cast("dict[str, Any]", self.call("GET", "gpuaas/api/devices"))
 
-    def requests(self, **filters: Any) -> list[dict[str, Any]]:
-        return self.call("GET", "gpuaas/api/requests", query=filters)  # type: ignore[no-any-return]
+    def requests(self, **filters: Any) -> list[RequestObject]:
+        return cast("list[RequestObject]", self.call("GET", "gpuaas/api/requests", query=filters))
 
     def status(self) -> dict[str, Any]:
         """Everything `%gpu status` shows, in one dict."""

@@ -32,7 +32,7 @@ import asyncio
 import getpass
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
@@ -72,7 +72,11 @@ def _import_gateway_provisioners() -> tuple[Any, Any]:
     return KubernetesProvisioner, RemoteProvisionerBase
 
 
-KubernetesProvisioner, RemoteProvisionerBase = _import_gateway_provisioners()
+if TYPE_CHECKING:  # untyped (no stubs): Any to mypy, as the import below makes them
+    from gateway_provisioners.k8s import KubernetesProvisioner
+    from gateway_provisioners.remote_provisioner import RemoteProvisionerBase
+else:
+    KubernetesProvisioner, RemoteProvisionerBase = _import_gateway_provisioners()
 
 ENDED_PHASES = ("Succeeded", "Failed")
 
@@ -81,6 +85,8 @@ class GpuaasKubernetesProvisioner(GpuKernelKnobs, KubernetesProvisioner):  # typ
     """A GPU kernel in its own pod on the node the jupyter-gpuaas gateway granted. Its
     request's knobs (`GpuKernelKnobs`) are the local `gpuaas` provisioner's, handed to
     the one it holds."""
+
+    assigned_host: str  # gateway_provisioners' RemoteProvisionerBase: the kernel pod's name
 
     namespace = Unicode(
         help="Namespace of the kernel pods. Default: the server pod's own ($KERNEL_NAMESPACE "

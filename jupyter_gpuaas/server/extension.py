@@ -27,9 +27,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Float, Integer, Unicode, default
@@ -46,6 +47,9 @@ from .kernel_manager import GpuaasKernelManager
 from .kernels import GpuKernel, KernelTable, Notification, set_table
 from .provisioner import GpuaasProvisioner
 from .waiting import one_session_per_path
+
+if TYPE_CHECKING:
+    from jupyter_server.serverapp import ServerApp
 
 #: What `ServerApp.kernel_manager_class` names (the packaged jupyter-config file does).
 KERNEL_MANAGER_CLASS = "jupyter_gpuaas.server.GpuaasKernelManager"
@@ -143,6 +147,13 @@ class GpuaasExtension(ExtensionApp):
     activity: ServerActivity
     _idle_timeouts: dict[str, float] | None = None
 
+    @property
+    def _server(self) -> ServerApp:
+        """The server this extension was loaded into: jupyter_server sets `serverapp`
+        before it calls `initialize_settings`, so every method below has one."""
+        assert self.serverapp is not None, "the gpuaas extension runs only inside a server"
+        return self.serverapp
+
     def initialize_settings(self) -> None:
         self.client = None
         if self.gateway_url and self.gateway_token:
@@ -162,12 +173,14 @@ class GpuaasExtension(ExtensionApp):
         self._stops = []
         self.table.on_lost = self._grant_gone
         self.settings["gpuaas"] = self
-        self._attach_kernel_manager(self.serverapp.kernel_manager)
+        self._attach_kernel_manager(self._server.kernel_manager)
         self._tell_waiting_kernels()
-        one_session_per_path(self.serverapp.session_manager)
+        one_session_per_path(self._server.session_manager)
         self._stop_cleanly_on_sigint()
+        events = self._server.event_logger
         try:
-            self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
+            if events is not None:
+                events.register_event_schema(EVENT_SCHEMA)
         except Exception as e:  # an older jupyter_events: notices stay in /gpuaas/ only
             self.log.warning("gpuaas: cannot register the event schema: %s", e)
         self.table.on_notify.append(self._emit)
@@ -233,7 +246,7 @@ class GpuaasExtension(ExtensionApp):
         if threading.current_thread() is not threading.main_thread():
             return
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, self.serverapp._signal_stop)
+            signal.signal(signal.SIGINT, self._server._signal_stop)
 
     def _attach_kernel_manager(self, mkm: Any) -> None:
         """GPU kernels need our kernel manager class; say plainly what fails without it."""
@@ -343,7 +356,7 @@ class GpuaasExtension(ExtensionApp):
         """A renewal found the grant ended (an event we missed): find out why, act."""
         assert self.client is not None and record.request_id is not None
         try:
-            obj = await self.client.get(record.request_id)
+            obj: Mapping[str, Any] = await self.client.get(record.request_id)
         except GatewayError:
             obj = {}
         state = obj.get("state")
@@ -452,7 +465,7 @@ class GpuaasExtension(ExtensionApp):
         self.table.retire(record)
         self.log.warning("gpuaas: GPU kernel %s %s", record.kernel_id, reason)
         self.table.notify(Notification(state, record.kernel_id, record.request_id, f"{reason}"))
-        mkm = self.serverapp.kernel_manager
+        mkm: Any = self._server.kernel_manager  # shutdown_kernel is untyped (run_sync)
         if record.kernel_id in mkm:
             try:
                 await mkm.shutdown_kernel(record.kernel_id)
@@ -468,8 +481,10 @@ class GpuaasExtension(ExtensionApp):
         }
         if "cull_at" in note.data:
             data["cull_at"] = note.data["cull_at"]
+        events = self._server.event_logger
         try:
-            self.serverapp.event_logger.emit(schema_id=EVENT_SCHEMA_ID, data=data)
+            if events is not None:
+                events.emit(schema_id=EVENT_SCHEMA_ID, data=data)
         except Exception as e:
             self.log.debug("gpuaas: event not emitted: %s", e)
 

@@ -51,7 +51,7 @@ def gateway_path(path: str) -> str | None:
     return "/".join(quote(s, safe="") for s in segments)
 
 
-class GpuaasHandler(APIHandler):  # type: ignore[misc]
+class GpuaasHandler(APIHandler):
     auth_resource = AUTH_RESOURCE
 
     @property
@@ -185,7 +185,7 @@ class EventsHandler(GpuaasHandler):
             self.finish()
 
 
-class KernelsHandler(JupyterHandler):  # type: ignore[misc]
+class KernelsHandler(JupyterHandler):
     """`/gpuaas/kernels`: this server's GPU kernels, live first, then recently ended.
 
     A page for browsers (what each kernel waits for, its place in the queue, its GPUs),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -125,7 +125,7 @@ class GpuKernel:
             return f"running on {what}: {device} {on}{node}" if on else f"running on {what}"
         return f"{self.state}: {self.reason}" if self.reason else self.state
 
-    def apply(self, obj: dict[str, Any]) -> None:
+    def apply(self, obj: Mapping[str, Any]) -> None:
         """Take in a request object of the gateway (from an answer or an event)."""
         self.request_id = obj.get("id", self.request_id)
         self.tenant = obj.get("tenant", self.tenant)

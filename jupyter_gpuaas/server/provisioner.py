@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import HasTraits, Integer, Unicode
 
 from jupyter_gpuaas.client import GatewayClient, GatewayError, launch_environment
@@ -47,7 +48,7 @@ class GpuAdmissionError(RuntimeError):
         self.status = status
 
 
-class GpuKernelKnobs(HasTraits):  # type: ignore[misc]
+class GpuKernelKnobs(HasTraits):
     """What a GPU kernelspec's provisioner `config` says about the request, and how its
     provisioner waits and renews: one definition for the local `gpuaas` provisioner and
     the `gpuaas-kubernetes` one (kubernetes/kernels.py), which hands them to the local
@@ -89,7 +90,9 @@ class GpuKernelKnobs(HasTraits):  # type: ignore[misc]
     ).tag(config=True)
 
 
-class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[misc]
+# jupyter_client builds its provisioners' metaclass at runtime (ABCMeta and traitlets'
+# MetaHasTraits), which mypy cannot follow: it sees a conflict Python does not have.
+class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metaclass]
     """Launches a local kernel on GPUs granted by the jupyter-gpuaas gateway."""
 
     record: GpuKernel | None = None
@@ -383,7 +386,7 @@ class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[misc]
             record.end(str(saved["state"]), str(saved.get("reason") or ""))
         else:
             try:
-                obj: dict[str, Any] | None = await self._client().get(str(saved["request_id"]))
+                obj: Mapping[str, Any] | None = await self._client().get(str(saved["request_id"]))
             except GatewayError as e:
                 obj = {"state": "gone", "reason": e.error} if e.status in (404, 410) else None
             if obj is not None:
@@ -398,7 +401,7 @@ class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[misc]
             self._hold(record)
 
     @staticmethod
-    def _restore_from(record: GpuKernel, obj: dict[str, Any]) -> None:
+    def _restore_from(record: GpuKernel, obj: Mapping[str, Any]) -> None:
         state = obj.get("state")
         if state == "admitted" and obj.get("grant"):
             record.state = "queued"  # apply() takes a grant only into a waiting record

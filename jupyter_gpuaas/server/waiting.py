@@ -66,7 +66,7 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
 
     async def prepare(self) -> None:
         if not self._waiting_gpu_kernel():
-            await super().prepare()
+            await super().prepare()  # type: ignore[no-untyped-call]  # jupyter_server: unannotated
             return
         self._phase = "waiting"
         self._held = []
@@ -74,7 +74,9 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
         self._display_id = f"gpuaas-wait-{self.kernel_id}"
         self._text = self._first_text()
 
-    def connect(self) -> asyncio.Future[None] | None:
+    # jupyter_server's ZMQChannelsWebsocketConnection makes the base's coroutines plain
+    # methods (connect answers a Future or None): these keep its signatures.
+    def connect(self) -> asyncio.Future[None] | None:  # type: ignore[override]
         if self._phase != "waiting":
             return super().connect()
         # Counted as a connection while it waits (culling of connected kernels, the
@@ -86,12 +88,12 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
         done.set_result(None)
         return done
 
-    def disconnect(self) -> None:
+    def disconnect(self) -> None:  # type: ignore[override]
         was_waiting = self._phase == "waiting"
         self._phase = "closed"
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        super().disconnect()
+        super().disconnect()  # type: ignore[no-untyped-call]  # jupyter_server: unannotated
         if was_waiting and self.kernel_id in self.multi_kernel_manager:
             # The base class keeps the channels of a last connection for a reconnect; a
             # waiting connection has none, and an empty buffer would break that reconnect.
@@ -140,7 +142,7 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
         for parent in self._parents:  # the wait is over: the cells show the kernel's own
             self._send("clear_output", {"wait": False}, parent)
         try:
-            await super().prepare()  # ready now: registers the session, asks kernel_info
+            await super().prepare()  # type: ignore[no-untyped-call]  # ready now: registers the session, asks kernel_info
         except Exception as e:
             self._fail(f"the kernel started but did not answer: {e}")
             return

@@ -3,6 +3,7 @@ and the `status`/`submit`/`cancel`/`gateway` commands of the console script."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -75,6 +76,16 @@ def test_sync_client_against_subprocess(spawn_gateway: Any, sqlite_url: str) -> 
         alice.put_tenant("vision", {"quota": {"a100": 8}})
     assert e.value.status == 403
     assert alice.cancel(r["id"])["state"] == "finished"
+    # The blocking face runs GatewayClient's own submit: the Idempotency-Key it retries
+    # with makes a second submission with the same key the same request.
+    once = alice.submit("vision", "kernel", 1, idempotency_key="sync-once")
+    assert alice.submit("vision", "kernel", 1, idempotency_key="sync-once")["id"] == once["id"]
+    assert len(alice.list(state="admitted")) == 1
+
+    async def inside_a_loop() -> str:  # a notebook's kernel runs an event loop
+        return alice.cancel(once["id"])["state"]
+
+    assert asyncio.run(inside_a_loop()) == "finished"
     with pytest.raises(GatewayError) as e:
         SyncGatewayClient(gp.url, "wrong-token-1").devices()
     assert e.value.status == 401

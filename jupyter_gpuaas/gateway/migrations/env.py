@@ -25,6 +25,8 @@ def run() -> None:
     url = context.get_x_argument(as_dictionary=True).get("url") or context.config.get_main_option(
         "sqlalchemy.url"
     )
+    if not url:
+        raise SystemExit("no database to migrate: pass -x url=... or set sqlalchemy.url")
     engine = create_engine(url)
     with engine.begin() as conn:
         context.configure(connection=conn, target_metadata=target_metadata)
