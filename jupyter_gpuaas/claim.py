@@ -147,6 +147,7 @@ class Claim:
         self._changed = asyncio.Event()
         self._reread = False
         self._on_end: list[EndCallback] = []
+        self._given_back = False
 
     # ---------------------------------------------------------------- what it is
 
@@ -352,7 +353,10 @@ class Claim:
         the gateway could not be told (its lease then expires by itself)."""
         self.drop()
         told = True
-        if self.request_id is not None and not keep_parked and self.ended is None:
+        # Given back once, even after a renewal found the grant gone: a cull that raced a
+        # busy heartbeat may have left it admitted.
+        if self.request_id is not None and not keep_parked and not self._given_back:
+            self._given_back = True
             try:
                 await self.gateway().cancel(self.request_id)
             except GatewayError as e:

@@ -302,14 +302,14 @@ async def test_a_queued_spawn_ends_in_a_node_via_a_provisioning_request(
         # the spawn is admitted on it, and the real scheduler binds the pod there.
         a1 = sc.add_a100(1)
         await asyncio.wait_for(task, 90)
-        assert spawner._gp["grant"]["grant"]["node"] == a1
+        assert spawner._gpu_claim.grant.node == a1
         (pod,) = kube.pods()
         assert pod["spec"]["nodeName"] == a1
         assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
         # ... and the scale-up objects are removed.
         await wait_until(sc.removed, timeout=30, what="the scale-up objects removed")
 
-        rid = spawner._gp["rid"]
+        rid = spawner._rid
         assert request["metadata"]["labels"]["gpuaas.jupyter.org/request"] == rid
         await spawner.stop()
         await wait_until(lambda: not kube.pods(), timeout=60, what="the server pod deleted")
