@@ -69,6 +69,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Integer, Unicode, default
 from traitlets.config import Configurable
 
+from jupyter_gpuaas.admission.model import State
 from jupyter_gpuaas.claim import Claim, ClaimError, Grant
 from jupyter_gpuaas.client import GatewayClient, GatewayError, ssl_context
 from jupyter_gpuaas.holder import (
@@ -522,12 +523,12 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         except GatewayError:
             req = {"state": "unknown"}
         state = req.get("state")
-        if state in ("admitted", "queued"):
+        if state in (State.ADMITTED, State.QUEUED):
             return  # resumed already (a busy heartbeat raced the cull)
         if self._stopping_request == rid:
             return  # the event stream and a refused heartbeat both said so
         self._stopping_request = rid
-        self._keep_parked = state == "parked"  # a parked reservation outlives the server
+        self._keep_parked = state == State.PARKED  # a parked reservation outlives the server
         self.log.info(
             "gpuaas %s request %s of %s (%s): stopping the server",
             why,

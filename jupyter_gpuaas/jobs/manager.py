@@ -437,7 +437,7 @@ class JobManager(LoggingConfigurable):
         # Finished or cancelled by someone else: the owner or an admin ended it at the
         # gateway (`jupyter-gpuaas cancel ID`), which is a cancel of the job.
         reason = str(request.get("reason") or f"GPU request {state}")
-        cancelled = state in ("cancelled", "finished")
+        cancelled = state in (State.CANCELLED, State.FINISHED)
         end_state = model.CANCELLED if cancelled else model.FAILED
         if job.state == model.QUEUED:
             job.end(end_state, reason)

@@ -31,6 +31,7 @@ from typing import Any
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import HasTraits, Integer, Unicode
 
+from jupyter_gpuaas.admission.model import State
 from jupyter_gpuaas.claim import Claim, ClaimError
 from jupyter_gpuaas.client import GatewayClient, GatewayError
 from jupyter_gpuaas.holder import Lease, Seconds, follower
@@ -406,11 +407,11 @@ class GpuKernelHolder(GpuKernelKnobs):
     @staticmethod
     def _restore_from(record: GpuKernel, obj: dict[str, Any]) -> None:
         state = obj.get("state")
-        if state == "admitted" and obj.get("grant"):
+        if state == State.ADMITTED and obj.get("grant"):
             record.state = "queued"  # apply() takes a grant only into a waiting record
             record.apply(obj)
             record.state = "running"
-        elif state in ("queued", "parked"):
+        elif state in (State.QUEUED, State.PARKED):
             record.state = "queued"
             record.apply(obj)
         else:
