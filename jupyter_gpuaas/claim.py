@@ -326,7 +326,12 @@ class Claim:
         if interval is not None:
             holder.configure(interval)
 
+        heard: list[GatewayError] = []
+
         async def lost(error: GatewayError) -> None:
+            if heard:  # two renewals in flight both heard it: the holder is told once
+                return
+            heard.append(error)
             await self._end("lost", f"GPU grant lost: {error.error}")
             if on_lost is not None:
                 result = on_lost(error)

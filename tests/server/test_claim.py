@@ -7,11 +7,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from helpers import wait_until
 from srvutil import TOKEN, GatewayProc
 
 from jupyter_gpuaas.claim import Claim, ClaimError, Grant
 from jupyter_gpuaas.client import GatewayClient
-from jupyter_gpuaas.holder import follower
+from jupyter_gpuaas.holder import follower, grant_holder
 
 
 def test_a_claim_waits_on_the_stream_holds_and_releases(gateway: GatewayProc) -> None:
@@ -69,6 +70,17 @@ def test_a_claim_that_cannot_be_admitted_in_time_or_at_all_says_why(
         with pytest.raises(ClaimError) as e:
             await other.admitted(poll=0.1)
         assert e.value.state == "cancelled"
-        await holder.release()
+        # A held grant ended elsewhere: the next renewal hears it, and the claim ends lost.
+        ends: list[tuple[str, str]] = []
+        lost: list[int] = []
+        holder.on_end(lambda state, reason: ends.append((state, reason)))
+        lease = holder.hold(interval=3600, on_lost=lambda error: lost.append(error.status))
+        gateway.call("DELETE", f"api/requests/{holder.request_id}")
+        await grant_holder().round()
+        await wait_until(lambda: ends, timeout=10, what="the end of the claim")
+        await wait_until(lambda: lost, timeout=10, what="the holder told")
+        assert lost == [409] and ends[0][0] == "lost"
+        assert holder.ended == "lost" and lease.gone.is_set()
+        assert await holder.release() is True  # nothing left to give back: quietly
 
     asyncio.run(scenario())
