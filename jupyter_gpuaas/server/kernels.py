@@ -242,7 +242,6 @@ class KernelTable:
         self.aborts: dict[str, str] = {}
         # First answers awaited (the kernel manager's start) before the record was made.
         self._answers: dict[str, asyncio.Future[None]] = {}
-        self._tenants_cache: list[str] | None = None
 
     def add(self, kernel: GpuKernel) -> GpuKernel:
         self.live[kernel.kernel_id] = kernel
@@ -305,13 +304,6 @@ class KernelTable:
                 callback(note)
             except Exception:  # a broken listener must not stop the others
                 pass
-
-    async def chargeable_tenants(self, client: GatewayClient) -> list[str]:
-        """Tenants the user may charge, as the gateway says (cached for the table's life)."""
-        if self._tenants_cache is None:
-            me = await client.me()
-            self._tenants_cache = [str(t) for t in me.get("tenants") or []]
-        return self._tenants_cache
 
 
 def table_of(kernel_manager: Any) -> KernelTable | None:
