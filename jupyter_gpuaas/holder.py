@@ -20,9 +20,11 @@ server requests. What they share, once per process (per event loop):
   and resumes with `Last-Event-ID`, so what happened meanwhile arrives first; a `reset`
   (the gateway could not replay) is handed to subscribers that asked `relist=True` as one
   `sync` event per request, listed once for all of them.
-- **Words.** `TERMINAL_STATES` (a request that holds nothing any more) and the positive
-  `Seconds` trait are defined here once; the grant's launch environment is
-  `client.launch_environment`, durations are `words.format_duration`.
+- **Words.** `TERMINAL_STATES` (a request that holds nothing any more, from the admission
+  core's states) and the positive `Seconds` trait are defined here once; durations are
+  `words.format_duration`.
+
+A holder's own request (submit, wait, hold, release) is a `Claim` (claim.py), built on this.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any
 
 from traitlets import Float, TraitError
 
+from jupyter_gpuaas.admission.model import TERMINAL, State
 from jupyter_gpuaas.client import GatewayClient, GatewayError
 
 __all__ = [
@@ -59,9 +62,10 @@ __all__ = [
 
 log = logging.getLogger("jupyter_gpuaas.holder")
 
-#: Request states after which the gateway holds nothing for the request's holder (a culled
-#: request's quota may stay parked for a relaunch, but its GPUs are gone).
-TERMINAL_STATES = frozenset({"finished", "cancelled", "rejected", "preempted", "culled"})
+#: Request states after which the gateway holds nothing for the request's holder: the
+#: admission core's TERMINAL, and culled (its quota may stay parked for a relaunch, but its
+#: GPUs are gone).
+TERMINAL_STATES = frozenset({s.value for s in TERMINAL} | {State.CULLED.value})
 #: Answers to a heartbeat that mean the grant ended: gone (404) or no longer admitted (409).
 LOST = (404, 409)
 
@@ -232,7 +236,7 @@ class GrantHolder:
             except GatewayError as e:
                 await self._failed(lease, e)
                 return
-            if request.get("state") != "admitted":
+            if request.get("state") != State.ADMITTED.value:
                 if lease.on_state is not None:
                     lease.run(lease.on_state, request, "a request-state callback")
                 return

@@ -37,7 +37,7 @@ def test_spawner_keeps_the_warning_until_withdrawn(caplog: pytest.LogCaptureFixt
 
     s = QueuedSimpleLocalProcessSpawner()
     s.user = SimpleNamespace(name="alice")
-    s._gp["rid"] = "r-alice"
+    s._gpu_claim = s._claim_of("r-alice")
     assert s.gpuaas_notice() is None
     with caplog.at_level(logging.INFO):
         s._preempt_notice(
@@ -49,7 +49,7 @@ def test_spawner_keeps_the_warning_until_withdrawn(caplog: pytest.LogCaptureFixt
     s._preempt_notice("preempt_withdrawn", {"id": "r-alice", "by": "r-carol"})
     assert s.gpuaas_notice() is None
     s._preempt_notice("preempt_warning", warning_event("r-alice", 60, "nlp is reclaiming its GPU"))
-    s._gp["rid"] = "r-next"  # a later request of the same spawner: not warned
+    s._gpu_claim = s._claim_of("r-next")  # a later request of the same spawner: not warned
     assert s.gpuaas_notice() is None
 
 

@@ -26,6 +26,7 @@ from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Unicode, default
 
+from jupyter_gpuaas.claim import Grant
 from jupyter_gpuaas.kubernetes.pods import HOSTNAME_LABEL, grant_pod
 
 from .options import GpuOptions, OptionsError, options_from_form, parse_options
@@ -67,7 +68,15 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
         the flavor (for a gateway whose inventory is not the cluster's).""",
     ).tag(config=True)
 
+    _grant: Grant | None = None  # this start's grant (apply_grant)
+    _profile_gpus: dict[str, Any] | None = None  # the chosen profile's `gpuaas` block
+
     # ----------------------------------------------------------------- the pod
+
+    async def apply_grant(self, grant: Grant | None) -> None:
+        """The pod is built from the configuration and this start's grant (None: a pod
+        that holds no GPU), on every start: see `get_pod_manifest`."""
+        self._grant = grant
 
     async def get_pod_manifest(self) -> Any:
         """KubeSpawner's pod from the configuration, then this start's grant on top."""
@@ -75,7 +84,7 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
         api = self.api.api_client
         built = grant_pod(
             api.sanitize_for_serialization(pod),
-            request=self._gp["grant"],
+            request=None if self._grant is None else self._grant.request,
             flavors=self.flavors,
             node_label=self.pin_node_label,
             hide_devices=self.hide_devices_without_grant,
@@ -122,13 +131,13 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
                 )
             except ValueError as e:
                 raise web.HTTPError(400, "GPU request refused: %s", str(e)) from None
-        self._gp["profile_gpus"] = fixed
+        self._profile_gpus = fixed
 
     def gpu_options(self, options: dict[str, Any] | None = None) -> GpuOptions:
         """The GPU options (or `options`'), with the chosen profile's `gpuaas` block over
         the form's."""
         chosen = self.user_options or {} if options is None else options
-        options = {**chosen, **self._gp.get("profile_gpus", {})}
+        options = {**chosen, **(self._profile_gpus or {})}
         try:
             return parse_options(
                 options,
@@ -145,6 +154,6 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
         await super().wait_for_gpus()
 
     async def start(self) -> Any:
-        if self._gp["rid"] is None:
+        if self._rid is None:
             await self._resolve_profile_gpus()
         return await super().start()

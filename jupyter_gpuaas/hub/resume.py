@@ -32,11 +32,12 @@ from urllib.parse import quote
 from sqlalchemy.orm import object_session
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from jupyter_gpuaas.admission.model import State
 from jupyter_gpuaas.client import GatewayClient, GatewayError, RequestObject
 
 from .options import GpuOptions
 
-LIVE = ("queued", "admitted")
+LIVE = (State.QUEUED.value, State.ADMITTED.value)
 GATEWAY_WAIT = 120  # seconds a resumed spawn waits for a restarting gateway
 RESUME_ATTEMPTS = 60  # one a second: the Hub's API answers once init_spawners is done
 
@@ -69,9 +70,8 @@ async def take_back(
 ) -> RequestObject | None:
     """The saved request to resume for this start, or None (after cancelling a saved one
     that no longer fits)."""
-    gp = spawner._gp
-    rid = gp.get("resume")
-    gp["resume"] = None
+    rid = spawner._resume_request
+    spawner._resume_request = None
     if not rid:
         return None
     req = None
@@ -103,14 +103,12 @@ async def take_back(
 def schedule_restart(spawner: Any) -> None:
     """After the Hub stopped a spawn that was pending when it went down: start it again
     through the Hub's API, as the gateway's service (once; see the module doc)."""
-    gp = spawner._gp
-    if not gp.get("resume") or not spawner.gateway_token or gp.get("resume_task"):
+    if not spawner._resume_request or not spawner.gateway_token or spawner._resume_task:
         return
-    gp["resume_task"] = asyncio.ensure_future(_restart(spawner))
+    spawner._resume_task = asyncio.ensure_future(_restart(spawner))
 
 
 async def _restart(spawner: Any) -> None:
-    gp = spawner._gp
     name = quote(spawner.user.name, safe="")
     path = (
         f"users/{name}/servers/{quote(spawner.name, safe='')}"
@@ -122,7 +120,7 @@ async def _restart(spawner: Any) -> None:
     try:
         for _ in range(RESUME_ATTEMPTS):
             await asyncio.sleep(1.0)
-            if not gp.get("resume"):
+            if not spawner._resume_request:
                 return  # the user started it (or it was cancelled) meanwhile
             request = HTTPRequest(
                 url,
@@ -153,4 +151,4 @@ async def _restart(spawner: Any) -> None:
             except OSError:
                 pass  # the Hub's API is not up yet
     finally:
-        gp["resume_task"] = None
+        spawner._resume_task = None

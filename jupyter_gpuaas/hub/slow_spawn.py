@@ -30,7 +30,7 @@ def hub_name(spawner: Any) -> str:
 
 def waiting_in_queue(name: str) -> bool:
     for spawner in list(_WATCHED):
-        if hub_name(spawner) == name and spawner._gp["board"].phase == "queued":
+        if hub_name(spawner) == name and spawner._board.phase == "queued":
             return True
     return False
 

@@ -28,8 +28,10 @@ What the mixin adds
 - progress: position, the tenant's usage and quota and an estimated wait, re-read when the
   gateway's event stream says something changed, not on a timer: one stream per gateway
   and token in the Hub process (holder.py), fanned out to every spawner;
-- admitted: `_apply_grant()` hands the devices to the wrapped spawner (CUDA_VISIBLE_DEVICES
-  for local processes, `nvidia.com/gpu` limits and the flavor's node selector for pods);
+- admitted: `apply_grant(grant)`, the documented hook, hands the grant (or None for a server
+  without GPUs) to the wrapped spawner: the local spawners (local.py) override it for
+  CUDA_VISIBLE_DEVICES, the Kubernetes one (kube.py) for the pod's GPU resource, node
+  selector and pin;
 - running: the server's own `jupyter_gpuaas` extension heartbeats the request with busy
   or idle from its kernels' GPU use and its jobs (server/idle.py), not the Hub's HTTP
   activity; the spawner's lease, held by the Hub's grant holder (holder.py), is renewed
@@ -40,6 +42,10 @@ What the mixin adds
 - release: stop, the server's death (seen by `poll()`) and a cancelled spawn release or
   cancel the request. A Hub that dies holding a grant stops heartbeating: the lease expires
   and the gateway frees the devices (no GPU leaks).
+
+The request itself is a `Claim` (claim.py): submitted, waited on, held and released the
+way every holder of GPUs does. The spawner's own state is declared below as attributes,
+as JupyterHub's `Spawner` declares its own (`_spawn_pending = False`).
 
 The spawner talks to the gateway as the user, with a token it mints for the request
 (scopes: `custom:gpuaas:use`, access to the gateway service, and stopping this one server)
@@ -63,11 +69,12 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Integer, Unicode, default
 from traitlets.config import Configurable
 
-from jupyter_gpuaas.client import GatewayClient, GatewayError, RequestObject, ssl_context
+from jupyter_gpuaas.admission.model import State
+from jupyter_gpuaas.claim import Claim, ClaimError, Grant
+from jupyter_gpuaas.client import GatewayClient, GatewayError, ssl_context
 from jupyter_gpuaas.holder import (
-    TERMINAL_STATES,
-    Lease,
     Seconds,
+    Subscription,
     active_within,
     follower,
     forget_follower,
@@ -169,38 +176,56 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
     ).tag(config=True)
 
     # ----------------------------------------------------------------- state
+    # Runtime state, declared as JupyterHub's Spawner declares its own: nothing here is
+    # configuration. The two mutable ones are made per spawner in __init__.
+
+    _gpu_claim: Claim | None = None  # the gateway request while we hold or wait for one
+    _resume_request: str | None = None  # a pending spawn's request to take back (resume.py)
+    _resume_task: asyncio.Future[None] | None = None
+    _kept_request: str | None = None  # a cancelled spawn's request, until a stop says why
+    _keep_parked = False  # the gateway parked it: do not cancel on stop
+    _server_running = False  # the real start finished
+    _holding: asyncio.Future[None] | None = None  # the lease's task (_heartbeat_loop)
+    _subscription: Subscription | None = None  # to the event stream (holder.py)
+    _stopping_request: str | None = None  # the request whose end stops the server now
+    _ending: asyncio.Future[None] | None = None  # that stop, kept until done
+    _preempt_warning: dict[str, Any] | None = None  # the last preempt_warning's gist
+    _board: StatusBoard  # the queue's status, for progress()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._board = StatusBoard()
+        self._stale_tokens = []
 
     @property
-    def _gp(self) -> dict[str, Any]:
-        """Per-spawner runtime state (not traits: nothing here is configuration)."""
-        state: dict[str, Any] | None = self.__dict__.get("_gpuaas")
-        if state is None:
-            state = self.__dict__["_gpuaas"] = {
-                "rid": None,  # the gateway request while we hold or wait for one
-                "resume": None,  # a pending spawn's request to take back (resume.py)
-                "resume_task": None,
-                "kept": None,  # a cancelled spawn's request, until a stop says why (resume.py)
-                "grant": None,  # the request object once admitted
-                "token": None,  # the MintedToken of the request (tokens.py)
-                "stale_tokens": [],  # ids of tokens a previous Hub minted: to revoke
-                "keep": False,  # the gateway parked it: do not cancel on stop
-                "running": False,  # the real start finished
-                "hb": None,  # heartbeat task
-                "subscription": None,  # to the event stream (holder.py)
-                "board": StatusBoard(),
-            }
-        return state
+    def _rid(self) -> str | None:
+        """The id of the request held or waited for (None: none)."""
+        return None if self._gpu_claim is None else self._gpu_claim.request_id
+
+    def _claim_of(self, request_id: str, request: dict[str, Any] | None = None) -> Claim:
+        """A claim on a request submitted earlier (a restarted Hub's, a kept one)."""
+        claim = Claim(lambda: self._user_client(), "server", 0, request_id=request_id)
+        if request:
+            claim.update(request)
+        return claim
+
+    def _granted(self) -> dict[str, Any] | None:
+        """The admitted request object (saved in the Hub's database), None while waiting."""
+        claim = self._gpu_claim
+        return claim.request if claim is not None and claim.grant is not None else None
 
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = super().get_state()
-        gp = self._gp
-        token: MintedToken | None = gp["token"]
+        token: MintedToken | None = self._request_token
         ids = [token.id] if token else []
-        ids += gp["stale_tokens"]
-        pending = gp["rid"] if gp["rid"] and not gp["running"] else gp["kept"] or gp["resume"]
-        if gp["rid"] or ids or pending:
+        ids += self._stale_tokens
+        rid = self._rid
+        pending = (
+            rid if rid and not self._server_running else self._kept_request or self._resume_request
+        )
+        if rid or ids or pending:
             # The token's id, never the token: the next Hub revokes it (tokens.py).
-            state["gpuaas"] = {"request": gp["rid"], "grant": gp["grant"], "tokens": ids}
+            state["gpuaas"] = {"request": rid, "grant": self._granted(), "tokens": ids}
             if pending:  # not started yet: the next Hub resumes it (resume.py)
                 state["gpuaas"].update(request=pending, pending=True)
         return state
@@ -209,23 +234,24 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         super().load_state(state)  # type: ignore[misc]
         saved = state.get("gpuaas") or {}
         if saved.get("pending"):
-            self._gp["resume"] = saved.get("request")
+            self._resume_request = saved.get("request")
             self.log.info("gpuaas request %s of %s to resume", saved["request"], self._log_name)
         elif saved.get("request"):
-            self._gp.update(rid=saved["request"], grant=saved.get("grant"), running=True)
+            self._gpu_claim = self._claim_of(str(saved["request"]), saved.get("grant"))
+            self._server_running = True
         # Minted by a Hub before this one: unusable (we do not have them), so revoked
         # as soon as this Hub mints a token or ends the request.
         stale = [int(i) for i in saved.get("tokens") or [] if isinstance(i, int)]
-        known = self._gp["stale_tokens"]
+        known = self._stale_tokens
         known += [i for i in stale if i not in known]
-        if not self._gp["rid"]:
+        if not self._rid:
             self._revoke_stale_tokens()
 
     def clear_state(self) -> None:
         super().clear_state()  # type: ignore[misc]
-        gp = self._gp
-        if gp["hb"] is None:  # never while a request is live: release() clears it
-            gp.update(rid=None, grant=None, keep=False, running=False)
+        if self._holding is None:  # never while a request is live: release() clears it
+            self._gpu_claim = None
+            self._keep_parked = self._server_running = False
 
     # ----------------------------------------------------------------- clients
 
@@ -262,23 +288,23 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
     def _subscribe(self, callback: Any) -> None:
         """Hear the gateway's events: the Hub's token streams for every spawn (kept open
         between spawns); without one, each user's token streams that user's events."""
-        sub = self._gp["subscription"]
+        sub = self._subscription
         if sub is not None:
             sub.callback = callback
             return
         stream = follower(self._reader_client(), keep_open=bool(self.gateway_token))
-        self._gp["subscription"] = stream.subscribe(callback)
+        self._subscription = stream.subscribe(callback)
 
     def _resubscribe(self, old_token: str) -> None:
         """A per-user stream follows its token: the old one is about to be revoked."""
-        sub = self._gp["subscription"]
+        sub = self._subscription
         if sub is not None and not self.gateway_token:
             self._unsubscribe()
             forget_follower(self.gateway_url, old_token)
             self._subscribe(sub.callback)
 
     def _unsubscribe(self) -> None:
-        sub, self._gp["subscription"] = self._gp["subscription"], None
+        sub, self._subscription = self._subscription, None
         if sub is not None:
             sub()
 
@@ -293,76 +319,59 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
 
     async def wait_for_gpus(self) -> None:
         """Submit the request and wait until it is admitted (or refused, or timed out)."""
-        gp = self._gp
-        board: StatusBoard = gp["board"]
+        board = self._board
         board.reset()
         options = self.gpu_options()
         if options.gpus == 0:
-            gp["grant"] = None
+            await self.apply_grant(None)
             board.publish(QueueStatus("skipped", options))
             return
-        client = self._user_client()
         began = time.perf_counter()
         name = f"{self.user.name}/{self.name}" if self.name else self.user.name
+        # No tenant chosen: "" lets the gateway charge the user's only tenant.
+        claim = Claim(
+            lambda: self._user_client(),
+            "server",
+            options.gpus,
+            options.flavor,
+            options.tenant or "",
+            priority=self.request_priority,
+            name=f"server {name}",
+        )
         try:
-            req = await resume.take_back(self, client, options) or await client.submit(
-                options.tenant or "",
-                "server",
-                options.gpus,
-                flavor=options.flavor,
-                priority=self.request_priority,
-                name=f"server {name}",
-            )
+            resumed = await resume.take_back(self, self._user_client(), options)
+            if resumed is not None:
+                claim.update(resumed)
+            else:
+                await claim.submit()
         except GatewayError as e:
             self._revoke_user_token()
             board.publish(QueueStatus("failed", options, reason=e.error))
             raise _refusal(e) from None
-        gp["rid"] = req["id"]
+        self._gpu_claim = claim
         resume.save_pending(self)
-        self.log.info("gpuaas request %s for %s: %s", req["id"], self._log_name, req.get("state"))
-        changed = asyncio.Event()
-
-        def on_event(event: dict[str, Any]) -> None:
-            # Any change may move our place; re-read rather than trust partial data.
-            changed.set()
-
-        self._subscribe(on_event)
-        deadline = time.monotonic() + self.queue_timeout if self.queue_timeout else None
+        self.log.info("gpuaas request %s for %s: %s", claim.request_id, self._log_name, claim.state)
+        # Any change may move our place: re-read rather than trust partial data.
+        self._subscribe(lambda _event: claim.poke())
         slow_spawn.hear_as_queued(self)  # not "slow to start" while it waits in the queue
+
+        async def show(claim: Claim) -> None:
+            board.publish(await self._queue_status(claim.request or {}, options))
+
         try:
-            while True:
-                status = await self._queue_status(req, options)
-                board.publish(status)
-                state = req.get("state")
-                if state == "admitted":
-                    break
-                if state in TERMINAL_STATES or state is None:
-                    reason = req.get("reason") or f"the request was {state}"
-                    raise web.HTTPError(409, "GPU request %s: %s", state, reason)
-                wait = self.refresh_interval
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise web.HTTPError(
-                            504,
-                            "no GPU was granted within %s (QueuedSpawnerMixin.queue_timeout);"
-                            " the request was cancelled",
-                            format_duration(self.queue_timeout),
-                        )
-                    wait = min(wait, left)
-                changed.clear()
-                try:
-                    await asyncio.wait_for(changed.wait(), timeout=wait)
-                except asyncio.TimeoutError:
-                    pass
-                try:
-                    req = await client.get(gp["rid"])
-                except GatewayError as e:
-                    if e.status and e.status < 500:
-                        raise  # the request is gone
-                    # The gateway is down or restarting (the Hub restarts a managed service
-                    # that dies): keep the place, and read it again at the next wake-up.
-                    self.log.warning("gpuaas: %s waits for the gateway: %s", self._log_name, e)
+            try:
+                grant = await claim.admitted(
+                    poll=self.refresh_interval, timeout=self.queue_timeout or None, on_turn=show
+                )
+            except ClaimError as e:
+                if e.timed_out:
+                    raise web.HTTPError(
+                        504,
+                        "no GPU was granted within %s (QueuedSpawnerMixin.queue_timeout);"
+                        " the request was cancelled",
+                        format_duration(self.queue_timeout),
+                    ) from None
+                raise web.HTTPError(409, "GPU request %s: %s", e.state or "gone", str(e)) from None
         except BaseException as e:  # refused, timed out, or the spawn was cancelled
             self._unsubscribe()
             if not isinstance(e, web.HTTPError):
@@ -373,22 +382,21 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
             if isinstance(e, asyncio.CancelledError):
                 # A user's stop follows at once and cancels the request (poll()); a Hub
                 # shutting down does not, and the next Hub resumes it (resume.py).
-                gp["kept"] = gp["rid"]
+                self._kept_request = claim.request_id
                 raise
             await asyncio.shield(self.release_gpus("the spawn ended before the server started"))
             raise
-        gp["grant"] = req
         self._start_heartbeat()
-        await self._apply_grant(req)
+        await self.apply_grant(grant)
         # benchmarks/hub_spawn.py reads this line: the queue's share of the spawn time.
         self.log.info(
             "gpuaas request %s of %s admitted; queueing took %.1f ms",
-            req["id"],
+            grant.request_id,
             self._log_name,
             (time.perf_counter() - began) * 1000,
         )
 
-    async def _queue_status(self, req: RequestObject, options: GpuOptions) -> QueueStatus:
+    async def _queue_status(self, req: Mapping[str, Any], options: GpuOptions) -> QueueStatus:
         usage: list[dict[str, Any]] = []
         simulated = False
         try:
@@ -404,75 +412,78 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
         """Queue updates while waiting, then the wrapped spawner's own progress."""
-        board: StatusBoard = self._gp["board"]
-        async for status in board.updates():
+        async for status in self._board.updates():
             yield progress_event(status)
             if status.phase in ("admitted", "skipped", "failed"):
                 break
         async for event in super().progress():  # type: ignore[misc]
             yield event
 
-    async def _apply_grant(self, req: RequestObject) -> None:
-        """Hand the granted devices to the wrapped spawner (overridden per spawner kind)."""
+    async def apply_grant(self, grant: Grant | None) -> None:
+        """Hand this start's grant to the wrapped spawner before it starts the server.
+
+        The one hook a spawner kind overrides to give its server the granted devices
+        (local.py: CUDA_VISIBLE_DEVICES; kube.py: the pod's GPU resource, node selector
+        and pin). Called once per start: with the grant, or None for a server started
+        with gpus: 0 (which should see no GPU, `hide_devices_without_grant`)."""
 
     # ----------------------------------------------------------------- running
 
     async def start(self) -> Any:
-        gp = self._gp
-        if gp["rid"] is None and self.gpu_options().gpus > 0:
-            # Started without the Hub's User.spawn (a test, a script): queue here instead.
-            await self.wait_for_gpus()
+        if self._gpu_claim is None:
+            if self.gpu_options().gpus > 0:
+                # Started without the Hub's User.spawn (a test, a script): queue here.
+                await self.wait_for_gpus()
+            else:
+                await self.apply_grant(None)
         result = await super().start()  # type: ignore[misc]
-        gp["running"] = True
+        self._server_running = True
         return result
 
     def start_polling(self) -> None:
         super().start_polling()  # type: ignore[misc]
         # After a Hub restart the state names a live request: renew its lease again.
-        if self._gp["rid"] and self._gp["hb"] is None:
+        if self._rid and self._holding is None:
             self._start_heartbeat()
 
     def _start_heartbeat(self) -> None:
-        gp = self._gp
-        if gp["hb"] is None or gp["hb"].done():
-            gp["hb"] = asyncio.ensure_future(self._heartbeat_loop())
-        rid = gp["rid"]
+        if self._holding is None or self._holding.done():
+            self._holding = asyncio.ensure_future(self._heartbeat_loop())
+        rid = self._rid
 
         def on_event(event: dict[str, Any]) -> None:
             data = event.get("data") or {}
-            if data.get("id") != rid or rid != self._gp["rid"]:
+            if data.get("id") != rid or rid != self._rid:
                 return
             if event.get("event") in ("preempt_warning", "preempt_withdrawn"):
                 self._preempt_notice(str(event["event"]), data)
             if event.get("event") in ("cull", "preempt", "finish", "expire"):
                 # Kept until done: the loop holds only weak references to tasks.
-                self._gp["ending"] = asyncio.ensure_future(
-                    self._gateway_ended(event["event"], data)
-                )
+                self._ending = asyncio.ensure_future(self._gateway_ended(event["event"], data))
 
         self._subscribe(on_event)
 
     def _preempt_notice(self, name: str, data: dict[str, Any]) -> None:
         """Preemption with grace: the server keeps its GPUs until `at`, then is stopped."""
         if name == "preempt_withdrawn":
-            self._gp["preempt_warning"] = None
+            self._preempt_warning = None
             self.log.info("gpuaas: the GPUs of %s are no longer reclaimed", self._log_name)
             return
         why = (data.get("request") or {}).get("preempt_reason") or "its GPUs are reclaimed"
-        self._gp["preempt_warning"] = {"rid": data.get("id"), "at": data.get("at"), "why": why}
+        self._preempt_warning = {"rid": data.get("id"), "at": data.get("at"), "why": why}
         self.log.warning("gpuaas: %s: %s", self._log_name, self.gpuaas_notice())
 
     def gpuaas_notice(self) -> str | None:
         """What the user should know about this server now, e.g. "your server will be
         stopped in 5 min: nlp is reclaiming its GPU" (None: nothing)."""
-        w = self._gp.get("preempt_warning")
-        if not w or w["rid"] != self._gp["rid"] or not w["at"]:
+        w = self._preempt_warning
+        if not w or w["rid"] != self._rid or not w["at"]:
             return None
         left = format_duration(max(0.0, float(w["at"]) - time.time()))
         return f"your server will be stopped in {left}: {w['why']}"
 
     def _busy(self) -> bool:
-        if not self._gp["running"] or getattr(self, "_spawn_pending", False):
+        if not self._server_running or getattr(self, "_spawn_pending", False):
             # Starting (pulling an image, waiting for the server to answer) is not idleness;
             # the Hub's last_activity is the spawn's start until the server reports.
             return True
@@ -483,33 +494,30 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         """Hold the request's lease in the Hub's grant holder until it is given back,
         renewed only when nobody else renews it (`Lease.watch`: never speak over a server
         whose extension renews its own request with its GPUs' busy or idle)."""
-        rid = self._gp["rid"]
-        if rid is None:
+        claim = self._gpu_claim
+        if claim is None or claim.request_id is None:
             return
+        rid = claim.request_id
 
         async def ended(why: str) -> None:
             await self._gateway_ended(why, {"id": rid})
 
-        holder = grant_holder()
-        holder.configure(self.heartbeat_interval)
-        lease = Lease(
-            rid,
-            lambda: self._user_client(),
+        lease = claim.hold(
+            busy=self._busy,
+            interval=self.heartbeat_interval,
             on_lost=lambda _error: ended("heartbeat refused"),
             on_state=lambda req: ended(f"request {req.get('state')}"),
             watch=2 * self.heartbeat_interval,
-            active=lambda: rid == self._gp["rid"] and self._gp.get("stopping") != rid,
-            busy=self._busy,
+            active=lambda: rid == self._rid and self._stopping_request != rid,
         )
         try:
-            await holder.held(holder.hold(lease))
+            await grant_holder().held(lease)
         finally:
-            holder.drop(lease)
+            grant_holder().drop(lease)
 
     async def _gateway_ended(self, why: str, data: dict[str, Any]) -> None:
         """The gateway took the GPUs back: stop the server through the Hub's API."""
-        gp = self._gp
-        rid = gp["rid"]
+        rid = self._rid
         if rid is None or data.get("id") != rid:
             return
         try:
@@ -517,12 +525,12 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         except GatewayError:
             req = {"state": "unknown"}
         state = req.get("state")
-        if state in ("admitted", "queued"):
+        if state in (State.ADMITTED, State.QUEUED):
             return  # resumed already (a busy heartbeat raced the cull)
-        if gp.get("stopping") == rid:
+        if self._stopping_request == rid:
             return  # the event stream and a refused heartbeat both said so
-        gp["stopping"] = rid
-        gp["keep"] = state == "parked"  # a parked reservation outlives the server
+        self._stopping_request = rid
+        self._keep_parked = state == State.PARKED  # a parked reservation outlives the server
         self.log.info(
             "gpuaas %s request %s of %s (%s): stopping the server",
             why,
@@ -554,17 +562,16 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
 
     async def poll(self) -> int | None:
         status: int | None = await super().poll()  # type: ignore[misc]
-        gp = self._gp
-        kept = gp["kept"]
-        if status is not None and kept and not gp["running"]:
+        kept = self._kept_request
+        if status is not None and kept and not self._server_running:
             # A pending spawn the user stopped: the Hub stops it without calling stop()
             # (nothing runs yet), so its request is given back here.
-            gp.update(rid=kept, kept=None)
+            self._gpu_claim, self._kept_request = self._claim_of(kept), None
             await self.release_gpus("the spawn was stopped before the server started")
-        elif status is not None and gp["running"] and gp["rid"] is not None:
+        elif status is not None and self._server_running and self._rid is not None:
             # Died on its own: the Hub will clean up without calling stop().
             await self.release_gpus(f"the server exited ({status})")
-        elif status is not None and gp["resume"] and gp["rid"] is None:
+        elif status is not None and self._resume_request and self._rid is None:
             # A spawn that was pending when the Hub went down: start it again (resume.py).
             resume.schedule_restart(self)
         return status
@@ -578,24 +585,17 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
 
     async def release_gpus(self, why: str) -> None:
         """Give the request back (cancel if queued, release if admitted); idempotent."""
-        gp = self._gp
-        rid, keep = gp["rid"], gp["keep"]
-        hb = gp["hb"]
-        gp.update(rid=None, grant=None, running=False, keep=False, hb=None)
-        if rid is not None and gp["kept"] == rid:
-            gp["kept"] = None  # a user's stop of a pending spawn: cancelled below
-        if hb is not None and hb is not asyncio.current_task():
-            hb.cancel()
+        claim, keep, holding = self._gpu_claim, self._keep_parked, self._holding
+        self._gpu_claim, self._holding = None, None
+        self._server_running = self._keep_parked = False
+        if claim is not None and self._kept_request == claim.request_id:
+            self._kept_request = None  # a user's stop of a pending spawn: cancelled below
+        if holding is not None and holding is not asyncio.current_task():
+            holding.cancel()
         self._unsubscribe()
-        if rid is not None and not keep:
-            try:
-                await self._user_client().cancel(rid)
-                self.log.info("gpuaas request %s of %s released: %s", rid, self._log_name, why)
-            except GatewayError as e:
-                if e.status not in (404, 409):  # 409: it had already ended
-                    self.log.warning(
-                        "could not release gpuaas request %s (%s); its lease will expire",
-                        rid,
-                        e,
-                    )
+        released = claim is not None and await claim.release(why, keep_parked=keep)
+        if claim is not None and released and not keep:
+            self.log.info(
+                "gpuaas request %s of %s released: %s", claim.request_id, self._log_name, why
+            )
         self._revoke_user_token()

@@ -66,13 +66,13 @@ def revoke(user: Any, ids: list[int], log: logging.Logger | logging.LoggerAdapte
 
 
 class RequestTokenMixin(Configurable):
-    """The request token's life in the spawner (QueuedSpawnerMixin's `_gp` holds it)."""
+    """The request token's life in the spawner."""
+
+    _request_token: MintedToken | None = None  # the token of the live request
+    _stale_tokens: list[int]  # ids of tokens a previous Hub (or token) minted: to revoke
 
     # Provided by QueuedSpawnerMixin and JupyterHub's Spawner.
     if TYPE_CHECKING:
-
-        @property
-        def _gp(self) -> dict[str, Any]: ...
 
         def get_state(self) -> dict[str, Any]: ...
 
@@ -102,12 +102,11 @@ class RequestTokenMixin(Configurable):
         Replaced by a new one once half of `request_token_lifetime` is gone (the old one
         is revoked), so no call ever carries an expired token.
         """
-        gp = self._gp
-        old: MintedToken | None = gp["token"]
+        old = self._request_token
         if old is not None and old.fresh(self.request_token_lifetime):
             return old.token
         server = f"{self.user.name}/{self.name}"
-        gp["token"] = mint(
+        token = self._request_token = mint(
             self.user,
             note=f"gpuaas request of server {server or 'default'}",
             scopes=[
@@ -118,11 +117,11 @@ class RequestTokenMixin(Configurable):
             lifetime=self.request_token_lifetime,
         )
         if old is not None:
-            gp["stale_tokens"].append(old.id)
+            self._stale_tokens.append(old.id)
             self._resubscribe(old.token)
         self._revoke_stale_tokens()
         self._save_state()
-        return str(gp["token"].token)
+        return str(token.token)
 
     def _save_state(self) -> None:
         """Write the state now, so the Hub's database always names the live token."""
@@ -135,13 +134,12 @@ class RequestTokenMixin(Configurable):
             self.log.exception("could not save the gpuaas state of %s", self._log_name)
 
     def _revoke_stale_tokens(self) -> None:
-        ids, self._gp["stale_tokens"] = self._gp["stale_tokens"], []
+        ids, self._stale_tokens = self._stale_tokens, []
         revoke(self.user, ids, self.log)
 
     def _revoke_user_token(self) -> None:
-        token: MintedToken | None = self._gp["token"]
-        self._gp["token"] = None
+        token, self._request_token = self._request_token, None
         if token is not None:
             forget_follower(self.gateway_url, token.token)
-            self._gp["stale_tokens"].append(token.id)
+            self._stale_tokens.append(token.id)
         self._revoke_stale_tokens()

@@ -14,6 +14,9 @@ What moves a job:
 - a running job's lease, held by the process's grant holder (holder.py) and renewed as
   busy at the extension's `heartbeat_interval`; a renewal that finds the grant ended
   asks the gateway why;
+
+Each job's request is a `Claim` (claim.py): submitted, held and released as every holder
+of GPUs does; the runner is handed its typed `Grant`.
 - the user: cancel.
 
 Every change is written to the job's `job.json` before it is answered. A pointer file per
@@ -35,8 +38,10 @@ from typing import Any
 from traitlets import Integer, List, Type, Unicode, default
 from traitlets.config import Configurable, LoggingConfigurable
 
+from jupyter_gpuaas.admission.model import State
+from jupyter_gpuaas.claim import Claim, ClaimError, Grant
 from jupyter_gpuaas.client import GatewayClient, GatewayError
-from jupyter_gpuaas.holder import Lease, Seconds, follow, grant_holder
+from jupyter_gpuaas.holder import Seconds, follow
 
 from . import model, paths
 from .errors import JobError as JobError  # re-exported: handlers and the sidebar import it here
@@ -44,7 +49,7 @@ from .model import Job
 from .runner import JobRunner, LocalProcessRunner
 
 #: Gateway request states that leave a job waiting for (re)admission.
-_WAITING = ("queued", "preempted")
+_WAITING = (State.QUEUED.value, State.PREEMPTED.value)
 
 
 class JobManager(LoggingConfigurable):
@@ -132,6 +137,7 @@ class JobManager(LoggingConfigurable):
             runner(parent=self) if issubclass(runner, Configurable) else runner()
         )
         self.jobs: dict[str, Job] = {}
+        self.claims: dict[str, Claim] = {}  # each live job's request, by job id
         self._tasks: list[asyncio.Task[None]] = []
         self._unfollow: Any = None  # leaves the process's event stream
         self._busy: set[str] = set()  # jobs being started or killed: the tick leaves them
@@ -295,11 +301,23 @@ class JobManager(LoggingConfigurable):
             raise JobError(400, f"cannot write outputs beside the source in {base_dir}", "path")
 
         client = self._client()
-        tenant = spec.get("tenant") or await self._default_tenant(client)
+        claim = Claim(
+            client,
+            "job",
+            gpus,
+            spec.get("flavor"),
+            spec.get("tenant") or self.default_tenant or None,
+            priority=priority,
+            name=f"{name}",
+        )
         try:
-            answer = await client.submit(
-                tenant, "job", gpus, spec.get("flavor"), priority, f"{name}"
-            )
+            tenant = await claim.choose_tenant()
+        except GatewayError as e:
+            raise JobError(502, f"cannot ask the gateway for your tenants: {e}") from None
+        except ClaimError:
+            raise JobError(403, "you are in no tenant: ask an administrator", "tenant") from None
+        try:
+            answer: Mapping[str, Any] = await claim.submit()
         except GatewayError as e:
             status = e.status if 400 <= e.status < 500 else 502
             raise JobError(status, e.error, e.field) from None
@@ -320,6 +338,7 @@ class JobManager(LoggingConfigurable):
             python=python,
             kernel_name=self.notebook_kernel or None,
         )
+        self.claims[job.id] = claim
         try:
             Path(job.outdir).mkdir(parents=True, exist_ok=True)
             if kind == "cell":
@@ -385,16 +404,14 @@ class JobManager(LoggingConfigurable):
             )
         return self.client
 
-    async def _default_tenant(self, client: GatewayClient) -> str:
-        if self.default_tenant:
-            return self.default_tenant
-        try:
-            tenants = list((await client.me()).get("tenants") or [])
-        except GatewayError as e:
-            raise JobError(502, f"cannot ask the gateway for your tenants: {e}") from None
-        if not tenants:
-            raise JobError(403, "you are in no tenant: ask an administrator", "tenant")
-        return str(tenants[0])
+    def _claim(self, job: Job) -> Claim:
+        """The job's claim (a job of an earlier server: one on its request)."""
+        claim = self.claims.get(job.id)
+        if claim is None:
+            claim = self.claims[job.id] = Claim(
+                self._client(), "job", job.gpus, job.flavor, job.tenant, request_id=job.id
+            )
+        return claim
 
     # ------------------------------------------------------------------ state changes
 
@@ -402,6 +419,7 @@ class JobManager(LoggingConfigurable):
         """Follow the gateway's view of the job's request."""
         if not job.live or job.id in self._busy:
             return
+        self._claim(job).update(request)
         state = request.get("state")
         if event == "preempt" or (state in _WAITING and job.state != model.QUEUED):
             await self._requeue(job, request)
@@ -411,15 +429,16 @@ class JobManager(LoggingConfigurable):
                 job.position = request.get("position")
                 job.save()
             return
-        if state == "admitted":
+        grant = Grant.of(request)
+        if grant is not None:
             if job.state == model.QUEUED:
-                await self._launch(job, dict(request.get("grant") or {}))
+                await self._launch(job, grant)
             return
         # Ended at the gateway (cancelled by an admin, rejected, lease expired, ...).
         # Finished or cancelled by someone else: the owner or an admin ended it at the
         # gateway (`jupyter-gpuaas cancel ID`), which is a cancel of the job.
         reason = str(request.get("reason") or f"GPU request {state}")
-        cancelled = state in ("cancelled", "finished")
+        cancelled = state in (State.CANCELLED, State.FINISHED)
         end_state = model.CANCELLED if cancelled else model.FAILED
         if job.state == model.QUEUED:
             job.end(end_state, reason)
@@ -428,13 +447,13 @@ class JobManager(LoggingConfigurable):
             reason = reason if cancelled else f"GPU grant lost: {reason}"
             await self._kill(job, end_state, reason, release=False)
 
-    async def _launch(self, job: Job, grant: dict[str, Any]) -> None:
+    async def _launch(self, job: Job, grant: Grant) -> None:
         self._busy.add(job.id)
         try:
             job.state = model.STARTING
             job.position = None
             job.admitted = time.time()
-            job.grant = {"node": grant.get("node"), "devices": list(grant.get("devices") or [])}
+            job.grant = {"node": grant.node, "devices": list(grant.devices)}
             job.save()
             try:
                 self.runner.start(job, grant)
@@ -513,12 +532,8 @@ class JobManager(LoggingConfigurable):
         DELETE does either. Gone already (404) or ended (409) is fine."""
         if self.client is None:
             return
-        grant_holder().drop(grant_holder().leases.get(job.id))
-        try:
-            await self.client.cancel(job.id)
-        except GatewayError as e:
-            if e.status not in (404, 409):
-                self.log.warning("gpuaas: releasing job %s: %s", job.id, e)
+        await self._claim(job).release(f"job {job.state}")
+        self.claims.pop(job.id, None)
 
     # ------------------------------------------------------------------ loops
 
@@ -551,13 +566,9 @@ class JobManager(LoggingConfigurable):
         the grant ended without us hearing asks the gateway why."""
         if self.client is None:
             return
-        grant_holder().hold(
-            Lease(
-                job.id,
-                self.client,
-                on_lost=lambda _error: self._reconcile(job),
-                active=lambda: job.state == model.RUNNING,
-            )
+        self._claim(job).hold(
+            on_lost=lambda _error: self._reconcile(job),
+            active=lambda: job.state == model.RUNNING,
         )
 
     async def _reconcile(self, job: Job) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from jupyter_gpuaas.client import launch_environment
+from jupyter_gpuaas.claim import Grant
 
 from .model import Job
 
@@ -31,8 +31,8 @@ class JobRunner(ABC):
     may wait up to its grace period."""
 
     @abstractmethod
-    def start(self, job: Job, grant: dict[str, Any]) -> None:
-        """Start `job` on `grant` (the gateway's `{node, devices, ...}`); sets `job.pid`.
+    def start(self, job: Job, grant: Grant) -> None:
+        """Start `job` on `grant` (what the gateway granted its request); sets `job.pid`.
         Raises OSError (or any Exception) when it cannot start: the job then fails."""
 
     @abstractmethod
@@ -87,14 +87,14 @@ class LocalProcessRunner(JobRunner):
         script = job.source if job.kind == "script" and job.source else str(job.script_path)
         return [job.python or sys.executable, "-u", script]
 
-    def environment(self, job: Job, grant: dict[str, Any]) -> dict[str, str]:
+    def environment(self, job: Job, grant: Grant) -> dict[str, str]:
         env = dict(os.environ if self.env is None else self.env)
-        env.update(launch_environment({"id": job.id, "tenant": job.tenant, "grant": grant}))
+        env.update(grant.environment())
         env["GPUAAS_JOB_ID"] = job.id
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def start(self, job: Job, grant: dict[str, Any]) -> None:
+    def start(self, job: Job, grant: Grant) -> None:
         job.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(job.log_path, "ab") as log:
             proc = subprocess.Popen(

@@ -31,6 +31,7 @@ from typing import Any
 from traitlets import Dict, Float, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
+from jupyter_gpuaas.claim import Grant
 from jupyter_gpuaas.jobs.model import Job
 from jupyter_gpuaas.jobs.runner import UNKNOWN_STATUS, JobRunner, LocalProcessRunner
 
@@ -239,10 +240,10 @@ class KubernetesJobRunner(LoggingConfigurable, JobRunner, metaclass=_RunnerMeta)
 
     # ----------------------------------------------------------------- JobRunner
 
-    def start(self, job: Job, grant: dict[str, Any]) -> None:
+    def start(self, job: Job, grant: Grant) -> None:
         if not self.image:
             raise OSError("no image for the job: set KubernetesJobRunner.image")
-        request = {"id": job.id, "tenant": job.tenant, "gpus": job.gpus, "grant": grant}
+        request = grant.request  # the gateway's admitted request object
         manifest = job_manifest(
             job_id=job.id,
             user=job.user,

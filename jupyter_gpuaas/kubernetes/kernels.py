@@ -9,9 +9,9 @@ it (`jupyter-gpuaas kernelspec install --kubernetes --gpus 1 --flavor a100`):
 It is Jupyter's own gateway_provisioners' `KubernetesProvisioner`, not a protocol of ours:
 
 - before launch it submits the `kernel` request and waits for admission exactly as the
-  local `gpuaas` provisioner does: it holds a `GpuaasProvisioner` for that (composition),
-  whose record the server extension sees like any GPU kernel's (waiting reason, leases,
-  cull, release at server stop);
+  local `gpuaas` provisioner does: both are a `GpuKernelHolder` (server/provisioner.py),
+  whose one `Claim` holds the request and whose record the server extension sees like
+  any GPU kernel's (waiting reason, leases, cull, release at server stop);
 - once admitted it creates the kernel's pod (`kernel_pods.kernel_pod_manifest`: the
   flavor's resource, node selector and tolerations, pinned to the granted node, in the
   user's image with the user's environment and volumes) running gateway_provisioners'
@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
-from jupyter_gpuaas.server.kernels import GpuKernel
-from jupyter_gpuaas.server.provisioner import GpuaasProvisioner, GpuKernelKnobs
+from jupyter_gpuaas.server.provisioner import GpuKernelHolder
 
 from .kernel_pods import (
     DEFAULT_ENV_EXCLUDE,
@@ -81,10 +80,9 @@ else:
 ENDED_PHASES = ("Succeeded", "Failed")
 
 
-class GpuaasKubernetesProvisioner(GpuKernelKnobs, KubernetesProvisioner):  # type: ignore[misc]
+class GpuaasKubernetesProvisioner(GpuKernelHolder, KubernetesProvisioner):  # type: ignore[misc]
     """A GPU kernel in its own pod on the node the jupyter-gpuaas gateway granted. Its
-    request's knobs (`GpuKernelKnobs`) are the local `gpuaas` provisioner's, handed to
-    the one it holds."""
+    request (knobs, claim, record) is the local `gpuaas` provisioner's: `GpuKernelHolder`."""
 
     assigned_host: str  # gateway_provisioners' RemoteProvisionerBase: the kernel pod's name
 
@@ -201,46 +199,10 @@ class GpuaasKubernetesProvisioner(GpuKernelKnobs, KubernetesProvisioner):  # typ
         sock = getattr(self.response_manager, "_response_socket", None)
         if sock is not None and sock.gettimeout() != 0:
             sock.setblocking(False)
-        self._holder: GpuaasProvisioner | None = None
         self._api: Any = None
         self._pod: dict[str, Any] | None = None  # the kernel pod as last read
         self._follow: asyncio.Task[None] | None = None
         self._deleting = False
-
-    # ------------------------------------------------------------------ the grant
-
-    def gpu(self) -> GpuaasProvisioner:
-        """The local provisioner this one holds for its request, wait and lease."""
-        if self._holder is None:
-            self._holder = GpuaasProvisioner(
-                kernel_id=self.kernel_id,
-                kernel_spec=self.kernel_spec,
-                parent=self.parent,
-                gpus=self.gpus,
-                flavor=self.flavor,
-                tenant=self.tenant,
-                priority=self.priority,
-                poll_interval=self.poll_interval,
-                admission_timeout=self.admission_timeout,
-                standalone_heartbeat=self.standalone_heartbeat,
-            )
-        return self._holder
-
-    @property
-    def record(self) -> GpuKernel | None:
-        return self.gpu().record
-
-    def _request(self) -> dict[str, Any]:
-        r = self.record
-        assert r is not None
-        grant = r.grant or {"node": r.node, "devices": r.devices, "flavor": r.flavor}
-        return {
-            "id": r.request_id,
-            "tenant": r.tenant,
-            "gpus": r.gpus,
-            "flavor": r.flavor,
-            "grant": grant,
-        }
 
     # ------------------------------------------------------------------ the API
 
@@ -290,9 +252,8 @@ class GpuaasKubernetesProvisioner(GpuKernelKnobs, KubernetesProvisioner):  # typ
     # ------------------------------------------------------------------ provisioner API
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        gpu = self.gpu()
-        if not gpu._has_grant():
-            await gpu.acquire()  # a restart keeps its grant
+        if not self.holds_grant():
+            await self.acquire()  # a restart keeps its grant
         env = dict(kwargs.pop("env", None) or os.environ)
         # The pod's name and KERNEL_USERNAME: the Hub's user, not the image's (jovyan).
         env.setdefault("KERNEL_USERNAME", os.environ.get("JUPYTERHUB_USER") or getpass.getuser())
@@ -322,7 +283,7 @@ class GpuaasKubernetesProvisioner(GpuKernelKnobs, KubernetesProvisioner):  # typ
             user=str(self.kernel_username),
             command=cmd,
             image=str(self.image_name),
-            request=self._request(),
+            request=self.granted_request(),
             flavors=self.flavors,
             env=kernel_env(kwargs.get("env") or {}, self.env_exclude, self.extra_env),
             cwd=kwargs.get("cwd"),
@@ -338,7 +299,7 @@ class GpuaasKubernetesProvisioner(GpuKernelKnobs, KubernetesProvisioner):  # typ
         )
         created = await resp.json()
         if resp.status >= 400:
-            await self.gpu().release("released", "the kernel pod could not be created")
+            await self.release("released", "the kernel pod could not be created")
             raise RuntimeError(
                 f"the kernel pod could not be created: {created.get('message') or resp.status}"
             )
@@ -351,7 +312,7 @@ class GpuaasKubernetesProvisioner(GpuKernelKnobs, KubernetesProvisioner):  # typ
             await self.confirm_remote_startup()
         except BaseException as e:
             await self._delete_pod()
-            await self.gpu().release("released", f"the kernel pod did not start: {e}")
+            await self.release("released", f"the kernel pod did not start: {e}")
             raise
         return self.connection_info
 
@@ -389,13 +350,8 @@ class GpuaasKubernetesProvisioner(GpuKernelKnobs, KubernetesProvisioner):  # typ
                 return
 
     def _pod_ended(self, name: str, how: str) -> None:
-        gpu = self.gpu()
-        if not gpu._has_grant() or gpu._stopping():
-            return
-        reason = f"kernel pod {name} {how}"
-        self.log.warning("GPU kernel %s: %s; releasing its GPUs", self.kernel_id, reason)
         # As a local kernel that died: released at once; a restart's acquire waits for it.
-        gpu._release_task = asyncio.ensure_future(gpu.release("released", reason))
+        self._died(f"kernel pod {name} {how}")
 
     async def _delete_pod(self) -> None:
         """Delete the kernel pod and wait until it is gone (idempotent)."""
@@ -453,18 +409,10 @@ class GpuaasKubernetesProvisioner(GpuKernelKnobs, KubernetesProvisioner):  # typ
         if restart:
             return  # a restart keeps its grant; pre_launch reuses it
         await self._delete_pod()
-        gpu = self.gpu()
-        if gpu.record is not None and gpu.record.waiting:
-            gpu.record.abort_reason = gpu.record.abort_reason or "kernel shut down"
-            gpu.record.poke()
-        else:
-            await gpu.release("released", "kernel shut down")
+        await self._shut_down()
         if self._api is not None:
             await self._api.close()
             self._api = None
 
     async def get_provisioner_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = await super().get_provisioner_info()
-        if self.record is not None:
-            info["gpuaas"] = self.record.to_json()
-        return info
+        return self._info(await super().get_provisioner_info())

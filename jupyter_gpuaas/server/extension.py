@@ -44,7 +44,7 @@ from . import sidebar
 from .activity import GpuUsage, decide_busy
 from .idle import SERVER_KEY, ServerActivity
 from .kernel_manager import GpuaasKernelManager
-from .kernels import GpuKernel, KernelTable, Notification, set_table
+from .kernels import GpuKernel, KernelTable, Notification
 from .provisioner import GpuaasProvisioner
 from .waiting import one_session_per_path
 
@@ -167,7 +167,6 @@ class GpuaasExtension(ExtensionApp):
             )
         self.table = KernelTable(self.client, self.history_size, self.default_tenant)
         self.table.reporting = True
-        set_table(self.table)
         self.gpu_usage = GpuUsage()
         self.activity = ServerActivity(self)
         self._stops = []

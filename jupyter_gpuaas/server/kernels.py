@@ -3,10 +3,10 @@ owns the kernel's request) and the extension (which reports activity, listens to
 gateway's events and answers `/gpuaas/kernels`).
 
 Kernel provisioners are created by jupyter_client's factory with the kernel manager as
-parent and cannot be handed the extension, so the two meet here: a process-wide
-`KernelTable` that the extension replaces with a fresh one when it starts. Provisioners used
-without the extension (nbclient, `jupyter console`) get a table of their own making and
-simply nobody reports for them but their own polling.
+parent, and that manager's parent is the server's `GpuaasKernelManager`, which knows the
+extension and so its `KernelTable` (`table_of`). Provisioners used without the extension
+(nbclient, `jupyter console`) keep a table of their own, and nobody reports for them but
+their own polling.
 
 Everything runs on the server's event loop thread; no locks.
 """
@@ -242,7 +242,6 @@ class KernelTable:
         self.aborts: dict[str, str] = {}
         # First answers awaited (the kernel manager's start) before the record was made.
         self._answers: dict[str, asyncio.Future[None]] = {}
-        self._tenants_cache: list[str] | None = None
 
     def add(self, kernel: GpuKernel) -> GpuKernel:
         self.live[kernel.kernel_id] = kernel
@@ -306,25 +305,10 @@ class KernelTable:
             except Exception:  # a broken listener must not stop the others
                 pass
 
-    async def chargeable_tenants(self, client: GatewayClient) -> list[str]:
-        """Tenants the user may charge, as the gateway says (cached for the table's life)."""
-        if self._tenants_cache is None:
-            me = await client.me()
-            self._tenants_cache = [str(t) for t in me.get("tenants") or []]
-        return self._tenants_cache
 
-
-_table: KernelTable | None = None
-
-
-def current_table() -> KernelTable:
-    """The table of this process (one is made on first use when no extension runs)."""
-    global _table
-    if _table is None:
-        _table = KernelTable()
-    return _table
-
-
-def set_table(table: KernelTable | None) -> None:
-    global _table
-    _table = table
+def table_of(kernel_manager: Any) -> KernelTable | None:
+    """The GPU kernel table of the server a kernel's manager belongs to: its parent, the
+    server's `GpuaasKernelManager`, knows the extension (None: no extension runs)."""
+    extension = getattr(getattr(kernel_manager, "parent", None), "gpuaas", None)
+    table = getattr(extension, "table", None)
+    return table if isinstance(table, KernelTable) else None

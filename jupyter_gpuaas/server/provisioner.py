@@ -14,10 +14,11 @@ Lifecycle, in jupyter_client's terms:
   (an auto-restart asks again);
 - a crashed server cannot release anything: its grants end when their leases expire.
 
-Waiting is woken by the extension's event listener and, whether or not an extension runs,
-by polling the request every `poll_interval` seconds. A running kernel's lease is held by
-the process's grant holder (holder.py): the extension's rounds say whether it is busy;
-without an extension it is renewed as busy every `standalone_heartbeat` seconds.
+The request is a `Claim` (claim.py). Its wait is woken by the server's one event stream
+(when the extension runs) and, whether or not an extension runs, by reading the request
+every `poll_interval` seconds. A running kernel's lease is held by the process's grant
+holder (holder.py): the extension's rounds say whether it is busy; without an extension it
+is renewed as busy every `standalone_heartbeat` seconds.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from typing import Any
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import HasTraits, Integer, Unicode
 
-from jupyter_gpuaas.client import GatewayClient, GatewayError, launch_environment
-from jupyter_gpuaas.holder import TERMINAL_STATES, Lease, Seconds, grant_holder
+from jupyter_gpuaas.admission.model import State
+from jupyter_gpuaas.claim import Claim, ClaimError
+from jupyter_gpuaas.client import GatewayClient, GatewayError
+from jupyter_gpuaas.holder import Lease, Seconds, follower
 
-from .kernels import ENDED, GpuKernel, KernelTable, current_table
+from .kernels import ENDED, GpuKernel, KernelTable, table_of
 
 
 class GpuAdmissionError(RuntimeError):
@@ -90,53 +93,61 @@ class GpuKernelKnobs(HasTraits):
     ).tag(config=True)
 
 
-# jupyter_client builds its provisioners' metaclass at runtime (ABCMeta and traitlets'
-# MetaHasTraits), which mypy cannot follow: it sees a conflict Python does not have.
-class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metaclass]
-    """Launches a local kernel on GPUs granted by the jupyter-gpuaas gateway."""
+class GpuKernelHolder(GpuKernelKnobs):
+    """What a GPU kernel's provisioner does about its GPUs, through one `Claim`: the
+    local `gpuaas` provisioner and the `gpuaas-kubernetes` one (kubernetes/kernels.py)
+    are both this and their own way to run the kernel.
+
+    The kernel's record (kernels.py) lives in the server extension's table, reached
+    through the kernel manager that made the provisioner; a provisioner used without the
+    extension (nbclient, `jupyter console`) keeps a table of its own, and its client is
+    the environment's (GPUAAS_URL, GPUAAS_TOKEN).
+    """
+
+    # Provided by the provisioner (jupyter_client's KernelProvisionerBase).
+    kernel_id: Any
+    kernel_spec: Any
+    parent: Any
+    log: Any
 
     record: GpuKernel | None = None
-    lease: Lease | None = None
+    claim: Claim | None = None
+    _own_table: KernelTable | None = None
     _release_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ gateway
 
-    def _table(self) -> KernelTable:
-        return current_table()
+    def kernel_table(self) -> KernelTable:
+        """The table of this server's GPU kernels (see the class's docstring)."""
+        table = table_of(self.parent)
+        if table is not None:
+            return table
+        if self._own_table is None:
+            self._own_table = KernelTable()
+        return self._own_table
 
     def _client(self) -> GatewayClient:
-        table = self._table()
+        table = self.kernel_table()
         if table.client is None:
             table.client = GatewayClient.from_env()
         return table.client
 
-    async def _pick_tenant(self, client: GatewayClient) -> str:
-        if self.tenant:
-            return str(self.tenant)
-        table = self._table()
-        if table.default_tenant:
-            return table.default_tenant
-        try:
-            tenants = await table.chargeable_tenants(client)
-        except GatewayError as e:
-            raise GpuAdmissionError(f"cannot ask the gateway for your tenants: {e}") from None
-        if not tenants:
-            raise GpuAdmissionError(
-                "you are not a member of any GPU tenant: ask an administrator to add you to "
-                "a tenant group, or set the kernelspec's provisioner config `tenant`"
-            )
-        return tenants[0]
+    @property
+    def lease(self) -> Lease | None:
+        return None if self.claim is None else self.claim.lease
 
     @property
     def grant_env(self) -> dict[str, str]:
         """The environment that confines the kernel to its granted devices."""
-        if self.record is None:
-            return {}
-        r = self.record
-        grant = r.grant or {"node": r.node, "devices": r.devices}
-        return launch_environment({"id": r.request_id, "tenant": r.tenant, "grant": grant})
+        grant = self.claim.grant if self.claim is not None and self.holds_grant() else None
+        return {} if grant is None else grant.environment()
 
-    def _has_grant(self) -> bool:
+    def granted_request(self) -> dict[str, Any]:
+        """The gateway's admitted request object of the grant held (a kernel pod's)."""
+        assert self.claim is not None and self.claim.request is not None
+        return self.claim.request
+
+    def holds_grant(self) -> bool:
         return self.record is not None and self.record.state in ("admitted", "running")
 
     def _set_reason(self, text: str) -> None:
@@ -145,15 +156,34 @@ class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metac
         if km is not None and hasattr(km, "reason"):
             km.reason = text
 
+    def _new_claim(self, request_id: str | None = None) -> Claim:
+        name = getattr(self.kernel_spec, "display_name", "") or "GPU kernel"
+        tenant = self.tenant or self.kernel_table().default_tenant or None
+        return Claim(
+            self._client,
+            "kernel",
+            int(self.gpus),
+            self.flavor,
+            tenant,
+            priority=int(self.priority),
+            name=f"{name} ({str(self.kernel_id)[:8]})",
+            request_id=request_id,
+        )
+
     async def acquire(self) -> GpuKernel:
         """Submit a `kernel` request and wait until it is admitted."""
         if self._release_task is not None:
             await asyncio.shield(self._release_task)  # a death's release goes first
-        table = self._table()
+        table = self.kernel_table()
         kernel_id = str(self.kernel_id)
         name = getattr(self.kernel_spec, "display_name", "") or "GPU kernel"
         restored = self.record
-        resume = restored is not None and restored.waiting and restored.request_id is not None
+        resume = (
+            restored is not None
+            and restored.waiting
+            and restored.request_id is not None
+            and self.claim is not None
+        )
         if resume:  # a queued request restored by load_provisioner_info: wait on it
             assert restored is not None
             record = restored
@@ -165,29 +195,18 @@ class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metac
                 flavor=self.flavor,
                 provisioner=self,
             )
+            self.claim = self._new_claim()
+        claim = self.claim
+        assert claim is not None
         # Shut down (or interrupted) before the provisioner even got here.
         record.abort_reason = table.aborts.pop(kernel_id, "") or record.abort_reason
         self.record = table.add(record)
         started = time.perf_counter()
         try:
-            client = self._client()
             if not resume:
-                tenant = await self._pick_tenant(client)
-                record.tenant = tenant
-                try:
-                    obj = await client.submit(
-                        tenant,
-                        "kernel",
-                        int(self.gpus),
-                        flavor=self.flavor,
-                        priority=int(self.priority),
-                        name=f"{name} ({kernel_id[:8]})",
-                    )
-                except GatewayError as e:
-                    raise GpuAdmissionError(f"GPU request refused: {e.error}", e.status) from None
-                record.apply(obj)
+                await self._submit(claim, record)
             record.answer()
-            await self._wait_admitted(client, record)
+            await self._wait_admitted(claim, record)
         except GpuAdmissionError as e:
             if record.ended is None:
                 record.end("failed", str(e))
@@ -200,7 +219,7 @@ class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metac
             raise GpuAdmissionError(record.reason) from None
         record.state = "running"
         record.waited = time.perf_counter() - started
-        self._hold(record)
+        self._hold(claim, record)
         self._set_reason("")
         self.log.info(
             "GPU kernel %s admitted: request %s, devices %s on %s",
@@ -211,82 +230,82 @@ class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metac
         )
         return record
 
-    async def _wait_admitted(self, client: GatewayClient, record: GpuKernel) -> None:
-        started = time.monotonic()
-        while record.state != "admitted":
-            if record.abort_reason:
-                await self._cancel_quietly(client, record)
-                record.end("cancelled", record.abort_reason)
-                raise GpuAdmissionError(record.abort_reason)
-            if record.state in ENDED:
-                raise GpuAdmissionError(record.reason or f"GPU request {record.state}")
+    async def _submit(self, claim: Claim, record: GpuKernel) -> None:
+        try:
+            record.tenant = await claim.choose_tenant()
+        except GatewayError as e:
+            raise GpuAdmissionError(f"cannot ask the gateway for your tenants: {e}") from None
+        except ClaimError as e:
+            raise GpuAdmissionError(
+                f"{e}, or set the kernelspec's provisioner config `tenant`", e.status
+            ) from None
+        try:
+            record.apply(await claim.submit())
+        except GatewayError as e:
+            raise GpuAdmissionError(f"GPU request refused: {e.error}", e.status) from None
+
+    async def _wait_admitted(self, claim: Claim, record: GpuKernel) -> None:
+        """The claim's wait, woken by the server's one event stream (when the extension
+        runs) and by any change of the record (an abort); the record follows the claim."""
+        table = self.kernel_table()
+        stream = follower(self._client()) if table.reporting else None
+
+        def turn(claim: Claim) -> None:
+            if claim.request is not None:
+                record.apply(claim.request)
+            if record.abort_reason or record.state in ENDED:
+                raise _Abort()
             self._set_reason(record.sentence())
-            timeout = float(self.poll_interval)
-            if self.admission_timeout > 0:
-                left = self.admission_timeout - (time.monotonic() - started)
-                if left <= 0:
-                    await self._cancel_quietly(client, record)
-                    reason = f"no GPU within {self.admission_timeout:.0f} s"
-                    record.end("cancelled", reason)
-                    raise GpuAdmissionError(reason)
-                timeout = min(timeout, left)
-            record.changed.clear()
-            try:
-                await asyncio.wait_for(record.changed.wait(), timeout)
-                continue  # woken by an event or an abort: look again before polling
-            except asyncio.TimeoutError:
-                pass
-            if record.request_id is None:
-                continue
-            try:
-                obj = await client.get(record.request_id)
-            except GatewayError as e:
-                self.log.warning("polling GPU request %s: %s", record.request_id, e)
-                continue
-            if obj.get("state") in TERMINAL_STATES:
-                record.end("failed", obj.get("reason") or f"GPU request {obj.get('state')}")
-            else:
-                record.apply(obj)
-        if record.abort_reason:  # admitted just as the kernel was shut down: give it back
-            await self._cancel_quietly(client, record)
+
+        watch = record.watch()
+        timeout = float(self.admission_timeout) or None
+        try:
+            await claim.admitted(
+                poll=float(self.poll_interval),
+                timeout=timeout,
+                stream=stream,
+                wake=watch,
+                on_turn=turn,
+            )
+        except _Abort:
+            pass
+        except ClaimError as e:
+            if e.timed_out:
+                await claim.release()
+                reason = f"no GPU within {self.admission_timeout:.0f} s"
+                record.end("cancelled", reason)
+                raise GpuAdmissionError(reason) from None
+            record.end("failed", str(e))
+        finally:
+            record.unwatch(watch)
+        if record.abort_reason:  # shut down while waiting, or just as it was admitted
+            await claim.release()
             record.end("cancelled", record.abort_reason)
             raise GpuAdmissionError(record.abort_reason)
+        if record.state in ENDED:
+            raise GpuAdmissionError(record.reason or f"GPU request {record.state}")
 
-    async def _cancel_quietly(self, client: GatewayClient, record: GpuKernel) -> None:
+    def _hold(self, claim: Claim, record: GpuKernel) -> None:
+        """Hand the grant's lease to the process's holder (replacing any earlier one):
+        busy or idle as the extension's rounds judge it, else renewed as busy."""
         if record.request_id is None:
             return
-        try:
-            await client.cancel(record.request_id)
-        except GatewayError as e:
-            if e.status != 409:  # 409: it already ended, which is what we want
-                self.log.warning("cancelling GPU request %s: %s", record.request_id, e)
-
-    def _hold(self, record: GpuKernel) -> None:
-        """Hand the grant's lease to the process's holder (replacing any earlier one)."""
-        if record.request_id is None:
-            return
-        holder = grant_holder()
-        if not self._table().reporting:  # no extension judges it: renewed as busy
-            holder.configure(float(self.standalone_heartbeat))
 
         def renewed(answer: dict[str, Any]) -> None:
             grant = answer.get("grant") or {}
             record.lease_expires = grant.get("lease_expires", record.lease_expires)
 
-        self.lease = holder.hold(
-            Lease(
-                record.request_id,
-                self._client(),
-                on_lost=functools.partial(self._grant_lost, record),
-                on_renewed=renewed,
-                active=lambda: record.ended is None,
-            )
+        claim.hold(
+            interval=None if self.kernel_table().reporting else float(self.standalone_heartbeat),
+            on_lost=functools.partial(self._grant_lost, record),
+            on_renewed=renewed,
+            active=lambda: record.ended is None,
         )
 
     async def _grant_lost(self, record: GpuKernel, error: GatewayError) -> None:
         """A renewal found the grant ended: the extension finds out why and stops the
         kernel; without one the record says so."""
-        lost = self._table().on_lost
+        lost = self.kernel_table().on_lost
         if lost is not None:
             await lost(record)
         elif record.ended is None:
@@ -297,63 +316,41 @@ class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metac
         record = self.record
         if record is None or record.ended is not None:
             if record is not None:
-                self._table().retire(record)
+                self.kernel_table().retire(record)
             return
-        if self.lease is not None:
-            grant_holder().drop(self.lease)
-            self.lease = None
         keep_parked = record.state == "culled"
         record.end(state, reason)
-        self._table().retire(record)
-        if keep_parked or record.request_id is None:
-            return
-        try:
-            await self._cancel_quietly(self._client(), record)
-        except GatewayError as e:
-            self.log.warning("releasing GPU request %s: %s", record.request_id, e)
-
-    # ------------------------------------------------------------------ provisioner API
-
-    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        if not self._has_grant():
-            await self.acquire()
-        kwargs = await super().pre_launch(**kwargs)
-        kwargs["env"].update(self.grant_env)
-        return kwargs
-
-    async def poll(self) -> int | None:
-        alive_before = self.process is not None
-        ret: int | None = await super().poll()
-        if alive_before and ret is not None and self._has_grant() and not self._stopping():
-            # Died on its own (kill -9, segfault, OOM): nobody will call cleanup before an
-            # auto-restart, and the devices are idle now. Release in the background so
-            # is_alive() stays fast; a restart's acquire() waits for it.
-            assert self.record is not None
-            reason = f"kernel died (exit status {ret})"
-            self.log.warning("GPU kernel %s: %s; releasing its GPUs", self.kernel_id, reason)
-            self._release_task = asyncio.ensure_future(self.release("released", reason))
-        return ret
+        self.kernel_table().retire(record)
+        if self.claim is not None:
+            await self.claim.release(reason, keep_parked=keep_parked)
 
     def _stopping(self) -> bool:
         return bool(getattr(self.parent, "shutting_down", False))
 
-    async def cleanup(self, restart: bool = False) -> None:
-        await super().cleanup(restart=restart)
-        if restart:
-            return  # a restart keeps its grant; pre_launch reuses it
+    def _died(self, reason: str) -> None:
+        """The kernel died on its own (kill -9, segfault, OOM, its pod gone): nobody will
+        call cleanup before an auto-restart, and the devices are idle now. Released in the
+        background so is_alive() stays fast; a restart's acquire() waits for it."""
+        if not self.holds_grant() or self._stopping():
+            return
+        self.log.warning("GPU kernel %s: %s; releasing its GPUs", self.kernel_id, reason)
+        self._release_task = asyncio.ensure_future(self.release("released", reason))
+
+    async def _shut_down(self) -> None:
+        """The kernel is shut down: a waiting one gives up its wait (and its request),
+        a running one its grant."""
         if self.record is not None and self.record.waiting:
             self.record.abort_reason = self.record.abort_reason or "kernel shut down"
             self.record.poke()
             return
         await self.release("released", "kernel shut down")
 
-    async def get_provisioner_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = await super().get_provisioner_info()
+    def _info(self, info: dict[str, Any]) -> dict[str, Any]:
         if self.record is not None:
             info["gpuaas"] = self.record.to_json()
         return info
 
-    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+    async def _restore(self, provisioner_info: dict[str, Any]) -> None:
         """Take a kernel back after a server restart: its request, and its grant if held.
 
         The saved record says which request the kernel had; the gateway (the store) says
@@ -363,34 +360,42 @@ class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metac
         history. With the gateway unreachable, the saved record stands until a heartbeat
         or a poll learns better.
         """
-        await super().load_provisioner_info(provisioner_info)
         saved = provisioner_info.get("gpuaas")
         if not isinstance(saved, dict) or not saved.get("request_id"):
             return
-        table = self._table()
+        table = self.kernel_table()
+        rid = str(saved["request_id"])
         record = GpuKernel(
             kernel_id=str(saved.get("kernel_id") or self.kernel_id),
             kernel_name=str(saved.get("kernel_name") or "GPU kernel"),
             gpus=int(saved.get("gpus") or self.gpus),
             flavor=saved.get("flavor", self.flavor),
             tenant=saved.get("tenant"),
-            request_id=str(saved["request_id"]),
+            request_id=rid,
             node=saved.get("node"),
             devices=[int(d) for d in saved.get("devices") or []],
             lease_expires=saved.get("lease_expires"),
             created=float(saved.get("created") or time.time()),
             provisioner=self,
         )
+        claim = self.claim = self._new_claim(rid)
         record.state = "running" if saved.get("state") in ("admitted", "running") else "queued"
         if saved.get("state") in ENDED:
             record.end(str(saved["state"]), str(saved.get("reason") or ""))
         else:
             try:
-                obj: Mapping[str, Any] | None = await self._client().get(str(saved["request_id"]))
+                obj: Mapping[str, Any] | None = await self._client().get(rid)
             except GatewayError as e:
                 obj = {"state": "gone", "reason": e.error} if e.status in (404, 410) else None
             if obj is not None:
                 self._restore_from(record, obj)
+                claim.update(obj)
+            elif record.state == "running":
+                # The saved record stands: its grant as saved, until the gateway answers.
+                grant = {"node": record.node, "devices": record.devices, "flavor": record.flavor}
+                claim.update(
+                    {"id": rid, "tenant": record.tenant, "state": "admitted", "grant": grant}
+                )
         record.answer()
         self.record = record
         if record.ended is not None:
@@ -398,18 +403,54 @@ class GpuaasProvisioner(GpuKernelKnobs, LocalProvisioner):  # type: ignore[metac
             return
         table.add(record)
         if record.state == "running":
-            self._hold(record)
+            self._hold(claim, record)
 
     @staticmethod
     def _restore_from(record: GpuKernel, obj: Mapping[str, Any]) -> None:
         state = obj.get("state")
-        if state == "admitted" and obj.get("grant"):
+        if state == State.ADMITTED and obj.get("grant"):
             record.state = "queued"  # apply() takes a grant only into a waiting record
             record.apply(obj)
             record.state = "running"
-        elif state in ("queued", "parked"):
+        elif state in (State.QUEUED, State.PARKED):
             record.state = "queued"
             record.apply(obj)
         else:
             reason = obj.get("reason") or f"GPU request {state}"
             record.end("lost", f"GPU grant lost while the server restarted: {reason}")
+
+
+class _Abort(Exception):
+    """The record says stop waiting (shut down, interrupted, ended by an event)."""
+
+
+# jupyter_client builds its provisioners' metaclass at runtime (ABCMeta and traitlets'
+# MetaHasTraits), which mypy cannot follow: it sees a conflict Python does not have.
+class GpuaasProvisioner(GpuKernelHolder, LocalProvisioner):  # type: ignore[metaclass]
+    """Launches a local kernel on GPUs granted by the jupyter-gpuaas gateway."""
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        if not self.holds_grant():
+            await self.acquire()
+        kwargs = await super().pre_launch(**kwargs)
+        kwargs["env"].update(self.grant_env)
+        return kwargs
+
+    async def poll(self) -> int | None:
+        alive_before = self.process is not None
+        ret: int | None = await super().poll()
+        if alive_before and ret is not None:
+            self._died(f"kernel died (exit status {ret})")
+        return ret
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await super().cleanup(restart=restart)
+        if not restart:  # a restart keeps its grant; pre_launch reuses it
+            await self._shut_down()
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        return self._info(await super().get_provisioner_info())
+
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+        await super().load_provisioner_info(provisioner_info)
+        await self._restore(provisioner_info)

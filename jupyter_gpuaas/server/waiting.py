@@ -37,7 +37,7 @@ from jupyter_server.services.kernels.connection.base import (
 )
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 
-from .kernels import GpuKernel, current_table, gpu_words
+from .kernels import GpuKernel, gpu_words, table_of
 
 V1 = "v1.kernel.websocket.jupyter.org"
 #: Seconds between looks at a waiting kernel's record when no change wakes us sooner.
@@ -57,10 +57,14 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
 
     # ------------------------------------------------------------------ lifecycle
 
+    def _live_record(self) -> GpuKernel | None:
+        table = table_of(self.kernel_manager)
+        return None if table is None else table.get(self.kernel_id)
+
     def _waiting_gpu_kernel(self) -> bool:
         # A live record that waits: a kernel being shut down or restarted also has a
         # pending `ready`, but its record has ended (or it holds its grant).
-        record = current_table().get(self.kernel_id)
+        record = self._live_record()
         ready = getattr(self.kernel_manager, "ready", None)
         return record is not None and record.waiting and ready is not None and not ready.done()
 
@@ -133,7 +137,7 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
         if ready.cancelled() or ready.exception() is not None:
             # The record knows why (jupyter_server cancels the start of a kernel shut
             # down while pending, which loses the provisioner's reason).
-            record = current_table().get(self.kernel_id) or self._record
+            record = self._live_record() or self._record
             error = ready.exception() if not ready.cancelled() else None
             known = (record.reason or record.abort_reason) if record is not None else ""
             reason = known or str(error or "")
@@ -179,7 +183,7 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
         event = None
         try:
             while True:
-                record = current_table().get(self.kernel_id)
+                record = self._live_record()
                 if record is not None and record is not watched:
                     if watched is not None and event is not None:
                         watched.unwatch(event)

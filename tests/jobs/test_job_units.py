@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_gpuaas.claim import Grant
 from jupyter_gpuaas.jobs import model
 from jupyter_gpuaas.jobs.execute import choose_kernel
 from jupyter_gpuaas.jobs.manager import JobError, JobManager
@@ -54,7 +55,10 @@ def test_runner_command_and_environment(tmp_path: Path) -> None:
     assert runner.command(cell) == ["/opt/py", "-u", str(cell.script_path)]
     script = make_job(tmp_path, kind="script", source="/w/train.py", python=None)
     assert runner.command(script) == [sys.executable, "-u", "/w/train.py"]
-    env = runner.environment(nb, {"node": "n1", "devices": [2, 3]})
+    request = {"id": "r1", "state": "admitted", "grant": {"node": "n1", "devices": [2, 3]}}
+    grant = Grant.of(request)
+    assert grant is not None
+    env = runner.environment(nb, grant)
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["GPUAAS_JOB_ID"] == "r1"
     assert env["PATH"] == "/bin"
 

@@ -241,6 +241,7 @@ class KernelCluster:
                     "poll_interval": 0.2,
                     "pod_poll_interval": 0.1,
                     "launch_timeout": 60,
+                    "tenant": "vision",
                 }
             }
         )
@@ -278,7 +279,6 @@ async def kernel_cluster(
     the cluster's admin kubeconfig of the `kube` fixture."""
     import gateway_provisioners.response_manager as rm
 
-    from jupyter_gpuaas.server.kernels import KernelTable, set_table
     from jupyter_gpuaas.server.kernelspec_cli import write_spec
 
     home = tmp_path / "home"
@@ -318,7 +318,9 @@ async def kernel_cluster(
     monkeypatch.setattr(rm, "desired_response_port", free_port())
     monkeypatch.setenv("JUPYTERHUB_USER", "alice")
     monkeypatch.setenv("GPUAAS_TEST_SETTING", "from the user's environment")
-    set_table(KernelTable(GatewayClient(gateway_url, TOKENS["alice"]), tenant="vision"))
+    # No server extension: the provisioner's own client, from the environment.
+    monkeypatch.setenv("GPUAAS_URL", gateway_url)
+    monkeypatch.setenv("GPUAAS_TOKEN", TOKENS["alice"])
     write_spec(tmp_path / "kernels" / "gpu-pod", 1, "a100", kubernetes=True)
     kubelet = KwokKubelet(kube.cluster.kubeconfig, kube.namespace, "component=kernel", tmp_path)
     await kubelet.start()
@@ -326,7 +328,6 @@ async def kernel_cluster(
         yield KernelCluster(kube, gateway_url, home, kubelet, flavors)
     finally:
         await kubelet.close()
-        set_table(None)
         if rm.ResponseManager.initialized():
             manager = rm.ResponseManager.instance()
             sock = manager._response_socket

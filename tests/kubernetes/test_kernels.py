@@ -315,8 +315,6 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Kerne
     a cell runs → an interrupt reaches it → restart keeps the grant → shutdown deletes the
     pod and releases the grant, all as the ServiceAccount of the users' servers. The
     kernel pod's process is a LOCAL kernel run by KwokKubelet, reached at the pod's IP."""
-    from jupyter_gpuaas.server.kernels import current_table
-
     bob = GatewayClient(cluster.gateway_url, TOKENS["bob"])
     blocker = await bob.submit("vision", "kernel", 2, flavor="a100", name="bob's kernel")
     assert blocker["state"] == "admitted"
@@ -324,7 +322,7 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Kerne
     start = asyncio.ensure_future(km.start_kernel(cwd=str(cluster.home / "proj")))
     try:
         record = await wait_until(
-            lambda: (r := current_table().get(str(km.kernel_id))) and r.state == "queued" and r
+            lambda: (r := getattr(km.provisioner, "record", None)) and r.state == "queued" and r
         )
         assert record.tenant == "vision" and record.flavor == "a100"
         assert cluster.pod(km) is None  # no pod while queued
@@ -416,12 +414,10 @@ async def test_a_pod_deleted_under_the_kernel_is_a_dead_kernel(cluster: KernelCl
     """A kernel pod deleted by someone else (kubectl, an eviction, a node drain): the
     kernel is dead and its grant released at once. The kernel pod's process is a LOCAL
     kernel run by KwokKubelet, which stops it when the pod is deleted."""
-    from jupyter_gpuaas.server.kernels import current_table
-
     km = cluster.kernel_manager()
     await asyncio.wait_for(km.start_kernel(cwd=str(cluster.home)), 90)
     try:
-        record = current_table().get(str(km.kernel_id))
+        record = km.provisioner.record
         assert record is not None and record.state == "running"
         rid = record.request_id
         pod = cluster.pod(km)
@@ -450,11 +446,9 @@ async def test_culling_deletes_the_pod_and_leaves_the_parked_quota(cluster: Kern
     and shutting the kernel down (extension.py `_end_kernel`); done the same here: the pod
     is deleted, and the request is not cancelled (the gateway parks its quota for the
     user's relaunch). The kernel pod's process is a LOCAL kernel run by KwokKubelet."""
-    from jupyter_gpuaas.server.kernels import current_table
-
     km = cluster.kernel_manager()
     await asyncio.wait_for(km.start_kernel(cwd=str(cluster.home)), 90)
-    table = current_table()
+    table = km.provisioner.kernel_table()
     record = table.get(str(km.kernel_id))
     assert record is not None and record.state == "running"
     name = f"alice-{km.kernel_id}"
@@ -476,12 +470,10 @@ async def test_a_kernel_process_that_dies_fails_its_pod_and_releases(
     its grant released. The kernel pod's process is a LOCAL kernel run by KwokKubelet,
     which reports its exit status in the pod's status, as kubelet would (KWOK's stages
     leave a Running pod's phase alone)."""
-    from jupyter_gpuaas.server.kernels import current_table
-
     km = cluster.kernel_manager()
     await asyncio.wait_for(km.start_kernel(cwd=str(cluster.home)), 90)
     try:
-        record = current_table().get(str(km.kernel_id))
+        record = km.provisioner.record
         assert record is not None
         client = await connect(km)
         client.execute("import os; os._exit(3)")

@@ -74,7 +74,7 @@ async def test_two_starts_in_a_row_2_gpus_then_0_leak_nothing(
     first = created_pod(kube)
     # The pod's IP, which KWOK hands out of a loopback range.
     assert url.startswith(f"http://{first['status']['podIP']}:")
-    rid = spawner._gp["rid"]
+    rid = spawner._rid
     assert first["spec"]["nodeName"] == "a100-0"
     assert notebook(first)["resources"]["limits"] == {
         "ephemeral-storage": "10Gi",
@@ -130,7 +130,7 @@ async def test_two_starts_in_a_row_2_gpus_then_0_leak_nothing(
     env = env_of(second)
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and env["CUDA_VISIBLE_DEVICES"] == ""
     assert not any(k.startswith("GPUAAS_REQUEST") for k in env)
-    assert spawner._gp["rid"] is None  # no gateway request for a CPU server
+    assert spawner._rid is None  # no gateway request for a CPU server
     # The configured traits are what they were: nothing of the grant was written there.
     assert spawner.node_selector == {"team": "ml"}
     assert spawner.tolerations == [{"key": "spot", "operator": "Exists"}]
@@ -192,7 +192,7 @@ async def test_progress_while_queued_then_start_and_stop(
     assert notebook(pod)["resources"]["limits"]["nvidia.com/gpu"] == "2"
     await asyncio.wait_for(follower, 10)
     assert any("admitted" in m.lower() or "granted" in m.lower() for m in messages), messages
-    rid = spawner._gp["rid"]
+    rid = spawner._rid
     assert await spawner.poll() is None
     await spawner.stop()
     await wait_until(lambda: not kube.pods())
@@ -232,7 +232,7 @@ async def test_a_pod_that_fails_to_schedule_times_out_and_releases_its_grant(
     ]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["t4-0"]
     # The real scheduler's FailedScheduling event, as progress() passes it on.
     await wait_until(lambda: any(re.search(r"0/\d+ nodes are available", m) for m in messages))
-    rid = spawner._gp["rid"]
+    rid = spawner._rid
     await spawner.stop()
     follower.cancel()
     await wait_until(lambda: not kube.pods())

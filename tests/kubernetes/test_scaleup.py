@@ -302,14 +302,14 @@ async def test_a_queued_spawn_ends_in_a_node_via_a_provisioning_request(
         # the spawn is admitted on it, and the real scheduler binds the pod there.
         a1 = sc.add_a100(1)
         await asyncio.wait_for(task, 90)
-        assert spawner._gp["grant"]["grant"]["node"] == a1
+        assert spawner._gpu_claim.grant.node == a1
         (pod,) = kube.pods()
         assert pod["spec"]["nodeName"] == a1
         assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
         # ... and the scale-up objects are removed.
         await wait_until(sc.removed, timeout=30, what="the scale-up objects removed")
 
-        rid = spawner._gp["rid"]
+        rid = spawner._rid
         assert request["metadata"]["labels"]["gpuaas.jupyter.org/request"] == rid
         await spawner.stop()
         await wait_until(lambda: not kube.pods(), timeout=60, what="the server pod deleted")
@@ -344,8 +344,6 @@ async def test_a_queued_gpu_kernel_ends_in_a_node_and_runs_in_its_own_pod_there(
     gateway_provisioners' launcher, once KWOK has made the pod Running). The gateway and
     the provisioner use the cluster's admin kubeconfig: the provisioner's RBAC is
     test_kernels.py's, the gateway's the other tests' here."""
-    from jupyter_gpuaas.server.kernels import current_table
-
     sc, gw = await scale("ProvisioningRequestScaler")
     a0 = sc.add_a100(0)
     cpu = f"{sc.ns}-cpu-0"
@@ -364,7 +362,9 @@ async def test_a_queued_gpu_kernel_ends_in_a_node_and_runs_in_its_own_pod_there(
         start = asyncio.ensure_future(km.start_kernel(cwd=str(cl.home / "proj")))
         try:
             record = await wait_until(
-                lambda: (r := current_table().get(str(km.kernel_id))) and r.state == "queued" and r,
+                lambda: (
+                    (r := getattr(km.provisioner, "record", None)) and r.state == "queued" and r
+                ),
                 timeout=30,
                 what="the kernel queued",
             )

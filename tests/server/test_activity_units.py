@@ -140,7 +140,7 @@ async def test_the_spawner_renews_only_a_lease_nobody_else_renews() -> None:
 
     s = QueuedSimpleLocalProcessSpawner()
     s.heartbeat_interval = 0.05
-    s._gp.update(rid="r-1", running=True)
+    s._gpu_claim, s._server_running = s._claim_of("r-1"), True
     s.orm_spawner = None  # no Hub here: no HTTP activity, idle by the Hub's view
     fresh = _Gateway(time.time() + 100)  # the server renews it (its own heartbeats)
     s._user_client = lambda: fresh  # type: ignore[method-assign]
@@ -151,5 +151,5 @@ async def test_the_spawner_renews_only_a_lease_nobody_else_renews() -> None:
     s._user_client = lambda: stale  # type: ignore[method-assign]
     await asyncio.sleep(0.3)
     assert stale.beats[:1] == [False]  # renewed, with the Hub's view (no activity: idle)
-    s._gp["rid"] = None
+    s._gpu_claim = None
     await asyncio.wait_for(task, 2)

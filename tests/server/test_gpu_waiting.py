@@ -204,10 +204,8 @@ async def test_only_gpu_kernels_start_as_pending_kernels(
 async def test_load_provisioner_info_takes_the_grant_back_after_a_restart(
     gpu_app: Any, jp_fetch: Callable[..., Awaitable[Any]], gateway: GatewayProc
 ) -> None:
-    from srvutil import TOKEN
+    from srvutil import TOKEN, gpu_extension
 
-    from jupyter_gpuaas.client import GatewayClient
-    from jupyter_gpuaas.server import kernels
     from jupyter_gpuaas.server.provisioner import GpuaasProvisioner
 
     running = await start_kernel(jp_fetch, "gpu1")
@@ -223,41 +221,38 @@ async def test_load_provisioner_info_takes_the_grant_back_after_a_restart(
     rid1, rid2 = info1["gpuaas"]["request_id"], info2["gpuaas"]["request_id"]
     n_requests = len(gateway.call("GET", "api/requests"))
 
-    # A restarted server: a fresh table of GPU kernels, fresh provisioners fed the saved
-    # information, against the same gateway.
-    old = kernels.current_table()
-    table = kernels.KernelTable(GatewayClient(gateway.url, TOKEN))
-    kernels.set_table(table)
-    try:
-        p1 = GpuaasProvisioner(kernel_id=running, kernel_spec=km1.kernel_spec, parent=km1)
-        await p1.load_provisioner_info(info1)
-        p2 = GpuaasProvisioner(kernel_id=queued, kernel_spec=km2.kernel_spec, parent=km2)
-        await p2.load_provisioner_info(info2)
+    # A restarted server: its table of GPU kernels forgot them, and fresh provisioners are
+    # fed the saved information, against the same gateway.
+    table = gpu_extension(gpu_app).table
+    table.live.pop(running, None)
+    table.live.pop(queued, None)
+    p1 = GpuaasProvisioner(kernel_id=running, kernel_spec=km1.kernel_spec, parent=km1)
+    await p1.load_provisioner_info(info1)
+    p2 = GpuaasProvisioner(kernel_id=queued, kernel_spec=km2.kernel_spec, parent=km2)
+    await p2.load_provisioner_info(info2)
 
-        assert p1.record is not None and p1.record.state == "running"
-        assert p1.record.request_id == rid1 and p1.record.devices == [0]
-        assert p1.grant_env["CUDA_VISIBLE_DEVICES"] == "0"
-        assert p1.grant_env["GPUAAS_REQUEST_ID"] == rid1
-        assert p1._has_grant()  # a relaunch (pre_launch) reuses it: no new request
-        assert table.get(running) is p1.record
+    assert p1.record is not None and p1.record.state == "running"
+    assert p1.record.request_id == rid1 and p1.record.devices == [0]
+    assert p1.grant_env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert p1.grant_env["GPUAAS_REQUEST_ID"] == rid1
+    assert p1.holds_grant()  # a relaunch (pre_launch) reuses it: no new request
+    assert table.get(running) is p1.record
 
-        assert p2.record is not None and p2.record.state == "queued"
-        assert p2.record.request_id == rid2 and p2.record.position["tenant"] == 1
-        assert table.get(queued) is p2.record
-        assert len(gateway.call("GET", "api/requests")) == n_requests  # nothing submitted
+    assert p2.record is not None and p2.record.state == "queued"
+    assert p2.record.request_id == rid2 and p2.record.position["tenant"] == 1
+    assert table.get(queued) is p2.record
+    assert len(gateway.call("GET", "api/requests")) == n_requests  # nothing submitted
 
-        # Its grant released while the server was down: the restored kernel knows.
-        gateway.call("DELETE", f"api/requests/{rid1}", token=TOKEN)
-        p3 = GpuaasProvisioner(kernel_id=running, kernel_spec=km1.kernel_spec, parent=km1)
-        table.live.pop(running, None)
-        await p3.load_provisioner_info(info1)
-        assert p3.record is not None and p3.record.state == "lost"
-        assert "while the server restarted" in p3.record.reason
-        assert not p3._has_grant() and table.get(running) is None
-        # ...and the waiting one is admitted on the freed GPU, on the request it had.
-        await wait_for(lambda: gateway.request(rid2)["state"] == "admitted", 10, "admission")
-    finally:
-        kernels.set_table(old)
+    # Its grant released while the server was down: the restored kernel knows.
+    gateway.call("DELETE", f"api/requests/{rid1}", token=TOKEN)
+    p3 = GpuaasProvisioner(kernel_id=running, kernel_spec=km1.kernel_spec, parent=km1)
+    table.live.pop(running, None)
+    await p3.load_provisioner_info(info1)
+    assert p3.record is not None and p3.record.state == "lost"
+    assert "while the server restarted" in p3.record.reason
+    assert not p3.holds_grant() and table.get(running) is None
+    # ...and the waiting one is admitted on the freed GPU, on the request it had.
+    await wait_for(lambda: gateway.request(rid2)["state"] == "admitted", 10, "admission")
     # (This process's own provisioner of that kernel launches it too: let it finish
     # before the teardown shuts it down.)
     await wait_for(kernel_ready(gpu_app, queued), 30, "the admitted kernel to start")

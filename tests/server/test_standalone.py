@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 from srvutil import TOKEN, GatewayProc
 
-from jupyter_gpuaas.server.kernels import set_table
-
 
 @pytest.fixture
 def standalone_env(
@@ -19,9 +17,7 @@ def standalone_env(
 ) -> Iterator[None]:
     monkeypatch.setenv("GPUAAS_URL", gateway.url)
     monkeypatch.setenv("GPUAAS_TOKEN", TOKEN)
-    set_table(None)  # no extension: the provisioner makes its own table and client
-    yield
-    set_table(None)
+    yield  # no extension: the provisioner makes its own table and client
 
 
 async def test_standalone_kernel_renews_its_lease_and_releases_on_shutdown(
