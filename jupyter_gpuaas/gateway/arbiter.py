@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from jupyter_gpuaas.admission.config import SpecError, parse_config
+from jupyter_gpuaas.admission.config import SpecError, default_cull_warning, parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
 from jupyter_gpuaas.admission.model import (
     TERMINAL,
@@ -193,6 +193,9 @@ class Arbiter(Loops, Views):
         policy = dataclasses.replace(
             config.policy, lease_ttl=self.lease_ttl, autoscale=autoscale, take_over_parked=True
         )
+        if "cull_warning" not in (data.get("policy") or {}):
+            # Warnings on by default here (not in the simulator: see DEFAULT_CULL_WARNING).
+            policy = dataclasses.replace(policy, cull_warning=default_cull_warning(config))
         return dataclasses.replace(config, flavors=flavors, policy=policy)  # keeps cohorts
 
     def autoscale(self, flavor: str) -> Autoscale | None:
