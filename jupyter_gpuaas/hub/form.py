@@ -103,6 +103,7 @@ class SpawnFormMixin(Configurable):
             last=self.orm_spawner.user_options or {},
             banner=banner,
             error=error,
+            ended=getattr(self, "_gp", {}).get("ended") or "",
         )
 
     def gpu_options(self, options: dict[str, Any] | None = None) -> GpuOptions:

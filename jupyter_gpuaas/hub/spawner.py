@@ -51,6 +51,7 @@ the token) so that a restarted Hub revokes it (tokens.py).
 from __future__ import annotations
 
 import asyncio
+import html
 import os
 import ssl
 import time
@@ -73,14 +74,24 @@ from jupyter_gpuaas.holder import (
     forget_follower,
     grant_holder,
 )
-from jupyter_gpuaas.words import format_duration
+from jupyter_gpuaas.words import ending_sentence, format_duration
 
 from . import resume, slow_spawn
-from .form import SpawnFormMixin, _refusal
+from .form import SpawnFormMixin, _refusal, _refused
 from .gateway_url import gateway_url_for
 from .options import GpuOptions
 from .status import QueueStatus, StatusBoard, progress_event
 from .tokens import MintedToken, RequestTokenMixin
+
+
+def _ended(req: dict[str, Any]) -> web.HTTPError:
+    """The spawn's failure when its request ended while queued: one sentence saying who or
+    what ended it and why (an admin's cancel, a refusal), shown by the Hub as it is."""
+    sentence = ending_sentence(req) if req.get("state") else "The GPU request is gone."
+    error = _refused(409, sentence)
+    error.jupyterhub_html_message = html.escape(sentence)  # type: ignore[attr-defined]
+    error.gpuaas_ended = True  # type: ignore[attr-defined]
+    return error
 
 
 class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
@@ -177,6 +188,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
                 "rid": None,  # the gateway request while we hold or wait for one
                 "resume": None,  # a pending spawn's request to take back (resume.py)
                 "resume_task": None,
+                "ended": None,  # how the last server ended, said on the next spawn form
                 "kept": None,  # a cancelled spawn's request, until a stop says why (resume.py)
                 "grant": None,  # the request object once admitted
                 "token": None,  # the MintedToken of the request (tokens.py)
@@ -294,6 +306,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         gp = self._gp
         board: StatusBoard = gp["board"]
         board.reset()
+        gp["ended"] = None
         options = self.gpu_options()
         if options.gpus == 0:
             gp["grant"] = None
@@ -335,8 +348,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
                 if state == "admitted":
                     break
                 if state in TERMINAL_STATES or state is None:
-                    reason = req.get("reason") or f"the request was {state}"
-                    raise web.HTTPError(409, "GPU request %s: %s", state, reason)
+                    raise _ended(req)
                 wait = self.refresh_interval
                 if deadline is not None:
                     left = deadline - time.monotonic()
@@ -366,6 +378,9 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
             if not isinstance(e, web.HTTPError):
                 why = "cancelled" if isinstance(e, asyncio.CancelledError) else str(e)
                 board.publish(QueueStatus("failed", options, reason=why))
+            elif getattr(e, "gpuaas_ended", False):  # the sentence is the Hub's failure
+                sentence = str(getattr(e, "jupyterhub_message", ""))
+                board.publish(QueueStatus("failed", options, reason=sentence, ended=True))
             else:
                 board.publish(QueueStatus("failed", options, reason=e.log_message % e.args))
             if isinstance(e, asyncio.CancelledError):
@@ -404,8 +419,14 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         """Queue updates while waiting, then the wrapped spawner's own progress."""
         board: StatusBoard = self._gp["board"]
         async for status in board.updates():
+            if status.ended:
+                # The Hub's own failure event says the ending sentence, once; nothing
+                # after it ("Spawning server..." would read as if it went on).
+                return
             yield progress_event(status)
-            if status.phase in ("admitted", "skipped", "failed"):
+            if status.phase == "failed":
+                return
+            if status.phase in ("admitted", "skipped"):
                 break
         async for event in super().progress():  # type: ignore[misc]
             yield event
@@ -521,6 +542,8 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
             return  # the event stream and a refused heartbeat both said so
         gp["stopping"] = rid
         gp["keep"] = state == "parked"  # a parked reservation outlives the server
+        # Said on the spawn form until the next start (a parked one: its cull).
+        gp["ended"] = ending_sentence({**req, "kind": "server"})
         self.log.info(
             "gpuaas %s request %s of %s (%s): stopping the server",
             why,

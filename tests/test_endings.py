@@ -1,0 +1,83 @@
+"""Every ending of a request in words (issue 45 item 4): the reasons the gateway stores and
+the one sentence the spawn page, the sidebar and `%gpu status` show (words.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jupyter_gpuaas.words import (
+    culled_reason,
+    ended_by,
+    ended_words,
+    ending_sentence,
+    expired_reason,
+    preempted_reason,
+)
+
+
+@pytest.mark.parametrize(
+    ("req", "viewer", "words", "sentence"),
+    [
+        (
+            {"state": "cancelled", "reason": "cancelled by an admin (root)", "user": "bob"},
+            None,
+            "cancelled by an admin (root)",
+            "An admin (root) cancelled your GPU request.",
+        ),
+        (
+            {"state": "cancelled", "reason": "cancelled by bob", "user": "bob"},
+            "bob",
+            "cancelled by you",
+            "You cancelled the GPU request.",
+        ),
+        (
+            {"state": "finished", "reason": "released by an admin (root)", "kind": "kernel"},
+            "bob",
+            "stopped by an admin (root)",
+            "An admin (root) stopped your kernel and released its GPU.",
+        ),
+        (
+            {"state": "preempted", "kind": "kernel", "reason": "preempted: nlp took back its GPU"},
+            None,
+            "preempted: nlp took back its GPU",
+            "Your kernel was stopped: nlp took back its GPU.",
+        ),
+        (
+            {"state": "culled", "kind": "server", "reason": "culled: idle on its GPU for 30 min"},
+            None,
+            "culled: idle on its GPU for 30 min",
+            "Your server was stopped: it was idle on its GPU for 30 min.",
+        ),
+        (
+            {"state": "culled", "kind": "kernel", "reason": expired_reason(900)},
+            None,
+            "expired: its parked GPU was not taken back within 15 min",
+            "Your kernel lost its parked GPU: it was not taken back in time.",
+        ),
+        (
+            {"state": "finished", "kind": "server", "reason": "reservation claimed by r-41eb"},
+            None,
+            "resumed by a new request",
+            "Your server's parked GPU went to your new request.",
+        ),
+        ({"state": "finished", "kind": "job"}, None, "succeeded", "Your job ended: succeeded."),
+    ],
+)
+def test_every_ending_in_words_without_ids_or_codes(
+    req: dict[str, Any], viewer: str | None, words: str, sentence: str
+) -> None:
+    assert ended_words(req, viewer) == words
+    assert ending_sentence(req, viewer) == sentence
+    assert "r-" not in sentence and "HTTP" not in sentence
+
+
+def test_the_gateway_stores_endings_in_words() -> None:
+    assert ended_by("cancelled", "bob", "bob") == "cancelled by bob"
+    assert ended_by("released", "root", "bob") == "released by an admin (root)"
+    assert preempted_reason("vision", 1, "nlp") == "preempted: nlp took back its GPU"
+    assert preempted_reason("vision", 2, "vision") == (
+        "preempted: a higher-priority request of vision needed its GPUs"
+    )
+    assert culled_reason(1800) == "culled: idle on its GPU for 30 min"
