@@ -81,3 +81,28 @@ def test_the_gateway_stores_endings_in_words() -> None:
         "preempted: a higher-priority request of vision needed its GPUs"
     )
     assert culled_reason(1800) == "culled: idle on its GPU for 30 min"
+
+
+def test_gpu_status_says_how_the_last_requests_ended() -> None:
+    """`%gpu status`: the last ended requests, newest first, one sentence each, by name."""
+    from jupyter_gpuaas.jobs.views import RECENTLY_ENDED, StatusView
+
+    ended = [
+        {"id": "r-1", "name": "server alice", "kind": "server", "state": "cancelled",
+         "reason": "cancelled by an admin (root)", "updated": 30.0},
+        {"id": "r-2", "name": "train.ipynb", "kind": "kernel", "state": "preempted",
+         "reason": "preempted: nlp took back its GPU", "updated": 20.0},
+        {"id": "r-3", "name": None, "kind": "kernel", "state": "culled",
+         "reason": "culled: idle on its GPU for 30 min", "updated": 40.0},
+        {"id": "r-4", "name": "old", "kind": "job", "state": "finished", "updated": 1.0},
+    ]  # fmt: skip
+    status = {"me": {"name": "alice", "tenants": ["vision"]}, "requests": ended}
+    lines = StatusView.from_status(status).lines
+    at = lines.index("recently ended:")
+    assert lines[at + 1 : at + 1 + RECENTLY_ENDED] == [
+        "  kernel: Your kernel was stopped: it was idle on its GPU for 30 min.",
+        "  server alice: An admin (root) cancelled your GPU request.",
+        "  train.ipynb: Your kernel was stopped: nlp took back its GPU.",
+    ]
+    assert "your live requests: 0" in lines
+    assert not any("r-" in line for line in lines[at:])
