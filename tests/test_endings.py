@@ -106,3 +106,19 @@ def test_gpu_status_says_how_the_last_requests_ended() -> None:
     ]
     assert "your live requests: 0" in lines
     assert not any("r-" in line for line in lines[at:])
+
+
+def test_the_spawn_form_says_how_the_last_server_ended() -> None:
+    from jupyter_gpuaas.hub.options import render_form
+
+    sentence = ending_sentence(
+        {"state": "preempted", "kind": "server", "reason": "preempted: nlp took back its GPU"}
+    )
+    page = render_form(tenants=[], flavor_names={}, default_gpus=0, max_gpus=4, ended=sentence)
+    assert (
+        '<div class="alert alert-info" id="gpuaas-ended">'
+        "Your server was stopped: nlp took back its GPU.</div>"
+    ) in page
+    assert 'id="gpuaas-ended"' not in render_form(
+        tenants=[], flavor_names={}, default_gpus=0, max_gpus=4
+    )
