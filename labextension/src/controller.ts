@@ -22,6 +22,9 @@ export interface ControllerOptions {
   devicesInterval?: number;
 }
 
+/** Events that change no tenant's usage nor any device: applied as they come. */
+const QUOTA_NEUTRAL = ['cull_warning', 'preempt_warning', 'preempt_withdrawn'];
+
 export class GpuController {
   readonly api: GpuApi;
   readonly model: GpuModel;
@@ -171,11 +174,18 @@ export class GpuController {
       void this.reload().catch(() => undefined);
       return;
     }
-    // Rows, quota and devices change together (model.applyBatch): a burst of events costs
-    // one read of the quota and the devices, and the panel never shows one without the
-    // other.
-    this.pending.push(event);
-    this.scheduleTenants();
+    if (!QUOTA_NEUTRAL.includes(event.name) || this.pending.length) {
+      // Rows, quota and devices change together (model.applyBatch): a burst of events
+      // costs one read of the quota and the devices, and the panel never shows one
+      // without the other. (Behind such events, any event waits its turn.)
+      this.pending.push(event);
+      this.scheduleTenants();
+      return;
+    }
+    // A warning moves no quota: told at once, not after a read of the quota.
+    const result = this.model.applyBatch([event]);
+    this.emit(result.changes.filter(c => c.section !== 'quota' && c.section !== 'devices'));
+    result.notices.forEach(n => this.options.notify(n));
   }
 
   private scheduleTenants(): void {

@@ -311,6 +311,10 @@ export class GpuModel {
       }
       case 'cull_warning': {
         const cullAt = typeof event.data.cull_at === 'number' ? event.data.cull_at : null;
+        const known = this.warnings.get(id);
+        if (known && known.kept && known.cullAt === cullAt) {
+          break; // this warning was answered already (heard late, or told again)
+        }
         this.warnings.set(id, { cullAt, t: event.data.t ?? 0, kept: false });
         notices.push({
           kind: 'cull_warning',

@@ -253,6 +253,19 @@ describe('one consistent sidebar', () => {
     expect(m.historyRows().map(r => m.endedReason(r)).sort()).toEqual(['Cancelled by you.', 'Succeeded.']);
   });
 
+  it('does not undo a Keep when the answered warning is heard late', () => {
+    const m = model();
+    m.setRequests([admitted('r-1')]);
+    m.applyEvent(ev('cull_warning', admitted('r-1'), { cull_at: 1120 }));
+    m.markKept('r-1');
+    // The same warning again (a batch applied after the read of the quota): still kept.
+    expect(m.applyEvent(ev('cull_warning', admitted('r-1'), { cull_at: 1120 })).notices).toEqual([]);
+    expect(m.warnings.get('r-1')!.kept).toBe(true);
+    // A new warning (its idle clock ran out again) is a new question.
+    expect(m.applyEvent(ev('cull_warning', admitted('r-1'), { cull_at: 1300 })).notices).toHaveLength(1);
+    expect(m.warnings.get('r-1')!.kept).toBe(false);
+  });
+
   it('keeps a parked badge short enough for the card', () => {
     expect(stateWords('parked')).toBe('parked');
     expect(stateWords('culled')).toBe('culled');
