@@ -90,7 +90,7 @@ def test_gpu_status_says_how_the_last_requests_ended() -> None:
     ended = [
         {"id": "r-1", "name": "server alice", "kind": "server", "state": "cancelled",
          "reason": "cancelled by an admin (root)", "updated": 30.0},
-        {"id": "r-2", "name": "train.ipynb", "kind": "kernel", "state": "preempted",
+        {"id": "r-2", "name": "GPU 1 (f7df35bd)", "kind": "kernel", "state": "preempted",
          "reason": "preempted: nlp took back its GPU", "updated": 20.0},
         {"id": "r-3", "name": None, "kind": "kernel", "state": "culled",
          "reason": "culled: idle on its GPU for 30 min", "updated": 40.0},
@@ -102,7 +102,7 @@ def test_gpu_status_says_how_the_last_requests_ended() -> None:
     assert lines[at + 1 : at + 1 + RECENTLY_ENDED] == [
         "  kernel: Your kernel was stopped: it was idle on its GPU for 30 min.",
         "  server alice: An admin (root) cancelled your GPU request.",
-        "  train.ipynb: Your kernel was stopped: nlp took back its GPU.",
+        "  GPU 1: Your kernel was stopped: nlp took back its GPU.",
     ]
     assert "your live requests: 0" in lines
     assert not any("r-" in line for line in lines[at:])

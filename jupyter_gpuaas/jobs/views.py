@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,6 +130,7 @@ class JobView:
 
 ENDED_STATES = ("finished", "cancelled", "rejected", "preempted", "culled")
 RECENTLY_ENDED = 3  # `%gpu status` lists this many ended requests, newest first
+_KERNEL_ID = re.compile(r"\s*\([0-9a-f]{6,}\)$")
 
 
 @dataclass
@@ -183,7 +185,9 @@ class StatusView:
         if ended:
             lines.append("recently ended:")
         for r in ended:
-            lines.append(f"  {r.get('name') or r.get('kind')}: {ending_sentence(r)}")
+            # A kernel's request is named "GPU 1 (f7df35bd)": the name, not the kernel id.
+            name = _KERNEL_ID.sub("", str(r.get("name") or "")) or r.get("kind")
+            lines.append(f"  {name}: {ending_sentence(r)}")
         jobs = status.get("jobs") or []
         active = [j for j in jobs if j.get("state") in ("queued", "starting", "running")]
         lines.append(f"your jobs: {len(active)} active, {len(jobs) - len(active)} ended")

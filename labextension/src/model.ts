@@ -499,10 +499,10 @@ export class GpuModel {
     if (source) {
       return source.split('/').pop() ?? source;
     }
-    if (r.kind !== 'server' && r.name) {
-      return r.name;
-    }
-    return this.kernels.get(r.id)?.kernel_name ?? '';
+    // The gateway's name of a kernel's request ends with the kernel's id, "GPU 1
+    // (f7df35bd)": the name is kept, the id is not.
+    const named = r.kind !== 'server' && r.name ? r.name : (this.kernels.get(r.id)?.kernel_name ?? '');
+    return named.replace(/\s*\([0-9a-f]{6,}\)$/, '');
   }
 
   /** "GPU kernel train.ipynb": what a toast or a button says a request is. */

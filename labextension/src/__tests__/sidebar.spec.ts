@@ -198,6 +198,10 @@ describe('one consistent sidebar', () => {
     expect(m.endedReason(r1)).toBe('Preempted: nlp took back its GPU.');
     // The toast says which of the three GPU kernels stopped.
     expect(stop.notices.map(n => n.message)).toEqual(['Your GPU kernel train.ipynb was preempted: nlp took back its GPU.']);
+    // Seen only in the gateway's list (the page opened later): its name without the
+    // kernel id the gateway's name carries.
+    m.setRequests([...m.requests.values(), admitted('r-5', { name: 'Python 3 (1 GPU) (047af73e)' })]);
+    expect(m.titleOf(m.requests.get('r-5')!)).toBe('Python 3 (1 GPU)');
     // A request nothing names reads as what it is, not as its id.
     expect(m.titleOf(m.requests.get('r-4')!)).toBe('');
     expect(m.what(m.requests.get('r-4')!)).toBe('GPU kernel');
