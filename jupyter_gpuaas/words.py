@@ -24,10 +24,16 @@ __all__ = [
     "about",
     "about_field",
     "another_user",
+    "culled_reason",
+    "ended_by",
+    "ended_words",
+    "ending_sentence",
+    "expired_reason",
     "format_duration",
     "holder",
     "join_names",
     "plural",
+    "preempted_reason",
     "reason_sentence",
     "usage_phrase",
     "usage_phrase_of",
@@ -282,3 +288,134 @@ def reason_sentence(kind: str, details: Mapping[str, Any]) -> str:
     if head:
         text += f" ({head}, of the same size, is ahead of it)"
     return text
+
+
+# --- endings: who or what ended a request, and why --------------------------------------
+#
+# The gateway stores a request's end as a short reason in these words ("cancelled by an
+# admin (root)", "preempted: nlp took back its GPU", "culled: idle on its GPU for 30 min");
+# `ended_words` reads one for a history row and `ending_sentence` makes the one sentence
+# the spawn page, the sidebar and `%gpu status` show. No HTTP code, no request id.
+
+ADMIN_PREFIX = "an admin"
+
+
+def ended_by(verb: str, who: str, owner: str) -> str:
+    """The reason stored when `who` cancels or releases `owner`'s request: `cancelled by
+    alice`, `released by an admin (root)`."""
+    return f"{verb} by {who}" if who == owner else f"{verb} by {ADMIN_PREFIX} ({who})"
+
+
+def preempted_reason(victim_tenant: str, gpus: int, by_tenant: str | None) -> str:
+    """`preempted: nlp took back its GPU`, or a higher priority of the same team."""
+    gpu = "GPU" if gpus == 1 else "GPUs"
+    if by_tenant is None:
+        return f"preempted: another request needed its {gpu}"
+    if by_tenant != victim_tenant:
+        return f"preempted: {by_tenant} took back its {gpu}"
+    return f"preempted: a higher-priority request of {by_tenant} needed its {gpu}"
+
+
+def culled_reason(idle_timeout: float) -> str:
+    """`culled: idle on its GPU for 30 min`."""
+    return (
+        f"culled: idle on its GPU for {format_duration(idle_timeout)}"
+        if idle_timeout
+        else "culled: idle"
+    )
+
+
+def expired_reason(reservation_ttl: float) -> str:
+    """`expired: its parked GPU was not taken back within 15 min`."""
+    within = f" within {format_duration(reservation_ttl)}" if reservation_ttl else ""
+    return f"expired: its parked GPU was not taken back{within}"
+
+
+def _by(reason: str, verb: str, viewer: str | None) -> str | None:
+    """`you`, `alice` or `an admin (root)` from `cancelled by …`, None for another verb."""
+    head = f"{verb} by "
+    if not reason.startswith(head):
+        return None
+    who = reason[len(head) :]
+    return "you" if viewer is not None and who == viewer else who
+
+
+def ended_words(req: Mapping[str, Any], viewer: str | None = None) -> str:
+    """What happened to an ended request, in a few words for a history row:
+    `succeeded`, `cancelled by you`, `cancelled by an admin (root)`, `preempted: nlp took
+    back its GPU`, `culled: idle on its GPU for 30 min`. `viewer`: who reads it."""
+    state = str(req.get("state") or "")
+    reason = str(req.get("reason") or "")
+    who = _by(reason, "cancelled", viewer) or _by(reason, "released", viewer)
+    if who is not None:
+        verb = "cancelled" if state == "cancelled" or reason.startswith("cancelled") else "stopped"
+        return f"{verb} by {who}"
+    if reason.startswith(("preempted:", "culled:", "expired:")):
+        return reason
+    if reason == "lease expired":
+        return "lost: it stopped answering the gateway"
+    if reason.startswith("reservation claimed by"):
+        return "resumed by a new request"
+    if state == "rejected":
+        return f"refused: {reason}" if reason else "refused"
+    if state == "preempted":
+        return "preempted"
+    if state == "culled":
+        return "culled: idle"
+    if state == "finished":
+        return reason or ("succeeded" if req.get("kind") == "job" else "finished")
+    return reason or state or "ended"
+
+
+def ending_sentence(req: Mapping[str, Any], viewer: str | None = None) -> str:
+    """The one sentence that ends a request's page, row or status line: who or what ended
+    it and why, for `viewer` (its owner unless said otherwise).
+
+    >>> ending_sentence({"state": "cancelled", "reason": "cancelled by an admin (root)"})
+    'An admin (root) cancelled your GPU request.'
+    >>> ending_sentence({"state": "preempted", "kind": "kernel",
+    ...                  "reason": "preempted: nlp took back its GPU"})
+    'Your kernel was stopped: nlp took back its GPU.'
+    """
+    if viewer is None:
+        viewer = str(req.get("user") or "") or None
+    kind = str(req.get("kind") or "server")
+    state = str(req.get("state") or "")
+    reason = str(req.get("reason") or "")
+    yours = f"your {kind}"
+    for verb in ("cancelled", "released"):
+        who = _by(reason, verb, viewer)
+        if who is None:
+            continue
+        subject = "You" if who == "you" else who[0].upper() + who[1:]
+        if verb == "cancelled":
+            return f"{subject} cancelled {'your' if who != 'you' else 'the'} GPU request."
+        return f"{subject} stopped {yours} and released its GPU."
+    words = ended_words(req, viewer)
+    if reason.startswith("preempted:"):
+        return f"{yours.capitalize()} was stopped: {words.split(': ', 1)[1]}."
+    if reason.startswith("culled:"):
+        return f"{yours.capitalize()} was stopped: it was {words.split(': ', 1)[1]}."
+    if state == "parked":
+        return (
+            f"{yours.capitalize()} was stopped: it was idle on its GPU, which stays reserved "
+            "for a while for your next start."
+        )
+    if reason.startswith("expired:"):
+        return f"{yours.capitalize()} lost its parked GPU: it was not taken back in time."
+    if reason == "lease expired":
+        return (
+            f"{yours.capitalize()} lost its GPU: it stopped renewing its grant (it crashed, "
+            "or could not reach the gateway)."
+        )
+    if reason.startswith("reservation claimed by"):
+        return f"{yours.capitalize()}'s parked GPU went to your new request."
+    if state == "rejected":
+        return f"Your GPU request was refused: {reason or 'it can never be admitted'}."
+    if state == "preempted":
+        return f"{yours.capitalize()} was stopped to make room for another request."
+    if state == "culled":
+        return f"{yours.capitalize()} was stopped: it was idle on its GPU."
+    if state == "cancelled":
+        return "The GPU request was cancelled."
+    return f"{yours.capitalize()} ended: {words}."

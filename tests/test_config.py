@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpuaas.admission.config import SpecError, parse_config
+from jupyter_gpuaas.admission.config import (
+    DEFAULT_CULL_WARNING,
+    SpecError,
+    default_cull_warning,
+    parse_config,
+)
 from jupyter_gpuaas.admission.model import Autoscale, Policy, Preemption
 
 DELETE = object()
@@ -375,6 +380,24 @@ def test_base_config_is_valid_and_builds_the_model() -> None:
     assert config.policy.fair_sharing is True
 
 
+def test_the_gateway_default_cull_warning_fits_the_shortest_idle_timeout() -> None:
+    """The scenario format warns only when asked (0); the gateway's default lead is five
+    minutes, or half the shortest idle timeout (policy or tenant) when that is shorter."""
+    flavors = {"a100": {"nodes": 1, "gpus_per_node": 2}}
+
+    def default(policy: dict[str, Any], vision: dict[str, Any] | None = None) -> float:
+        tenants = {"vision": {"quota": {"a100": 2}, **(vision or {})}}
+        config = parse_config({"flavors": flavors, "tenants": tenants, "policy": policy})
+        assert config.policy.cull_warning == 0.0  # what a scenario gets
+        return default_cull_warning(config)
+
+    assert default({"idle_timeout": 1800}) == DEFAULT_CULL_WARNING == 300.0
+    assert default({"idle_timeout": 180}) == 90.0
+    assert default({"idle_timeout": 1800}, {"idle_timeout": 120}) == 60.0
+    assert default({"idle_timeout": 0}, {"idle_timeout": 0}) == 0.0
+    assert default({}) == 0.0
+
+
 def test_preemption_grace_in_policy_and_per_tenant() -> None:
     """Absent: 0 in policy and None (the policy's) per tenant; a tenant's own wins."""
     config = parse_config(base_config())
@@ -484,3 +507,16 @@ def test_without_cohorts_a_tenants_cohort_is_flat() -> None:
     config = parse_config(base_config())
     assert config.cohorts == {}
     assert config.tenants["vision"].cohort == "research"
+
+
+def test_every_policy_key_is_documented_in_scenario_md() -> None:
+    """docs/SCENARIO.md's `policy:` block names every key the parser accepts (issue 45:
+    `cull_warning` was found only by reading the source)."""
+    from pathlib import Path
+
+    from jupyter_gpuaas.admission.config import POLICY_KEYS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "SCENARIO.md").read_text()
+    block = doc.split("\npolicy:\n", 1)[1].split("\nuntil:", 1)[0]
+    keys = {line.split(":")[0].strip() for line in block.splitlines() if line[2:3].isalpha()}
+    assert set(POLICY_KEYS) <= keys

@@ -41,7 +41,9 @@ from jupyter_gpuaas.admission.values import optional as _optional
 from jupyter_gpuaas.admission.values import want_choice as _want_choice
 
 __all__ = [
+    "DEFAULT_CULL_WARNING",
     "SpecError",
+    "default_cull_warning",
     "join_key",
     "parse_config",
     "want_bool",
@@ -77,6 +79,26 @@ POLICY_KEYS = (
     "preemption_grace",
 )
 AUTOSCALE_KEYS = ("max_nodes", "provision_delay", "scale_down_after", "provision")
+
+# The gateway's lead time for a cull warning when its quota file sets none: five minutes,
+# time enough to come back and press Keep. The scenario format keeps 0 (no warning), so a
+# scenario's event stream says only what it asks for.
+DEFAULT_CULL_WARNING = 300.0
+
+
+def default_cull_warning(config: Config) -> float:
+    """The gateway's `policy.cull_warning` when the quota file leaves it out.
+
+    `DEFAULT_CULL_WARNING`, or half the shortest idle timeout (the policy's or a tenant's)
+    when that is shorter: a warning only shows when it comes before the cull, so a short
+    timeout still gets one, half-way through its idle spell. 0 when nothing is ever culled.
+    """
+    timeouts = [config.policy.idle_timeout]
+    timeouts += [t.idle_timeout for t in config.tenants.values() if t.idle_timeout is not None]
+    positive = [t for t in timeouts if t > 0]
+    if not positive:
+        return 0.0
+    return min(DEFAULT_CULL_WARNING, min(positive) / 2)
 
 
 def parse_config(data: Mapping[str, Any], *, prefix: str = "") -> Config:

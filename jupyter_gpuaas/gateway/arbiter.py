@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from jupyter_gpuaas.admission.config import SpecError, parse_config
+from jupyter_gpuaas.admission.config import SpecError, default_cull_warning, parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
 from jupyter_gpuaas.admission.model import (
     TERMINAL,
@@ -35,6 +35,7 @@ from jupyter_gpuaas.admission.model import (
     Request,
     State,
 )
+from jupyter_gpuaas.words import culled_reason, ended_by, expired_reason, preempted_reason
 
 from ..devices import DeviceSample, Inventory, NodeInfo
 from .events import Event, EventBus
@@ -193,6 +194,9 @@ class Arbiter(Loops, Views):
         policy = dataclasses.replace(
             config.policy, lease_ttl=self.lease_ttl, autoscale=autoscale, take_over_parked=True
         )
+        if "cull_warning" not in (data.get("policy") or {}):
+            # Warnings on by default here (not in the simulator: see DEFAULT_CULL_WARNING).
+            policy = dataclasses.replace(policy, cull_warning=default_cull_warning(config))
         return dataclasses.replace(config, flavors=flavors, policy=policy)  # keeps cohorts
 
     def autoscale(self, flavor: str) -> Autoscale | None:
@@ -478,9 +482,9 @@ class Arbiter(Loops, Views):
         now = time.time()
         req = self._live(rid)
         if req.state is State.ADMITTED:
-            decisions = self.core.finish(rid, now, reason=f"released by {who}")
+            decisions = self.core.finish(rid, now, reason=ended_by("released", who, req.user))
         else:
-            decisions = self.core.cancel(rid, now)
+            decisions = self.core.cancel(rid, now, reason=ended_by("cancelled", who, req.user))
         decisions += self.core.step(now)
         self.commit(decisions, now, extra=[req])
         return req, self._json_of(req)
@@ -558,6 +562,7 @@ class Arbiter(Loops, Views):
         for d in decisions:
             if d.id is not None and d.id in self.requests:
                 touched.setdefault(d.id, self.requests[d.id])
+                self._say_ending(d, self.requests[d.id])
         if not touched and not decisions and not tenants:
             return
         self._json_cache = {}
@@ -611,6 +616,20 @@ class Arbiter(Loops, Views):
         if out is None:
             out = self._json_cache[req.id] = self.request_json(req)
         return out
+
+    def _say_ending(self, d: Decision, req: Request) -> None:
+        """An end the core records without words (a preemption names the preemptor's id, a
+        cull or an expiry nothing) gets its reason in words before it is stored: what the
+        spawn page, the sidebar and `%gpu status` show (words.ending_sentence)."""
+        if d.event == "preempt" and req.state is State.PREEMPTED:
+            by = self.requests.get(str(d.fields.get("by")))
+            req.reason = preempted_reason(req.tenant, req.gpus, by.tenant if by else None)
+        elif d.event == "cull" and req.state is State.CULLED:
+            req.reason = culled_reason(self._idle_timeout(req.tenant))
+        elif d.event == "expire" and req.state is State.CULLED:
+            tenant = self.config.tenants.get(req.tenant)
+            ttl = tenant.reservation_ttl if tenant and tenant.reservation_ttl is not None else None
+            req.reason = expired_reason(self.config.policy.reservation_ttl if ttl is None else ttl)
 
     def _announce(self, st: _Staged) -> None:
         """Committed: now the world may hear of it."""

@@ -172,13 +172,19 @@ class LandingHandler(PageHandler):
         form: dict[str, Any] | None = None,
         notice: str = "",
         notice_error: bool = False,
+        confirm: dict[str, str] | None = None,
     ) -> None:
-        """Render the page; `form`: a tenant form sent back with its error."""
+        """Render the page; `form`: a tenant form sent back with its errors; `confirm`: a
+        Cancel or Release button's question, asked before anything is done."""
         self.set_status(status)
         if not notice:
             notice = self._notice()
         self.render(
-            "landing.html", **self.view(who, form or {}), notice=notice, notice_error=notice_error
+            "landing.html",
+            **self.view(who, form or {}),
+            notice=notice,
+            notice_error=notice_error,
+            confirm=confirm,
         )
 
     def _notice(self) -> str:
@@ -260,8 +266,7 @@ class LandingHandler(PageHandler):
                     "dashboard": dashboard_link(self.settings.get("grafana_url"), t["name"])
                     if who.can_view
                     else None,
-                    "error": form.get("error") if form.get("tenant") == t["name"] else None,
-                    "error_field": form.get("field") if form.get("tenant") == t["name"] else None,
+                    "errors": form.get("errors", []) if form.get("tenant") == t["name"] else [],
                 }
             )
         devices = arb.devices_json()
@@ -312,6 +317,39 @@ def form_number(text: str) -> Any:
     return text
 
 
+FIELD_LABELS = {
+    "quota": "Quota",
+    "borrowing_limit": "Borrowing limit",
+    "lending_limit": "Lending limit",
+}
+
+
+def field_error(tenant: str, key: str, error: str) -> dict[str, str]:
+    """One bad field of the quota form in words ("Quota for a100: must be a whole number
+    of GPUs, 0 or more, not "two""), its scenario key kept only as a hint."""
+    path = key.removeprefix(f"tenants.{tenant}.")
+    block, _, flavor = path.partition(".")
+    problem = error.removeprefix(f"{key}: ") if key else error
+    label = FIELD_LABELS.get(block)
+    words = f"{label} for {flavor}: {problem}" if label and flavor else problem
+    return {"field": path, "sentence": words, "hint": key}
+
+
+def field_errors(tenant: str, values: dict[str, str]) -> list[dict[str, str]]:
+    """Every field of the form that is not a whole number of GPUs, 0 or more (blank is
+    allowed: no quota, no limit)."""
+    out = []
+    for name, text in values.items():
+        if not text.strip():
+            continue
+        value = form_number(text)
+        if isinstance(value, int) and value >= 0:
+            continue
+        problem = f"must be a whole number of GPUs, 0 or more, not {text.strip()!r}"
+        out.append(field_error(tenant, f"tenants.{tenant}.{name}", problem))
+    return out
+
+
 class TenantFormHandler(LandingHandler, TenantHandler):
     """POST tenant: the admin's quota form, run through `PUT api/tenants/{name}`."""
 
@@ -342,11 +380,17 @@ class TenantFormHandler(LandingHandler, TenantHandler):
         for key in ("quota", *LIMITS):
             for flavor in self.arbiter.config.flavors:
                 values[f"{key}.{flavor}"] = self.get_body_argument(f"{key}.{flavor}", "")
+        errors = field_errors(name, values)
+        if errors:  # every bad field at once, before the API (which stops at the first)
+            form = {"tenant": name, "values": values, "errors": errors}
+            self.page(who, status=400, form=form)
+            return
         self._form_spec = self._spec(name, values)
         try:
             await TenantHandler.put(self, name)
         except ApiError as e:
-            form = {"tenant": name, "values": values, "error": e.error, "field": e.field}
+            errors = [field_error(name, e.field or "", e.error)]
+            form = {"tenant": name, "values": values, "errors": errors}
             self.page(who, status=e.status_code, form=form)
 
     def _spec(self, name: str, values: dict[str, str]) -> dict[str, Any]:
@@ -384,10 +428,39 @@ class CancelFormHandler(LandingHandler, RequestHandler):  # type: ignore[misc]  
         rid = self.get_body_argument("request", "")
         if not rid:
             raise ApiError(400, "which request to cancel is missing", "request")
+        question = self._question(who, rid)
+        if question is not None and self.get_body_argument("confirm", "") != "yes":
+            self.page(who, confirm=question)  # asked first: nothing is done yet
+            return
         try:
             await RequestHandler.delete(self, rid)
         except ApiError as e:
             self.page(who, status=e.status_code, notice=e.error, notice_error=True)
+
+    def _question(self, who: Identity, rid: str) -> dict[str, str] | None:
+        """What the Cancel or Release button asks before it acts, e.g. "Release alice's
+        server (1 a100)? It stops at once and its GPU goes to the next in line." None when
+        the request is not live or not this person's to cancel (the API then says why)."""
+        owner = self.arbiter.owner_of(rid)
+        if owner is None or not (who.admin or owner == who.name):
+            return None
+        obj = self.arbiter.view(rid)
+        if obj is None or obj.get("state") not in {s.value for s in LIVE}:
+            return None
+        whose = "your" if owner == who.name else f"{owner}'s"
+        gpus = int(obj["gpus"])
+        flavor = (obj.get("grant") or {}).get("flavor") or obj.get("flavor")
+        size = f"{gpus} {flavor}" if flavor else plural(gpus, "GPU")
+        what = f"{whose} {obj['kind']} ({size})"
+        if obj["state"] == "queued":
+            verb = "Cancel"
+            question = f"Cancel the request of {what}? It leaves the queue."
+        else:
+            verb = "Release"
+            question = f"Release the GPUs of {what}? It is stopped at once."
+        if owner != who.name:
+            question += f" {owner} is told an admin ({who.name}) did it."
+        return {"request": rid, "question": question, "verb": verb}
 
 
 def oauth_callback_handler() -> type[web.RequestHandler]:

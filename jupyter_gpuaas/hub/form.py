@@ -111,6 +111,7 @@ class SpawnFormMixin(Configurable):
             last=self.orm_spawner.user_options or {},
             banner=banner,
             error=error,
+            ended=getattr(self, "_ended_sentence", None) or "",
         )
 
     def gpu_options(self, options: dict[str, Any] | None = None) -> GpuOptions:

@@ -139,6 +139,7 @@ def render_form(
     last: Mapping[str, Any] | None = None,
     banner: str = "",
     error: str = "",
+    ended: str = "",
 ) -> str:
     """The spawn form's HTML (inside JupyterHub's spawn.html, Bootstrap 5 classes)."""
     e = html.escape
@@ -148,6 +149,8 @@ def render_form(
         parts.append(f'<div class="alert alert-warning" id="gpuaas-banner">{e(banner)}</div>')
     if error:
         parts.append(f'<div class="alert alert-danger" id="gpuaas-error">{e(error)}</div>')
+    if ended:  # how the last server ended: who or what stopped it, and why
+        parts.append(f'<div class="alert alert-info" id="gpuaas-ended">{e(ended)}</div>')
     flavors: list[str] = []
     for t in tenants:
         flavors += [f for f in t.flavors if f not in flavors]

@@ -57,6 +57,7 @@ the token) so that a restarted Hub revokes it (tokens.py).
 from __future__ import annotations
 
 import asyncio
+import html
 import os
 import ssl
 import time
@@ -80,14 +81,24 @@ from jupyter_gpuaas.holder import (
     forget_follower,
     grant_holder,
 )
-from jupyter_gpuaas.words import format_duration
+from jupyter_gpuaas.words import ending_sentence, format_duration
 
 from . import resume, slow_spawn
-from .form import SpawnFormMixin, _refusal
+from .form import SpawnFormMixin, _refusal, _refused
 from .gateway_url import gateway_url_for
 from .options import GpuOptions
 from .status import QueueStatus, StatusBoard, progress_event
 from .tokens import MintedToken, RequestTokenMixin
+
+
+def _ended(req: dict[str, Any]) -> web.HTTPError:
+    """The spawn's failure when its request ended while queued: one sentence saying who or
+    what ended it and why (an admin's cancel, a refusal), shown by the Hub as it is."""
+    sentence = ending_sentence(req) if req.get("state") else "The GPU request is gone."
+    error = _refused(409, sentence)
+    error.jupyterhub_html_message = html.escape(sentence)  # type: ignore[attr-defined]
+    error.gpuaas_ended = True  # type: ignore[attr-defined]
+    return error
 
 
 class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
@@ -190,6 +201,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
     _stopping_request: str | None = None  # the request whose end stops the server now
     _ending: asyncio.Future[None] | None = None  # that stop, kept until done
     _preempt_warning: dict[str, Any] | None = None  # the last preempt_warning's gist
+    _ended_sentence: str | None = None  # how the last server ended, said on the next form
     _board: StatusBoard  # the queue's status, for progress()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -321,6 +333,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         """Submit the request and wait until it is admitted (or refused, or timed out)."""
         board = self._board
         board.reset()
+        self._ended_sentence = None
         options = self.gpu_options()
         if options.gpus == 0:
             await self.apply_grant(None)
@@ -371,12 +384,16 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
                         " the request was cancelled",
                         format_duration(self.queue_timeout),
                     ) from None
-                raise web.HTTPError(409, "GPU request %s: %s", e.state or "gone", str(e)) from None
+                # Ended while queued (an admin's cancel, a refusal) or gone: one sentence.
+                raise _ended(dict(claim.request or {}) if e.state else {}) from None
         except BaseException as e:  # refused, timed out, or the spawn was cancelled
             self._unsubscribe()
             if not isinstance(e, web.HTTPError):
                 why = "cancelled" if isinstance(e, asyncio.CancelledError) else str(e)
                 board.publish(QueueStatus("failed", options, reason=why))
+            elif getattr(e, "gpuaas_ended", False):  # the sentence is the Hub's failure
+                sentence = str(getattr(e, "jupyterhub_message", ""))
+                board.publish(QueueStatus("failed", options, reason=sentence, ended=True))
             else:
                 board.publish(QueueStatus("failed", options, reason=(e.log_message or "") % e.args))
             if isinstance(e, asyncio.CancelledError):
@@ -413,8 +430,14 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
         """Queue updates while waiting, then the wrapped spawner's own progress."""
         async for status in self._board.updates():
+            if status.ended:
+                # The Hub's own failure event says the ending sentence, once; nothing
+                # after it ("Spawning server..." would read as if it went on).
+                return
             yield progress_event(status)
-            if status.phase in ("admitted", "skipped", "failed"):
+            if status.phase == "failed":
+                return
+            if status.phase in ("admitted", "skipped"):
                 break
         async for event in super().progress():  # type: ignore[misc]
             yield event
@@ -531,6 +554,8 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
             return  # the event stream and a refused heartbeat both said so
         self._stopping_request = rid
         self._keep_parked = state == State.PARKED  # a parked reservation outlives the server
+        # Said on the spawn form until the next start (a parked one: its cull).
+        self._ended_sentence = ending_sentence({**req, "kind": "server"})
         self.log.info(
             "gpuaas %s request %s of %s (%s): stopping the server",
             why,

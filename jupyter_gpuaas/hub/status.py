@@ -26,6 +26,8 @@ class QueueStatus:
     usage: list[dict[str, Any]] = field(default_factory=list)
     simulated: bool = False
     reason: str = ""
+    # failed: `reason` is the request's ending sentence, which the Hub says (spawner.py).
+    ended: bool = False
 
 
 class StatusBoard:

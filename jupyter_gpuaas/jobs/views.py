@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpuaas.words import format_duration, plural, usage_sentence_of
+from jupyter_gpuaas.words import ending_sentence, format_duration, plural, usage_sentence_of
 
 #: The DOM class of our live widgets (notebook/widgets.py): the server extension ignores
 #: their comm traffic, so a refresh never counts as the kernel's activity
@@ -127,6 +128,11 @@ class JobView:
         return "<br>".join(parts)
 
 
+ENDED_STATES = ("finished", "cancelled", "rejected", "preempted", "culled")
+RECENTLY_ENDED = 3  # `%gpu status` lists this many ended requests, newest first
+_KERNEL_ID = re.compile(r"\s*\([0-9a-f]{6,}\)$")
+
+
 @dataclass
 class StatusView:
     """What `%gpu status` shows: me, my tenants' quota and usage, devices, my requests."""
@@ -159,7 +165,7 @@ class StatusView:
                          f"{n.get('free')} of {n.get('gpus')} free")  # fmt: skip
         live = [
             r for r in status.get("requests") or []
-            if r.get("state") in ("queued", "admitted", "parked", "culled")
+            if r.get("state") in ("queued", "admitted", "parked")
         ]  # fmt: skip
         lines.append(f"your live requests: {len(live)}")
         for r in live:
@@ -170,6 +176,18 @@ class StatusView:
                 f"  {r.get('id')} {r.get('kind')} {r.get('gpus')}× {r.get('flavor') or 'any'} "
                 f"({r.get('tenant')}): {r.get('state')}{at}" + (f"; {why}" if why else "")
             )
+        # How the last few ended, one sentence each: who or what ended it, and why.
+        ended = sorted(
+            (r for r in status.get("requests") or [] if r.get("state") in ENDED_STATES),
+            key=lambda r: float(r.get("updated") or 0),
+            reverse=True,
+        )[:RECENTLY_ENDED]
+        if ended:
+            lines.append("recently ended:")
+        for r in ended:
+            # A kernel's request is named "GPU 1 (f7df35bd)": the name, not the kernel id.
+            name = _KERNEL_ID.sub("", str(r.get("name") or "")) or r.get("kind")
+            lines.append(f"  {name}: {ending_sentence(r)}")
         jobs = status.get("jobs") or []
         active = [j for j in jobs if j.get("state") in ("queued", "starting", "running")]
         lines.append(f"your jobs: {len(active)} active, {len(jobs) - len(active)} ended")

@@ -38,6 +38,7 @@ from traitlets import Bool, Float, Integer, Unicode, default
 from jupyter_gpuaas.client import GatewayClient, GatewayError, gateway_from_env
 from jupyter_gpuaas.holder import Seconds, follow, grant_holder
 from jupyter_gpuaas.jobs import server_hook as jobs_hook
+from jupyter_gpuaas.words import ended_words
 from jupyter_gpuaas.words import format_duration as human_duration
 
 from . import sidebar
@@ -362,10 +363,10 @@ class GpuaasExtension(ExtensionApp):
         if state in ("parked", "culled"):
             await self._end_kernel(record, "culled", await self._cull_reason(record))
         elif state == "preempted":
-            await self._end_kernel(record, "preempted", obj.get("reason") or "preempted")
+            await self._end_kernel(record, "preempted", ended_words(obj))
         else:
             reason = obj.get("reason") or "its GPU grant ended"
-            await self._end_kernel(record, "lost", f"GPU grant lost: {reason}")
+            await self._end_kernel(record, "lost", ended_words({**obj, "reason": reason}))
 
     # ------------------------------------------------------------------ gateway events
 
@@ -386,9 +387,11 @@ class GpuaasExtension(ExtensionApp):
         elif name == "cull":
             await self._end_kernel(record, "culled", await self._cull_reason(record))
         elif name == "preempt":
-            by = data.get("by")
-            reason = "preempted" + (f" by request {by}" if by else "")
-            await self._end_kernel(record, "preempted", reason)
+            # The gateway's words ("preempted: nlp took back its GPU"), never the id of
+            # the request that took it.
+            await self._end_kernel(
+                record, "preempted", ended_words({"state": "preempted", **request})
+            )
         elif name in ("finish", "cancel", "expire", "reject"):
             reason = data.get("reason") or request.get("reason") or f"GPU request {name}ed"
             if record.waiting and record.abort_reason:  # our own cancel, heard first here
@@ -398,7 +401,8 @@ class GpuaasExtension(ExtensionApp):
                 record.end("failed", str(reason))
                 record.poke()
             else:
-                await self._end_kernel(record, "lost", f"GPU grant lost: {reason}")
+                said = ended_words({"state": name, **request, "reason": str(reason)})
+                await self._end_kernel(record, "lost", said)
         elif request:
             record.apply(request)  # queued positions and other updates
 

@@ -9,7 +9,7 @@ import { Poll } from '@lumino/polling';
 
 import { ApiError, GpuApi } from './api';
 import { EventConnection } from './connection';
-import { Change, GpuModel, Notice } from './model';
+import { Change, GpuModel, Notice, Snapshot } from './model';
 import type { GatewayEvent } from './types';
 
 export interface ControllerOptions {
@@ -21,6 +21,9 @@ export interface ControllerOptions {
   /** Seconds between device polls while the panel is shown. */
   devicesInterval?: number;
 }
+
+/** Events that change no tenant's usage nor any device: applied as they come. */
+const QUOTA_NEUTRAL = ['cull_warning', 'preempt_warning', 'preempt_withdrawn'];
 
 export class GpuController {
   readonly api: GpuApi;
@@ -162,22 +165,26 @@ export class GpuController {
 
   private finalLogs = new Set<string>();
 
+  /** Events heard, applied together with the quota and devices read after them. */
+  private pending: GatewayEvent[] = [];
+
   private onEvent(event: GatewayEvent): void {
-    const result = this.model.applyEvent(event);
-    if (result.reload) {
+    if (event.name === 'reset') {
+      this.pending = [];
       void this.reload().catch(() => undefined);
       return;
     }
-    // The row changes now; quota and devices follow in one read shortly after (a burst of
-    // events costs one read, not one per event).
-    this.emit(result.changes.filter(c => c.section === 'work' || c.section === 'jobs'));
-    if (result.changes.some(c => c.section === 'quota' || c.section === 'devices')) {
+    if (!QUOTA_NEUTRAL.includes(event.name) || this.pending.length) {
+      // Rows, quota and devices change together (model.applyBatch): a burst of events
+      // costs one read of the quota and the devices, and the panel never shows one
+      // without the other. (Behind such events, any event waits its turn.)
+      this.pending.push(event);
       this.scheduleTenants();
+      return;
     }
-    const req = event.data.request;
-    if (req && (req.kind === 'job' || req.kind === 'kernel')) {
-      void this.refreshLocal().catch(() => undefined);
-    }
+    // A warning moves no quota: told at once, not after a read of the quota.
+    const result = this.model.applyBatch([event]);
+    this.emit(result.changes.filter(c => c.section !== 'quota' && c.section !== 'devices'));
     result.notices.forEach(n => this.options.notify(n));
   }
 
@@ -187,18 +194,28 @@ export class GpuController {
     }
     this.tenantsTimer = window.setTimeout(async () => {
       this.tenantsTimer = null;
+      let snapshot: Snapshot = {};
       try {
         const [tenants, devices] = await Promise.all([this.api.tenants(), this.api.devices()]);
-        this.emit([
-          ...this.model.setTenants(tenants.tenants, tenants.simulated),
-          ...this.model.setDevices(devices.devices, devices.simulated)
-        ]);
+        snapshot = { tenants, devices };
       } catch (e) {
         if (e instanceof ApiError && e.unreachable) {
           this.emit(this.model.setConnection('unreachable', e.message));
         }
       }
-    }, 250);
+      const events = this.pending;
+      this.pending = [];
+      const result = this.model.applyBatch(events, snapshot);
+      if (result.reload) {
+        void this.reload().catch(() => undefined);
+        return;
+      }
+      this.emit(result.changes);
+      if (events.some(e => ['job', 'kernel'].includes(e.data.request?.kind ?? ''))) {
+        void this.refreshLocal().catch(() => undefined);
+      }
+      result.notices.forEach(n => this.options.notify(n));
+    }, 50);
   }
 
   emit(changes: Change[]): void {

@@ -130,8 +130,8 @@ export function gpuWords(gpus: number, flavor?: string | null): string {
 const STATE_WORDS: Record<string, string> = {
   queued: 'queued',
   admitted: 'running',
-  parked: 'parked (quota kept for a quick resume)',
-  culled: 'culled (idle)',
+  parked: 'parked',
+  culled: 'culled',
   finished: 'finished',
   cancelled: 'cancelled',
   rejected: 'rejected',
@@ -156,6 +156,47 @@ export const ENDED_STATES = ['finished', 'cancelled', 'rejected', 'culled', 'exp
 
 export function isEnded(state: string): boolean {
   return ENDED_STATES.includes(state);
+}
+
+/**
+ * What happened to an ended request, in a few words for its history row: "succeeded",
+ * "cancelled by you", "cancelled by an admin (root)", "preempted: nlp took back its GPU".
+ * From the gateway's reason (jupyter_gpuaas/words.py `ended_words` says the same), `me`
+ * the reader, and a job's own state (the gateway ends a failed job as "finished" too).
+ */
+export function endedWords(r: GpuRequest, me: string | null, jobState?: string): string {
+  const reason = r.reason ?? '';
+  if (jobState === 'succeeded' || jobState === 'failed') {
+    return jobState; // the job's own end, whoever released its GPU after it
+  }
+  const by = /^(cancelled|released) by (.+)$/.exec(reason);
+  if (by) {
+    const who = me !== null && by[2] === me ? 'you' : by[2];
+    return `${by[1] === 'cancelled' || r.state === 'cancelled' ? 'cancelled' : 'stopped'} by ${who}`;
+  }
+  if (/^(preempted|culled|expired):/.test(reason)) {
+    return reason;
+  }
+  if (reason === 'lease expired') {
+    return 'lost: it stopped answering the gateway';
+  }
+  if (reason.startsWith('reservation claimed by')) {
+    return 'resumed by a new request';
+  }
+  switch (r.state) {
+    case 'rejected':
+      return reason ? `refused: ${reason}` : 'refused';
+    case 'cancelled':
+      return 'cancelled';
+    case 'culled':
+      return 'culled: idle';
+    case 'preempted':
+      return 'preempted';
+    case 'finished':
+      return r.kind === 'job' ? 'succeeded' : reason || 'finished';
+    default:
+      return reason || r.state;
+  }
 }
 
 /** "vision uses 3 of its 4 a100: 2 of its own and 1 borrowed; 1 parked; 2 waiting". */

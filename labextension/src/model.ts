@@ -7,7 +7,7 @@
  * what to tell the user (notifications). Unit-tested in node.
  */
 
-import { duration, gpuWords, isEnded, ordinal } from './format';
+import { duration, endedWords, gpuWords, isEnded, ordinal } from './format';
 import type {
   Device,
   GatewayEvent,
@@ -67,6 +67,12 @@ export class GpuModel {
   kernels = new Map<string, GpuKernelInfo>();
   /** Notebook path of each kernel id (from the sessions API). */
   notebooks = new Map<string, string>();
+  /**
+   * The notebook or file each request of mine is for, by request id, kept once seen: a
+   * kernel that ended (preempted, culled) has no session any more, but its row and its
+   * toasts still say which notebook it was.
+   */
+  titles = new Map<string, string>();
   tenants: Tenant[] = [];
   devices: Device[] = [];
   simulated = false;
@@ -143,6 +149,7 @@ export class GpuModel {
         continue; // the live record comes first; older ones of the same request follow
       }
       next.set(key, k);
+      this.rememberTitle(k);
       const old = this.kernels.get(key);
       if (!old || JSON.stringify(old) !== JSON.stringify(k)) {
         keys.push(key);
@@ -176,6 +183,9 @@ export class GpuModel {
       }
     }
     this.notebooks = paths;
+    for (const k of this.kernels.values()) {
+      this.rememberTitle(k);
+    }
     return changed.length ? [{ section: 'work', keys: changed }] : [];
   }
 
@@ -291,7 +301,7 @@ export class GpuModel {
           notices.push({
             kind: 'admitted',
             requestId: id,
-            message: `Your ${kindWord(current.kind)} got ${gpuWords(
+            message: `Your ${this.what(current)} got ${gpuWords(
               current.gpus,
               current.grant?.flavor ?? current.flavor
             )} on ${current.grant?.node ?? 'a node'}.`
@@ -301,12 +311,16 @@ export class GpuModel {
       }
       case 'cull_warning': {
         const cullAt = typeof event.data.cull_at === 'number' ? event.data.cull_at : null;
+        const known = this.warnings.get(id);
+        if (known && known.kept && known.cullAt === cullAt) {
+          break; // this warning was answered already (heard late, or told again)
+        }
         this.warnings.set(id, { cullAt, t: event.data.t ?? 0, kept: false });
         notices.push({
           kind: 'cull_warning',
           requestId: id,
           cullAt,
-          message: `Your ${kindWord(current.kind)} is idle on its GPU and will be shut down ${
+          message: `Your ${this.what(current)} is idle on its GPU and will be shut down ${
             cullAt && event.data.t ? `in ${duration(cullAt - event.data.t)}` : 'soon'
           } to free it. Keep it?`
         });
@@ -317,7 +331,7 @@ export class GpuModel {
         notices.push({
           kind: 'culled',
           requestId: id,
-          message: `Your ${kindWord(current.kind)} was idle and gave back its GPU.`
+          message: `Your ${this.what(current)} was idle and gave back its GPU.`
         });
         break;
       case 'preempt_warning': {
@@ -334,7 +348,7 @@ export class GpuModel {
           notices.push({
             kind: 'preempt_withdrawn',
             requestId: id,
-            message: `Your ${kindWord(current.kind)} keeps its GPU: it is no longer reclaimed.`
+            message: `Your ${this.what(current)} keeps its GPU: it is no longer reclaimed.`
           });
         }
         this.preemptions.delete(id);
@@ -343,10 +357,15 @@ export class GpuModel {
         this.warnings.delete(id);
         this.preemptions.delete(id);
         const by = typeof event.data.by === 'string' ? event.data.by : null;
-        const why = warnedWith ? warnedWith.reason : this.preemptorWords(by, current);
+        const said = /^preempted: (.+)$/.exec(current.reason ?? '');
+        const why = warnedWith
+          ? warnedWith.reason
+          : said
+            ? said[1]
+            : this.preemptorWords(by, current);
         const how = `${warnedWith ? 'stopped' : 'preempted'}: ${why}`;
         this.stopped.set(id, how);
-        notices.push({ kind: 'preempted', requestId: id, message: `Your ${kindWord(current.kind)} was ${how}.` });
+        notices.push({ kind: 'preempted', requestId: id, message: `Your ${this.what(current)} was ${how}.` });
         break;
       }
       case 'finish':
@@ -369,6 +388,32 @@ export class GpuModel {
       changes.push({ section: 'jobs', keys: [id] });
     }
     return { changes, notices, reload: false };
+  }
+
+  /**
+   * Events, and the quota and device snapshot read after them, applied as one step: the
+   * rows, the quota card and the devices then come from the same state and never
+   * disagree ("vision uses none of its a100" beside a row running on it). The snapshot is
+   * read once the events arrived, so it already counts their decisions (the gateway
+   * commits a decision before it tells anyone).
+   */
+  applyBatch(events: GatewayEvent[], snapshot: Snapshot = {}): { changes: Change[]; notices: Notice[]; reload: boolean } {
+    const changes: Change[] = [];
+    const notices: Notice[] = [];
+    let reload = false;
+    for (const event of events) {
+      const result = this.applyEvent(event);
+      changes.push(...result.changes);
+      notices.push(...result.notices);
+      reload = reload || result.reload;
+    }
+    if (snapshot.tenants) {
+      changes.push(...this.setTenants(snapshot.tenants.tenants, snapshot.tenants.simulated));
+    }
+    if (snapshot.devices) {
+      changes.push(...this.setDevices(snapshot.devices.devices, snapshot.devices.simulated));
+    }
+    return { changes: mergeChanges(changes), notices, reload };
   }
 
   setLog(id: string, text: string): Change[] {
@@ -396,7 +441,7 @@ export class GpuModel {
         kind: 'preempt_warning',
         requestId: id,
         cullAt: p.at,
-        message: `Your ${kindWord(r.kind)} will be stopped ${
+        message: `Your ${this.what(r)} will be stopped ${
           p.at ? `in ${duration(p.at - now)}` : 'soon'
         }: ${p.reason}. Save your work.`
       });
@@ -430,10 +475,47 @@ export class GpuModel {
       if (how) {
         return sentence(how);
       }
+      if ((r.reason ?? '').startsWith('preempted:')) {
+        return sentence(r.reason!); // the gateway's words: "preempted: nlp took back its GPU"
+      }
       const m = /^preempted by (\S+)$/.exec(r.reason ?? '');
       return sentence(`preempted: ${this.preemptorWords(m ? m[1] : null, r)}`);
     }
-    return r.reason ? sentence(r.reason) : '';
+    const job = r.kind === 'job' ? this.jobs.get(r.id) : undefined;
+    return sentence(endedWords(r, this.me?.name ?? null, job?.state));
+  }
+
+  /**
+   * A request's title: the notebook or file it is for (a kernel's notebook, a job's
+   * notebook), else its kernel's name; never its id. '' when nothing names it.
+   */
+  titleOf(r: GpuRequest): string {
+    const path = this.titles.get(r.id);
+    if (path) {
+      return path.split('/').pop() ?? path;
+    }
+    const job = r.kind === 'job' ? this.jobs.get(r.id) : undefined;
+    const source = job?.name || job?.source;
+    if (source) {
+      return source.split('/').pop() ?? source;
+    }
+    // The gateway's name of a kernel's request ends with the kernel's id, "GPU 1
+    // (f7df35bd)": the name is kept, the id is not.
+    const named = r.kind !== 'server' && r.name ? r.name : (this.kernels.get(r.id)?.kernel_name ?? '');
+    return named.replace(/\s*\([0-9a-f]{6,}\)$/, '');
+  }
+
+  /** "GPU kernel train.ipynb": what a toast or a button says a request is. */
+  what(r: GpuRequest): string {
+    const title = this.titleOf(r);
+    return title ? `${kindWord(r.kind)} ${title}` : kindWord(r.kind);
+  }
+
+  private rememberTitle(k: GpuKernelInfo): void {
+    const path = this.notebooks.get(k.kernel_id);
+    if (k.request_id && path) {
+      this.titles.set(k.request_id, path);
+    }
   }
 
   /**
@@ -493,6 +575,16 @@ export class GpuModel {
     );
   }
 
+  /** The rows "My work" shows as cards: what is queued, running or parked. */
+  liveRows(): GpuRequest[] {
+    return this.workRows().filter(r => !isEnded(r.state));
+  }
+
+  /** The short history under them: what ended, newest first (at most ENDED_KEPT). */
+  historyRows(): GpuRequest[] {
+    return this.workRows().filter(r => isEnded(r.state));
+  }
+
   kernelOf(requestId: string): GpuKernelInfo | undefined {
     return this.kernels.get(requestId);
   }
@@ -539,8 +631,29 @@ export class GpuModel {
       this.warnings.delete(r.id);
       this.preemptions.delete(r.id);
       this.stopped.delete(r.id);
+      this.titles.delete(r.id);
     }
   }
+}
+
+/** What `applyBatch` reads with the events: the tenants' quota and the devices. */
+export interface Snapshot {
+  tenants?: { tenants: Tenant[]; simulated?: boolean };
+  devices?: { devices: Device[]; simulated?: boolean };
+}
+
+/** One change per section; a section redrawn whole (no keys) stays whole. */
+export function mergeChanges(changes: Change[]): Change[] {
+  const out = new Map<Section, Set<string> | null>();
+  for (const c of changes) {
+    const seen = out.get(c.section);
+    if (!c.keys.length || seen === null) {
+      out.set(c.section, null);
+    } else {
+      out.set(c.section, new Set([...(seen ?? []), ...c.keys]));
+    }
+  }
+  return [...out].map(([section, keys]) => ({ section, keys: keys ? [...keys] : [] }));
 }
 
 function sentence(text: string): string {

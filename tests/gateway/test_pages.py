@@ -97,13 +97,31 @@ async def test_the_admin_cancels_from_the_page(gw: Gateway) -> None:
     status, page = await gw.raw("GET", "", who="root")
     assert status == 200
     assert set(cancel_buttons(page)) == {r[k]["id"] for k in ("held", "alice", "bob", "carol")}
-    status, _ = await post_form(gw, "cancel", {"request": r["alice"]["id"]}, "root")
+    # The button asks first, in words, and does nothing until answered.
+    status, page = await post_form(gw, "cancel", {"request": r["alice"]["id"]}, "root")
+    assert status == 200 and gw.arbiter.view(r["alice"]["id"])["state"] == "queued"
+    assert (
+        "Cancel the request of alice's kernel (2 GPUs)? It leaves the queue. "
+        "alice is told an admin (root) did it. Yes, cancel No, keep it"
+    ) in text(page)
+    assert re.search(r'name="confirm" value="yes"', page)
+    status, _ = await post_form(
+        gw, "cancel", {"request": r["alice"]["id"], "confirm": "yes"}, "root"
+    )
     assert status == 303
-    assert gw.arbiter.view(r["alice"]["id"])["state"] == "cancelled"
+    obj = gw.arbiter.view(r["alice"]["id"])
+    assert obj["state"] == "cancelled" and obj["reason"] == "cancelled by an admin (root)"
+    # Releasing a grant asks too.
+    status, page = await post_form(gw, "cancel", {"request": r["held"]["id"]}, "root")
+    assert (
+        status == 200
+        and "Release the GPUs of alice's job (4 a100)? It is stopped at once." in text(page)
+    )
+    assert gw.arbiter.view(r["held"]["id"])["state"] == "admitted"
     status, page = await gw.raw("GET", f"?cancelled={r['alice']['id']}", who="root")
     assert f"Request {r['alice']['id']} (alice, vision) is cancelled." in text(page)
     assert r["alice"]["id"] not in rows(page)
-    # A second cancel: the API's 409 sentence, on the page.
+    # A second cancel: the API's 409 sentence, on the page (nothing left to ask about).
     status, page = await post_form(gw, "cancel", {"request": r["alice"]["id"]}, "root")
     api_status, api = await gw.raw("DELETE", f"api/requests/{r['alice']['id']}", who="root")
     assert status == api_status == 409
@@ -150,10 +168,28 @@ async def test_a_bad_quota_shows_the_apis_sentence(
     status, page = await post_form(gw, "tenant", form, "root")
     api_status, api = await gw.raw("PUT", "api/tenants/vision", body, who="root")
     assert status == api_status == 400, (page, api)
-    assert f"Not saved: {api['error']}" in text(page)
+    # In words, with the scenario key only as a hint after it.
+    label = "Quota" if field.startswith("quota") else "Lending limit"
+    key = f"tenants.vision.{field}"
+    said = re.search(r"Not saved: (.*?) \(" + re.escape(key) + r"\)", text(page))
+    assert said is not None, text(page)
+    assert said.group(1).startswith(f"{label} for a100: ") and key not in said.group(1)
     # What was typed stays in the form, marked, and nothing changed.
     assert f'name="{field}" id="vision-{field}" value="{html.escape(value)}"' in page
     assert 'aria-invalid="true"' in page
+    vision = next(t for t in gw.arbiter.tenants_json()["tenants"] if t["name"] == "vision")
+    assert vision["quota"] == {"a100": 4, "t4": 0}
+
+
+async def test_every_bad_field_of_the_quota_form_is_said_at_once(gw: Gateway) -> None:
+    form = {"tenant": "vision", "quota.a100": "two", "quota.t4": "-1", "lending_limit.a100": "1.5"}
+    status, page = await post_form(gw, "tenant", form, "root")
+    assert status == 400
+    words = text(page)
+    assert "Quota for a100: must be a whole number of GPUs, 0 or more, not 'two'" in words
+    assert "Quota for t4: must be a whole number of GPUs, 0 or more, not '-1'" in words
+    assert "Lending limit for a100: must be a whole number of GPUs, 0 or more, not '1.5'" in words
+    assert page.count('aria-invalid="true"') == 3
     vision = next(t for t in gw.arbiter.tenants_json()["tenants"] if t["name"] == "vision")
     assert vision["quota"] == {"a100": 4, "t4": 0}
 

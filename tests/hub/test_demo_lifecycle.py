@@ -122,7 +122,7 @@ def test_sigterm_stops_everything_and_releases_the_grant(demo) -> None:  # type:
 
 def test_two_demos_side_by_side(demo) -> None:  # type: ignore[no-untyped-def]
     a = demo(name="a")  # --devices nvml, the default
-    b = demo(name="b")
+    b = demo("--fast-idle", name="b")  # short idle times, to watch a cull cycle
     a.start()
     b.start()
     out = a.log()
@@ -133,6 +133,13 @@ def test_two_demos_side_by_side(demo) -> None:  # type: ignore[no-untyped-def]
         assert requests.get(f"{run.url}/hub/login", timeout=10).status_code == 200
         assert run.gateway("carol", "me")["name"] == "carol"
     assert not (a.listening_ports() & b.listening_ports())
+    # b's gateway culls within minutes (warned half-way), a's after the shipped 30 min.
+    idle = {
+        name: {t["idle_timeout"] for t in run.gateway("carol", "tenants")["tenants"]}
+        for name, run in (("a", a), ("b", b))
+    }
+    assert idle == {"a": {1800}, "b": {120}}, idle
+    assert (b.state / "quotas-fast-idle.yaml").is_file()
 
     # A third one on a's state directory is refused, in one line, before it starts anything.
     third = subprocess.run(

@@ -140,8 +140,17 @@ def test_landing_page_for_a_user_and_for_the_admin(clean_hub: Hub, browser: Any)
         assert forged.status == 403
         assert {r["id"]: r["state"] for r in hub.requests_of("alice")}[job["id"]] == "queued"
 
-        # Cancel alice's job with its button: it is gone from the page and the queue.
+        # Cancel alice's job with its button: asked first, then it is gone from the page
+        # and the queue.
         row(admin, job["id"]).locator("button.cancel").click()
+        question = admin.locator("#confirm-question")
+        question.wait_for()
+        assert question.inner_text() == (
+            "Cancel the request of alice's job (1 GPU)? It leaves the queue. "
+            "alice is told an admin (admin) did it."
+        )
+        assert {r["id"]: r["state"] for r in hub.requests_of("alice")}[job["id"]] == "queued"
+        admin.locator("#confirm button.confirm").click()
         admin.wait_for_url(re.compile(r".*/services/gpuaas/\?cancelled=.*"))
         assert f"Request {job['id']} (alice, vision) is cancelled." in admin.inner_text("#notice")
         assert row(admin, job["id"]).count() == 0
@@ -160,7 +169,11 @@ def test_landing_page_for_a_user_and_for_the_admin(clean_hub: Hub, browser: Any)
             headers={"X-XSRFToken": xsrf_of(admin), "Content-Type": "application/json"},
         )
         assert api.status == 400
-        assert error.inner_text() == f"Not saved: {api.json()['error']}"
+        # In words; the API's scenario key only as a hint.
+        assert error.inner_text() == (
+            "Not saved:\nQuota for a100: must be a whole number of GPUs, 0 or more, not '-1' "
+            "(tenants.vision.quota.a100)"
+        )
         assert "must be" in api.json()["error"] and "a100" in api.json()["error"]
         bad = admin.locator("#tenant-form-vision input[name='quota.a100']")
         assert bad.get_attribute("aria-invalid") == "true" and bad.input_value() == "-1"
@@ -182,6 +195,50 @@ def test_landing_page_for_a_user_and_for_the_admin(clean_hub: Hub, browser: Any)
         admin.screenshot(path=str(ARTIFACTS / "landing-admin.png"), full_page=True)
     finally:
         restore_vision_quota(hub, browser)
+
+
+def test_an_admins_cancel_ends_the_users_spawn_page_in_words(clean_hub: Hub, browser: Any) -> None:
+    """Issue 45 item 4: bob's pending spawn, cancelled by the admin from the GPU page (who
+    is asked first), ends bob's page with one sentence saying who did it: no HTTP code,
+    no request id, and nothing logged after it."""
+    hub = clean_hub
+    assert hub.spawn("alice", {"tenant": "vision", "gpus": 3}).status_code in (201, 202)
+    hub.wait_ready("alice")
+
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    bob = context.new_page()
+    bob.set_default_timeout(30_000)
+    bob.goto(f"{hub.url}/hub/login")
+    bob.fill("input[name=username]", "bob")
+    bob.fill("input[name=password]", hub.password)
+    bob.click("input[type=submit], button[type=submit]")
+    bob.wait_for_url("**/hub/spawn**")
+    bob.fill("#gpuaas-gpus", "1")
+    bob.click("#spawn_form button[type=submit]")
+    bob.wait_for_url("**/spawn-pending/bob**")
+    bob.locator("#progress-message").filter(has_text="position 1 of 1").wait_for()
+    (queued,) = [r for r in hub.requests_of("bob") if r["state"] == "queued"]
+
+    admin = open_landing(browser, hub, "admin", hub.admin_password)
+    row(admin, queued["id"]).locator("button.cancel").click()
+    admin.locator("#confirm-question").wait_for()
+    assert "Cancel the request of bob's server (1 GPU)?" in admin.inner_text("#confirm")
+    admin.locator("#confirm button.confirm").click()
+    admin.wait_for_url(re.compile(r".*/services/gpuaas/\?cancelled=.*"))
+
+    sentence = "An admin (admin) cancelled your GPU request."
+    message = bob.locator("#progress-message")
+    message.filter(has_text=sentence).wait_for(timeout=60_000)
+    assert message.inner_text().strip() == sentence
+    bob.locator("#progress-details").evaluate("d => d.open = true")
+    log = [e.strip() for e in bob.locator(".progress-log-event").all_inner_texts()]
+    assert log[-1] == sentence and log.count(sentence) == 1, log
+    page_text = bob.inner_text("body")
+    for jargon in ("HTTP", "409", queued["id"], "Spawning server", "GPU request failed"):
+        assert jargon not in page_text, (jargon, page_text)
+    bob.screenshot(path=str(ARTIFACTS / "spawn-pending-admin-cancel.png"), full_page=True)
+    hub.wait_stopped("bob")
+    context.close()
 
 
 def restore_vision_quota(hub: Hub, browser: Any) -> None:

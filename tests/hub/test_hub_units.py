@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpuaas.hub.demo import FALLBACK_DEVICES, detect_devices, quotas_for
+from jupyter_gpuaas.hub.demo import (
+    CONFIG,
+    FALLBACK_DEVICES,
+    FAST_IDLE,
+    detect_devices,
+    fast_idle,
+    quotas_for,
+)
 from jupyter_gpuaas.hub.k8s import validate_flavors
 from jupyter_gpuaas.hub.options import (
     GpuOptions,
@@ -159,6 +166,31 @@ def test_demo_helpers() -> None:
     assert q["flavors"] == {"h200": {"nodes": 1, "gpus_per_node": 1}}
     assert q["tenants"]["vision"]["quota"] == {"h200": 1}
     assert q["tenants"]["nlp"]["quota"] == {"h200": 0}
+
+
+def test_fast_idle_shortens_every_idle_setting_and_keeps_the_rest() -> None:
+    """`demo --fast-idle`'s quota file: the shipped one, or the machine's, with the idle
+    policy short enough to watch warning, Keep, cull and resume in a few minutes."""
+    import yaml
+
+    from jupyter_gpuaas.admission.config import parse_config
+
+    shipped = CONFIG.with_name("quotas.yaml").read_text(encoding="utf-8")
+    for text in (shipped, quotas_for("h200", 2)):
+        before, after = yaml.safe_load(text), yaml.safe_load(fast_idle(text))
+        policy = parse_config(after).policy
+        assert (policy.idle_timeout, policy.cull_warning, policy.reservation_ttl) == (
+            FAST_IDLE["idle_timeout"],
+            FAST_IDLE["cull_warning"],
+            FAST_IDLE["reservation_ttl"],
+        )
+        assert after["tenants"] == before["tenants"] and after["flavors"] == before["flavors"]
+        assert after["policy"]["preemption_grace"] == before["policy"]["preemption_grace"]
+    own = "flavors: {a100: {nodes: 1, gpus_per_node: 1}}\n" + (
+        "tenants: {vision: {quota: {a100: 1}, idle_timeout: 9000}}\n"
+    )
+    config = parse_config(yaml.safe_load(fast_idle(own)))
+    assert config.tenants["vision"].idle_timeout is None  # the policy's, not 9000 s
 
 
 def test_spawner_traits_are_validated() -> None:

@@ -98,6 +98,10 @@ def main() -> int:
     gdir, root, data = base / "gateway", base / "root", base / "data"
     for d in (gdir, root, data):
         d.mkdir()
+    # This checkout's build of the sidebar, first on JUPYTER_PATH: the venv's own
+    # labextensions entry may be another checkout's (a worktree shares the venv).
+    (data / "labextensions").mkdir()
+    (data / "labextensions" / "jupyter-gpuaas").symlink_to(ROOT / "jupyter_gpuaas" / "labextension")
     (gdir / "quotas.yaml").write_text(
         yaml.safe_dump(
             {

@@ -23,6 +23,9 @@ export class MyWorkSection {
   private empty: HTMLElement;
   private summary: HTMLElement;
   private rows: Rows<GpuRequest>;
+  private history: HTMLDetailsElement;
+  private historySummary: HTMLElement;
+  private historyRows: Rows<GpuRequest>;
 
   constructor(
     private readonly model: GpuModel,
@@ -36,20 +39,53 @@ export class MyWorkSection {
       class: 'jp-gpuaas-empty',
       text: 'Nothing of mine on GPUs. Start a GPU kernel, or run a notebook as a job.'
     });
-    s.body.append(this.list, this.empty);
+    // Ended requests fold into a short history under the cards, one line each: what it
+    // was and what happened ("cancelled by an admin (root)"), so they never crowd the
+    // live cards or push the quota down.
+    const historyList = h('ul', { class: 'jp-gpuaas-history-list', 'aria-label': 'Ended GPU requests' });
+    this.historySummary = h('summary', { class: 'jp-gpuaas-history-summary' });
+    this.history = h('details', { class: 'jp-gpuaas-history' }, this.historySummary, historyList);
+    this.history.open = true; // shown, one short line each; a click folds it
+    s.body.append(this.list, this.empty, this.history);
     this.rows = new Rows(this.list, (r, row) => this.renderRow(r, row));
+    this.historyRows = new Rows(historyList, (r, row) => this.renderEnded(r, row));
   }
 
   update(keys?: string[]): void {
-    const items = this.model.workRows();
+    const items = this.model.liveRows();
+    const ended = this.model.historyRows();
+    const only = keys && keys.length ? new Set(keys) : undefined;
     this.rows.sync(
       items.map(r => [r.id, r]),
-      keys && keys.length ? new Set(keys) : undefined
+      only
     );
+    this.historyRows.sync(
+      ended.map(r => [r.id, r]),
+      only
+    );
+    this.history.hidden = ended.length === 0;
+    this.historySummary.textContent = `Ended recently (${ended.length})`;
     this.empty.hidden = items.length > 0;
     const queued = items.filter(r => r.state === 'queued').length;
     const running = items.filter(r => r.state === 'admitted').length;
     this.summary.textContent = items.length ? ` · ${running} running, ${queued} queued` : '';
+  }
+
+  /** One line of the history: "train.ipynb · GPU kernel — preempted: nlp took back its GPU." */
+  private renderEnded(r: GpuRequest, row: HTMLElement): void {
+    const title = this.model.titleOf(r);
+    const state = rowState(r, r.kind === 'job' ? this.model.jobs.get(r.id) : undefined);
+    row.className = `jp-gpuaas-history-row jp-gpuaas-state-${state}`;
+    row.dataset.state = state;
+    row.replaceChildren(
+      h(
+        'div',
+        { class: 'jp-gpuaas-row-head' },
+        h('span', { class: 'jp-gpuaas-title', title, text: title ? `${title} · ${kindWord(r.kind)}` : kindWord(r.kind) }),
+        h('span', { class: `jp-gpuaas-badge jp-gpuaas-badge-${state}`, text: stateWords(state) })
+      ),
+      h('p', { class: 'jp-gpuaas-line jp-gpuaas-reason', text: this.model.endedReason(r) })
+    );
   }
 
   private renderRow(r: GpuRequest, row: HTMLElement): void {
@@ -77,12 +113,13 @@ export class MyWorkSection {
         ev.preventDefault();
         this.actions.openPath(notebook);
       });
-      title = h('span', { class: 'jp-gpuaas-title' }, `${kindWord(r.kind)} · `, link);
+      title = h('span', { class: 'jp-gpuaas-title' }, link, ` · ${kindWord(r.kind)}`);
     } else {
-      const name = job?.name || job?.source || r.name || (kernel ? kernel.kernel_name : '');
+      const name = model.titleOf(r); // never the request's id
       title = h('span', {
         class: 'jp-gpuaas-title',
-        text: `${kindWord(r.kind)}${name ? ` · ${name}` : ''}`
+        title: name,
+        text: name ? `${name} · ${kindWord(r.kind)}` : kindWord(r.kind)
       });
     }
     const badge = h('span', {
@@ -103,7 +140,7 @@ export class MyWorkSection {
           text: `Estimated wait: ${formatWait(r.estimated_wait)}`
         })
       );
-      const b = button('Cancel', `Cancel the queued ${kindWord(r.kind)} ${r.id}`, () =>
+      const b = button('Cancel', `Cancel the queued ${model.what(r)}`, () =>
         runAction(b, error, () => this.actions.cancel(r))
       );
       buttons.append(b);
@@ -164,7 +201,7 @@ export class MyWorkSection {
           })
         );
         if (!warning.kept) {
-          const keep = button('Keep my GPU', `Keep the GPU of ${kindWord(r.kind)} ${r.id}`, () =>
+          const keep = button('Keep my GPU', `Keep the GPU of ${model.what(r)}`, () =>
             runAction(keep, error, () => this.actions.keep(r.id))
           , 'jp-mod-accept');
           buttons.append(keep);

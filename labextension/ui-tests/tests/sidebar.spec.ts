@@ -147,6 +147,9 @@ test('a second GPU kernel queues, then is admitted when the first is shut down',
   await expect(row(panel, r1)).toContainText('On a100-0');
   await expect(row(panel, r1).getByRole('link')).toHaveAttribute('title', `${tmpPath}/first.ipynb`);
   await expect(row(panel, r1).getByRole('link')).toHaveText('first.ipynb');
+  // The quota card changes with the row, in the same step (read once, no waiting).
+  const visionQuota = panel.locator('.jp-gpuaas-quota-row', { hasText: 'vision · a100' });
+  expect(await visionQuota.innerText()).toContain('1 / 1');
 
   await page.contents.uploadFile(path.resolve(__dirname, 'train.ipynb'), `${tmpPath}/second.ipynb`);
   const second = await startSession(page, `${tmpPath}/second.ipynb`, 'gpu1');
@@ -175,9 +178,18 @@ test('a second GPU kernel queues, then is admitted when the first is shut down',
   const handle = await queued.elementHandle();
   await row(panel, r1).getByRole('button', { name: /Release the GPU/ }).click();
   await expect(row(panel, r2)).toHaveAttribute('data-state', 'admitted', { timeout: 30000 });
-  await expect(page.locator('.Toastify__toast', { hasText: 'Your GPU kernel got 1 a100 GPU on a100-0.' })).toBeVisible();
+  // The toast names the notebook whose kernel got the GPU.
+  await expect(
+    page.locator('.Toastify__toast', { hasText: 'Your GPU kernel second.ipynb got 1 a100 GPU on a100-0.' })
+  ).toBeVisible();
+  expect(await visionQuota.innerText()).toContain('1 / 1');
+  expect(await visionQuota.innerText()).not.toContain('request waiting');
   expect(await handle!.evaluate(el => el.isConnected)).toBe(true); // the same row element
   await expect(row(panel, r1)).toHaveAttribute('data-state', 'finished');
+  // Ended: one line of the short history under the cards, titled by its notebook.
+  await expect(row(panel, r1)).toHaveClass(/jp-gpuaas-history-row/);
+  await expect(row(panel, r1).locator('.jp-gpuaas-title')).toHaveText('first.ipynb · GPU kernel');
+  await expect(row(panel, r1).locator('.jp-gpuaas-reason')).toHaveText('Stopped by you.');
   expect((await gateway(page.request, r2)).state).toBe('admitted');
   // The status bar of the (second) notebook follows too.
   await expect(page.locator('.jp-gpuaas-status')).toHaveText(/GPU: a100 ×1/);
@@ -349,6 +361,12 @@ test('a borrowed GPU reclaimed: warned in the row, a notification, the notebook;
   // The row says who preempted it in words, never the gateway's raw request id.
   await expect(warned.locator('.jp-gpuaas-reason')).toHaveText('Stopped: nlp is reclaiming its GPU.');
   expect(await warned.innerText()).not.toMatch(/\br-[0-9a-f]/);
+  // ... and keeps its notebook's name, though its kernel and session are gone.
+  const victimName = paths[victim].split('/').pop()!;
+  await expect(warned.locator('.jp-gpuaas-title')).toHaveText(`${victimName} · GPU kernel`);
+  await expect(
+    page.locator('.Toastify__toast', { hasText: `Your GPU kernel ${victimName} was stopped` })
+  ).toBeVisible();
 
   // bob's GPU in Devices: another team's, by tenant only (alice has no view scope), and
   // his name is not even in what the browser was sent.
