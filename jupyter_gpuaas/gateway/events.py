@@ -50,6 +50,7 @@ import logging
 import math
 import re
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -233,6 +234,7 @@ class EventBus:
         maxsize: int = 1000,
         coalesce: float = 0.01,
         chunk: int = 50,
+        turn: float = 0.002,
         replay_window: int = 10_000,
         maxbytes: int = 1 << 20,
         fanout_spacing: float = 250e-6,
@@ -241,6 +243,7 @@ class EventBus:
         self.maxbytes = maxbytes
         self.coalesce = coalesce
         self.chunk = chunk
+        self.turn = turn  # seconds of writes a loop turn, at most
         self.dropped = 0  # listeners dropped for falling behind, since start
         self.boot = secrets.token_hex(4)
         self.seq = 0
@@ -484,8 +487,9 @@ class _Rounds:
     A round begins `period` after the last one began: at once when that is past (a lone
     event is not held back), else when it ends (one write per stream per period under
     load). The period is `coalesce`, or the last round's cost (`spacing` seconds per
-    stream written) when that is longer. A round writes `chunk` streams per loop turn,
-    so requests waiting for the loop (a submission's 201) go in between. The class of
+    stream written) when that is longer. A round writes `chunk` streams per loop turn
+    (fewer when they took over `turn` seconds), so requests waiting for the loop (a
+    submission's 201) go in between. The class of
     `followers` also has every follower of the bus's log that is behind it.
     """
 
@@ -531,8 +535,12 @@ class _Rounds:
         self._deliver_some()
 
     def _deliver_some(self) -> None:
+        # At most `chunk` streams and `turn` seconds a loop turn: on a busy machine a
+        # write can take far longer than its CPU time, and a submission waiting for the
+        # loop should wait for one short turn, not for 50 slow writes.
         chunk, self.round = self.round[: self.bus.chunk], self.round[self.bus.chunk :]
-        for listener in chunk:
+        until = time.perf_counter() + self.bus.turn
+        for i, listener in enumerate(chunk):
             if listener.ended:
                 continue
             try:
@@ -541,6 +549,9 @@ class _Rounds:
                 log.exception("event delivery failed")
                 self.bus.unsubscribe(listener)
                 listener.end()
+            if time.perf_counter() > until:
+                self.round[:0] = chunk[i + 1 :]
+                break
         if self.round:
             asyncio.get_running_loop().call_soon(self._deliver_some)
         else:
