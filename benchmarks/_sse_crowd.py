@@ -24,6 +24,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 
 from _load_store import token_of
 
@@ -97,6 +98,10 @@ class Counting(asyncio.Protocol):
             self.connected.set_exception(exc or ConnectionError("closed"))
 
 
+def _made(stream: Counting) -> Callable[[], Counting]:
+    return lambda: stream
+
+
 async def crowd(port: int, who: list[str], sample: int) -> None:
     loop = asyncio.get_running_loop()
     lags: list[float] = []
@@ -105,9 +110,7 @@ async def crowd(port: int, who: list[str], sample: int) -> None:
     ]
     for i in range(0, len(streams), 50):
         batch = streams[i : i + 50]
-        await asyncio.gather(
-            *(loop.create_connection(lambda s=s: s, "127.0.0.1", port) for s in batch)
-        )
+        await asyncio.gather(*(loop.create_connection(_made(s), "127.0.0.1", port) for s in batch))
         await asyncio.wait_for(asyncio.gather(*(s.connected for s in batch)), 30)
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
