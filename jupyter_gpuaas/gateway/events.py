@@ -489,8 +489,8 @@ class _Rounds:
     load). The period is `coalesce`, or the last round's cost (`spacing` seconds per
     stream written) when that is longer. A round writes `chunk` streams per loop turn
     (fewer when they took over `turn` seconds), so requests waiting for the loop (a
-    submission's 201) go in between. The class of
-    `followers` also has every follower of the bus's log that is behind it.
+    submission's 201) go in between. The rounds of `followers` also write every follower
+    of the bus's log that is behind it.
     """
 
     def __init__(self, bus: EventBus, spacing: float, followers: bool = False) -> None:
