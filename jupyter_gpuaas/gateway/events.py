@@ -12,12 +12,12 @@ listener over either bound is handed one `reset` event and its stream ends (it r
 and re-reads state from `GET api/requests`), so a slow client never slows the decision
 loop nor holds more than its bound.
 
-The streams that hear everything unfiltered (viewers' and admins': "followers") hold no
-buffer of their own: the bus keeps one log of the last events' bytes and each follower
+The streams that hear everything unfiltered (viewers' and admins': "log readers") hold no
+buffer of their own: the bus keeps one log of the last events' bytes and each reader
 only the sequence number it was last written up to. Publishing an event costs them
-nothing each (a thousand of them cost what one does); a round hands each follower the
-bytes from its number to the newest, joined once for all the followers at the same number
-(after a round, all of them). The bound is kept in the same terms: the followers at the
+nothing each (a thousand of them cost what one does); a round hands each reader the
+bytes from its number to the newest, joined once for all the readers at the same number
+(after a round, all of them). The bound is kept in the same terms: the readers at the
 oldest number are dropped when the log past it exceeds a listener's bound.
 
 Writing to a stream costs the loop tens of microseconds, so with a thousand streams that
@@ -111,7 +111,7 @@ Filter = Callable[[Event], bool]
 
 
 class Listener:
-    """One stream: events wait in `pending` (or, for a follower, in the bus's log) and
+    """One stream: events wait in `pending` (or, for a log reader, in the bus's log) and
     `deliver()` is called to send them.
 
     The bus calls `deliver` once per round for each listener that has events (every event
@@ -139,7 +139,7 @@ class Listener:
         self.ready = asyncio.Event()
         self.dropped = False
         self.closed = False
-        # A follower reads the bus's log from `mark` (the sequence number it was last
+        # A log reader reads the bus's log from `mark` (the sequence number it was last
         # written up to) instead of having events put in `pending` one by one.
         self.bus = bus
         self.mark: _Mark | None = None
@@ -169,18 +169,18 @@ class Listener:
         events, self.pending = self.pending, []
         self.pending_bytes = 0
         if self.mark is not None and self.bus is not None:
-            events += self.bus._follow(self)[0]
+            events += self.bus._read_log(self)[0]
         return events
 
     def take_wire(self) -> bytes:
-        """The same as one write's bytes: a follower's shared with every follower that was
+        """The same as one write's bytes: a reader's shared with every reader that was
         at the same point (one bytes object, not one per stream)."""
         head = b"".join(e.wire for e in self.pending) if self.pending else b""
         self.pending = []
         self.pending_bytes = 0
         if self.mark is None or self.bus is None:
             return head
-        wire = self.bus._follow(self, wire=True)[1]
+        wire = self.bus._read_log(self, wire=True)[1]
         return head + wire if head else wire
 
     def end(self, *, dropped: bool = False) -> None:
@@ -205,7 +205,7 @@ class Listener:
 
 
 class _Mark:
-    """The followers that were written up to the event `seq` (`cum`: the log's running
+    """The readers that were written up to the event `seq` (`cum`: the log's running
     byte count after it)."""
 
     __slots__ = ("cum", "listeners", "seq")
@@ -220,10 +220,10 @@ class EventBus:
     """Fans events out to listeners.
 
     Deliveries are batched in time: a listener's stream is written at most once per
-    `coalesce` seconds (every event published meanwhile in one write), a follower's at
-    most once per `fanout_spacing` x the followers written in the last round. Under load
+    `coalesce` seconds (every event published meanwhile in one write), a reader's at
+    most once per `fanout_spacing` x the readers written in the last round. Under load
     that divides the writes to many streams several times over for a few ms of delay
-    (owners') or a fraction of a second (followers'). After a quiet period the first
+    (owners') or a fraction of a second (readers'). After a quiet period the first
     events go out on the loop's next turn, not a period later: a holder waiting for its
     admission hears of it at once (the events of one operation still go together,
     published before the loop turns).
@@ -252,9 +252,9 @@ class EventBus:
         self.listeners: set[Listener] = set()
         self._everything: set[Listener] = set()  # no owner, a filter: `allow` each event
         self._by_owner: dict[str, set[Listener]] = {}
-        # The followers' log: the events after `_base` (their running byte count in `_cum`,
-        # `_total` after the newest), and the followers by the point they were written up
-        # to, oldest first (a follower only ever moves to the newest point).
+        # The readers' log: the events after `_base` (their running byte count in `_cum`,
+        # `_total` after the newest), and the readers by the point they were written up
+        # to, oldest first (a reader only ever moves to the newest point).
         self._log: list[Event] = []
         self._cum: list[int] = []
         self._base = 0
@@ -265,7 +265,7 @@ class EventBus:
         # owners' streams every `coalesce` seconds (a holder hears of its admission at
         # once), the streams that hear everything spaced by the cost of their last round.
         self._owners = _Rounds(self, spacing=0.0)
-        self._wide = _Rounds(self, spacing=fanout_spacing, followers=True)
+        self._wide = _Rounds(self, spacing=fanout_spacing, log_readers=True)
 
     def subscribe(
         self,
@@ -290,7 +290,7 @@ class EventBus:
             self._by_owner.setdefault(owner, set()).add(listener)
         elif allow is not None:
             self._everything.add(listener)
-        else:  # a follower: from the newest event on (what it missed is its replay)
+        else:  # a reader: from the newest event on (what it missed is its replay)
             self._move(listener)
         if last_event_id is not None:
             self._replay(listener, last_event_id)
@@ -374,7 +374,7 @@ class EventBus:
                 (wide if listener.owner is None else owners)[listener] = None
             else:
                 self.drop(listener)
-        if self._marks:  # followers: the log, and the bound of the oldest of them
+        if self._marks:  # readers: the log, and the bound of the oldest of them
             self._total += len(wire)
             self._log.append(event)
             self._cum.append(self._total)
@@ -400,7 +400,7 @@ class EventBus:
         listener.put(self._reset(why))
         listener.end(dropped=True)
 
-    # --- the followers' log ---------------------------------------------------------------
+    # --- the log and its readers ---------------------------------------------------------
 
     def _move(self, listener: Listener) -> None:
         """Mark `listener` as written up to the newest event."""
@@ -419,8 +419,8 @@ class EventBus:
                 del self._marks[mark.seq]
                 self._trim()
 
-    def _follow(self, listener: Listener, *, wire: bool = False) -> tuple[list[Event], bytes]:
-        """What follower `listener` has not been sent (its events, or their joined bytes),
+    def _read_log(self, listener: Listener, *, wire: bool = False) -> tuple[list[Event], bytes]:
+        """What reader `listener` has not been sent (its events, or their joined bytes),
         after which it is marked as sent up to the newest event."""
         mark = listener.mark
         assert mark is not None
@@ -445,16 +445,16 @@ class EventBus:
         return events, joined
 
     def _drop_laggards(self) -> None:
-        """Drop the followers past a listener's bound (the oldest first)."""
+        """Drop the readers past a listener's bound (the oldest first)."""
         while self._marks:
             mark = next(iter(self._marks.values()))
             if self.seq - mark.seq <= self.maxsize and self._total - mark.cum <= self.maxbytes:
                 return
             for listener in list(mark.listeners):
-                self.drop(listener)  # unmarks it (the mark goes with its last follower)
+                self.drop(listener)  # unmarks it (the mark goes with its last reader)
 
     def _trim(self) -> None:
-        """Forget the log's events that every follower has been sent."""
+        """Forget the log's events that every reader has been sent."""
         oldest = next(iter(self._marks)) if self._marks else self.seq
         n = oldest - self._base
         if n > 0 and (not self._marks or n >= 64 or n * 2 >= len(self._log)):
@@ -462,8 +462,8 @@ class EventBus:
             del self._cum[:n]
             self._base = oldest
 
-    def followers_behind(self) -> list[Listener]:
-        """The followers with events they have not been sent (for a round)."""
+    def readers_behind(self) -> list[Listener]:
+        """The readers with events they have not been sent (for a round)."""
         out: list[Listener] = []
         for seq, mark in self._marks.items():
             if seq < self.seq:
@@ -489,14 +489,14 @@ class _Rounds:
     load). The period is `coalesce`, or the last round's cost (`spacing` seconds per
     stream written) when that is longer. A round writes `chunk` streams per loop turn
     (fewer when they took over `turn` seconds), so requests waiting for the loop (a
-    submission's 201) go in between. The rounds of `followers` also write every follower
+    submission's 201) go in between. The rounds of `log_readers` also write every reader
     of the bus's log that is behind it.
     """
 
-    def __init__(self, bus: EventBus, spacing: float, followers: bool = False) -> None:
+    def __init__(self, bus: EventBus, spacing: float, log_readers: bool = False) -> None:
         self.bus = bus
         self.spacing = spacing
-        self.followers = followers
+        self.log_readers = log_readers
         self.pending: dict[Listener, None] = {}  # ordered set
         self.round: list[Listener] = []  # what is left of the round in progress
         self.scheduled = False
@@ -506,9 +506,9 @@ class _Rounds:
     def _has_work(self) -> bool:
         if self.pending:
             return True
-        if not self.followers or not self.bus._marks:
+        if not self.log_readers or not self.bus._marks:
             return False
-        return next(iter(self.bus._marks)) < self.bus.seq  # the oldest follower is behind
+        return next(iter(self.bus._marks)) < self.bus.seq  # the oldest reader is behind
 
     def schedule(self) -> None:
         if not self.scheduled and self._has_work():
@@ -528,8 +528,8 @@ class _Rounds:
         self.last_flush = asyncio.get_running_loop().time()
         self.round = list(self.pending)
         self.pending.clear()
-        if self.followers:
-            self.round += self.bus.followers_behind()
+        if self.log_readers:
+            self.round += self.bus.readers_behind()
             self.bus._joined.clear()
         self.last_round = len(self.round)
         self._deliver_some()
