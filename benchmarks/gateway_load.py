@@ -27,6 +27,8 @@ user (their own list: the `(user, created)` index), timed like the submissions.
 
 Errors are any non-2xx answer or a connection error. Everything runs on one machine: the
 load generator shares the CPUs with the gateway (say so when quoting the numbers).
+`--listener-process` opens the listeners in a child process (_sse_crowd.py) instead of
+this one, so that reading many streams does not delay the submissions being timed.
 
     .venv/bin/python benchmarks/gateway_load.py [--quick] [--duration S] [--rate N]
         [--listeners N] [--probes N] [--history N] [--list-rate R] [--json FILE]
@@ -405,6 +407,64 @@ async def release_probes(pool: Pool, port: int, probes: int) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- listeners apart
+
+
+@dataclass
+class Heard:
+    """What one stream of the listener process received (the fields of SSE it counts)."""
+
+    who: str
+    events: int
+    resets: int
+    closed: bool
+    transport: None = None
+
+
+class Crowd:
+    """The SSE listeners' child process (_sse_crowd.py): one line each way on its pipes."""
+
+    def __init__(self, child: asyncio.subprocess.Process) -> None:
+        self.child = child
+        self.pid = child.pid
+
+    @classmethod
+    async def start(cls, port: int, who: list[str], sample: int) -> Crowd:
+        script = Path(__file__).with_name("_sse_crowd.py")
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(script),
+            str(port),
+            json.dumps(who),
+            f"--sample={sample}",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=1 << 28,  # the report is one line of a few MiB
+        )
+        assert child.stdout is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 120)
+        if line.strip() != b"ready":
+            raise SystemExit(f"the listener process did not start: {line!r}")
+        return cls(child)
+
+    async def report(self, lags: list[float]) -> list[Heard]:
+        """Every stream's counts, once the streams are quiet; their lags into `lags`."""
+        assert self.child.stdin is not None and self.child.stdout is not None
+        self.child.stdin.write(b"report\n")
+        await self.child.stdin.drain()
+        got = json.loads(await asyncio.wait_for(self.child.stdout.readline(), 120))
+        lags.extend(got["lags"])
+        return [Heard(w, n, r, c) for w, n, r, c in got["streams"]]
+
+    async def close(self) -> None:
+        assert self.child.stdin is not None
+        self.child.stdin.close()
+        try:
+            await asyncio.wait_for(self.child.wait(), 20)
+        except asyncio.TimeoutError:
+            self.child.kill()
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -427,12 +487,17 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             else:
                 user = who[i % len(who)]
             listeners.append(SSE(user, lags))
-        for i in range(0, len(listeners), 50):
-            await asyncio.gather(*(open_listener(port, s) for s in listeners[i : i + 50]))
+        crowd = None
+        if args.listener_process:
+            crowd = await Crowd.start(port, [s.who for s in listeners], args.sample)
+        else:
+            for i in range(0, len(listeners), 50):
+                await asyncio.gather(*(open_listener(port, s) for s in listeners[i : i + 50]))
         rss_listening = proc_status(proc.pid)
         seq0 = last_seq(db)
         cpu0, wall0 = cpu_seconds(proc.pid), time.perf_counter()
         own0 = time.process_time()
+        crowd0 = cpu_seconds(crowd.pid) if crowd else 0.0
         sys0, at0 = system_cpu()
         load0 = os.getloadavg()[0]
         print(
@@ -444,6 +509,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         submitted_wall = time.perf_counter() - wall0
         window_cpu = cpu_seconds(proc.pid) - cpu0
         own_cpu = time.process_time() - own0
+        crowd_cpu = cpu_seconds(crowd.pid) - crowd0 if crowd else 0.0
         sys1, at1 = system_cpu()
         used = [(b - a) / (at1 - at0) for a, b in zip(sys0, sys1, strict=True)]
         machine_busy = sum(used) - used[3] - used[4]
@@ -451,7 +517,10 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         if load.pending:
             await asyncio.wait(list(load.pending), timeout=60)
         gateway_cpu = cpu_seconds(proc.pid) - cpu0
-        await quiet(listeners)
+        if crowd is not None:
+            listeners = await crowd.report(lags)  # type: ignore[assignment]
+        else:
+            await quiet(listeners)
         seq1 = last_seq(db)
         per_user, total = expected_deliveries(db, seq0, seq1)
         expected = 0
@@ -470,6 +539,8 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for sse in listeners:
             if sse.transport is not None:
                 sse.transport.close()
+        if crowd is not None:
+            await crowd.close()
     finally:
         proc.terminate()
         try:
@@ -524,8 +595,10 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "cpu_share_in_window": {
             "gateway": round(window_cpu / submitted_wall, 2),
             "generator": round(own_cpu / submitted_wall, 2),
+            # the SSE listeners' process (--listener-process; else in the generator's)
+            "listeners": round(crowd_cpu / submitted_wall, 2),
             # everything else on the machine (other jobs, the kernel's own threads)
-            "others": round(machine_busy - (window_cpu + own_cpu) / submitted_wall, 2),
+            "others": round(machine_busy - (window_cpu + own_cpu + crowd_cpu) / submitted_wall, 2),
             "of_which_softirq": round(used[6], 2),  # loopback TCP is mostly softirq
             "steal": round(used[7], 2),
             "idle": round(used[3] + used[4], 2),
@@ -579,6 +652,18 @@ def main(argv: list[str] | None = None) -> int:
         "decision (1: all of them, the fan-out case of issue 40)",
     )
     p.add_argument("--probes", type=int, default=20)
+    p.add_argument(
+        "--listener-process",
+        action="store_true",
+        help="run the SSE listeners in a child process of their own (_sse_crowd.py), so "
+        "reading their events does not make the submissions late",
+    )
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=20,
+        help="with --listener-process: every K-th listener times its events' lag",
+    )
     p.add_argument("--connections", type=int, default=32, help="keep-alive connections")
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")

@@ -6,8 +6,13 @@ admission) with every listener opened by a user with view rights, so each decisi
 to all 1,000 streams. Target: submit p99 under 50 ms. Before issue 40 the bus wrote every
 stream every 10 ms, and the writes took the loop: p99 1,170 ms (21 ms without listeners).
 
+The 1,000 listeners run in a process of their own (`--listener-process`, _sse_crowd.py):
+read in the generator's process they took half a core there and made the submissions
+themselves late by 80-180 ms at p99. `--in-process` puts them back there (the first
+measurements of issue 40 were taken so).
+
     .venv/bin/python benchmarks/sse_fanout.py [--listeners N] [--rate R] [--duration S]
-        [--json FILE] [gateway_load.py's other flags]
+        [--in-process] [--json FILE] [gateway_load.py's other flags]
 
 Prints gateway_load.py's JSON (`sse.streams` holds the gateway's own
 `gpuaas_event_streams` and `gpuaas_event_streams_dropped_total`; `sse.resets_received`
@@ -35,6 +40,10 @@ def main(argv: list[str]) -> int:
     for flag, value in DEFAULTS.items():
         if not any(a == flag or a.startswith(flag + "=") for a in args):
             args += [flag, value]
+    if "--in-process" in args:  # the listeners in the generator's own process, as before
+        args.remove("--in-process")
+    elif "--listener-process" not in args:
+        args.append("--listener-process")
     return gateway_load.main(args)
 
 

@@ -2,23 +2,31 @@
 
 The arbiter publishes only after the transaction that recorded a decision committed, so a
 listener never hears of a state the database might not have. Each listener has its own
-bounded buffer and sees what its caller may see: a listener bound to an `owner` hears the
+bounded backlog and sees what its caller may see: a listener bound to an `owner` hears the
 events about that user's requests (and those about no request); one without an owner hears
 everything its `allow` filter passes (viewers and admins: everything). Owners are indexed,
 so publishing an event costs the listeners that get it, not all of them. An event is
 encoded once, whoever hears it. A listener that falls too far behind is dropped rather than
-letting memory grow without bound: its buffer is bounded in events and in bytes, and a
+letting memory grow without bound: its backlog is bounded in events and in bytes, and a
 listener over either bound is handed one `reset` event and its stream ends (it reconnects
 and re-reads state from `GET api/requests`), so a slow client never slows the decision
 loop nor holds more than its bound.
 
+The streams that hear everything unfiltered (viewers' and admins': "log readers") hold no
+buffer of their own: the bus keeps one log of the last events' bytes and each reader
+only the sequence number it was last written up to. Publishing an event costs them
+nothing each (a thousand of them cost what one does); a round hands each reader the
+bytes from its number to the newest, joined once for all the readers at the same number
+(after a round, all of them). The bound is kept in the same terms: the readers at the
+oldest number are dropped when the log past it exceeds a listener's bound.
+
 Writing to a stream costs the loop tens of microseconds, so with a thousand streams that
 hear every event (viewers') a round of writes takes tens of milliseconds. Their rounds are
 spaced by their own cost (`fanout_spacing` seconds per stream written in the last round,
-150 µs: a fraction of the loop for writes however many such streams there are), so
-submissions keep their answers' latency and those streams their events, only later and
-in bigger writes (one joined write shared by all of them). An owner's stream (a holder's)
-has rounds of its own, every `coalesce` seconds, and hears of its admission at once.
+250 µs: with 1,000 such streams a round every 250 ms, at most 4,000 writes a second however
+many there are), so submissions keep their answers' latency and those streams their
+events, only later and in bigger writes. An owner's stream (a holder's) has rounds of its
+own, every `coalesce` seconds, and hears of its admission at once.
 
 Every event carries an SSE `id:` (`<boot>-<sequence>`; `boot` is random per gateway
 process). The bus keeps the last `replay_window` events, as their encoded bytes and owner
@@ -42,6 +50,7 @@ import logging
 import math
 import re
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -102,12 +111,13 @@ Filter = Callable[[Event], bool]
 
 
 class Listener:
-    """One stream: events buffer in `pending` and `deliver()` is called to send them.
+    """One stream: events wait in `pending` (or, for a log reader, in the bus's log) and
+    `deliver()` is called to send them.
 
-    The bus calls `deliver` once per `coalesce` period for each listener that got events
-    (every event published meanwhile in one write), not once per event, and nothing waits
-    on a task per listener. `ready` wakes the stream's handler only to end it (closed,
-    dropped) or for its keepalive timer.
+    The bus calls `deliver` once per round for each listener that has events (every event
+    published meanwhile in one write), not once per event, and nothing waits on a task per
+    listener. `ready` wakes the stream's handler only to end it (closed, dropped) or for
+    its keepalive timer.
     """
 
     def __init__(
@@ -117,6 +127,7 @@ class Listener:
         maxsize: int,
         owner: str | None = None,
         maxbytes: int = 1 << 20,
+        bus: EventBus | None = None,
     ) -> None:
         self.deliver = deliver
         self.allow = allow
@@ -128,10 +139,21 @@ class Listener:
         self.ready = asyncio.Event()
         self.dropped = False
         self.closed = False
+        # A log reader reads the bus's log from `mark` (the sequence number it was last
+        # written up to) instead of having events put in `pending` one by one.
+        self.bus = bus
+        self.mark: _Mark | None = None
 
     @property
     def ended(self) -> bool:
         return self.closed or self.dropped
+
+    @property
+    def behind(self) -> bool:
+        """Whether anything waits to be sent to it."""
+        return bool(self.pending) or (
+            self.mark is not None and self.bus is not None and self.mark.seq < self.bus.seq
+        )
 
     def put(self, event: Event) -> bool:
         """Buffer an event; False when the listener is too far behind (drop it)."""
@@ -143,9 +165,23 @@ class Listener:
         return True
 
     def take(self) -> list[Event]:
+        """Everything it has not been sent, in order; from now on it is sent."""
         events, self.pending = self.pending, []
         self.pending_bytes = 0
+        if self.mark is not None and self.bus is not None:
+            events += self.bus._read_log(self)[0]
         return events
+
+    def take_wire(self) -> bytes:
+        """The same as one write's bytes: a reader's shared with every reader that was
+        at the same point (one bytes object, not one per stream)."""
+        head = b"".join(e.wire for e in self.pending) if self.pending else b""
+        self.pending = []
+        self.pending_bytes = 0
+        if self.mark is None or self.bus is None:
+            return head
+        wire = self.bus._read_log(self, wire=True)[1]
+        return head + wire if head else wire
 
     def end(self, *, dropped: bool = False) -> None:
         self.dropped = self.dropped or dropped
@@ -168,15 +204,29 @@ class Listener:
         return self.ended
 
 
+class _Mark:
+    """The readers that were written up to the event `seq` (`cum`: the log's running
+    byte count after it)."""
+
+    __slots__ = ("cum", "listeners", "seq")
+
+    def __init__(self, seq: int, cum: int) -> None:
+        self.seq = seq
+        self.cum = cum
+        self.listeners: set[Listener] = set()
+
+
 class EventBus:
     """Fans events out to listeners.
 
     Deliveries are batched in time: a listener's stream is written at most once per
-    `coalesce` seconds (every event published meanwhile in one write). Under load that
-    divides the writes to 500 streams several times over for a few ms of delay. After a
-    quiet period the first events go out on the loop's next turn, not a period later: a
-    holder waiting for its admission hears of it at once (the events of one operation
-    still go together, published before the loop turns).
+    `coalesce` seconds (every event published meanwhile in one write), a reader's at
+    most once per `fanout_spacing` x the readers written in the last round. Under load
+    that divides the writes to many streams several times over for a few ms of delay
+    (owners') or a fraction of a second (readers'). After a quiet period the first
+    events go out on the loop's next turn, not a period later: a holder waiting for its
+    admission hears of it at once (the events of one operation still go together,
+    published before the loop turns).
     """
 
     def __init__(
@@ -184,31 +234,38 @@ class EventBus:
         maxsize: int = 1000,
         coalesce: float = 0.01,
         chunk: int = 50,
+        turn: float = 0.002,
         replay_window: int = 10_000,
         maxbytes: int = 1 << 20,
-        fanout_spacing: float = 150e-6,
+        fanout_spacing: float = 250e-6,
     ) -> None:
         self.maxsize = maxsize
         self.maxbytes = maxbytes
         self.coalesce = coalesce
         self.chunk = chunk
+        self.turn = turn  # seconds of writes a loop turn, at most
         self.dropped = 0  # listeners dropped for falling behind, since start
         self.boot = secrets.token_hex(4)
         self.seq = 0
         # (seq, name, owner, wire) of the last `replay_window` events
         self.window: deque[tuple[int, str, str | None, bytes]] = deque(maxlen=replay_window)
         self.listeners: set[Listener] = set()
-        self._everything: set[Listener] = set()  # no owner: filtered by `allow`
+        self._everything: set[Listener] = set()  # no owner, a filter: `allow` each event
         self._by_owner: dict[str, set[Listener]] = {}
+        # The readers' log: the events after `_base` (their running byte count in `_cum`,
+        # `_total` after the newest), and the readers by the point they were written up
+        # to, oldest first (a reader only ever moves to the newest point).
+        self._log: list[Event] = []
+        self._cum: list[int] = []
+        self._base = 0
+        self._total = 0
+        self._marks: dict[int, _Mark] = {}
+        self._joined: dict[tuple[int, int], bytes] = {}  # (from, to): the bytes, per round
         # Listeners with events to write, in two classes with rounds of their own: the
         # owners' streams every `coalesce` seconds (a holder hears of its admission at
         # once), the streams that hear everything spaced by the cost of their last round.
         self._owners = _Rounds(self, spacing=0.0)
-        self._wide = _Rounds(self, spacing=fanout_spacing)
-        # The bytes of a batch of events, by (first, last, count), for the round: streams
-        # that hear the same events (every viewer's) share one joined write.
-        # (The batch holds its first and last events: their ids cannot be reused meanwhile.)
-        self._batches: dict[tuple[int, int, int], tuple[Event, Event, bytes]] = {}
+        self._wide = _Rounds(self, spacing=fanout_spacing, log_readers=True)
 
     def subscribe(
         self,
@@ -227,12 +284,14 @@ class EventBus:
         """
         if last_event_id is not None:
             last_event_id = check_last_event_id(last_event_id)
-        listener = Listener(deliver, allow, self.maxsize, owner, self.maxbytes)
+        listener = Listener(deliver, allow, self.maxsize, owner, self.maxbytes, self)
         self.listeners.add(listener)
-        if owner is None:
-            self._everything.add(listener)
-        else:
+        if owner is not None:
             self._by_owner.setdefault(owner, set()).add(listener)
+        elif allow is not None:
+            self._everything.add(listener)
+        else:  # a reader: from the newest event on (what it missed is its replay)
+            self._move(listener)
         if last_event_id is not None:
             self._replay(listener, last_event_id)
         return listener
@@ -284,6 +343,7 @@ class EventBus:
         self.listeners.discard(listener)
         self._everything.discard(listener)
         self._rounds_of(listener).pending.pop(listener, None)
+        self._unmark(listener)
         if listener.owner is not None:
             mine = self._by_owner.get(listener.owner)
             if mine is not None:
@@ -294,8 +354,9 @@ class EventBus:
     def publish(self, event: Event) -> None:
         self.seq += 1
         event = dataclasses.replace(event, id=f"{self.boot}-{self.seq}")
+        wire = event.wire
         if self.window.maxlen:
-            self.window.append((self.seq, event.name, event.user, event.wire))
+            self.window.append((self.seq, event.name, event.user, wire))
         # Owners' streams first: a holder waiting for its admission is written before the
         # viewers' streams of the same round.
         if event.user is None:
@@ -313,6 +374,13 @@ class EventBus:
                 (wide if listener.owner is None else owners)[listener] = None
             else:
                 self.drop(listener)
+        if self._marks:  # readers: the log, and the bound of the oldest of them
+            self._total += len(wire)
+            self._log.append(event)
+            self._cum.append(self._total)
+            self._drop_laggards()
+        else:  # nobody reads the log: it starts after this event
+            self._base = self.seq
         self._schedule()
 
     def drop(self, listener: Listener) -> None:
@@ -320,35 +388,91 @@ class EventBus:
         `reset` (its stream sends it and ends; the client relists), so it holds nothing
         more and the loop spends nothing more on it."""
         self.dropped += 1
-        log.warning(
-            "dropping a slow event listener (%d events, %d bytes behind)",
-            len(listener.pending),
-            listener.pending_bytes,
-        )
+        behind = len(listener.pending)
+        held = listener.pending_bytes
+        if listener.mark is not None:
+            behind += self.seq - listener.mark.seq
+            held += self._total - listener.mark.cum
+        log.warning("dropping a slow event listener (%d events, %d bytes behind)", behind, held)
         self.unsubscribe(listener)
         listener.take()
-        behind = "the stream fell too far behind (its client did not read fast enough)"
-        listener.put(self._reset(behind))
+        why = "the stream fell too far behind (its client did not read fast enough)"
+        listener.put(self._reset(why))
         listener.end(dropped=True)
+
+    # --- the log and its readers ---------------------------------------------------------
+
+    def _move(self, listener: Listener) -> None:
+        """Mark `listener` as written up to the newest event."""
+        self._unmark(listener)
+        mark = self._marks.get(self.seq)
+        if mark is None:
+            mark = self._marks[self.seq] = _Mark(self.seq, self._total)
+        mark.listeners.add(listener)
+        listener.mark = mark
+
+    def _unmark(self, listener: Listener) -> None:
+        mark, listener.mark = listener.mark, None
+        if mark is not None:
+            mark.listeners.discard(listener)
+            if not mark.listeners:
+                del self._marks[mark.seq]
+                self._trim()
+
+    def _read_log(self, listener: Listener, *, wire: bool = False) -> tuple[list[Event], bytes]:
+        """What reader `listener` has not been sent (its events, or their joined bytes),
+        after which it is marked as sent up to the newest event."""
+        mark = listener.mark
+        assert mark is not None
+        start, end = mark.seq, self.seq
+        if start == end:
+            return [], b""
+        first = start - self._base  # index in the log of the event after `start`
+        events: list[Event] = []
+        joined = b""
+        if not wire:
+            events = self._log[first : end - self._base]
+        else:
+            key = (start, end)
+            joined = self._joined.get(key, b"")
+            if not joined:
+                if end - start == 1:
+                    joined = self._log[first].wire
+                else:
+                    joined = b"".join(e.wire for e in self._log[first : end - self._base])
+                self._joined[key] = joined
+        self._move(listener)  # (after reading: the log may forget what it was behind)
+        return events, joined
+
+    def _drop_laggards(self) -> None:
+        """Drop the readers past a listener's bound (the oldest first)."""
+        while self._marks:
+            mark = next(iter(self._marks.values()))
+            if self.seq - mark.seq <= self.maxsize and self._total - mark.cum <= self.maxbytes:
+                return
+            for listener in list(mark.listeners):
+                self.drop(listener)  # unmarks it (the mark goes with its last reader)
+
+    def _trim(self) -> None:
+        """Forget the log's events that every reader has been sent."""
+        oldest = next(iter(self._marks)) if self._marks else self.seq
+        n = oldest - self._base
+        if n > 0 and (not self._marks or n >= 64 or n * 2 >= len(self._log)):
+            del self._log[:n]
+            del self._cum[:n]
+            self._base = oldest
+
+    def readers_behind(self) -> list[Listener]:
+        """The readers with events they have not been sent (for a round)."""
+        out: list[Listener] = []
+        for seq, mark in self._marks.items():
+            if seq < self.seq:
+                out.extend(mark.listeners)
+        return out
 
     def _schedule(self) -> None:
         self._owners.schedule()
         self._wide.schedule()
-
-    def encode(self, listener: Listener, events: list[Event]) -> bytes:
-        """The bytes of `events` for `listener` in one write: joined once per round for
-        the streams that hear everything (a run of theirs from one event to another is
-        every event between: the same bytes)."""
-        if len(events) == 1:
-            return events[0].wire
-        if listener.owner is not None or listener.allow is not None:
-            return b"".join(e.wire for e in events)
-        first, last = events[0], events[-1]
-        key = (id(first), id(last), len(events))
-        batch = self._batches.get(key)
-        if batch is None or batch[0] is not first or batch[1] is not last:
-            batch = self._batches[key] = (first, last, b"".join(e.wire for e in events))
-        return batch[2]
 
     def close(self) -> None:
         """Wake every listener so its handler can finish (on shutdown)."""
@@ -363,20 +487,31 @@ class _Rounds:
     A round begins `period` after the last one began: at once when that is past (a lone
     event is not held back), else when it ends (one write per stream per period under
     load). The period is `coalesce`, or the last round's cost (`spacing` seconds per
-    stream written) when that is longer. A round writes `chunk` streams per loop turn,
-    so requests waiting for the loop (a submission's 201) go in between.
+    stream written) when that is longer. A round writes `chunk` streams per loop turn
+    (fewer when they took over `turn` seconds), so requests waiting for the loop (a
+    submission's 201) go in between. The rounds of `log_readers` also write every reader
+    of the bus's log that is behind it.
     """
 
-    def __init__(self, bus: EventBus, spacing: float) -> None:
+    def __init__(self, bus: EventBus, spacing: float, log_readers: bool = False) -> None:
         self.bus = bus
         self.spacing = spacing
+        self.log_readers = log_readers
         self.pending: dict[Listener, None] = {}  # ordered set
+        self.round: list[Listener] = []  # what is left of the round in progress
         self.scheduled = False
         self.last_flush = -math.inf  # the loop's time when the last round began
         self.last_round = 0  # streams written in the last round
 
+    def _has_work(self) -> bool:
+        if self.pending:
+            return True
+        if not self.log_readers or not self.bus._marks:
+            return False
+        return next(iter(self.bus._marks)) < self.bus.seq  # the oldest reader is behind
+
     def schedule(self) -> None:
-        if self.pending and not self.scheduled:
+        if not self.scheduled and self._has_work():
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no loop (nobody is listening yet)
@@ -391,22 +526,34 @@ class _Rounds:
 
     def flush(self) -> None:
         self.last_flush = asyncio.get_running_loop().time()
-        self.last_round = len(self.pending)
-        if self.spacing:
-            self.bus._batches.clear()
+        self.round = list(self.pending)
+        self.pending.clear()
+        if self.log_readers:
+            self.round += self.bus.readers_behind()
+            self.bus._joined.clear()
+        self.last_round = len(self.round)
         self._deliver_some()
 
     def _deliver_some(self) -> None:
-        listeners = list(self.pending)[: self.bus.chunk]
-        for listener in listeners:
-            del self.pending[listener]
+        # At most `chunk` streams and `turn` seconds a loop turn: on a busy machine a
+        # write can take far longer than its CPU time, and a submission waiting for the
+        # loop should wait for one short turn, not for 50 slow writes.
+        chunk, self.round = self.round[: self.bus.chunk], self.round[self.bus.chunk :]
+        until = time.perf_counter() + self.bus.turn
+        for i, listener in enumerate(chunk):
+            if listener.ended:
+                continue
             try:
                 listener.deliver()
             except Exception:
                 log.exception("event delivery failed")
                 self.bus.unsubscribe(listener)
                 listener.end()
-        if self.pending:
+            if time.perf_counter() > until:
+                self.round[:0] = chunk[i + 1 :]
+                break
+        if self.round:
             asyncio.get_running_loop().call_soon(self._deliver_some)
         else:
             self.scheduled = False
+            self.schedule()  # what was published during the round

@@ -216,3 +216,37 @@ async def test_a_last_event_id_that_is_no_id_registers_no_listener() -> None:
             bus.subscribe(lambda: None, last_event_id=bad)
     assert not bus.listeners
     assert check_last_event_id(" 0000-7 ") == "0000-7"  # well-formed: a reset, not an error
+
+
+async def test_streams_that_hear_everything_share_one_write_and_a_late_one_misses_nothing() -> None:
+    """Streams that hear everything read one log of the bus: a round hands every stream
+    that was at the same point the same bytes (one object, encoded once, not one per
+    stream); one whose last write was still in flight gets everything since its point, in
+    order, when it takes; the log then keeps nothing that every stream has been sent."""
+    from jupyter_gpuaas.gateway.events import Event, EventBus, Listener
+
+    bus = EventBus(coalesce=0.01, fanout_spacing=0.0)
+    writes: dict[int, list[bytes]] = {i: [] for i in range(3)}
+    busy = {2}  # stream 2's write is in flight: it takes nothing until it completes
+    streams: dict[int, Listener] = {}
+
+    def deliver(i: int) -> None:
+        if i not in busy:
+            writes[i].append(streams[i].take_wire())
+
+    for i in range(3):
+        streams[i] = bus.subscribe(lambda i=i: deliver(i))
+    bus.publish(Event("a", {"t": 0.0}))
+    bus.publish(Event("b", {"t": 0.0}, user="alice"))  # about alice's request: viewers too
+    await asyncio.sleep(0.05)
+    assert writes[0][0] is writes[1][0]  # one joined bytes object for both streams
+    assert writes[0][0].count(b"\nevent: ") == 2 and writes[2] == []
+    bus.publish(Event("c", {"t": 1.0}))
+    await asyncio.sleep(0.05)
+    assert [w.count(b"\nevent: ") for w in writes[0]] == [2, 1]
+    busy.clear()
+    late = streams[2].take()
+    assert [e.name for e in late] == ["a", "b", "c"]
+    assert [e.id for e in late] == [f"{bus.boot}-{n}" for n in (1, 2, 3)]
+    assert not streams[2].behind and not streams[0].behind
+    assert bus._log == []  # every stream was sent everything: nothing kept for them
