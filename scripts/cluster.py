@@ -357,7 +357,12 @@ def _kueue_config(
         "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(certs)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
-        "integrations": {"frameworks": ["batch/job", "pod"]},
+        # Who submitted a job, and what it is, from its labels onto its Workload (the
+        # gateway's Kueue mode shows them: kubeapi/workloads.py).
+        "integrations": {
+            "frameworks": ["batch/job", "pod"],
+            "labelKeysToCopy": ["gpuaas.jupyter.org/user", "gpuaas.jupyter.org/kind"],
+        },
         "managedJobsNamespaceSelector": SYSTEM_NAMESPACES_OUT,
         "visibilityServer": {"bindAddress": "127.0.0.1", "bindPort": visibility_port},
     }

@@ -98,6 +98,13 @@ class GatewayStartup:
             raise StartupError(f"--db-url: cannot open the store: {describe(e)}") from None
         from jupyter_gpuaas.admission.config import SpecError
 
+        kueue = None
+        if self.admission == "kueue":
+            from ..kubeapi.workloads import WorkloadWatch
+            from .kueue_engine import KueueEngine
+
+            watch = WorkloadWatch(namespace=self.kueue_namespace)
+            kueue = KueueEngine(watch, interval=self.kueue_interval)
         try:
             self.arbiter = Arbiter(
                 quotas=quotas,
@@ -114,6 +121,7 @@ class GatewayStartup:
                 lock_timeout=self.store_lock_timeout,
                 retention=self.history_retention,
                 store_timeout=self.store_timeout,
+                kueue=kueue,
             )
         except SpecError as e:
             raise StartupError(f"--quotas {self.quotas}: {e}") from None

@@ -1,0 +1,223 @@
+"""Kueue mode (`--admission kueue`, issue 42 item 2) on the REAL control plane: the real
+Kueue 0.19 controller decides, the gateway follows its Workloads and shows them.
+
+One test's own quota (a ResourceFlavor, ClusterQueue and LocalQueue that
+`jupyter-gpuaas kueue manifests` prints for a quota file of one tenant with one GPU, on a
+KWOK Node of the test's flavor), and Jobs created with kubectl, outside jupyter-gpuaas, in
+the tenant's LocalQueue: the first is admitted by Kueue, the second waits with Kueue's
+reason in words and its position from Kueue's visibility API, is admitted when the first
+Job is deleted, and finishes when KWOK completes its pod. The store is read back through
+`api/requests` (the gateway answers from it), and the event stream tells the same story.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import wait_until
+from kubefix import TOKENS
+from kubeutil import KubeOnCluster, start_gateway
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from traitlets.config import Config
+
+pytestmark = pytest.mark.asyncio
+
+HEADERS = {"Authorization": f"token {TOKENS['root']}"}
+
+
+def job(name: str, queue: str, *, user: str | None = None, seconds: int | None = None) -> Any:
+    """A batch/v1 Job of one pod asking for one GPU, in Kueue's queue `queue` (a Job as a
+    person writes it for kubectl; KWOK completes its pod after `seconds`)."""
+    labels = {"kueue.x-k8s.io/queue-name": queue}
+    if user is not None:
+        labels["gpuaas.jupyter.org/user"] = user
+    pod_notes = {}
+    if seconds is not None:
+        pod_notes["pod-complete.stage.kwok.x-k8s.io/delay"] = f"{seconds}s"
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": pod_notes},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "python:3.12",
+                            "resources": {
+                                "requests": {"nvidia.com/gpu": "1"},
+                                "limits": {"nvidia.com/gpu": "1"},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+async def requests_of(url: str) -> dict[str, dict[str, Any]]:
+    resp = await AsyncHTTPClient().fetch(url + "api/requests?limit=100", headers=HEADERS)
+    body = json.loads(resp.body)
+    items = body["requests"] if isinstance(body, dict) else body
+    return {r["name"]: r for r in items if r.get("name")}
+
+
+async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
+    kube: KubeOnCluster, tmp_path: Path
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    flavor, tenant = f"kq-gpu-{tag}", f"kq-team-{tag}"
+    # The test's own node of its own flavor: only this test's Jobs fit there.
+    node = f"kq-node-{tag}"
+    kube.add_node(
+        node,
+        labels={"gpuaas.jupyter.org/flavor": flavor},
+        allocatable={"nvidia.com/gpu": "1"},
+        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+    )
+    quotas = {
+        "flavors": {flavor: {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {tenant: {"quota": {flavor: 1}}},
+        "policy": {"idle_timeout": 0, "reservation_ttl": 0},
+    }
+    qfile = tmp_path / "kq.yaml"
+    qfile.write_text(yaml.safe_dump(quotas))
+    cli = [sys.executable, "-m", "jupyter_gpuaas.cli", "kueue", "manifests", str(qfile)]
+    printed = subprocess.run(
+        [*cli, "--namespace", kube.namespace],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    objects = [o for o in yaml.safe_load_all(printed) if o]
+    assert [o["kind"] for o in objects] == ["ResourceFlavor", "ClusterQueue", "LocalQueue"]
+    kube.cluster.apply(objects)
+
+    config = Config()
+    config.GatewayApp.admission = "kueue"
+    config.GatewayApp.kueue_namespace = kube.namespace
+    config.GatewayApp.kueue_interval = 0.3
+    gw = await start_gateway(
+        tmp_path, quotas=quotas, devices=f"simulated:{flavor}=1x1", config=config
+    )
+    events: list[dict[str, Any]] = []
+    listening = asyncio.get_running_loop().create_task(listen(gw.url, events))
+    try:
+        # The first Job takes the tenant's one GPU (it would run for an hour).
+        kube.cluster.apply([job("first", tenant, seconds=3600)], "-n", kube.namespace)
+        first = await wait_until(
+            lambda: admitted(gw.url, "first"), timeout=60, what="the first Job admitted"
+        )
+        assert first["user"] == "outside jupyter-gpuaas"
+        assert first["tenant"] == tenant and first["kind"] == "job" and first["gpus"] == 1
+        assert first["grant"]["flavor"] == flavor
+        # The node comes from the Job's pod, once the real scheduler bound it.
+        await wait_until(
+            lambda: field_is(gw.url, "first", lambda r: r["grant"]["node"] == node),
+            timeout=60,
+            what="the first Job's node",
+        )
+
+        # The second waits: Kueue's reason in words, its place from the visibility API.
+        kube.cluster.apply([job("second", tenant, user="carol", seconds=1)], "-n", kube.namespace)
+
+        def reasoned(r: dict[str, Any]) -> bool:
+            return r["state"] == "queued" and (r.get("waiting_for") or {}).get("kind") == "quota"
+
+        second = await wait_until(
+            lambda: field_is(gw.url, "second", reasoned), timeout=60, what="second's reason"
+        )
+        assert second["user"] == "carol"
+        message = second["waiting_for"]["message"]
+        assert f"all of {tenant}'s {flavor} quota is in use: 1 more GPU" in message, message
+        engine = gw.arbiter.kueue
+        await wait_until(lambda: second["id"] in engine.positions, what="a visible position")
+        second = await wait_until(
+            lambda: field_is(gw.url, "second", lambda r: r["position"] is not None),
+            timeout=30,
+            what="second's position",
+        )
+        assert second["position"]["tenant"] == 1 and second["position"]["of"] == 1
+        assert engine.visibility == "answers"
+        # What Kueue decides, the API does not: a cancel is refused in words.
+        with pytest.raises(HTTPClientError) as refused:
+            await AsyncHTTPClient().fetch(
+                gw.url + f"api/requests/{second['id']}", method="DELETE", headers=HEADERS
+            )
+        assert refused.value.code == 409
+
+        # The first Job deleted: its request ends, and the real Kueue admits the second.
+        kube.cluster.kubectl("delete", "job", "first", "-n", kube.namespace, "--wait=false")
+        await wait_until(
+            lambda: field_is(gw.url, "first", lambda r: r["state"] == "finished"),
+            timeout=60,
+            what="the first request finished",
+        )
+        second = await wait_until(
+            lambda: admitted(gw.url, "second"), timeout=60, what="the second Job admitted"
+        )
+        assert second["grant"]["flavor"] == flavor
+        # KWOK completes its pod; the Job controller the Job; Kueue the Workload.
+        second = await wait_until(
+            lambda: field_is(gw.url, "second", lambda r: r["state"] == "finished"),
+            timeout=60,
+            what="the second request finished",
+        )
+        assert "Succeeded" in (second["reason"] or "")
+
+        # The event stream heard the same story, in the order it was committed.
+        def story() -> list[str]:
+            rid = second["id"]
+            return [e["event"] for e in events if e.get("id") == rid]
+
+        await wait_until(lambda: story()[-1:] == ["finish"], what="the stream's finish")
+        assert story() == ["submit", "admit", "finish"]
+    finally:
+        listening.cancel()
+        await gw.stop_server()
+        kube.cluster.kubectl(
+            "delete", "clusterqueue", tenant, "resourceflavor", flavor, "--wait=false", check=False
+        )
+
+
+async def field_is(url: str, name: str, test: Any) -> dict[str, Any] | None:
+    """The request of Job `name` (named "Job <name> (<namespace>)") when `test` holds."""
+    items = await requests_of(url)
+    found = next((r for n, r in items.items() if n.startswith(f"Job {name} (")), None)
+    return found if found is not None and test(found) else None
+
+
+async def admitted(url: str, name: str) -> dict[str, Any] | None:
+    return await field_is(url, name, lambda r: r["state"] == "admitted")
+
+
+async def listen(url: str, into: list[dict[str, Any]]) -> None:
+    """The gateway's event stream (SSE), every event's data appended to `into`."""
+    buffer = b""
+
+    def chunk(data: bytes) -> None:
+        nonlocal buffer
+        buffer += data
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            for line in block.decode().splitlines():
+                if line.startswith("data:"):
+                    into.append(json.loads(line[5:]))
+
+    await AsyncHTTPClient().fetch(
+        url + "api/events", headers=HEADERS, streaming_callback=chunk, request_timeout=0
+    )
