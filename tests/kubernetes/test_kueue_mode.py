@@ -6,8 +6,11 @@ One test's own quota (a ResourceFlavor, ClusterQueue and LocalQueue that
 KWOK Node of the test's flavor), and Jobs created with kubectl, outside jupyter-gpuaas, in
 the tenant's LocalQueue: the first is admitted by Kueue, the second waits with Kueue's
 reason in words and its position from Kueue's visibility API, is admitted when the first
-Job is deleted, and finishes when KWOK completes its pod. The store is read back through
-`api/requests` (the gateway answers from it), and the event stream tells the same story.
+Job is deleted, and finishes when KWOK completes its pod. Then a GPU kernel's pod as our
+builder makes it in Kueue mode (its LocalQueue label) goes through Kueue's pod integration:
+gated, admitted, bound by the real scheduler, and ended when deleted. The store is read
+back through `api/requests` (the gateway answers from it), and the event stream tells the
+same story.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from kubefix import TOKENS
 from kubeutil import KubeOnCluster, start_gateway
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets.config import Config
+
+from jupyter_gpuaas.kubernetes.kernel_pods import kernel_pod_manifest
 
 pytestmark = pytest.mark.asyncio
 
@@ -186,6 +191,43 @@ async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
 
         await wait_until(lambda: story()[-1:] == ["finish"], what="the stream's finish")
         assert story() == ["submit", "admit", "finish"]
+
+        # A GPU kernel's pod as our builder makes it in Kueue mode: Kueue's pod integration
+        # gates it, admits it, the scheduler binds it; deleted, its request ends.
+        pod = kernel_pod_manifest(
+            name=f"kernel-{tag}",
+            kernel_id=tag,
+            user="alice",
+            command=["python", "-m", "ipykernel_launcher"],
+            image="quay.io/jupyter/pytorch-notebook",
+            request={"gpus": 1, "tenant": tenant, "flavor": flavor, "grant": None},
+            flavors={flavor: {"node_selector": {"gpuaas.jupyter.org/flavor": flavor}}},
+            queue=tenant,
+        )
+        pod["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+        kube.cluster.apply([pod], "-n", kube.namespace)
+        kernel = await wait_until(
+            lambda: admitted(gw.url, f"kernel-{tag}", kind="Pod"),
+            timeout=60,
+            what="the kernel pod admitted",
+        )
+        assert (kernel["user"], kernel["kind"], kernel["tenant"]) == ("alice", "kernel", tenant)
+        assert kernel["grant"]["flavor"] == flavor
+        await wait_until(
+            lambda: field_is(
+                gw.url, f"kernel-{tag}", lambda r: r["grant"]["node"] == node, kind="Pod"
+            ),
+            timeout=60,
+            what="the kernel pod bound",
+        )
+        kube.cluster.kubectl("delete", "pod", f"kernel-{tag}", "-n", kube.namespace, "--wait=false")
+        await wait_until(
+            lambda: field_is(
+                gw.url, f"kernel-{tag}", lambda r: r["state"] == "finished", kind="Pod"
+            ),
+            timeout=60,
+            what="the kernel's request finished",
+        )
     finally:
         listening.cancel()
         await gw.stop_server()
@@ -194,15 +236,16 @@ async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
         )
 
 
-async def field_is(url: str, name: str, test: Any) -> dict[str, Any] | None:
-    """The request of Job `name` (named "Job <name> (<namespace>)") when `test` holds."""
+async def field_is(url: str, name: str, test: Any, kind: str = "Job") -> dict[str, Any] | None:
+    """The request of the Job (or Pod) `name`, named "<kind> <name> (<namespace>)" by the
+    gateway, when `test` holds."""
     items = await requests_of(url)
-    found = next((r for n, r in items.items() if n.startswith(f"Job {name} (")), None)
+    found = next((r for n, r in items.items() if n.startswith(f"{kind} {name} (")), None)
     return found if found is not None and test(found) else None
 
 
-async def admitted(url: str, name: str) -> dict[str, Any] | None:
-    return await field_is(url, name, lambda r: r["state"] == "admitted")
+async def admitted(url: str, name: str, kind: str = "Job") -> dict[str, Any] | None:
+    return await field_is(url, name, lambda r: r["state"] == "admitted", kind)
 
 
 async def listen(url: str, into: list[dict[str, Any]]) -> None:
