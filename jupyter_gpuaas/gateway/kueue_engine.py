@@ -44,7 +44,13 @@ from typing import TYPE_CHECKING, Any
 from jupyter_gpuaas.admission.model import TERMINAL, Decision, Request, State
 from jupyter_gpuaas.admission.views import Position
 
-from ..kubeapi.workloads import WorkloadChange, WorkloadView, WorkloadWatch, waiting_words
+from ..kubeapi.workloads import (
+    WorkloadChange,
+    WorkloadView,
+    WorkloadWatch,
+    eviction_words,
+    waiting_words,
+)
 from .leader import NotLeader
 from .loops import Conflict
 
@@ -335,7 +341,7 @@ class KueueEngine:
             # Kueue took the quota back (Evicted: Preempted, a lost node, ...) and
             # requeued the Workload: the job starts again once admitted again.
             req.preemptions += 1
-            why = view.evicted or "evicted by Kueue"
+            why = eviction_words(view.queue, view.evicted)
             out.append(Decision(now, "preempt", rid, {"by": "kueue", "reason": why}))
             req.state = State.QUEUED
             req.assigned_flavor = None

@@ -211,6 +211,36 @@ def waiting_words(queue: str, reason: str, message: str) -> tuple[str, str]:
     return "fifo", "waiting for its turn in Kueue's queue"
 
 
+# Why Kueue preempted (pkg/scheduler/preemption `HumanReadablePreemptionReasons`, in the
+# Evicted condition's message), and its other reasons for evicting, in words.
+_PREEMPTED_FOR = (
+    ("prioritization in the ClusterQueue", "for a workload of higher priority in {queue}"),
+    ("reclamation within the cohort", "because its cohort took back quota {queue} borrowed"),
+    ("Fair Sharing within the cohort", "to share its cohort fairly"),
+)
+_EVICTED_FOR = {
+    "PodsReadyTimeout": "its pods did not start in time",
+    "InactiveWorkload": "it was deactivated",
+    "ClusterQueueStopped": "its queue was stopped by an admin",
+    "LocalQueueStopped": "its queue was stopped by an admin",
+    "NodeFailures": "a node it ran on failed",
+}
+
+
+def eviction_words(queue: str, evicted: str) -> str:
+    """A Workload's eviction (`WorkloadView.evicted`: "Reason: message") in words."""
+    reason, _, message = evicted.partition(": ")
+    if reason == "Preempted":
+        for said, words in _PREEMPTED_FOR:
+            if said in message:
+                return "preempted by Kueue " + words.format(queue=queue)
+        return "preempted by Kueue"
+    why = _EVICTED_FOR.get(reason)
+    if why is not None:
+        return f"evicted by Kueue: {why}"
+    return f"evicted by Kueue ({reason or 'no reason given'})"
+
+
 @dataclass(frozen=True)
 class WorkloadChange:
     """A Workload added or changed (`view`), or deleted (`view` as last seen, `gone`)."""

@@ -81,44 +81,67 @@ async def requests_of(url: str) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in items if r.get("name")}
 
 
+class KueueQuota:
+    """One test's own Kueue quota: a flavor on a KWOK Node of its own (only the test's
+    jobs fit there), a tenant of one GPU, and the objects `jupyter-gpuaas kueue manifests`
+    prints for them, applied to the real API server."""
+
+    def __init__(self, kube: KubeOnCluster, tmp_path: Path, **tenant: Any) -> None:
+        self.kube, self.tag = kube, uuid.uuid4().hex[:6]
+        self.flavor, self.tenant = f"kq-gpu-{self.tag}", f"kq-team-{self.tag}"
+        self.node = f"kq-node-{self.tag}"
+        kube.add_node(
+            self.node,
+            labels={"gpuaas.jupyter.org/flavor": self.flavor},
+            allocatable={"nvidia.com/gpu": "1"},
+            taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        )
+        self.quotas = {
+            "flavors": {self.flavor: {"nodes": 1, "gpus_per_node": 1}},
+            "tenants": {self.tenant: {"quota": {self.flavor: 1}, **tenant}},
+            "policy": {"idle_timeout": 0, "reservation_ttl": 0},
+        }
+        qfile = tmp_path / "kq.yaml"
+        qfile.write_text(yaml.safe_dump(self.quotas))
+        cli = [sys.executable, "-m", "jupyter_gpuaas.cli", "kueue", "manifests", str(qfile)]
+        printed = subprocess.run(
+            [*cli, "--namespace", kube.namespace], capture_output=True, text=True, check=True
+        ).stdout
+        objects = [o for o in yaml.safe_load_all(printed) if o]
+        assert [o["kind"] for o in objects] == ["ResourceFlavor", "ClusterQueue", "LocalQueue"]
+        kube.cluster.apply(objects)
+
+    async def gateway(self, tmp_path: Path) -> Any:
+        """The real gateway in Kueue mode, following the test's namespace."""
+        config = Config()
+        config.GatewayApp.admission = "kueue"
+        config.GatewayApp.kueue_namespace = self.kube.namespace
+        config.GatewayApp.kueue_interval = 0.3
+        return await start_gateway(
+            tmp_path, quotas=self.quotas, devices=f"simulated:{self.flavor}=1x1", config=config
+        )
+
+    def run(self, *objects: Any) -> None:
+        self.kube.cluster.apply(list(objects), "-n", self.kube.namespace)
+
+    def close(self) -> None:
+        self.kube.cluster.kubectl(
+            "delete",
+            "clusterqueue",
+            self.tenant,
+            "resourceflavor",
+            self.flavor,
+            "--wait=false",
+            check=False,
+        )
+
+
 async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
     kube: KubeOnCluster, tmp_path: Path
 ) -> None:
-    tag = uuid.uuid4().hex[:6]
-    flavor, tenant = f"kq-gpu-{tag}", f"kq-team-{tag}"
-    # The test's own node of its own flavor: only this test's Jobs fit there.
-    node = f"kq-node-{tag}"
-    kube.add_node(
-        node,
-        labels={"gpuaas.jupyter.org/flavor": flavor},
-        allocatable={"nvidia.com/gpu": "1"},
-        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
-    )
-    quotas = {
-        "flavors": {flavor: {"nodes": 1, "gpus_per_node": 1}},
-        "tenants": {tenant: {"quota": {flavor: 1}}},
-        "policy": {"idle_timeout": 0, "reservation_ttl": 0},
-    }
-    qfile = tmp_path / "kq.yaml"
-    qfile.write_text(yaml.safe_dump(quotas))
-    cli = [sys.executable, "-m", "jupyter_gpuaas.cli", "kueue", "manifests", str(qfile)]
-    printed = subprocess.run(
-        [*cli, "--namespace", kube.namespace],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    objects = [o for o in yaml.safe_load_all(printed) if o]
-    assert [o["kind"] for o in objects] == ["ResourceFlavor", "ClusterQueue", "LocalQueue"]
-    kube.cluster.apply(objects)
-
-    config = Config()
-    config.GatewayApp.admission = "kueue"
-    config.GatewayApp.kueue_namespace = kube.namespace
-    config.GatewayApp.kueue_interval = 0.3
-    gw = await start_gateway(
-        tmp_path, quotas=quotas, devices=f"simulated:{flavor}=1x1", config=config
-    )
+    quota = KueueQuota(kube, tmp_path)
+    tag, flavor, tenant, node = quota.tag, quota.flavor, quota.tenant, quota.node
+    gw = await quota.gateway(tmp_path)
     events: list[dict[str, Any]] = []
     listening = asyncio.get_running_loop().create_task(listen(gw.url, events))
     try:
@@ -231,9 +254,69 @@ async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
     finally:
         listening.cancel()
         await gw.stop_server()
-        kube.cluster.kubectl(
-            "delete", "clusterqueue", tenant, "resourceflavor", flavor, "--wait=false", check=False
+        quota.close()
+
+
+async def test_kueue_preempts_and_a_restarted_gateway_catches_up(
+    kube: KubeOnCluster, tmp_path: Path
+) -> None:
+    """A higher-priority Job makes the real Kueue preempt a running one (`preempt`, then
+    `requeue`: Kueue requeues it); then the gateway stops, the winner's Job is deleted
+    while it is down, and a new gateway on the same store restores both requests, ends the
+    one whose Workload is gone, and sees Kueue admit the other again."""
+    quota = KueueQuota(kube, tmp_path, preemption={"within_tenant": "LowerPriority"})
+    high = f"kq-high-{quota.tag}"
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": high},
+                "value": 1000,
+            }
+        ]
+    )
+    gw = await quota.gateway(tmp_path)
+    try:
+        quota.run(job("low", quota.tenant, seconds=3600))
+        low = await wait_until(lambda: admitted(gw.url, "low"), timeout=60, what="low admitted")
+        urgent = job("urgent", quota.tenant, seconds=3600)
+        urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
+        quota.run(urgent)
+        await wait_until(lambda: admitted(gw.url, "urgent"), timeout=60, what="urgent admitted")
+        low = await wait_until(
+            lambda: field_is(gw.url, "low", lambda r: r["state"] == "queued"),
+            timeout=60,
+            what="low preempted and queued again",
         )
+        assert low["admitted_at"] is not None  # it ran before
+        assert (
+            low["reason"]
+            == f"preempted by Kueue for a workload of higher priority in {quota.tenant}"
+        )
+        # The store's decision log: what Kueue decided, as the gateway recorded it.
+        logged = [d.event for d in gw.arbiter.store.decisions(low["id"])]
+        assert logged == ["submit", "admit", "preempt", "requeue"], logged
+    finally:
+        await gw.stop_server()
+    try:
+        # While no gateway runs: the urgent Job goes; Kueue admits low again.
+        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, "--wait=false")
+        again = await quota.gateway(tmp_path)  # the same store (tmp_path's SQLite file)
+        try:
+            await wait_until(
+                lambda: field_is(again.url, "urgent", lambda r: r["state"] == "finished"),
+                timeout=60,
+                what="the urgent request ended by the restarted gateway",
+            )
+            back = await wait_until(
+                lambda: admitted(again.url, "low"), timeout=60, what="low admitted again"
+            )
+            assert back["id"] == low["id"] and back["grant"]["flavor"] == quota.flavor
+        finally:
+            await again.stop_server()
+    finally:
+        quota.close()
 
 
 async def field_is(url: str, name: str, test: Any, kind: str = "Job") -> dict[str, Any] | None:

@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from jupyter_gpuaas.kubeapi.workloads import OUTSIDE, WorkloadView, waiting_words, workload_view
+from jupyter_gpuaas.kubeapi.workloads import (
+    OUTSIDE,
+    WorkloadView,
+    eviction_words,
+    waiting_words,
+    workload_view,
+)
 from jupyter_gpuaas.kubernetes.jobs import job_manifest
 from jupyter_gpuaas.kubernetes.kernel_pods import kernel_pod_manifest
 from jupyter_gpuaas.kubernetes.pods import kueue_labels
@@ -174,6 +180,30 @@ def test_who_and_what_without_our_labels() -> None:
 )
 def test_kueues_reasons_in_words(reason: str, message: str, kind: str, sentence: str) -> None:
     assert waiting_words("vision", reason, message) == (kind, sentence)
+
+
+@pytest.mark.parametrize(
+    ("evicted", "words"),
+    [
+        (
+            "Preempted: Preempted to accommodate a workload (UID: u, JobUID: j) due to "
+            "prioritization in the ClusterQueue; preemptor path: /vision; preemptee path: /vision",
+            "preempted by Kueue for a workload of higher priority in vision",
+        ),
+        (
+            "Preempted: Preempted to accommodate a workload (UID: u, JobUID: j) due to "
+            "reclamation within the cohort; preemptor path: /ai/nlp; preemptee path: /ai/vision",
+            "preempted by Kueue because its cohort took back quota vision borrowed",
+        ),
+        (
+            "PodsReadyTimeout: Exceeded the PodsReady timeout",
+            "evicted by Kueue: its pods did not start in time",
+        ),
+        ("Odd: something", "evicted by Kueue (Odd)"),
+    ],
+)
+def test_evictions_in_words(evicted: str, words: str) -> None:
+    assert eviction_words("vision", evicted) == words
 
 
 def test_kueue_labels() -> None:
