@@ -181,6 +181,21 @@ async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
         )
         assert second["position"]["tenant"] == 1 and second["position"]["of"] == 1
         assert engine.visibility == "answers"
+        # The admin page and the metrics show the whole queue, Kueue's as it is.
+        page = await AsyncHTTPClient().fetch(gw.url, headers=HEADERS)
+        assert f"Job second ({kube.namespace})" in page.body.decode()
+
+        async def counted() -> bool:
+            resp = await AsyncHTTPClient().fetch(gw.url + "metrics", headers=HEADERS)
+            return any(
+                line.startswith("gpuaas_pending_requests{")
+                and f'tenant="{tenant}"' in line
+                and 'kind="job"' in line
+                and line.endswith(" 1.0")
+                for line in resp.body.decode().splitlines()
+            )
+
+        await wait_until(counted, what="the pending Job in the metrics")
         # What Kueue decides, the API does not: a cancel is refused in words.
         with pytest.raises(HTTPClientError) as refused:
             await AsyncHTTPClient().fetch(
