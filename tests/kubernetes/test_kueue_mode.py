@@ -111,14 +111,18 @@ class KueueQuota:
         assert [o["kind"] for o in objects] == ["ResourceFlavor", "ClusterQueue", "LocalQueue"]
         kube.cluster.apply(objects)
 
-    async def gateway(self, tmp_path: Path) -> Any:
+    async def gateway(self, tmp_path: Path, db_url: str | None = None) -> Any:
         """The real gateway in Kueue mode, following the test's namespace."""
         config = Config()
         config.GatewayApp.admission = "kueue"
         config.GatewayApp.kueue_namespace = self.kube.namespace
         config.GatewayApp.kueue_interval = 0.3
         return await start_gateway(
-            tmp_path, quotas=self.quotas, devices=f"simulated:{self.flavor}=1x1", config=config
+            tmp_path,
+            quotas=self.quotas,
+            devices=f"simulated:{self.flavor}=1x1",
+            config=config,
+            db_url=db_url,
         )
 
     def run(self, *objects: Any) -> None:
@@ -273,12 +277,13 @@ async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
 
 
 async def test_kueue_preempts_and_a_restarted_gateway_catches_up(
-    kube: KubeOnCluster, tmp_path: Path
+    kube: KubeOnCluster, tmp_path: Path, db_url: str
 ) -> None:
     """A higher-priority Job makes the real Kueue preempt a running one (`preempt`, then
     `requeue`: Kueue requeues it); then the gateway stops, the winner's Job is deleted
     while it is down, and a new gateway on the same store restores both requests, ends the
-    one whose Workload is gone, and sees Kueue admit the other again."""
+    one whose Workload is gone, and sees Kueue admit the other again. On SQLite and on
+    PostgreSQL, the cluster mode's store."""
     quota = KueueQuota(kube, tmp_path, preemption={"within_tenant": "LowerPriority"})
     high = f"kq-high-{quota.tag}"
     kube.cluster.apply(
@@ -291,7 +296,7 @@ async def test_kueue_preempts_and_a_restarted_gateway_catches_up(
             }
         ]
     )
-    gw = await quota.gateway(tmp_path)
+    gw = await quota.gateway(tmp_path, db_url)
     try:
         quota.run(job("low", quota.tenant, seconds=3600))
         low = await wait_until(lambda: admitted(gw.url, "low"), timeout=60, what="low admitted")
@@ -317,7 +322,7 @@ async def test_kueue_preempts_and_a_restarted_gateway_catches_up(
     try:
         # While no gateway runs: the urgent Job goes; Kueue admits low again.
         kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, "--wait=false")
-        again = await quota.gateway(tmp_path)  # the same store (tmp_path's SQLite file)
+        again = await quota.gateway(tmp_path, db_url)  # the same store
         try:
             await wait_until(
                 lambda: field_is(again.url, "urgent", lambda r: r["state"] == "finished"),
