@@ -115,7 +115,8 @@ class GatewayStartup:
                 ),
                 scaler=self.scaler_obj,
                 bus=EventBus(replay_window=self.event_replay_window),
-                lease_ttl=self.lease_ttl,
+                # Kueue has no leases: a grant lasts as long as its Workload's admission.
+                lease_ttl=0.0 if kueue is not None else self.lease_ttl,
                 tick=self.tick_interval,
                 sample_interval=self.sample_interval,
                 lock_timeout=self.store_lock_timeout,

@@ -157,6 +157,7 @@ async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
         assert first["user"] == "outside jupyter-gpuaas"
         assert first["tenant"] == tenant and first["kind"] == "job" and first["gpus"] == 1
         assert first["grant"]["flavor"] == flavor
+        assert first["grant"]["lease_expires"] is None  # Kueue has no leases
         # The node comes from the Job's pod, once the real scheduler bound it.
         await wait_until(
             lambda: field_is(gw.url, "first", lambda r: r["grant"]["node"] == node),
@@ -333,6 +334,7 @@ async def test_kueue_preempts_and_a_restarted_gateway_catches_up(
                 lambda: admitted(again.url, "low"), timeout=60, what="low admitted again"
             )
             assert back["id"] == low["id"] and back["grant"]["flavor"] == quota.flavor
+            assert back["grant"]["lease_expires"] is None
         finally:
             await again.stop_server()
     finally:
