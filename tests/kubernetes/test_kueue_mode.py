@@ -10,7 +10,8 @@ Job is deleted, and finishes when KWOK completes its pod. Then a GPU kernel's po
 builder makes it in Kueue mode (its LocalQueue label) goes through Kueue's pod integration:
 gated, admitted, bound by the real scheduler, and ended when deleted. The store is read
 back through `api/requests` (the gateway answers from it), and the event stream tells the
-same story.
+same story. That gateway reaches the API server as a ServiceAccount with only the rules
+`kubernetes manifests --admission kueue` gives it.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import pytest
 import yaml
 from helpers import wait_until
 from kubefix import TOKENS
-from kubeutil import KubeOnCluster, start_gateway
+from kubeutil import KubeOnCluster, service_account_kubeconfig, start_gateway
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets.config import Config
 
 from jupyter_gpuaas.kubernetes.kernel_pods import kernel_pod_manifest
+from jupyter_gpuaas.kubernetes.manifests import rules
 
 pytestmark = pytest.mark.asyncio
 
@@ -140,11 +142,48 @@ class KueueQuota:
         )
 
 
+def as_the_gateways_account(
+    kube: KubeOnCluster, tag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """Make the gateway talk to the API server with the token of a ServiceAccount holding
+    only the rules `kubernetes manifests --admission kueue` gives the gateway: RBAC, not
+    the admin certificate, decides (a verb missing there fails this test). Returns the
+    ClusterRole's name (cluster-scoped: the caller deletes it)."""
+    from kubernetes_asyncio.config import kube_config
+
+    cluster_rules, namespaced = rules("none", "kueue")
+    path = service_account_kubeconfig(kube, "gpuaas", namespaced, tmp_path / "gateway.kubeconfig")
+    name = f"gpuaas-kueue-{tag}"
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
+    subject = {"kind": "ServiceAccount", "name": "gpuaas", "namespace": kube.namespace}
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": name},
+                "rules": cluster_rules,
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": ref,
+                "subjects": [subject],
+            },
+        ]
+    )
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    return name
+
+
 async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
-    kube: KubeOnCluster, tmp_path: Path
+    kube: KubeOnCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     quota = KueueQuota(kube, tmp_path)
     tag, flavor, tenant, node = quota.tag, quota.flavor, quota.tenant, quota.node
+    role = as_the_gateways_account(kube, tag, tmp_path, monkeypatch)
     gw = await quota.gateway(tmp_path)
     events: list[dict[str, Any]] = []
     listening = asyncio.get_running_loop().create_task(listen(gw.url, events))
@@ -160,7 +199,7 @@ async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
         assert first["grant"]["lease_expires"] is None  # Kueue has no leases
         # The node comes from the Job's pod, once the real scheduler bound it.
         await wait_until(
-            lambda: field_is(gw.url, "first", lambda r: r["grant"]["node"] == node),
+            lambda: field_is(gw.url, "first", lambda r: (r["grant"] or {}).get("node") == node),
             timeout=60,
             what="the first Job's node",
         )
@@ -258,7 +297,10 @@ async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
         assert kernel["grant"]["flavor"] == flavor
         await wait_until(
             lambda: field_is(
-                gw.url, f"kernel-{tag}", lambda r: r["grant"]["node"] == node, kind="Pod"
+                gw.url,
+                f"kernel-{tag}",
+                lambda r: (r["grant"] or {}).get("node") == node,
+                kind="Pod",
             ),
             timeout=60,
             what="the kernel pod bound",
@@ -275,6 +317,9 @@ async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
         listening.cancel()
         await gw.stop_server()
         quota.close()
+        kube.cluster.kubectl(
+            "delete", "clusterrolebinding,clusterrole", role, "--wait=false", check=False
+        )
 
 
 async def test_kueue_preempts_and_a_restarted_gateway_catches_up(
