@@ -414,3 +414,42 @@ async def listen(url: str, into: list[dict[str, Any]]) -> None:
     await AsyncHTTPClient().fetch(
         url + "api/events", headers=HEADERS, streaming_callback=chunk, request_timeout=0
     )
+
+
+async def test_the_kueue_mode_manifests_apply_to_the_real_api_server(
+    kube: KubeOnCluster, tmp_path: Path
+) -> None:
+    """`kubernetes manifests --admission kueue`: the API server takes every object
+    (strict field validation), the gateway's config says Kueue decides, in its namespace,
+    and its Role and ClusterRole hold the rules the test above runs the gateway with."""
+    qfile = tmp_path / "quotas.yaml"
+    quotas = {
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
+        "tenants": {"vision": {"quota": {"a100": 2}}},
+    }
+    qfile.write_text(yaml.safe_dump(quotas))
+    cli = [sys.executable, "-m", "jupyter_gpuaas.cli", "kubernetes", "manifests"]
+    out = subprocess.run(
+        [*cli, "--quotas", str(qfile), "--namespace", kube.namespace, "--scale-up", "none",
+         "--admission", "kueue"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    kube.cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "--validate=strict", "-f", "-", input=out
+    )
+    try:
+        maps = [d["data"] for d in docs if d["kind"] == "ConfigMap"]
+        config = json.loads(
+            next(m["gpuaas_config.json"] for m in maps if "gpuaas_config.json" in m)
+        )
+        assert config["GatewayApp"] == {"admission": "kueue", "kueue_namespace": kube.namespace}
+        cluster_rules, namespaced = rules("none", "kueue")
+        assert namespaced in [d["rules"] for d in docs if d["kind"] == "Role"]
+        assert cluster_rules in [d["rules"] for d in docs if d["kind"] == "ClusterRole"]
+    finally:
+        for d in docs:
+            if not d["metadata"].get("namespace"):
+                kube.cluster.kubectl(
+                    "delete", d["kind"].lower(), d["metadata"]["name"], "--wait=false", check=False
+                )
