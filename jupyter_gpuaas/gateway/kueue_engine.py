@@ -53,6 +53,7 @@ from ..kubeapi.workloads import (
 )
 from .leader import NotLeader
 from .loops import Conflict
+from .rows import RowError
 
 if TYPE_CHECKING:
     from .arbiter import Arbiter
@@ -192,14 +193,21 @@ class KueueEngine:
             await self.arbiter._run(functools.partial(self._record, changes, everything))
         except NotLeader:
             self._stale = True
+        except RowError as e:  # this Workload's row cannot be stored: it fails alone
+            log.warning("a Workload the store cannot hold is left out: %s", e)
         except Exception as e:
             log.warning("Kueue's Workloads not recorded yet (%s): will reconcile", e)
             self._stale = True
 
     async def _reconcile(self) -> None:
-        """Every Workload as last seen, and the end of requests whose Workload is gone."""
+        """Every Workload as last seen, and the end of requests whose Workload is gone:
+        one operation each, queued together (one group, one transaction), so that one
+        the store refuses fails alone."""
         self._stale = False
-        await self._apply([WorkloadChange(v) for v in self.watch.seen.values()], everything=True)
+        await asyncio.gather(
+            *[self._apply([WorkloadChange(v)]) for v in list(self.watch.seen.values())],
+            self._apply([], everything=True),
+        )
 
     async def _positions_loop(self) -> None:
         while True:
@@ -281,12 +289,10 @@ class KueueEngine:
         arb = self.arbiter
         assert arb is not None
         now = time.time()
-        seen: set[str] = set()
         for change in changes:
-            rid = request_id(change.view.uid)
-            seen.add(rid)
-            arb.commit(*self._decide(rid, change, now))
+            arb.commit(*self._decide(request_id(change.view.uid), change, now))
         if everything:  # a request of a Workload that is no more: it ended meanwhile
+            seen = {request_id(uid) for uid in self.watch.seen}
             for rid, req in list(arb.requests.items()):
                 if rid not in seen and req.state not in TERMINAL:
                     arb.commit(*self._end(req, now, "its Workload was deleted", gone=True))
@@ -313,7 +319,9 @@ class KueueEngine:
                 queue_time=view.created or now,
             )
             arb.requests[rid] = req
-            arb.meta[rid] = {"name": f"{view.owner} ({view.namespace})", "created": now}
+            # The store's name column holds 255 characters; a pod's name may take 253.
+            name = f"{view.owner} ({view.namespace})"[:255]
+            arb.meta[rid] = {"name": name, "created": now}
             fields = {"tenant": req.tenant, "kind": req.kind, "gpus": req.gpus}
             out.append(Decision(now, "submit", rid, fields))
         self.views[rid] = view

@@ -24,6 +24,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpuaas.admission.model import KINDS
+
 log = logging.getLogger("jupyter_gpuaas.kubeapi.workloads")
 
 GROUP = "kueue.x-k8s.io"
@@ -146,7 +148,9 @@ def workload_view(obj: Mapping[str, Any], resources: Sequence[str] = ()) -> Work
         state = "finished"  # deactivated: Kueue will not admit it again
     else:
         state = "queued"
-    kind = said.get(KIND_KEY) or ("job" if owner_kind != "Pod" else "kernel")
+    kind = said.get(KIND_KEY, "")
+    if kind not in KINDS:  # unsaid, or not one of ours: what its owner is
+        kind = "job" if owner_kind != "Pod" else "kernel"
     return WorkloadView(
         uid=str(meta.get("uid") or ""),
         name=str(meta.get("name") or ""),

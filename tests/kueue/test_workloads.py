@@ -142,6 +142,9 @@ def test_who_and_what_without_our_labels() -> None:
     pod["metadata"]["annotations"] = {"gpuaas.jupyter.org/user": "dave"}
     seen = workload_view(pod)
     assert (seen.kind, seen.owner, seen.owner_uid, seen.user) == ("kernel", "Pod k", "p-1", "dave")
+    # A kind that is none of ours (a label anyone may write) is not taken at its word.
+    pod["metadata"]["labels"] = {"gpuaas.jupyter.org/kind": "x" * 40}
+    assert workload_view(pod).kind == "kernel"
 
 
 @pytest.mark.parametrize(
