@@ -263,6 +263,8 @@ def reason_sentence(kind: str, details: Mapping[str, Any]) -> str:
     no a100 node has 2 free GPUs; 1 node being added
     behind r7, the first request of vision, which goes first (StrictFIFO)
     """
+    if "sentence" in details:  # said in words already (Kueue's reasons: kubeapi/workloads.py)
+        return str(details["sentence"])
     tenant, flavor, gpus = details.get("tenant", ""), details.get("flavor", ""), details["gpus"]
     head = details.get("head")
     if kind == "fifo":

@@ -341,10 +341,13 @@ def kwok_node(
     }
 
 
-def _kueue_config(root: Path, webhook_port: int, certs: Path, kubeconfig: Path) -> Path:
+def _kueue_config(
+    root: Path, webhook_port: int, certs: Path, kubeconfig: Path, visibility_port: int
+) -> Path:
     """Kueue's Configuration: the `pod` and `batch/job` integrations, its webhook server on
     loopback with the cluster's serving certificate (no in-cluster cert rotation: there is
-    no Service to name), no leader election (one replica)."""
+    no Service to name), its visibility API server on loopback, no leader election (one
+    replica)."""
     conf = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -354,8 +357,14 @@ def _kueue_config(root: Path, webhook_port: int, certs: Path, kubeconfig: Path) 
         "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(certs)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
-        "integrations": {"frameworks": ["batch/job", "pod"]},
+        # Who submitted a job, and what it is, from its labels onto its Workload (the
+        # gateway's Kueue mode shows them: kubeapi/workloads.py).
+        "integrations": {
+            "frameworks": ["batch/job", "pod"],
+            "labelKeysToCopy": ["gpuaas.jupyter.org/user", "gpuaas.jupyter.org/kind"],
+        },
         "managedJobsNamespaceSelector": SYSTEM_NAMESPACES_OUT,
+        "visibilityServer": {"bindAddress": "127.0.0.1", "bindPort": visibility_port},
     }
     path = root / "kueue-config.yaml"
     path.write_text(yaml.safe_dump(conf))
@@ -383,17 +392,19 @@ SYSTEM_NAMESPACES_OUT = {
 # Kueue v0.19 reads its metrics server's certificate from this fixed path whenever it does not
 # rotate its own certificates (cmd/kueue/main.go), metrics server on or off: its internal
 # rotation cannot serve here, as it names the webhooks' certificate after a Service's DNS
-# name and the API server reaches them by URL on 127.0.0.1.
+# name and the API server reaches them by URL on 127.0.0.1. Its visibility API server reads
+# its own from /visibility, as fixed (pkg/visibility/server.go `certDir`).
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+KUEUE_VISIBILITY_CERTS = Path("/visibility")
 
 
-def _kueue_metrics_cert() -> None:
+def _kueue_fixed_cert(where: Path, cn: str) -> None:
     """Put a self-signed certificate where Kueue insists on one (no cluster's own: it
     outlives them), or say why Kueue cannot start."""
-    if (KUEUE_METRICS_CERTS / "tls.crt").exists() and (KUEUE_METRICS_CERTS / "tls.key").exists():
+    if (where / "tls.crt").exists() and (where / "tls.key").exists():
         return
     try:
-        KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+        where.mkdir(parents=True, exist_ok=True)
         subprocess.run(
             [
                 "openssl",
@@ -405,20 +416,54 @@ def _kueue_metrics_cert() -> None:
                 "-days",
                 "3650",
                 "-subj",
-                "/CN=kueue-metrics",
+                f"/CN={cn}",
+                "-addext",
+                "subjectAltName=DNS:localhost,IP:127.0.0.1",
                 "-keyout",
-                str(KUEUE_METRICS_CERTS / "tls.key"),
+                str(where / "tls.key"),
                 "-out",
-                str(KUEUE_METRICS_CERTS / "tls.crt"),
+                str(where / "tls.crt"),
             ],
             check=True,
             capture_output=True,
         )
     except (OSError, subprocess.CalledProcessError) as e:
         raise SystemExit(
-            f"cluster: Kueue v0.19 needs a certificate in {KUEUE_METRICS_CERTS} and it cannot be"
+            f"cluster: Kueue v0.19 needs a certificate in {where} and it cannot be"
             f" written ({e}); create that directory, writable by you, and run again"
         ) from e
+
+
+def _kueue_visibility(port: int) -> list[dict[str, Any]]:
+    """Kueue's visibility API (`pendingworkloads` of a ClusterQueue or LocalQueue) through
+    the aggregation layer, on loopback. The aggregator reaches an APIService through a
+    Service; with aggregator routing off it resolves the Service itself
+    (k8s.io/apiserver pkg/util/proxy `ResolveCluster`), and an ExternalName Service
+    resolves to https://<externalName>:<the APIService's port>, so `localhost` reaches
+    Kueue's visibility server here, where Endpoints on loopback are refused. The server's
+    certificate is self-signed (insecureSkipTLSVerify, as Kueue's own APIService)."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "visibility-server", "namespace": "kueue-system"},
+        "spec": {"type": "ExternalName", "externalName": "localhost"},
+    }
+    return [service] + [
+        {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": f"{version}.visibility.kueue.x-k8s.io"},
+            "spec": {
+                "group": "visibility.kueue.x-k8s.io",
+                "version": version,
+                "groupPriorityMinimum": 100,
+                "versionPriority": 100,
+                "insecureSkipTLSVerify": True,
+                "service": {"name": "visibility-server", "namespace": "kueue-system", "port": port},
+            },
+        }
+        for version in ("v1beta1", "v1beta2")
+    ]
 
 
 def _url_webhooks(objects: list[dict[str, Any]], port: int, ca: str) -> Iterator[dict[str, Any]]:
@@ -508,7 +553,9 @@ def _kwokctl_config(c: Cluster, binaries: Path, apiserver_port: int, kueue: list
                     {"key": "requestheader-username-headers", "value": "X-Remote-User"},
                     {"key": "requestheader-group-headers", "value": "X-Remote-Group"},
                     {"key": "requestheader-extra-headers-prefix", "value": "X-Remote-Extra-"},
-                    {"key": "enable-aggregator-routing", "value": "true"},
+                    # The aggregator resolves an APIService's Service itself (ExternalName
+                    # to loopback: _kueue_visibility), not through its endpoints.
+                    {"key": "enable-aggregator-routing", "value": "false"},
                     {"key": "service-cluster-ip-range", "value": "10.96.0.0/16"},
                     # Node watches served from etcd, not the watch cache: a watch resumed
                     # from a revision etcd has compacted gets 410 Gone, as on a cluster
@@ -604,16 +651,14 @@ def up(root: Path, *, timeout: float = 120.0) -> Cluster:
     for name, src in (("tls.crt", "admin.crt"), ("tls.key", "admin.key"), ("ca.crt", "ca.crt")):
         if not (certs / name).is_symlink():
             (certs / name).symlink_to(pki / src)
-    kueue_conf = _kueue_config(c.root, webhook_port, certs, c.kubeconfig)
-    _kueue_metrics_cert()
+    visibility_port = _free_port()
+    kueue_conf = _kueue_config(c.root, webhook_port, certs, c.kubeconfig, visibility_port)
+    _kueue_fixed_cert(KUEUE_METRICS_CERTS, "kueue-metrics")
+    _kueue_fixed_cert(KUEUE_VISIBILITY_CERTS, "kueue-visibility")
     kueue_args = [
         f"--config={kueue_conf}",
         f"--kubeconfig={c.workdir / 'kubeconfig.yaml'}",
         "--zap-log-level=2",
-        # The visibility API server reads its certificate from /visibility (fixed), and
-        # the aggregation layer reaches an APIService only through a Service's endpoints,
-        # which may not be loopback addresses: off until there is a way.
-        "--feature-gates=VisibilityOnDemand=false",
     ]
     kwokctl_conf = _kwokctl_config(c, binaries, _free_port(), kueue_args)
 
@@ -650,6 +695,7 @@ def up(root: Path, *, timeout: float = 120.0) -> Cluster:
     ca = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
     c.apply([kwok_node(n, **spec) for n, spec in NODES.items()])
     c.apply(_kueue_manifests(webhook_port, ca))
+    c.apply(_kueue_visibility(visibility_port))
     # The ProvisioningRequest CRD (the scale-up path), from the autoscaler's apis module
     # Kueue pins.
     apis = modcache("kueue", "k8s.io/autoscaler/cluster-autoscaler/apis")

@@ -50,6 +50,8 @@ class GatewayApp(GatewayStartup, Application):
         "leader-election": "GatewayApp.leader_election",
         "leader-check-interval": "GatewayApp.leader_check_interval",
         "advertise-url": "GatewayApp.advertise_url",
+        "admission": "GatewayApp.admission",
+        "kueue-namespace": "GatewayApp.kueue_namespace",
         "log-level": "Application.log_level",
     }
     flags = {
@@ -380,6 +382,39 @@ class GatewayApp(GatewayStartup, Application):
         help="The URL other replicas name as the leader's in their 503 answers (at most "
         "63 bytes: PostgreSQL's application_name). Default: http://<ip>:<port><base_url>; "
         "in Kubernetes, the pod's own address.",
+    ).tag(config=True)
+
+    # --- who decides (engine.py) ---
+
+    admission = Enum(
+        ["core", "kueue"],
+        "core",
+        help="Who admits requests. core: the gateway's own admission core (one machine, or "
+        "a cluster without Kueue). kueue: the cluster's Kueue decides and the gateway "
+        "follows its Workloads (kubeconfig, or the in-cluster config), showing every "
+        "Workload of the watched namespaces as a request, with Kueue's positions and "
+        "reasons; submissions and cancellations through the API are refused (docs/KUEUE.md).",
+    ).tag(config=True)
+
+    kueue_namespace = Unicode(
+        help="With --admission kueue: the namespace whose Workloads the gateway follows "
+        "(where the users' pods and Jobs run). Empty: every namespace. Default: the "
+        "gateway's own namespace in a cluster, else every namespace.",
+    ).tag(config=True)
+
+    @default("kueue_namespace")
+    def _kueue_namespace_default(self) -> str:
+        try:
+            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    kueue_interval = Float(
+        2.0,
+        min=0.1,
+        help="With --admission kueue: seconds between asks of Kueue's visibility API for "
+        "the positions of pending Workloads (also asked after every change).",
     ).tag(config=True)
 
     # ------------------------------------------------------------------ lifecycle

@@ -38,7 +38,9 @@ from jupyter_gpuaas.admission.model import (
 from jupyter_gpuaas.words import culled_reason, ended_by, expired_reason, preempted_reason
 
 from ..devices import DeviceSample, Inventory, NodeInfo
+from .engine import Engine
 from .events import Event, EventBus
+from .kueue_engine import KueueEngine
 from .leader import NotLeader
 from .loops import Conflict, Duplicate, Loops, _Op, _Staged
 from .metrics import GatewayMetrics
@@ -94,8 +96,11 @@ class Arbiter(Loops, Views):
         lock_timeout: float = 2.0,
         retention: float = 0.0,
         store_timeout: float = 5.0,
+        kueue: KueueEngine | None = None,
     ) -> None:
         self.quotas = dict(quotas)
+        # Who decides (engine.py): the core, unless Kueue does (`--admission kueue`).
+        self.kueue = kueue
         self.store = store
         self.inventory = inventory
         self.metrics = metrics
@@ -199,6 +204,11 @@ class Arbiter(Loops, Views):
             policy = dataclasses.replace(policy, cull_warning=default_cull_warning(config))
         return dataclasses.replace(config, flavors=flavors, policy=policy)  # keeps cohorts
 
+    @property
+    def engine(self) -> Engine:
+        """Whom requests are handed to and whose queue the views read (engine.py)."""
+        return self.core if self.kueue is None else self.kueue
+
     def autoscale(self, flavor: str) -> Autoscale | None:
         return self.config.policy.autoscale.get(flavor)
 
@@ -246,7 +256,7 @@ class Arbiter(Loops, Views):
         # The fresh leases are written too, like every decision: a restart right after
         # this one must not find the old ones.
         leased = [r for r in self.requests.values() if r.state is State.ADMITTED]
-        self.commit(decisions + self.core.step(now), now, extra=leased)
+        self.commit(decisions + self.engine.step(now), now, extra=leased)
 
     def _load(self, now: float, stored: Stored) -> list[Decision]:
         """Load nodes and live requests into the core; the decisions it made doing so."""
@@ -282,7 +292,7 @@ class Arbiter(Loops, Views):
                 req.lease_expires = max(req.lease_expires or 0.0, now + self.lease_ttl)
             self.requests[req.id] = req
             # A grant whose node or devices are gone comes back as a `finish` decision.
-            decisions += self.core.restore(req, now)
+            decisions += self.engine.restore(req, now)
         for flavor, seconds in stored.hold_times:
             self.hold_times.setdefault(flavor, []).append(seconds)
         return decisions
@@ -344,6 +354,8 @@ class Arbiter(Loops, Views):
         follow = getattr(self.inventory, "follow", None)
         if follow is not None:  # an inventory that sees nodes join and leave (cluster.py)
             self._tasks.append(loop.create_task(follow(self.node_joined, self.node_left)))
+        if self.kueue is not None:  # Kueue's Workloads, followed (kueue_engine.py)
+            self._tasks += self.kueue.start(self)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -464,14 +476,16 @@ class Arbiter(Loops, Views):
         # store cannot hold fails this submission alone (400), never its group.
         extra = {"name": name, "utilization": None, "created": now, "idempotency_key": key}
         check_snapshot(snapshot(Batch([(req, extra)], []), now))
+        # The engine first: one that takes no submissions (Kueue's) refuses before memory
+        # holds the request.
+        decisions = list(self.engine.submit(req, now))
         self.requests[req.id] = req
         self.meta[req.id] = {"name": name, "created": now, "updated": now}
         if key is not None:
             self.meta[req.id]["idempotency_key"] = key
             self.keys[(user, key)] = req.id
-        decisions = list(self.core.submit(req, now))
         if req.state is not State.REJECTED:
-            decisions += self.core.step(now)
+            decisions += self.engine.step(now)
         self.commit(decisions, now, extra=[req])
         return req, self._json_of(req)
 
@@ -482,10 +496,10 @@ class Arbiter(Loops, Views):
         now = time.time()
         req = self._live(rid)
         if req.state is State.ADMITTED:
-            decisions = self.core.finish(rid, now, reason=ended_by("released", who, req.user))
+            decisions = self.engine.finish(rid, now, reason=ended_by("released", who, req.user))
         else:
-            decisions = self.core.cancel(rid, now, reason=ended_by("cancelled", who, req.user))
-        decisions += self.core.step(now)
+            decisions = self.engine.cancel(rid, now, reason=ended_by("cancelled", who, req.user))
+        decisions += self.engine.step(now)
         self.commit(decisions, now, extra=[req])
         return req, self._json_of(req)
 
@@ -501,8 +515,8 @@ class Arbiter(Loops, Views):
         req = self._live(rid)
         if req.state is not State.ADMITTED:
             raise Conflict(f"request {rid} is {req.state.value}, not admitted")
-        decisions = self.core.heartbeat(rid, now, busy=busy)
-        decisions += self.core.step(now)
+        decisions = self.engine.heartbeat(rid, now, busy=busy)
+        decisions += self.engine.step(now)
         self.meta[rid]["utilization"] = utilization
         # The renewed lease is written even without decisions: after a restart the
         # holder must not lose a grant it kept renewing.

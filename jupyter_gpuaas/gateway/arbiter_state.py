@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from ..devices import DeviceSample, Inventory
     from .arbiter import Stored
+    from .engine import Engine
     from .loops import _Op, _Staged
     from .metrics import GatewayMetrics
     from .store import Store
@@ -44,6 +45,11 @@ class ArbiterState:
     lock_timeout: float
     retention: float
     store_timeout: float
+
+    @property
+    def engine(self) -> Engine:
+        """The core, or Kueue's decisions (engine.py): Arbiter.engine."""
+        raise NotImplementedError
 
     # The store's threads and health (loops.py).
     _store_pool: concurrent.futures.ThreadPoolExecutor

@@ -201,7 +201,7 @@ class Loops(ArbiterState):
                 log.exception("admission step failed")
             await self._maybe_prune()
             # A standby's mirror has deadlines only the leader acts on: no busy wake-ups.
-            deadline = self.core.next_deadline() if self.leader else None
+            deadline = self.engine.next_deadline() if self.leader else None
             delay = self.tick
             if deadline is not None:
                 delay = min(delay, max(0.0, deadline - time.time()))
@@ -213,7 +213,7 @@ class Loops(ArbiterState):
 
     def _step(self) -> None:
         now = time.time()
-        self.commit(self.core.step(now), now)
+        self.commit(self.engine.step(now), now)
 
     async def _maybe_prune(self) -> None:
         """History retention: delete ended and rejected rows older than `retention`, a

@@ -227,7 +227,7 @@ class LandingHandler(PageHandler):
         def order(req: Any) -> tuple[int, int, str]:
             if req.state is not State.QUEUED:
                 return (1, 0, req.id)
-            pos = arb.core.position(req.id)
+            pos = arb.engine.position(req.id)
             return (0, pos.overall_position if pos else 1 << 30, req.id)
 
         visible.sort(key=order)

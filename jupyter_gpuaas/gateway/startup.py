@@ -88,6 +88,9 @@ class GatewayStartup:
     leader_check_interval: float
     forward_writes: bool
     advertise_url: str
+    admission: str
+    kueue_namespace: str
+    kueue_interval: float
     log: logging.Logger | logging.LoggerAdapter[Any]
     inventory: Inventory
 
@@ -145,6 +148,13 @@ class GatewayStartup:
             raise StartupError(f"--db-url: cannot open the store: {describe(e)}") from None
         from jupyter_gpuaas.admission.config import SpecError
 
+        kueue = None
+        if self.admission == "kueue":
+            from ..kubeapi.workloads import WorkloadWatch
+            from .kueue_engine import KueueEngine
+
+            watch = WorkloadWatch(namespace=self.kueue_namespace)
+            kueue = KueueEngine(watch, interval=self.kueue_interval)
         try:
             self.arbiter = Arbiter(
                 quotas=quotas,
@@ -155,12 +165,14 @@ class GatewayStartup:
                 ),
                 scaler=self.scaler_obj,
                 bus=EventBus(replay_window=self.event_replay_window),
-                lease_ttl=self.lease_ttl,
+                # Kueue has no leases: a grant lasts as long as its Workload's admission.
+                lease_ttl=0.0 if kueue is not None else self.lease_ttl,
                 tick=self.tick_interval,
                 sample_interval=self.sample_interval,
                 lock_timeout=self.store_lock_timeout,
                 retention=self.history_retention,
                 store_timeout=self.store_timeout,
+                kueue=kueue,
             )
         except SpecError as e:
             raise StartupError(f"--quotas {self.quotas}: {e}") from None

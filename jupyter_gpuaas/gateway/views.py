@@ -74,7 +74,7 @@ class Views(ArbiterState):
             out["parked"] = {"flavor": req.assigned_flavor, "expires": req.park_expires}
         out.update(self._preemption_of(req))
         if state == State.QUEUED.value and live is not None:
-            pos = self.core.position(live.id)  # by bisection (admission/positions.py)
+            pos = self.engine.position(live.id)  # by bisection (admission/positions.py)
             if pos is not None:
                 out["position"] = {
                     "tenant": pos.tenant_position,
@@ -85,7 +85,7 @@ class Views(ArbiterState):
                 wait, why = self._wait(live, pos.overall_position)
                 out["estimated_wait"], out["waiting_for"] = wait, why
             out["scaling"] = self._scaling_for(live)
-            reclaim = reclaim_wait(live, self.core.reclaiming(live.id), time.time())
+            reclaim = reclaim_wait(live, self.engine.reclaiming(live.id), time.time())
             if reclaim is not None:  # a preemptor waiting out its victims' grace
                 out["estimated_wait"] = reclaim
                 out["waiting_for"] = {"kind": "quota", "message": f"waiting: {reclaim['basis']}"}
@@ -124,12 +124,12 @@ class Views(ArbiterState):
             position,
             now=time.time(),
             flavors=flavors,
-            holders=self.core.admitted(),
+            holders=self.engine.admitted(),
             nodes=self.core.nodes(),
             hold_times=self.hold_times,
             idle_timeout=self._idle_timeout,
             config=self.config,
-            reason=self.core.waiting_for(req.id),
+            reason=self.engine.waiting_for(req.id),
         )
 
     def _idle_timeout(self, tenant: str) -> float:

@@ -27,7 +27,7 @@ from tornado import web
 from traitlets import Unicode, default
 
 from jupyter_gpuaas.claim import Grant
-from jupyter_gpuaas.kubernetes.pods import HOSTNAME_LABEL, grant_pod
+from jupyter_gpuaas.kubernetes.pods import HOSTNAME_LABEL, grant_pod, kueue_labels
 
 from .options import GpuOptions, OptionsError, options_from_form, parse_options
 from .spawner import QueuedSpawnerMixin
@@ -70,6 +70,19 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
 
     _grant: Grant | None = None  # this start's grant (apply_grant)
     _profile_gpus: dict[str, Any] | None = None  # the chosen profile's `gpuaas` block
+    kueue_queue = Unicode(
+        "",
+        help="""Kueue mode (the gateway's --admission kueue): the LocalQueue a GPU server's
+        pod goes to, `{tenant}` replaced by the spawn's tenant (`jupyter-gpuaas kueue
+        manifests` names each tenant's LocalQueue after it: `{tenant}`). Empty: no Kueue
+        labels. A server without GPUs never goes to Kueue.""",
+    ).tag(config=True)
+
+    kueue_priority_class = Unicode(
+        "",
+        help="Kueue mode: the WorkloadPriorityClass of GPU server pods "
+        "(`kueue.x-k8s.io/priority-class`). Empty: Kueue's default.",
+    ).tag(config=True)
 
     # ----------------------------------------------------------------- the pod
 
@@ -89,6 +102,19 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
             node_label=self.pin_node_label,
             hide_devices=self.hide_devices_without_grant,
         )
+        grant = None if self._grant is None else self._grant.request
+        if self.kueue_queue and grant and int(grant.get("gpus") or 0) > 0:
+            queue = self.kueue_queue.replace("{tenant}", str(grant.get("tenant") or ""))
+            meta = built.setdefault("metadata", {})
+            meta["labels"] = {
+                **(meta.get("labels") or {}),
+                **kueue_labels(
+                    queue,
+                    user=self.user.name,
+                    kind="server",
+                    priority_class=self.kueue_priority_class,
+                ),
+            }
         return api.deserialize(_JSONBody(built), "V1Pod")
 
     # ----------------------------------------------------------------- profiles

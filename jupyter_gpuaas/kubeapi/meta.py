@@ -66,6 +66,7 @@ class Settings:
     namespace: str = "jhub"
     image: str = f"ghcr.io/jupyter-gpuaas/jupyter-gpuaas:{__version__}"
     scale_up: str = "keda"
+    admission: str = "core"  # or "kueue": Kueue decides (the gateway's Kueue mode)
     hub_api_url: str = "http://hub:8081/hub/api"
     prometheus_url: str = "http://prometheus-server.monitoring.svc:80"
     db_secret: str = "jupyter-gpuaas-db"  # key `url`: postgresql+psycopg://...

@@ -77,6 +77,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="how queued demand becomes new nodes (default: keda)",
     )
     m.add_argument(
+        "--admission",
+        default="core",
+        choices=("core", "kueue"),
+        help="who admits: the gateway's core (default) or the cluster's Kueue (Kueue mode: "
+        "the gateway follows Workloads, and its RBAC lets it; docs/KUEUE.md)",
+    )
+    m.add_argument(
         "--singleuser-access",
         default="kernels",
         choices=("kernels", "kernels-and-jobs", "none"),
@@ -139,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         kw: dict[str, Any] = dict(
             namespace=args.namespace,
             scale_up=args.scale_up,
+            admission=args.admission,
             hub_api_url=args.hub_api_url,
             prometheus_url=args.prometheus_url,
             provisioning_class=args.provisioning_class,

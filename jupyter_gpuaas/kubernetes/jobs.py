@@ -35,7 +35,7 @@ from jupyter_gpuaas.claim import Grant
 from jupyter_gpuaas.jobs.model import Job
 from jupyter_gpuaas.jobs.runner import UNKNOWN_STATUS, JobRunner, LocalProcessRunner
 
-from .pods import HOSTNAME_LABEL, grant_pod
+from .pods import HOSTNAME_LABEL, grant_pod, kueue_labels
 
 COMPONENT = "gpu-job"
 JOB_LABEL = "gpuaas.jupyter.org/job"
@@ -62,8 +62,13 @@ def job_manifest(
     env: Mapping[str, str] | None = None,
     node_label: str = HOSTNAME_LABEL,
     service_account: str = "",
+    queue: str = "",
+    priority_class: str = "",
 ) -> dict[str, Any]:
-    """The batch/v1 Job of an admitted job request (the gateway's request object)."""
+    """The batch/v1 Job of an admitted job request (the gateway's request object).
+    `queue`: Kueue mode, the tenant's LocalQueue (and `priority_class` its
+    WorkloadPriorityClass), on the Job itself, which Kueue's batch/job integration
+    suspends until it admits it (its pods carry no queue: they are the Job's)."""
     labels = {
         "app.kubernetes.io/name": "jupyter-gpuaas",
         "app.kubernetes.io/component": COMPONENT,
@@ -98,7 +103,13 @@ def job_manifest(
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": job_name(job_id), "labels": labels},
+        "metadata": {
+            "name": job_name(job_id),
+            "labels": {
+                **labels,
+                **kueue_labels(queue, user=user, kind="job", priority_class=priority_class),
+            },
+        },
         "spec": {
             "backoffLimit": 0,
             "template": pod,

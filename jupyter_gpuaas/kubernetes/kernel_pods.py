@@ -17,7 +17,7 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .pods import GRANT_ENV, HOSTNAME_LABEL, grant_pod
+from .pods import GRANT_ENV, HOSTNAME_LABEL, grant_pod, kueue_labels
 
 COMPONENT = "gpu-kernel"
 CONTAINER = "kernel"
@@ -105,16 +105,21 @@ def kernel_pod_manifest(
     node_label: str = HOSTNAME_LABEL,
     service_account: str = "",
     automount_token: bool = False,
+    queue: str = "",
+    priority_class: str = "",
 ) -> dict[str, Any]:
     """The Pod of an admitted GPU kernel (API JSON form); `request` is the gateway's
     admitted request object. `automount_token`: mount the service account's API token
-    (a kernel needs no API access, so by default it gets no credentials to leak)."""
+    (a kernel needs no API access, so by default it gets no credentials to leak).
+    `queue`: Kueue mode, the tenant's LocalQueue (and `priority_class` its
+    WorkloadPriorityClass): Kueue's pod integration gates the pod until it admits it."""
     labels = {
         "app": "gateway-provisioners",
         "component": "kernel",
         "kernel_id": kernel_id,
         "app.kubernetes.io/name": "jupyter-gpuaas",
         "app.kubernetes.io/component": COMPONENT,
+        **kueue_labels(queue, user=user, kind="kernel", priority_class=priority_class),
     }
     container: dict[str, Any] = {
         "name": CONTAINER,

@@ -57,14 +57,19 @@ def service_account(settings: Settings) -> dict[str, Any]:
     }
 
 
-def rules(scale_up: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def rules(
+    scale_up: str, admission: str = "core"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(cluster rules, namespace rules): only the verbs the gateway uses.
 
     The Node inventory lists and watches Nodes (cluster-scoped). The ProvisioningRequest
     scaler creates and deletes its requests and their PodTemplates, and lists them to
     adopt those an earlier leader made; the placeholder scaler
     patches its Deployments' replicas through the scale subresource. KEDA scales the
-    placeholders itself: the gateway then needs nothing in the namespace.
+    placeholders itself: the gateway then needs nothing in the namespace. In Kueue mode
+    (`admission` kueue) the gateway watches the namespace's Workloads, reads a LocalQueue's
+    ClusterQueue and lists pods (the node a job's pod is bound to), and asks the visibility
+    API for a ClusterQueue's pending Workloads (cluster-scoped).
     """
     cluster = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
     namespaced: list[dict[str, Any]] = []
@@ -89,11 +94,30 @@ def rules(scale_up: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                 "verbs": ["patch"],
             }
         ]
+    if admission == "kueue":
+        cluster = [
+            *cluster,
+            {
+                "apiGroups": ["visibility.kueue.x-k8s.io"],
+                "resources": ["clusterqueues/pendingworkloads"],
+                "verbs": ["get"],
+            },
+        ]
+        namespaced = [
+            *namespaced,
+            {
+                "apiGroups": ["kueue.x-k8s.io"],
+                "resources": ["workloads"],
+                "verbs": ["get", "list", "watch"],
+            },
+            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        ]
     return cluster, namespaced
 
 
 def access(settings: Settings) -> list[dict[str, Any]]:
-    cluster, namespaced = rules(settings.scale_up)
+    cluster, namespaced = rules(settings.scale_up, settings.admission)
     subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": settings.namespace}]
     # A ClusterRole is cluster-wide; its name says whose namespace's gateway it serves.
     cluster_name = f"{NAME}-{settings.namespace}-nodes"
@@ -212,6 +236,8 @@ def gateway_config(flavors: Sequence[ClusterFlavor], settings: Settings) -> dict
                 if f.growth > 0
             },
         }
+    if settings.admission == "kueue":
+        config["GatewayApp"] = {"admission": "kueue", "kueue_namespace": settings.namespace}
     return config
 
 

@@ -22,11 +22,13 @@ configured values, so one start's grant cannot leak into the next.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from jupyter_gpuaas.client import grant_names
 from jupyter_gpuaas.kubeapi.meta import DEFAULT_RESOURCE
+from jupyter_gpuaas.kubeapi.workloads import KIND_KEY, PRIORITY_CLASS_LABEL, QUEUE_LABEL, USER_KEY
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: Annotations that name the gateway request a pod holds (read by people and the inventory).
@@ -41,6 +43,28 @@ GRANT_ENV = (
     "GPUAAS_FLAVOR",
     "GPUAAS_NODE",
 )
+
+
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def kueue_labels(
+    queue: str, *, user: str = "", kind: str = "", priority_class: str = ""
+) -> dict[str, str]:
+    """The labels that hand a pod or Job to Kueue in Kueue mode (none without `queue`):
+    its LocalQueue, its WorkloadPriorityClass when one is named, and who and what it is
+    (copied by Kueue onto the Workload, where the gateway reads them; a user name that is
+    no valid label value stays in the `gpuaas.jupyter.org/user` annotation only)."""
+    if not queue:
+        return {}
+    out = {QUEUE_LABEL: queue}
+    if priority_class:
+        out[PRIORITY_CLASS_LABEL] = priority_class
+    if kind:
+        out[KIND_KEY] = kind
+    if user and _LABEL_VALUE.fullmatch(user):
+        out[USER_KEY] = user
+    return out
 
 
 def flavor_resource(flavors: Mapping[str, Mapping[str, Any]], flavor: str | None) -> str:

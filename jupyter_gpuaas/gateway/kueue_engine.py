@@ -1,0 +1,378 @@
+"""Kueue mode (`--admission kueue`): Kueue decides, the gateway records and shows it.
+
+The engine of the arbiter (engine.py) when the cluster's Kueue is the one engine: the
+gateway's own core decides nothing about requests. `follow()` lists Kueue's Workloads and
+watches them (kubeapi/workloads.py), and each change becomes a request of ours and the
+decision events of SCENARIO.md's table, committed through the arbiter's group commit like
+every decision of the core (the store first; the HTTP answers, the event stream and the
+metrics only once it committed):
+
+    a new Workload                       -> a request (`submit`), queued
+    QuotaReserved=True with an admission -> `admit` (the flavor Kueue assigned; the node
+                                            once the job's pod is bound to one)
+    back to pending (Evicted, Preempted) -> `preempt`, then `requeue` (Kueue requeues it)
+    Finished=True, or deactivated        -> `finish` (`cancel` if it was never admitted)
+    deleted                              -> `finish` (`cancel` if it was never admitted)
+
+Every Workload counts, not only those of our holders: a Job made with kubectl that carries
+`kueue.x-k8s.io/queue-name` shows in `api/requests` and on the admin page, its user from
+the `gpuaas.jupyter.org/user` label or annotation, or "outside jupyter-gpuaas". A request's
+tenant is its LocalQueue (`kueue manifests` names each tenant's LocalQueue and ClusterQueue
+after it).
+
+Positions come from Kueue's visibility API (the `pendingworkloads` of each ClusterQueue with
+pending Workloads, asked again after every change and every `interval` seconds); where it
+does not answer, the engine orders the pending Workloads of a queue itself as Kueue's
+StrictFIFO does (priority, then creation time). `waiting_for` is Kueue's reason for not
+reserving quota (the Workload's QuotaReserved=False condition), in our three kinds and in
+words (workloads.waiting_words).
+
+Submitting, cancelling and releasing through the API are refused with a sentence (409):
+Kueue admits what is created in its queues, and ends what is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from jupyter_gpuaas.admission.model import TERMINAL, Decision, Request, State
+from jupyter_gpuaas.admission.views import Position
+
+from ..kubeapi.workloads import (
+    WorkloadChange,
+    WorkloadView,
+    WorkloadWatch,
+    eviction_words,
+    waiting_words,
+)
+from .leader import NotLeader
+from .loops import Conflict
+from .rows import RowError
+
+if TYPE_CHECKING:
+    from .arbiter import Arbiter
+
+log = logging.getLogger("jupyter_gpuaas.gateway.kueue")
+
+#: What the API says to a change Kueue decides instead of the gateway.
+KUEUE_DECIDES = (
+    "this gateway runs in Kueue mode: Kueue admits what is created in its queues (a pod "
+    "or Job with the kueue.x-k8s.io/queue-name label) and ends what is deleted"
+)
+
+
+def request_id(uid: str) -> str:
+    """The request id of a Workload: `r-` and the first 16 hex digits of its uid (the
+    API's one id format; the same Workload is the same request after a restart)."""
+    return "r-" + uid.replace("-", "")[:16]
+
+
+class KueueEngine:
+    """Kueue's decisions as the arbiter's engine (see the module docstring)."""
+
+    def __init__(self, watch: WorkloadWatch, *, interval: float = 2.0) -> None:
+        self.watch = watch
+        self.interval = interval
+        self.arbiter: Arbiter | None = None
+        # The last Workload seen of each live request, by request id.
+        self.views: dict[str, WorkloadView] = {}
+        # Positions from the visibility API, by request id; None: it did not answer.
+        self.positions: dict[str, Position] = {}
+        self.visibility: str = "not asked yet"
+        self._cluster_queues: dict[tuple[str, str], str] = {}
+        self._poke = asyncio.Event()
+        self._stale = True  # memory may lag the Workloads: reconcile every one of them
+
+    # --- the engine's face (engine.py): Kueue decides, so these decide nothing ---------
+
+    def submit(self, req: Request, now: float) -> list[Decision]:
+        raise Conflict(KUEUE_DECIDES)
+
+    def cancel(self, rid: str, now: float, reason: str = "") -> list[Decision]:
+        raise Conflict(KUEUE_DECIDES + f"; delete {self._owner(rid)} instead")
+
+    def finish(self, rid: str, now: float, reason: str = "") -> list[Decision]:
+        raise Conflict(KUEUE_DECIDES + f"; delete {self._owner(rid)} instead")
+
+    def heartbeat(self, rid: str, now: float, busy: bool | None = None) -> list[Decision]:
+        return []  # Kueue has no leases: a heartbeat only records utilization
+
+    def restore(self, req: Request, now: float) -> list[Decision]:
+        return []  # the stored request stays as it was until its Workload is seen again
+
+    def step(self, now: float) -> list[Decision]:
+        return []
+
+    def next_deadline(self) -> float | None:
+        return None
+
+    def reclaiming(self, rid: str) -> list[Request]:
+        return []
+
+    def admitted(self) -> Iterable[Request]:
+        arb = self.arbiter
+        if arb is None:
+            return []
+        return [r for r in arb.requests.values() if r.state is State.ADMITTED]
+
+    def position(self, rid: str) -> Position | None:
+        pos = self.positions.get(rid)
+        if pos is not None:
+            return pos
+        return self._ordered_position(rid)
+
+    def waiting_for(self, rid: str) -> tuple[str, dict[str, Any]] | None:
+        view = self.views.get(rid)
+        if view is None or view.state != "queued":
+            return None
+        if not (view.reason or view.message):
+            kind, sentence = "fifo", "Kueue has not looked at it yet"
+        else:
+            kind, sentence = waiting_words(view.queue, view.reason, view.message)
+        return kind, {"sentence": sentence, "gpus": view.gpus, "tenant": view.queue}
+
+    def _owner(self, rid: str) -> str:
+        view = self.views.get(rid)
+        return f"its {view.owner} in namespace {view.namespace}" if view else "its job"
+
+    def _ordered_position(self, rid: str) -> Position | None:
+        """Where the visibility API does not answer: the queue ordered as StrictFIFO."""
+        arb, view = self.arbiter, self.views.get(rid)
+        if arb is None or view is None or view.state != "queued":
+            return None
+        same = [
+            v
+            for r, v in self.views.items()
+            if v.queue == view.queue
+            and v.state == "queued"
+            and (req := arb.requests.get(r)) is not None
+            and req.state is State.QUEUED
+        ]
+        same.sort(key=lambda v: (-v.priority, v.created, v.uid))
+        at = next(i for i, v in enumerate(same) if v.uid == view.uid) + 1
+        return Position(at, len(same), at, len(same))
+
+    # --- following Kueue -------------------------------------------------------------
+
+    def start(self, arbiter: Arbiter) -> list[asyncio.Task[None]]:
+        self.arbiter = arbiter
+        loop = asyncio.get_running_loop()
+        return [loop.create_task(self.follow()), loop.create_task(self._positions_loop())]
+
+    async def follow(self) -> None:
+        """List the Workloads, then follow every change, for as long as the gateway runs."""
+        try:
+            while True:
+                try:
+                    await self.watch.list_workloads()
+                    break
+                except Exception as e:
+                    log.error("cannot list Kueue's Workloads (%s); trying again", e)
+                    await asyncio.sleep(self.interval)
+            await self._reconcile()
+            async for change in self.watch.changes():
+                if self._stale:
+                    await self._reconcile()
+                else:
+                    await self._apply([change])
+                self._poke.set()
+        finally:
+            await self.watch.close()
+
+    async def _apply(self, changes: Sequence[WorkloadChange], everything: bool = False) -> None:
+        """Record changes through the arbiter's group commit; a failure (the store, a
+        standby) leaves memory stale, and the next change or tick reconciles."""
+        assert self.arbiter is not None
+        try:
+            await self.arbiter._run(functools.partial(self._record, changes, everything))
+        except NotLeader:
+            self._stale = True
+        except RowError as e:  # this Workload's row cannot be stored: it fails alone
+            log.warning("a Workload the store cannot hold is left out: %s", e)
+        except Exception as e:
+            log.warning("Kueue's Workloads not recorded yet (%s): will reconcile", e)
+            self._stale = True
+
+    async def _reconcile(self) -> None:
+        """Every Workload as last seen, and the end of requests whose Workload is gone:
+        one operation each, queued together (one group, one transaction), so that one
+        the store refuses fails alone."""
+        self._stale = False
+        await asyncio.gather(
+            *[self._apply([WorkloadChange(v)]) for v in list(self.watch.seen.values())],
+            self._apply([], everything=True),
+        )
+
+    async def _positions_loop(self) -> None:
+        while True:
+            try:
+                if self._stale and self.arbiter is not None and self.arbiter.leader:
+                    await self._reconcile()
+                await self._refresh_positions()
+                await self.bind_nodes()
+            except Exception as e:
+                log.warning("positions from Kueue's visibility API failed: %s", e)
+            self._poke.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), self.interval)
+
+    async def _refresh_positions(self) -> None:
+        queues = {(v.namespace, v.queue) for v in self.views.values() if v.state == "queued"}
+        positions: dict[str, Position] = {}
+        said = "answers"
+        for ns, lq in sorted(queues):
+            try:
+                cq = await self._cluster_queue(ns, lq)
+                pending = await self.watch.pending_positions(cq)
+            except Exception as e:
+                said = f"does not answer ({e})"
+                continue
+            in_local = sum(1 for v in self.views.values() if v.queue == lq and v.state == "queued")
+            for rid, view in self.views.items():
+                at = pending.get((view.namespace, view.name))
+                if at is not None:
+                    in_cq, in_lq, of = at
+                    positions[rid] = Position(in_lq, max(in_local, in_lq), in_cq, of)
+        if said != self.visibility:
+            log.info("Kueue's visibility API %s", said)
+        self.visibility = said
+        self.positions = positions
+        if self.arbiter is not None:
+            self.arbiter._json_cache = {}
+
+    async def _cluster_queue(self, namespace: str, local_queue: str) -> str:
+        key = (namespace, local_queue)
+        if key not in self._cluster_queues:
+            from kubernetes_asyncio import client
+
+            api = client.CustomObjectsApi(await self.watch.client())
+            lq = await api.get_namespaced_custom_object(
+                "kueue.x-k8s.io", "v1beta2", namespace, "localqueues", local_queue
+            )
+            self._cluster_queues[key] = str(lq["spec"]["clusterQueue"])
+        return self._cluster_queues[key]
+
+    async def bind_nodes(self) -> None:
+        """The node of each admitted request whose job's pod is bound now."""
+        missing: dict[str, dict[str, str]] = {}
+        for rid, view in self.views.items():
+            req = self.arbiter.requests.get(rid) if self.arbiter else None
+            if req is not None and req.state is State.ADMITTED and req.node is None:
+                missing.setdefault(view.namespace, {})[view.owner_uid] = rid
+        found: list[tuple[str, str]] = []
+        for ns, owners in missing.items():
+            for owner, node in (await self.watch.bound_nodes(ns, set(owners))).items():
+                found.append((owners[owner], node))
+        if found and self.arbiter is not None:
+            await self.arbiter._run(functools.partial(self._record_nodes, found))
+
+    # --- on the arbiter's loop, inside its group commit ------------------------------
+
+    def _record_nodes(self, found: Sequence[tuple[str, str]]) -> None:
+        assert self.arbiter is not None
+        now = time.time()
+        touched = []
+        for rid, node in found:
+            req = self.arbiter.requests.get(rid)
+            if req is not None and req.state is State.ADMITTED and req.node is None:
+                req.node = node
+                touched.append(req)
+        self.arbiter.commit([], now, extra=touched)
+
+    def _record(self, changes: Sequence[WorkloadChange], everything: bool) -> None:
+        arb = self.arbiter
+        assert arb is not None
+        now = time.time()
+        for change in changes:
+            arb.commit(*self._decide(request_id(change.view.uid), change, now))
+        if everything:  # a request of a Workload that is no more: it ended meanwhile
+            seen = {request_id(uid) for uid in self.watch.seen}
+            for rid, req in list(arb.requests.items()):
+                if rid not in seen and req.state not in TERMINAL:
+                    arb.commit(*self._end(req, now, "its Workload was deleted", gone=True))
+
+    def _decide(
+        self, rid: str, change: WorkloadChange, now: float
+    ) -> tuple[list[Decision], float, list[Request]]:
+        arb = self.arbiter
+        assert arb is not None
+        view = change.view
+        req = arb.requests.get(rid)
+        out: list[Decision] = []
+        if req is None or req.state in TERMINAL:
+            if change.gone or view.state == "finished":
+                return [], now, []  # ended before this gateway saw it, or already recorded
+            req = Request(
+                id=rid,
+                tenant=view.queue,
+                user=view.user,
+                kind=view.kind,
+                gpus=view.gpus,
+                submit_time=view.created or now,
+                priority=view.priority,
+                queue_time=view.created or now,
+            )
+            arb.requests[rid] = req
+            # The store's name column holds 255 characters; a pod's name may take 253.
+            name = f"{view.owner} ({view.namespace})"[:255]
+            arb.meta[rid] = {"name": name, "created": now}
+            fields = {"tenant": req.tenant, "kind": req.kind, "gpus": req.gpus}
+            out.append(Decision(now, "submit", rid, fields))
+        self.views[rid] = view
+        if change.gone:
+            return self._end(req, now, f"its {view.owner} was deleted", gone=True, out=out)
+        if view.state == "finished":
+            return self._end(req, now, view.finished or "finished", out=out)
+        if view.state == "admitted" and req.state is not State.ADMITTED:
+            req.state = State.ADMITTED
+            req.assigned_flavor = view.flavor
+            req.admit_time = now
+            if req.first_admit is None:
+                req.first_admit = now
+            req.reason = ""
+            fields = {
+                "tenant": req.tenant,
+                "flavor": view.flavor,
+                "gpus": req.gpus,
+                "node": req.node,
+                "devices": [],
+                "by": "kueue",
+            }
+            out.append(Decision(now, "admit", rid, fields))
+        elif view.state == "queued" and req.state is State.ADMITTED:
+            # Kueue took the quota back (Evicted: Preempted, a lost node, ...) and
+            # requeued the Workload: the job starts again once admitted again.
+            req.preemptions += 1
+            why = eviction_words(view.queue, view.evicted)
+            out.append(Decision(now, "preempt", rid, {"by": "kueue", "reason": why}))
+            req.state = State.QUEUED
+            req.assigned_flavor = None
+            req.node = None
+            req.admit_time = None
+            req.reason = why
+            out.append(Decision(now, "requeue", rid))
+        return out, now, [req]
+
+    def _end(
+        self,
+        req: Request,
+        now: float,
+        why: str,
+        *,
+        gone: bool = False,
+        out: list[Decision] | None = None,
+    ) -> tuple[list[Decision], float, list[Request]]:
+        out = out if out is not None else []
+        admitted = req.state is State.ADMITTED or req.first_admit is not None
+        req.state = State.FINISHED if admitted else State.CANCELLED
+        req.reason = why
+        out.append(Decision(now, "finish" if admitted else "cancel", req.id, {"reason": why}))
+        self.views.pop(req.id, None)
+        self.positions.pop(req.id, None)
+        return out, now, [req]

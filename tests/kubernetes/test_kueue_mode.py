@@ -1,0 +1,455 @@
+"""Kueue mode (`--admission kueue`, issue 42 item 2) on the REAL control plane: the real
+Kueue 0.19 controller decides, the gateway follows its Workloads and shows them.
+
+One test's own quota (a ResourceFlavor, ClusterQueue and LocalQueue that
+`jupyter-gpuaas kueue manifests` prints for a quota file of one tenant with one GPU, on a
+KWOK Node of the test's flavor), and Jobs created with kubectl, outside jupyter-gpuaas, in
+the tenant's LocalQueue: the first is admitted by Kueue, the second waits with Kueue's
+reason in words and its position from Kueue's visibility API, is admitted when the first
+Job is deleted, and finishes when KWOK completes its pod. Then a GPU kernel's pod as our
+builder makes it in Kueue mode (its LocalQueue label) goes through Kueue's pod integration:
+gated, admitted, bound by the real scheduler, and ended when deleted. The store is read
+back through `api/requests` (the gateway answers from it), and the event stream tells the
+same story. That gateway reaches the API server as a ServiceAccount with only the rules
+`kubernetes manifests --admission kueue` gives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import wait_until
+from kubefix import TOKENS
+from kubeutil import KubeOnCluster, service_account_kubeconfig, start_gateway
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from traitlets.config import Config
+
+from jupyter_gpuaas.kubernetes.kernel_pods import kernel_pod_manifest
+from jupyter_gpuaas.kubernetes.manifests import rules
+
+pytestmark = pytest.mark.asyncio
+
+HEADERS = {"Authorization": f"token {TOKENS['root']}"}
+
+
+def job(name: str, queue: str, *, user: str | None = None, seconds: int | None = None) -> Any:
+    """A batch/v1 Job of one pod asking for one GPU, in Kueue's queue `queue` (a Job as a
+    person writes it for kubectl; KWOK completes its pod after `seconds`)."""
+    labels = {"kueue.x-k8s.io/queue-name": queue}
+    if user is not None:
+        labels["gpuaas.jupyter.org/user"] = user
+    pod_notes = {}
+    if seconds is not None:
+        pod_notes["pod-complete.stage.kwok.x-k8s.io/delay"] = f"{seconds}s"
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": pod_notes},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "python:3.12",
+                            "resources": {
+                                "requests": {"nvidia.com/gpu": "1"},
+                                "limits": {"nvidia.com/gpu": "1"},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+async def requests_of(url: str) -> dict[str, dict[str, Any]]:
+    resp = await AsyncHTTPClient().fetch(url + "api/requests?limit=100", headers=HEADERS)
+    body = json.loads(resp.body)
+    items = body["requests"] if isinstance(body, dict) else body
+    return {r["name"]: r for r in items if r.get("name")}
+
+
+class KueueQuota:
+    """One test's own Kueue quota: a flavor on a KWOK Node of its own (only the test's
+    jobs fit there), a tenant of one GPU, and the objects `jupyter-gpuaas kueue manifests`
+    prints for them, applied to the real API server."""
+
+    def __init__(self, kube: KubeOnCluster, tmp_path: Path, **tenant: Any) -> None:
+        self.kube, self.tag = kube, uuid.uuid4().hex[:6]
+        self.flavor, self.tenant = f"kq-gpu-{self.tag}", f"kq-team-{self.tag}"
+        self.node = f"kq-node-{self.tag}"
+        kube.add_node(
+            self.node,
+            labels={"gpuaas.jupyter.org/flavor": self.flavor},
+            allocatable={"nvidia.com/gpu": "1"},
+            taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        )
+        self.quotas = {
+            "flavors": {self.flavor: {"nodes": 1, "gpus_per_node": 1}},
+            "tenants": {self.tenant: {"quota": {self.flavor: 1}, **tenant}},
+            "policy": {"idle_timeout": 0, "reservation_ttl": 0},
+        }
+        qfile = tmp_path / "kq.yaml"
+        qfile.write_text(yaml.safe_dump(self.quotas))
+        cli = [sys.executable, "-m", "jupyter_gpuaas.cli", "kueue", "manifests", str(qfile)]
+        printed = subprocess.run(
+            [*cli, "--namespace", kube.namespace], capture_output=True, text=True, check=True
+        ).stdout
+        objects = [o for o in yaml.safe_load_all(printed) if o]
+        assert [o["kind"] for o in objects] == ["ResourceFlavor", "ClusterQueue", "LocalQueue"]
+        kube.cluster.apply(objects)
+
+    async def gateway(self, tmp_path: Path, db_url: str | None = None) -> Any:
+        """The real gateway in Kueue mode, following the test's namespace."""
+        config = Config()
+        config.GatewayApp.admission = "kueue"
+        config.GatewayApp.kueue_namespace = self.kube.namespace
+        config.GatewayApp.kueue_interval = 0.3
+        return await start_gateway(
+            tmp_path,
+            quotas=self.quotas,
+            devices=f"simulated:{self.flavor}=1x1",
+            config=config,
+            db_url=db_url,
+        )
+
+    def run(self, *objects: Any) -> None:
+        self.kube.cluster.apply(list(objects), "-n", self.kube.namespace)
+
+    def close(self) -> None:
+        self.kube.cluster.kubectl(
+            "delete",
+            "clusterqueue",
+            self.tenant,
+            "resourceflavor",
+            self.flavor,
+            "--wait=false",
+            check=False,
+        )
+
+
+def as_the_gateways_account(
+    kube: KubeOnCluster, tag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """Make the gateway talk to the API server with the token of a ServiceAccount holding
+    only the rules `kubernetes manifests --admission kueue` gives the gateway: RBAC, not
+    the admin certificate, decides (a verb missing there fails this test). Returns the
+    ClusterRole's name (cluster-scoped: the caller deletes it)."""
+    from kubernetes_asyncio.config import kube_config
+
+    cluster_rules, namespaced = rules("none", "kueue")
+    path = service_account_kubeconfig(kube, "gpuaas", namespaced, tmp_path / "gateway.kubeconfig")
+    name = f"gpuaas-kueue-{tag}"
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
+    subject = {"kind": "ServiceAccount", "name": "gpuaas", "namespace": kube.namespace}
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": name},
+                "rules": cluster_rules,
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": ref,
+                "subjects": [subject],
+            },
+        ]
+    )
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    return name
+
+
+async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
+    kube: KubeOnCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    quota = KueueQuota(kube, tmp_path)
+    tag, flavor, tenant, node = quota.tag, quota.flavor, quota.tenant, quota.node
+    role = as_the_gateways_account(kube, tag, tmp_path, monkeypatch)
+    gw = await quota.gateway(tmp_path)
+    events: list[dict[str, Any]] = []
+    listening = asyncio.get_running_loop().create_task(listen(gw.url, events))
+    try:
+        # The first Job takes the tenant's one GPU (it would run for an hour).
+        kube.cluster.apply([job("first", tenant, seconds=3600)], "-n", kube.namespace)
+        first = await wait_until(
+            lambda: admitted(gw.url, "first"), timeout=60, what="the first Job admitted"
+        )
+        assert first["user"] == "outside jupyter-gpuaas"
+        assert first["tenant"] == tenant and first["kind"] == "job" and first["gpus"] == 1
+        assert first["grant"]["flavor"] == flavor
+        assert first["grant"]["lease_expires"] is None  # Kueue has no leases
+        # The node comes from the Job's pod, once the real scheduler bound it.
+        await wait_until(
+            lambda: field_is(gw.url, "first", lambda r: (r["grant"] or {}).get("node") == node),
+            timeout=60,
+            what="the first Job's node",
+        )
+
+        # The second waits: Kueue's reason in words, its place from the visibility API.
+        kube.cluster.apply([job("second", tenant, user="carol", seconds=1)], "-n", kube.namespace)
+
+        def reasoned(r: dict[str, Any]) -> bool:
+            return r["state"] == "queued" and (r.get("waiting_for") or {}).get("kind") == "quota"
+
+        second = await wait_until(
+            lambda: field_is(gw.url, "second", reasoned), timeout=60, what="second's reason"
+        )
+        assert second["user"] == "carol"
+        message = second["waiting_for"]["message"]
+        assert f"all of {tenant}'s {flavor} quota is in use: 1 more GPU" in message, message
+        engine = gw.arbiter.kueue
+        await wait_until(lambda: second["id"] in engine.positions, what="a visible position")
+        second = await wait_until(
+            lambda: field_is(gw.url, "second", lambda r: r["position"] is not None),
+            timeout=30,
+            what="second's position",
+        )
+        assert second["position"]["tenant"] == 1 and second["position"]["of"] == 1
+        assert engine.visibility == "answers"
+        # The admin page and the metrics show the whole queue, Kueue's as it is.
+        page = await AsyncHTTPClient().fetch(gw.url, headers=HEADERS)
+        assert f"Job second ({kube.namespace})" in page.body.decode()
+
+        async def counted() -> bool:
+            resp = await AsyncHTTPClient().fetch(gw.url + "metrics", headers=HEADERS)
+            return any(
+                line.startswith("gpuaas_pending_requests{")
+                and f'tenant="{tenant}"' in line
+                and 'kind="job"' in line
+                and line.endswith(" 1.0")
+                for line in resp.body.decode().splitlines()
+            )
+
+        await wait_until(counted, what="the pending Job in the metrics")
+        # What Kueue decides, the API does not: a cancel is refused in words.
+        with pytest.raises(HTTPClientError) as refused:
+            await AsyncHTTPClient().fetch(
+                gw.url + f"api/requests/{second['id']}", method="DELETE", headers=HEADERS
+            )
+        assert refused.value.code == 409
+
+        # The first Job deleted: its request ends, and the real Kueue admits the second.
+        kube.cluster.kubectl("delete", "job", "first", "-n", kube.namespace, "--wait=false")
+        await wait_until(
+            lambda: field_is(gw.url, "first", lambda r: r["state"] == "finished"),
+            timeout=60,
+            what="the first request finished",
+        )
+        second = await wait_until(
+            lambda: admitted(gw.url, "second"), timeout=60, what="the second Job admitted"
+        )
+        assert second["grant"]["flavor"] == flavor
+        # KWOK completes its pod; the Job controller the Job; Kueue the Workload.
+        second = await wait_until(
+            lambda: field_is(gw.url, "second", lambda r: r["state"] == "finished"),
+            timeout=60,
+            what="the second request finished",
+        )
+        assert "Succeeded" in (second["reason"] or "")
+
+        # The event stream heard the same story, in the order it was committed.
+        def story() -> list[str]:
+            rid = second["id"]
+            return [e["event"] for e in events if e.get("id") == rid]
+
+        await wait_until(lambda: story()[-1:] == ["finish"], what="the stream's finish")
+        assert story() == ["submit", "admit", "finish"]
+
+        # A GPU kernel's pod as our builder makes it in Kueue mode: Kueue's pod integration
+        # gates it, admits it, the scheduler binds it; deleted, its request ends.
+        pod = kernel_pod_manifest(
+            name=f"kernel-{tag}",
+            kernel_id=tag,
+            user="alice",
+            command=["python", "-m", "ipykernel_launcher"],
+            image="quay.io/jupyter/pytorch-notebook",
+            request={"gpus": 1, "tenant": tenant, "flavor": flavor, "grant": None},
+            flavors={flavor: {"node_selector": {"gpuaas.jupyter.org/flavor": flavor}}},
+            queue=tenant,
+        )
+        pod["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+        kube.cluster.apply([pod], "-n", kube.namespace)
+        kernel = await wait_until(
+            lambda: admitted(gw.url, f"kernel-{tag}", kind="Pod"),
+            timeout=60,
+            what="the kernel pod admitted",
+        )
+        assert (kernel["user"], kernel["kind"], kernel["tenant"]) == ("alice", "kernel", tenant)
+        assert kernel["grant"]["flavor"] == flavor
+        await wait_until(
+            lambda: field_is(
+                gw.url,
+                f"kernel-{tag}",
+                lambda r: (r["grant"] or {}).get("node") == node,
+                kind="Pod",
+            ),
+            timeout=60,
+            what="the kernel pod bound",
+        )
+        kube.cluster.kubectl("delete", "pod", f"kernel-{tag}", "-n", kube.namespace, "--wait=false")
+        await wait_until(
+            lambda: field_is(
+                gw.url, f"kernel-{tag}", lambda r: r["state"] == "finished", kind="Pod"
+            ),
+            timeout=60,
+            what="the kernel's request finished",
+        )
+    finally:
+        listening.cancel()
+        await gw.stop_server()
+        quota.close()
+        kube.cluster.kubectl(
+            "delete", "clusterrolebinding,clusterrole", role, "--wait=false", check=False
+        )
+
+
+async def test_kueue_preempts_and_a_restarted_gateway_catches_up(
+    kube: KubeOnCluster, tmp_path: Path, db_url: str
+) -> None:
+    """A higher-priority Job makes the real Kueue preempt a running one (`preempt`, then
+    `requeue`: Kueue requeues it); then the gateway stops, the winner's Job is deleted
+    while it is down, and a new gateway on the same store restores both requests, ends the
+    one whose Workload is gone, and sees Kueue admit the other again. On SQLite and on
+    PostgreSQL, the cluster mode's store."""
+    quota = KueueQuota(kube, tmp_path, preemption={"within_tenant": "LowerPriority"})
+    high = f"kq-high-{quota.tag}"
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": high},
+                "value": 1000,
+            }
+        ]
+    )
+    gw = await quota.gateway(tmp_path, db_url)
+    try:
+        quota.run(job("low", quota.tenant, seconds=3600))
+        low = await wait_until(lambda: admitted(gw.url, "low"), timeout=60, what="low admitted")
+        urgent = job("urgent", quota.tenant, seconds=3600)
+        urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
+        quota.run(urgent)
+        await wait_until(lambda: admitted(gw.url, "urgent"), timeout=60, what="urgent admitted")
+        low = await wait_until(
+            lambda: field_is(gw.url, "low", lambda r: r["state"] == "queued"),
+            timeout=60,
+            what="low preempted and queued again",
+        )
+        assert low["admitted_at"] is not None  # it ran before
+        assert (
+            low["reason"]
+            == f"preempted by Kueue for a workload of higher priority in {quota.tenant}"
+        )
+        # The store's decision log: what Kueue decided, as the gateway recorded it.
+        logged = [d.event for d in gw.arbiter.store.decisions(low["id"])]
+        assert logged == ["submit", "admit", "preempt", "requeue"], logged
+    finally:
+        await gw.stop_server()
+    try:
+        # While no gateway runs: the urgent Job goes; Kueue admits low again.
+        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, "--wait=false")
+        again = await quota.gateway(tmp_path, db_url)  # the same store
+        try:
+            await wait_until(
+                lambda: field_is(again.url, "urgent", lambda r: r["state"] == "finished"),
+                timeout=60,
+                what="the urgent request ended by the restarted gateway",
+            )
+            back = await wait_until(
+                lambda: admitted(again.url, "low"), timeout=60, what="low admitted again"
+            )
+            assert back["id"] == low["id"] and back["grant"]["flavor"] == quota.flavor
+            assert back["grant"]["lease_expires"] is None
+        finally:
+            await again.stop_server()
+    finally:
+        quota.close()
+
+
+async def field_is(url: str, name: str, test: Any, kind: str = "Job") -> dict[str, Any] | None:
+    """The request of the Job (or Pod) `name`, named "<kind> <name> (<namespace>)" by the
+    gateway, when `test` holds."""
+    items = await requests_of(url)
+    found = next((r for n, r in items.items() if n.startswith(f"{kind} {name} (")), None)
+    return found if found is not None and test(found) else None
+
+
+async def admitted(url: str, name: str, kind: str = "Job") -> dict[str, Any] | None:
+    return await field_is(url, name, lambda r: r["state"] == "admitted", kind)
+
+
+async def listen(url: str, into: list[dict[str, Any]]) -> None:
+    """The gateway's event stream (SSE), every event's data appended to `into`."""
+    buffer = b""
+
+    def chunk(data: bytes) -> None:
+        nonlocal buffer
+        buffer += data
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            for line in block.decode().splitlines():
+                if line.startswith("data:"):
+                    into.append(json.loads(line[5:]))
+
+    await AsyncHTTPClient().fetch(
+        url + "api/events", headers=HEADERS, streaming_callback=chunk, request_timeout=0
+    )
+
+
+async def test_the_kueue_mode_manifests_apply_to_the_real_api_server(
+    kube: KubeOnCluster, tmp_path: Path
+) -> None:
+    """`kubernetes manifests --admission kueue`: the API server takes every object
+    (strict field validation), the gateway's config says Kueue decides, in its namespace,
+    and its Role and ClusterRole hold the rules the test above runs the gateway with."""
+    qfile = tmp_path / "quotas.yaml"
+    quotas = {
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
+        "tenants": {"vision": {"quota": {"a100": 2}}},
+    }
+    qfile.write_text(yaml.safe_dump(quotas))
+    cli = [sys.executable, "-m", "jupyter_gpuaas.cli", "kubernetes", "manifests"]
+    out = subprocess.run(
+        [*cli, "--quotas", str(qfile), "--namespace", kube.namespace, "--scale-up", "none",
+         "--admission", "kueue"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    kube.cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "--validate=strict", "-f", "-", input=out
+    )
+    try:
+        maps = [d["data"] for d in docs if d["kind"] == "ConfigMap"]
+        config = json.loads(
+            next(m["gpuaas_config.json"] for m in maps if "gpuaas_config.json" in m)
+        )
+        assert config["GatewayApp"] == {"admission": "kueue", "kueue_namespace": kube.namespace}
+        cluster_rules, namespaced = rules("none", "kueue")
+        assert namespaced in [d["rules"] for d in docs if d["kind"] == "Role"]
+        assert cluster_rules in [d["rules"] for d in docs if d["kind"] == "ClusterRole"]
+    finally:
+        for d in docs:
+            if not d["metadata"].get("namespace"):
+                kube.cluster.kubectl(
+                    "delete", d["kind"].lower(), d["metadata"]["name"], "--wait=false", check=False
+                )
