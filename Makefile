@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 CHP := node_modules/.bin/configurable-http-proxy
 
-.PHONY: setup node-deps labextension core demo test lint typecheck contracts pytest uitest scenarios bench clean \
+.PHONY: setup node-deps labextension core demo test lint typecheck contracts docs pytest uitest scenarios bench clean \
 	cluster-bin cluster-up cluster-down
 
 $(BIN)/python:
@@ -63,6 +63,14 @@ DEMO_ARGS ?=
 demo: setup core
 	$(BIN)/jupyter-gpuaas demo $(DEMO_ARGS)
 
+# The documentation site (Sphinx, MyST, the pydata theme) into build/docs/html, warnings as
+# errors; its reference pages are written from the code first (docs/_ext/gpuaas_reference.py).
+# Incremental: a second build reads only what changed (and the generated pages, which are
+# rewritten only when the code changes them).
+DOCS_OUT := build/docs
+docs: $(STAMP)
+	$(BIN)/python -m sphinx -W --keep-going -q -b html -d $(DOCS_OUT)/doctrees docs $(DOCS_OUT)/html
+
 lint: $(STAMP)
 	$(BIN)/ruff check jupyter_gpuaas tests benchmarks scripts
 	$(BIN)/ruff format --check jupyter_gpuaas tests benchmarks scripts
@@ -93,7 +101,7 @@ cluster-down: $(STAMP)
 pytest: setup core cluster-bin
 	$(BIN)/python -m pytest -q
 
-test: lint contracts typecheck pytest uitest
+test: lint contracts typecheck docs pytest uitest
 
 # The sidebar's tests: Jest on its model, then Galata (Playwright on Debian's Chromium)
 # against a real jupyter server and a real standalone gateway (tests/ui/run_galata.py).
