@@ -24,6 +24,7 @@ import argparse
 import importlib
 import inspect
 import json
+import os
 import pkgutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,6 +167,19 @@ def commands(
 
 
 def commands_markdown() -> str:
+    # argparse wraps usage to the terminal's width: the page's must not depend on who builds.
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "88"
+    try:
+        return _commands_markdown()
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+
+
+def _commands_markdown() -> str:
     lines = [
         "# Commands",
         "",
