@@ -338,18 +338,19 @@ def scenario_schema() -> dict[str, Any]:
 
 
 def _schema_rows(schema: dict[str, Any], path: str, out: list[str]) -> None:
+    required = schema.get("required", [])
     for key, sub in schema.get("properties", {}).items():
         here = f"{path}.{key}" if path else key
-        _describe(sub, here, out)
+        _describe(sub, here, out, key in required)
     extra = schema.get("additionalProperties")
     if isinstance(extra, dict) and extra:
         _describe(extra, f"{path}.<name>" if path else "<name>", out)
 
 
-def _describe(sub: dict[str, Any], here: str, out: list[str]) -> None:
+def _describe(sub: dict[str, Any], here: str, out: list[str], required: bool = False) -> None:
     kind = sub.get("type", "")
     kinds = [kind] if isinstance(kind, str) else [k for k in kind if k != "null"]
-    facts = []
+    facts = ["required"] if required else []
     if kinds:
         facts.append(" or ".join(kinds))
     if "enum" in sub:

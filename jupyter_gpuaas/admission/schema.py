@@ -25,8 +25,6 @@ from jupyter_gpuaas.admission.model import (
 )
 from jupyter_gpuaas.admission.values import SpecError
 
-SCHEMA_ID = "https://jupyter-gpuaas.readthedocs.io/en/latest/_downloads/scenario.schema.json"
-
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     kind = schema["type"]
@@ -257,7 +255,6 @@ QUOTAS_PROPERTIES: dict[str, Any] = {
 
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": SCHEMA_ID,
     "title": "jupyter-gpuaas scenario",
     "description": "A scenario for `jupyter-gpuaas simulate`: GPU flavors, tenants with "
     "quotas, a policy, and the requests to replay (a list, or a CSV file with the same "
