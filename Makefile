@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 CHP := node_modules/.bin/configurable-http-proxy
 
-.PHONY: setup node-deps labextension core demo test lint typecheck contracts pytest uitest scenarios bench clean \
+.PHONY: setup node-deps labextension core demo test lint typecheck contracts docs lowest pytest uitest scenarios bench clean \
 	cluster-bin cluster-up cluster-down
 
 $(BIN)/python:
@@ -63,6 +63,41 @@ DEMO_ARGS ?=
 demo: setup core
 	$(BIN)/jupyter-gpuaas demo $(DEMO_ARGS)
 
+# The documentation site (Sphinx, MyST, the pydata theme) into build/docs/html, warnings as
+# errors; its reference pages are written from the code first (docs/_ext/gpuaas_reference.py).
+# Incremental: a second build reads only what changed (and the generated pages, which are
+# rewritten only when the code changes them).
+DOCS_OUT := build/docs
+docs: $(STAMP)
+	$(BIN)/python -m sphinx -W --keep-going -q -b html -d $(DOCS_OUT)/doctrees docs $(DOCS_OUT)/html
+
+# The oldest versions the pins allow (issue 44): a second venv with the lowest version of
+# every direct dependency (`uv pip install --resolution lowest-direct`; uv comes with the
+# test extra), the package installed editable into it, and a smoke subset run against it:
+# a gateway (its REST API), Hub spawns through the queue, a GPU kernel through the
+# provisioner. A failure here means a pin in pyproject.toml must move up. Run once per
+# change of pyproject.toml (the stamp), since the install costs minutes; `make lowest`
+# after `rm .venv-lowest/.passed` runs it again.
+LOWEST := .venv-lowest
+LOWEST_STAMP := $(LOWEST)/.passed
+LOWEST_SMOKE := tests/gateway/test_api.py \
+	tests/hub/test_hub_spawn.py::test_free_gpu_spawn_sees_exactly_its_devices \
+	tests/hub/test_hub_spawn.py::test_second_spawn_queues_then_starts_when_the_first_stops \
+	tests/server/test_gpu_kernels.py::test_second_kernel_waits_for_the_gpu_then_starts_on_it
+$(LOWEST_STAMP): pyproject.toml | setup core
+	rm -rf $(LOWEST)
+	$(BIN)/uv venv -q --python $(BIN)/python $(LOWEST)
+	$(BIN)/uv pip install -q --python $(LOWEST)/bin/python --resolution lowest-direct \
+		-e ".[postgres]" "pytest>=8.0" "pytest-asyncio>=0.23" "pytest-timeout>=2.3" \
+		"pytest-jupyter[server]>=0.9"
+	@echo "lowest: $$($(BIN)/uv pip list --python $(LOWEST)/bin/python 2>/dev/null \
+		| grep -E '^(jupyterhub|jupyter-server|jupyter-client|tornado|traitlets) ' | tr -s ' ' | paste -sd,)"
+	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -q -p no:cacheprovider \
+		$(LOWEST_SMOKE)
+	touch $@
+
+lowest: $(LOWEST_STAMP)
+
 lint: $(STAMP)
 	$(BIN)/ruff check jupyter_gpuaas tests benchmarks scripts
 	$(BIN)/ruff format --check jupyter_gpuaas tests benchmarks scripts
@@ -94,7 +129,7 @@ cluster-down: $(STAMP)
 pytest: setup core cluster-bin
 	$(BIN)/python -m pytest -q
 
-test: lint contracts typecheck pytest uitest
+test: lint contracts typecheck docs lowest pytest uitest
 
 # The sidebar's tests: Jest on its model, then Galata (Playwright on Debian's Chromium)
 # against a real jupyter server and a real standalone gateway (tests/ui/run_galata.py).
@@ -110,5 +145,5 @@ bench: $(STAMP) core
 
 clean:
 	rm -rf labextension/node_modules labextension/lib jupyter_gpuaas/labextension
-	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache build/mypyc
+	rm -rf $(VENV) $(LOWEST) node_modules .mypy_cache .ruff_cache .pytest_cache build/mypyc build/docs
 	rm -f jupyter_gpuaas/admission/*.so jupyter_gpuaas/admission/*.pyd

@@ -59,7 +59,7 @@ gpuaas_service = dict(
 if os.environ.get("GPUAAS_GATEWAY_EXTERNAL"):
     # The gateway runs apart from the Hub (systemd, a container), so a Hub restart or
     # outage does not stop it; the Hub only routes to it. Start it yourself with the
-    # command above and the environment a managed service gets (README).
+    # command above and the environment a managed service gets (docs/how-to/existing-hub.md).
     del gpuaas_service["command"]
     gpuaas_service["oauth_redirect_uri"] = "/services/gpuaas/oauth_callback"
 c.JupyterHub.services.append(gpuaas_service)

@@ -1,11 +1,15 @@
-"""The README's examples are run, so the page cannot drift from what the product prints.
+"""The documentation's examples are run, so the pages cannot drift from what the product prints.
 
-Every fenced block of README.md that starts with `$ .venv/bin/jupyter-gpuaas simulate`
-(the simulator's tour, on the README's first screen) is a transcript: each `$ COMMAND`
-line is run from the repository root with this venv's `jupyter-gpuaas`, and the lines
-after it must be what the command prints, line for line. A line `...` in the README
-stands for any number of printed lines (the run's own wall-clock time, say), so the page
-may show less than the run prints but never something it does not print.
+They were the README's; the README is a landing page now, and the examples moved with their
+text into the documentation site: the simulator's tour (docs/tutorials/simulator.md) and
+the gateway's curl tour (docs/tutorials/gateway-api.md).
+
+Every fenced block of the simulator's page that starts with `$ .venv/bin/jupyter-gpuaas
+simulate` is a transcript: each `$ COMMAND` line is run from the repository root with this
+venv's `jupyter-gpuaas`, and the lines after it must be what the command prints, line for
+line. A line `...` on the page stands for any number of printed lines (the run's own
+wall-clock time, say), so the page may show less than the run prints but never something
+it does not print.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+SIMULATOR_PAGE = ROOT / "docs" / "tutorials" / "simulator.md"
+GATEWAY_PAGE = ROOT / "docs" / "tutorials" / "gateway-api.md"
 EXE = Path(sys.executable).parent / "jupyter-gpuaas"
 RUNNABLE = ("$ .venv/bin/jupyter-gpuaas simulate", "$ jupyter-gpuaas simulate")
 ELLIPSIS = "..."
@@ -41,7 +46,7 @@ def transcripts(text: str) -> list[tuple[str, list[str]]]:
 
 
 def matches(shown: list[str], printed: list[str]) -> bool:
-    """Whether the README's lines are the printed lines, `...` standing for any run of
+    """Whether the page's lines are the printed lines, `...` standing for any run of
     lines (trailing spaces never count)."""
     shown = [line.rstrip() for line in shown]
     printed = [line.rstrip() for line in printed]
@@ -63,15 +68,15 @@ def test_the_matcher_needs_every_shown_line() -> None:
     assert not matches(["a"], ["a", "b"])  # without `...`, nothing may be left out
 
 
-EXAMPLES = transcripts(README.read_text(encoding="utf-8"))
+EXAMPLES = transcripts(SIMULATOR_PAGE.read_text(encoding="utf-8"))
 
 
-def test_the_readme_shows_the_simulator_tour() -> None:
+def test_the_page_shows_the_simulator_tour() -> None:
     assert any("simulate hub_config/examples/two-teams.yaml" in cmd for cmd, _ in EXAMPLES)
 
 
 @pytest.mark.parametrize(("command", "shown"), EXAMPLES, ids=[c for c, _ in EXAMPLES])
-def test_a_readme_command_prints_what_the_readme_shows(command: str, shown: list[str]) -> None:
+def test_a_page_command_prints_what_the_page_shows(command: str, shown: list[str]) -> None:
     argv = shlex.split(command)
     assert argv[0].endswith("jupyter-gpuaas"), command
     done = subprocess.run([str(EXE), *argv[1:]], cwd=ROOT, capture_output=True, text=True,
@@ -79,19 +84,22 @@ def test_a_readme_command_prints_what_the_readme_shows(command: str, shown: list
     assert done.returncode == 0, done.stderr
     printed = done.stdout.splitlines()
     assert matches(shown, printed), (
-        "README.md shows:\n" + "\n".join(shown) + "\n\nthe command prints:\n" + done.stdout
+        f"{SIMULATOR_PAGE.name} shows:\n"
+        + "\n".join(shown)
+        + "\n\nthe command prints:\n"
+        + done.stdout
     )
 
 
 # --- the gateway's curl tour ------------------------------------------------------------
 
-TOUR = "## The gateway on its own"
-README_PORT = "8765"
+TOUR = "# The gateway on its own"
+PAGE_PORT = "8765"
 
 
 def tour_commands(text: str) -> list[tuple[str, list[str]]]:
-    """The tour's commands in README order ("\\"-continued lines joined), with the lines
-    the README shows after each."""
+    """The tour's commands in page order ("\\"-continued lines joined), with the lines
+    the page shows after each."""
     section = text.split(TOUR, 1)[1].split("\n## ", 1)[0]
     found: list[tuple[str, list[str]]] = []
     for block in re.findall(r"^```\n(.*?)^```", section, re.M | re.S):
@@ -109,7 +117,7 @@ def tour_commands(text: str) -> list[tuple[str, list[str]]]:
 
 
 def pattern(shown: str, ids: dict[str, str]) -> str:
-    """A regular expression for a JSON answer the README shows with `…` for what it leaves
+    """A regular expression for a JSON answer the page shows with `…` for what it leaves
     out. A request id shown as `r-d76c…` stands for one real id, the same wherever it is
     shown (bound at its first sight, in `ids`)."""
     out = []
@@ -131,9 +139,9 @@ def pattern(shown: str, ids: dict[str, str]) -> str:
     return "".join(out)
 
 
-def test_the_gateway_tour_prints_what_the_readme_shows(tmp_path: Path) -> None:
-    """Every command of the README's curl tour, run against a real gateway started the way
-    the README starts it (on a free port instead of 8765), prints what the README shows."""
+def test_the_gateway_tour_prints_what_the_page_shows(tmp_path: Path) -> None:
+    """Every command of the page's curl tour, run against a real gateway started the way
+    the page starts it (on a free port instead of 8765), prints what the page shows."""
     import shutil
     import socket
     import time
@@ -154,16 +162,18 @@ def test_the_gateway_tour_prints_what_the_readme_shows(tmp_path: Path) -> None:
         regex = pattern("\n".join(shown), ids)
         found = re.fullmatch(regex, " ".join(printed.split()), re.S)
         assert found, (
-            f"$ {command}\nREADME.md shows:\n" + "\n".join(shown) + f"\nprinted:\n{printed}"
+            f"$ {command}\n{GATEWAY_PAGE.name} shows:\n"
+            + "\n".join(shown)
+            + f"\nprinted:\n{printed}"
         )
         for name, value in found.groupdict().items():
             ids[f"r-{name[3:]}…"] = value
 
-    commands = tour_commands(README.read_text(encoding="utf-8"))
+    commands = tour_commands(GATEWAY_PAGE.read_text(encoding="utf-8"))
     assert [c.split()[0] for c, _ in commands][:3] == ["cat", "cat", ".venv/bin/jupyter-gpuaas"]
     try:
         for command, shown in commands:
-            argv = command.replace(README_PORT, port)
+            argv = command.replace(PAGE_PORT, port)
             for shown_id, real in ids.items():
                 argv = argv.replace(shown_id, real)
             if argv.startswith("cat "):
@@ -194,7 +204,7 @@ def test_the_gateway_tour_prints_what_the_readme_shows(tmp_path: Path) -> None:
             regex = pattern("\n".join(shown), ids)
             wait_for(lambda out=out, regex=regex: re.fullmatch(  # type: ignore[misc]
                 regex, " ".join(out.read_text().split()), re.S), timeout=30,
-                what="the stream shows what the README shows",
+                what="the stream shows what the page shows",
                 detail=lambda out=out: out.read_text())  # fmt: skip
     finally:
         for proc, _, _ in background:

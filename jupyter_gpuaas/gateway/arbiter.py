@@ -35,6 +35,7 @@ from jupyter_gpuaas.admission.model import (
     Request,
     State,
 )
+from jupyter_gpuaas.admission.schema import QUOTAS_SCHEMA, check_schema
 from jupyter_gpuaas.words import culled_reason, ended_by, expired_reason, preempted_reason
 
 from ..devices import DeviceSample, Inventory, NodeInfo
@@ -158,6 +159,7 @@ class Arbiter(Loops, Views):
         self._staging: list[_Staged] | None = None
         self._json_cache: dict[str, dict[str, Any]] = {}
         check_names(parse_config(self.quotas))  # SpecError: the file breaks the name rule
+        check_schema(self.quotas, QUOTAS_SCHEMA)  # the published schema holds too
         self.overrides = store.tenant_overrides()
         for name in self.overrides:
             if not is_name(name):

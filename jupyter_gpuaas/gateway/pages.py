@@ -121,13 +121,14 @@ class PageHandler(BaseHandler):
         if hub_auth is None:
             raise ApiError(401, "this gateway runs without JupyterHub: send a token")
         params: dict[str, str] = {}
-        verifier = None
+        # PKCE where the Hub's HubOAuth has it; older ones (5.4 and before) take no
+        # code_verifier at all, so it is passed only with a verifier to pass.
+        state_kwargs: dict[str, str] = {}
         if getattr(hub_auth, "pkce_enabled", False):
             verifier, challenge, method = hub_auth.generate_pkce_code_challenge()
             params.update(code_challenge=challenge, code_challenge_method=method)
-        params["state"] = hub_auth.set_state_cookie(
-            self, next_url=self.request.uri, code_verifier=verifier
-        )
+            state_kwargs["code_verifier"] = verifier
+        params["state"] = hub_auth.set_state_cookie(self, next_url=self.request.uri, **state_kwargs)
         return str(url_concat(hub_auth.login_url, params))
 
     def signed_in(self) -> Identity | None:

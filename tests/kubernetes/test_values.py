@@ -1,7 +1,8 @@
 """hub_config/kubernetes/values.yaml (zero-to-jupyterhub): it validates against the chart's
 values schema, its Python runs and sets only traits that exist, its spawner config passes
 QueuedKubeSpawner's own validation, its profiles' GPU blocks are valid, its flavors are the
-ones the README's `kubernetes manifests` command gives the gateway, and the users' servers
+ones the deployment guide's `kubernetes manifests` command gives the gateway
+(docs/how-to/zero-to-jupyterhub.md), and the users' servers
 get the Kubernetes GPU kernelspecs (kernels in pods of their own), the config of those
 pods, the ServiceAccount the manifests give rights to, and network rules that let the
 kernel pods and the server talk. No cluster: the config is executed against a traitlets
@@ -27,6 +28,8 @@ from jupyter_gpuaas.kubeapi.meta import NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "hub_config" / "kubernetes" / "values.yaml"
+# The how-to guide that walks an admin through the deployment (the README's section before).
+GUIDE = ROOT / "docs" / "how-to" / "zero-to-jupyterhub.md"
 Z2JH_SCHEMA = Path(__file__).parent / "crds" / "zero-to-jupyterhub.values.schema.yaml"
 
 
@@ -44,8 +47,8 @@ def hub_flavors(c: Config) -> dict[str, Any]:
 
 
 def readme_manifest_args() -> list[str]:
-    """The flags of the README's `jupyter-gpuaas kubernetes manifests` command."""
-    text = (ROOT / "README.md").read_text()
+    """The flags of the deployment guide's `jupyter-gpuaas kubernetes manifests` command."""
+    text = GUIDE.read_text()
     start = text.index("jupyter-gpuaas kubernetes manifests --quotas")
     command = text[start : text.index("| kubectl apply", start)]
     words = command.replace("\\\n", " ").split()
@@ -303,15 +306,13 @@ def test_the_network_rules_let_the_kernel_pods_and_the_server_talk() -> None:
     assert to_gateway["ports"] == [{"port": PORT, "protocol": "TCP"}]
 
 
-def test_the_readme_walks_a_newcomer_through_the_deployment() -> None:
-    """The README's section: the manifests through `kubectl apply`, then z2jh through
+def test_the_guide_walks_a_newcomer_through_the_deployment() -> None:
+    """The deployment guide: the manifests through `kubectl apply`, then z2jh through
     `helm upgrade` with this values file, in that order, naming files that exist and the
     account the values file uses."""
     import re
 
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## On Kubernetes (zero-to-jupyterhub)")
-    section = text[start : text.index("\n## ", start + 1)]
+    section = GUIDE.read_text()
     apply = section.index("| kubectl apply -f -")
     helm = section.index("helm upgrade --install jhub jupyterhub/jupyterhub")
     assert apply < helm

@@ -1,7 +1,7 @@
 """Run the sidebar's Galata UI tests (labextension/ui-tests/) against real processes.
 
 Starts, on free ports, what a person would have: a standalone gateway with simulated
-devices (`jupyter-gpuaas gateway`, the README's "The gateway on its own") and JupyterLab
+devices (`jupyter-gpuaas gateway`, docs/tutorials/gateway-api.md) and JupyterLab
 (`jupyter lab`) with the `jupyter_gpuaas` server extension and the prebuilt sidebar, GPU
 kernelspecs and a notebook to run as a job. Then runs `jlpm playwright test` on Debian's
 Chromium, and stops both by their PIDs. Exits with Playwright's status, so `make uitest`
