@@ -497,12 +497,15 @@ class Arbiter(Loops, Views):
         req = self._live(rid)
         if req.state is not State.ADMITTED:
             raise Conflict(f"request {rid} is {req.state.value}, not admitted")
+        was_busy = req.busy
         decisions = self.core.heartbeat(rid, now, busy=busy)
         decisions += self.core.step(now)
         self.meta[rid]["utilization"] = utilization
+        # A change of busy/idle is kept for `history export` (the request's busy intervals).
+        activity = [(rid, busy, utilization)] if busy != was_busy else []
         # The renewed lease is written even without decisions: after a restart the
         # holder must not lose a grant it kept renewing.
-        self.commit(decisions, now, extra=[req])
+        self.commit(decisions, now, extra=[req], activity=activity)
         return req, self._json_of(req)
 
     async def put_tenant(self, name: str, spec: Mapping[str, Any]) -> Config:
@@ -545,6 +548,7 @@ class Arbiter(Loops, Views):
         now: float,
         extra: Iterable[Request] = (),
         tenants: Sequence[tuple[str, dict[str, Any]]] = (),
+        activity: Sequence[tuple[str, bool, float | None]] = (),
     ) -> None:
         """Stage decisions and the requests they touch: written in one transaction with
         the rest of this cycle's group, and announced only once that committed.
@@ -590,6 +594,7 @@ class Arbiter(Loops, Views):
                 nodes_added=nodes_added,
                 nodes_removed=nodes_removed,
                 tenants=list(tenants),
+                activity=list(activity),
             ),
             now,
         )
