@@ -500,7 +500,11 @@ class Arbiter(Loops, Views):
         was_busy = req.busy
         decisions = self.core.heartbeat(rid, now, busy=busy)
         decisions += self.core.step(now)
-        self.meta[rid]["utilization"] = utilization
+        meta = self.meta[rid]
+        meta["utilization"] = utilization
+        if utilization is not None:
+            peak = meta.get("peak_utilization")
+            meta["peak_utilization"] = utilization if peak is None else max(peak, utilization)
         # A change of busy/idle is kept for `history export` (the request's busy intervals).
         activity = [(rid, busy, utilization)] if busy != was_busy else []
         # The renewed lease is written even without decisions: after a restart the
@@ -582,6 +586,8 @@ class Arbiter(Loops, Views):
             meta = self.meta.setdefault(req.id, {"created": now})
             meta["updated"] = now
             extra_cols = {"name": meta.get("name"), "utilization": meta.get("utilization")}
+            if meta.get("peak_utilization") is not None:
+                extra_cols["peak_utilization"] = meta["peak_utilization"]
             if "created" in meta:
                 extra_cols["created"] = meta["created"]
             if "idempotency_key" in meta:

@@ -60,6 +60,8 @@ class RequestRow(Base):
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     culls: Mapped[int] = mapped_column(Integer, default=0)
     utilization: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The highest utilization its heartbeats reported (migration 0005): `advise` evidence.
+    peak_utilization: Mapped[float | None] = mapped_column(Float, nullable=True)
     # A warned preemption victim: evicted at preempt_at for preempted_by (migration 0003).
     preempt_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     preempted_by: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -44,10 +44,10 @@ def test_a_gateways_history_replays_as_a_scenario(
     assert waiting["state"] == "queued"
     # The kernel goes idle, then busy again: the export gives it two busy intervals.
     time.sleep(0.4)
-    alice.heartbeat(kernel["id"], busy=False)
+    alice.heartbeat(kernel["id"], busy=False, utilization=0.02)
     alice.heartbeat(kernel["id"], busy=False)  # a repeat is not a transition
     time.sleep(0.4)
-    alice.heartbeat(kernel["id"], busy=True)
+    alice.heartbeat(kernel["id"], busy=True, utilization=0.2)
     time.sleep(0.4)
     carol.cancel(waiting["id"])  # still queued: a cancel
     alice.cancel(kernel["id"])  # admitted: the holder is done (finish)
@@ -93,6 +93,16 @@ def test_a_gateways_history_replays_as_a_scenario(
     result = json.loads(sim.stdout)
     assert set(result["requests"]) == set(reqs)
     assert result["requests"][waiting["id"]]["state"] == "cancelled"
+
+    # advise reads the same store: alice's one kernel peaked at 20% (with a minimum of one
+    # grant, for the test; the default is ten).
+    base = ["advise", f"--db-url={db_url}", f"--quotas={quotas}"]
+    advice = cli(*base, "--min-grants=1", "--json")
+    assert advice.returncode == 0, advice.stderr
+    (smaller,) = [a for a in json.loads(advice.stdout)["advice"] if a["kind"] == "smaller_gpu"]
+    assert smaller["subject"] == "alice" and smaller["evidence"]["p90_peak_utilization"] == 0.2
+    quiet = cli(*base)  # ten grants needed by default
+    assert quiet.returncode == 0 and quiet.stdout.startswith("No advice: 3 requests"), quiet
 
 
 def test_bad_arguments_are_one_sentence(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
-"""Holders' busy/idle transitions, so a gateway's history can be replayed with its idleness.
+"""Holders' busy/idle transitions and peak utilization: a gateway's history, replayable.
 
-`jupyter-gpuaas history export` turns them into each request's `busy` intervals; only
-changes are written (a heartbeat that repeats the last state writes nothing here).
+`jupyter-gpuaas history export` turns the transitions into each request's `busy`
+intervals; only changes are written (a heartbeat that repeats the last state writes
+nothing here). `peak_utilization`, the highest a grant's heartbeats reported, is the
+evidence `jupyter-gpuaas advise` gives for a smaller GPU.
 
 Revision ID: 0005
 Revises: 0004
@@ -28,8 +30,11 @@ def upgrade() -> None:
         sa.Column("utilization", sa.Float, nullable=True),
     )
     op.create_index("ix_activity_request_id", "activity", ["request_id"])
+    op.add_column("requests", sa.Column("peak_utilization", sa.Float, nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("requests") as batch:
+        batch.drop_column("peak_utilization")
     op.drop_index("ix_activity_request_id", table_name="activity")
     op.drop_table("activity")
