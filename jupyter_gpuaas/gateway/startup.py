@@ -144,6 +144,7 @@ class GatewayStartup:
             "service_name": self.service_name,
             "max_body_size": self.max_body_size,
             "max_queued_per_user": self.max_queued_per_user,
+            "advice_min_grants": self.advice_min_grants,
             "forward_writes": self.forward_writes,
             "default_handler_class": NotFoundHandler,
             "log_function": log_request,

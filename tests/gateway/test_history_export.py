@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gwutil import TOKENS
+from gwutil import TOKENS, call
 
 from jupyter_gpuaas.client import SyncGatewayClient
 from jupyter_gpuaas.sim.scenario import load_scenario, parse_override
@@ -30,7 +30,7 @@ def cli(*argv: str) -> subprocess.CompletedProcess[str]:
 def test_a_gateways_history_replays_as_a_scenario(
     spawn_gateway: Any, db_url: str, tmp_path: Path
 ) -> None:
-    gw = spawn_gateway(db_url)
+    gw = spawn_gateway(db_url, "--GatewayApp.advice_min_grants=1")
     alice, bob, carol, root = (
         SyncGatewayClient(gw.url, TOKENS[who], timeout=10)
         for who in ("alice", "bob", "carol", "root")
@@ -103,6 +103,20 @@ def test_a_gateways_history_replays_as_a_scenario(
     assert smaller["subject"] == "alice" and smaller["evidence"]["p90_peak_utilization"] == 0.2
     quiet = cli(*base)  # ten grants needed by default
     assert quiet.returncode == 0 and quiet.stdout.startswith("No advice: 3 requests"), quiet
+
+    # The same from the gateway (advice_min_grants=1 here): alice reads advice about her
+    # own work, bob none of hers, an admin everything; a bad `since` is a 400 naming it.
+    status, mine, _ = call(gw.url, "GET", "api/advice?since=30d", who="alice")
+    assert status == 200 and mine["requests"] == 3 and mine["min_grants"] == 1
+    assert [a["subject"] for a in mine["advice"]] == ["alice"]
+    head = smaller["sentence"].split("(")[0]  # the same advice (its period ends later)
+    assert mine["advice"][0]["sentence"].startswith(head)
+    status, theirs, _ = call(gw.url, "GET", "api/advice", who="bob")
+    assert status == 200 and theirs["advice"] == []
+    status, everything, _ = call(gw.url, "GET", "api/advice", who="root")
+    assert status == 200 and [a["subject"] for a in everything["advice"]] == ["alice"]
+    status, bad, _ = call(gw.url, "GET", "api/advice?since=soon", who="root")
+    assert status == 400 and bad["field"] == "since", bad
 
 
 def test_bad_arguments_are_one_sentence(tmp_path: Path) -> None:
