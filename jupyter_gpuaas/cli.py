@@ -25,6 +25,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "jupyter_gpuaas.sim.cli",
     "jupyter_gpuaas.server.kernelspec_cli",
     "jupyter_gpuaas.gateway.cli",
+    "jupyter_gpuaas.gateway.history",
+    "jupyter_gpuaas.gateway.advice",
     "jupyter_gpuaas.devices.cli",
     "jupyter_gpuaas.client_cli",
     "jupyter_gpuaas.jobs.cli",

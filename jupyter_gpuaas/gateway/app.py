@@ -335,6 +335,15 @@ class GatewayApp(GatewayStartup, Application):
         "Admitted and parked requests do not count. 0: no limit.",
     ).tag(config=True)
 
+    advice_min_grants = Integer(
+        10,
+        min=1,
+        max=100_000,
+        help="Fewest grants `GET api/advice` (and `jupyter-gpuaas advise`) bases a piece "
+        "of advice on: a user's grants of one kind and flavor for a smaller GPU, a tenant's "
+        "admitted requests of a flavor for moving its idle quota.",
+    ).tag(config=True)
+
     header_timeout = Float(
         60.0,
         min=1.0,

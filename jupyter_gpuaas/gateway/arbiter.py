@@ -517,12 +517,19 @@ class Arbiter(Loops, Views):
         req = self._live(rid)
         if req.state is not State.ADMITTED:
             raise Conflict(f"request {rid} is {req.state.value}, not admitted")
+        was_busy = req.busy
         decisions = self.engine.heartbeat(rid, now, busy=busy)
         decisions += self.engine.step(now)
-        self.meta[rid]["utilization"] = utilization
+        meta = self.meta[rid]
+        meta["utilization"] = utilization
+        if utilization is not None:
+            peak = meta.get("peak_utilization")
+            meta["peak_utilization"] = utilization if peak is None else max(peak, utilization)
+        # A change of busy/idle is kept for `history export` (the request's busy intervals).
+        activity = [(rid, busy, utilization)] if busy != was_busy else []
         # The renewed lease is written even without decisions: after a restart the
         # holder must not lose a grant it kept renewing.
-        self.commit(decisions, now, extra=[req])
+        self.commit(decisions, now, extra=[req], activity=activity)
         return req, self._json_of(req)
 
     async def put_tenant(self, name: str, spec: Mapping[str, Any]) -> Config:
@@ -565,6 +572,7 @@ class Arbiter(Loops, Views):
         now: float,
         extra: Iterable[Request] = (),
         tenants: Sequence[tuple[str, dict[str, Any]]] = (),
+        activity: Sequence[tuple[str, bool, float | None]] = (),
     ) -> None:
         """Stage decisions and the requests they touch: written in one transaction with
         the rest of this cycle's group, and announced only once that committed.
@@ -599,6 +607,8 @@ class Arbiter(Loops, Views):
             meta = self.meta.setdefault(req.id, {"created": now})
             meta["updated"] = now
             extra_cols = {"name": meta.get("name"), "utilization": meta.get("utilization")}
+            if meta.get("peak_utilization") is not None:
+                extra_cols["peak_utilization"] = meta["peak_utilization"]
             if "created" in meta:
                 extra_cols["created"] = meta["created"]
             if "idempotency_key" in meta:
@@ -611,6 +621,7 @@ class Arbiter(Loops, Views):
                 nodes_added=nodes_added,
                 nodes_removed=nodes_removed,
                 tenants=list(tenants),
+                activity=list(activity),
             ),
             now,
         )

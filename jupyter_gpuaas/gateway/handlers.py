@@ -18,7 +18,7 @@ from .events import Listener, check_last_event_id
 from .handler_base import ApiError, BaseHandler
 from .openapi import build_openapi
 from .requests_api import HeartbeatHandler, RequestHandler, RequestsHandler
-from .tenants_api import DevicesHandler, MeHandler, TenantHandler, TenantsHandler
+from .tenants_api import AdviceHandler, DevicesHandler, MeHandler, TenantHandler, TenantsHandler
 
 
 class EventsHandler(BaseHandler):
@@ -180,6 +180,7 @@ def routes(base_url: str) -> list[tuple[str, type[web.RequestHandler]]]:
         (rf"{b}api/events", EventsHandler),
         (rf"{b}api/openapi\.json", OpenAPIHandler),
         (rf"{b}api/me", MeHandler),
+        (rf"{b}api/advice", AdviceHandler),
         (rf"{b}api/health", HealthHandler),
         (rf"{b}metrics", MetricsHandler),
     ]

@@ -249,6 +249,29 @@ def build_openapi(base_url: str = "/", flavors: Iterable[str] | None = None) -> 
                     },
                 }
             },
+            "/api/advice": {
+                "get": {
+                    "description": "Right-sizing advice from the gateway's own history, "
+                    "each with its evidence (`jupyter-gpuaas advise`). An admin gets all of "
+                    "it; anyone else, the advice about their own work.",
+                    "parameters": [
+                        {
+                            "name": "since",
+                            "in": "query",
+                            "description": "how far back: 30d, 12h, 90m or seconds",
+                            "schema": {
+                                "type": "string",
+                                "pattern": "^[0-9]{1,6}(\\.[0-9]{1,3})?[smhdw]?$",
+                                "default": "30d",
+                            },
+                        }
+                    ],
+                    "responses": {
+                        "200": _resp("the advice", _ref("Advice")),
+                        **_errors("400"),
+                    },
+                }
+            },
             "/api/me": {
                 "get": {"responses": {"200": _resp("the caller", _ref("Me")), **_errors()}}
             },

@@ -60,6 +60,8 @@ class RequestRow(Base):
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     culls: Mapped[int] = mapped_column(Integer, default=0)
     utilization: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The highest utilization its heartbeats reported (migration 0005): `advise` evidence.
+    peak_utilization: Mapped[float | None] = mapped_column(Float, nullable=True)
     # A warned preemption victim: evicted at preempt_at for preempted_by (migration 0003).
     preempt_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     preempted_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -89,6 +91,22 @@ class DecisionRow(Base):
     event: Mapped[str] = mapped_column(String(32))
     request_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     fields: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class ActivityRow(Base):
+    """A holder's busy/idle transition, as its heartbeats reported it (migration 0005).
+
+    Only changes are kept (busy -> idle, idle -> busy), not every heartbeat: what
+    `history export` needs to give each request its `busy` intervals.
+    """
+
+    __tablename__ = "activity"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(64), index=True)
+    t: Mapped[float] = mapped_column(Float)
+    busy: Mapped[bool] = mapped_column(Boolean)
+    utilization: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class NodeRow(Base):
@@ -128,6 +146,7 @@ class TenantOverrideRow(Base):
 REQUESTS = cast(Table, RequestRow.__table__)
 DECISIONS = cast(Table, DecisionRow.__table__)
 NODES = cast(Table, NodeRow.__table__)
+ACTIVITY = cast(Table, ActivityRow.__table__)
 OVERRIDES = cast(Table, TenantOverrideRow.__table__)
 
 # Fields copied verbatim between the core's Request and a row.
@@ -186,6 +205,8 @@ class Batch:
     nodes_added: list[tuple[str, str, int]] = field(default_factory=list)  # name, flavor, gpus
     nodes_removed: list[str] = field(default_factory=list)
     tenants: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # overrides put
+    # (request id, busy, utilization): holders that turned busy or idle at this instant.
+    activity: list[tuple[str, bool, float | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -202,6 +223,7 @@ class Snapshot:
     nodes_removed: list[str]
     tenants: list[tuple[str, str]]  # (name, spec JSON)
     now: float
+    activity: list[dict[str, Any]] = field(default_factory=list)
 
 
 def snapshot(batch: Batch, now: float) -> Snapshot:
@@ -234,6 +256,10 @@ def snapshot(batch: Batch, now: float) -> Snapshot:
         list(batch.nodes_removed),
         [(name, json.dumps(spec)) for name, spec in batch.tenants],
         now,
+        [
+            {"request_id": rid, "t": now, "busy": busy, "utilization": util}
+            for rid, busy, util in batch.activity
+        ],
     )
 
 
@@ -277,3 +303,6 @@ def check_snapshot(snap: Snapshot) -> None:
     for name, flavor, gpus in snap.nodes_added:
         for col, value in (("name", name), ("flavor", flavor), ("gpus", gpus)):
             _check_column(NODES, col, value, col)
+    for a in snap.activity:
+        for name, value in a.items():
+            _check_column(ACTIVITY, name, value, name)

@@ -356,6 +356,31 @@ SCHEMAS: dict[str, Any] = {
         },
         "additionalProperties": False,
     },
+    "Advice": {
+        "type": "object",
+        "required": ["advice", "since", "until", "requests", "min_grants"],
+        "properties": {
+            "advice": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["kind", "subject", "tenant", "flavor", "sentence", "evidence"],
+                    "properties": {
+                        "kind": {"enum": ["smaller_gpu", "move_quota"]},
+                        "subject": {"type": "string"},
+                        "tenant": {"type": "string"},
+                        "flavor": {"type": "string"},
+                        "sentence": {"type": "string"},
+                        "evidence": {"type": "object"},
+                    },
+                },
+            },
+            "since": {"type": "number"},
+            "until": {"type": "number"},
+            "requests": {"type": "integer"},
+            "min_grants": {"type": "integer"},
+        },
+    },
     "Me": {
         "type": "object",
         "required": ["name", "groups", "use", "view", "admin", "tenants"],

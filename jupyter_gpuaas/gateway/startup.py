@@ -89,6 +89,7 @@ class GatewayStartup:
     forward_writes: bool
     advertise_url: str
     admission: str
+    advice_min_grants: int
     kueue_namespace: str
     kueue_interval: float
     log: logging.Logger | logging.LoggerAdapter[Any]
@@ -203,6 +204,7 @@ class GatewayStartup:
             "service_name": self.service_name,
             "max_body_size": self.max_body_size,
             "max_queued_per_user": self.max_queued_per_user,
+            "advice_min_grants": self.advice_min_grants,
             "forward_writes": self.forward_writes,
             "default_handler_class": NotFoundHandler,
             "log_function": log_request,

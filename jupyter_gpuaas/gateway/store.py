@@ -49,6 +49,7 @@ from sqlalchemy.orm import Session
 from jupyter_gpuaas.admission.model import TERMINAL, State
 
 from .rows import (
+    ACTIVITY,
     DECISIONS,
     NODES,
     OVERRIDES,
@@ -378,7 +379,9 @@ class Store:
     def _write_into(self, conn: Connection, snapshots: Sequence[Snapshot]) -> None:
         rows: dict[str, dict[str, Any]] = {}
         decisions: list[dict[str, Any]] = []
+        activity: list[dict[str, Any]] = []
         for snap in snapshots:
+            activity += snap.activity
             for row in snap.rows:
                 before = rows.get(row["id"])
                 if before is not None:
@@ -389,6 +392,8 @@ class Store:
             self._upsert_requests(conn, list(rows.values()))
         if decisions:
             conn.execute(DECISIONS.insert(), decisions)
+        if activity:
+            conn.execute(ACTIVITY.insert(), activity)
         for snap in snapshots:
             now = snap.now
             nodes = NODES
@@ -429,6 +434,7 @@ class Store:
             )
             if ids:
                 tx.conn.execute(delete(DECISIONS).where(DECISIONS.c.request_id.in_(ids)))
+                tx.conn.execute(delete(ACTIVITY).where(ACTIVITY.c.request_id.in_(ids)))
                 tx.conn.execute(delete(table).where(table.c.id.in_(ids)))
             tx.conn.execute(
                 delete(DECISIONS).where(DECISIONS.c.request_id.is_(None), DECISIONS.c.t < before)

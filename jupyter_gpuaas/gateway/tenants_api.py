@@ -3,10 +3,16 @@ api/tenants, api/me)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from typing import Any
+
 from jupyter_gpuaas.admission.config import SpecError
 
+from .advice import advise
 from .arbiter import Conflict
 from .handler_base import ApiError, BaseHandler, BodyHandler
+from .history import parse_span, read_history
 from .validate import check_name, check_tenant_bounds
 
 
@@ -57,3 +63,55 @@ class MeHandler(BaseHandler):
         who = self.require()
         tenants = [t for t in self.arbiter.config.tenants if who.may_charge(t)]
         self.send({**who.to_json(), "tenants": tenants})
+
+
+#: The longest history `api/advice` replays: a year.
+ADVICE_SPAN_MAX = 366 * 86400.0
+
+
+class AdviceHandler(BaseHandler):
+    """`GET api/advice?since=30d`: advise.py over this gateway's own store, in a thread
+    (reading the history and replaying what-ifs never blocks the event loop)."""
+
+    async def get(self) -> None:
+        who = self.require()
+        self.arbiter.check_available()
+        text = self.get_query_argument("since", "30d")
+        try:
+            since = parse_span(text)
+        except ValueError as e:
+            raise ApiError(400, f"since: {e}", "since") from None
+        if since > ADVICE_SPAN_MAX:
+            raise ApiError(400, "since must be at most 366d", "since")
+        min_grants = int(self.settings.get("advice_min_grants", 10))
+        arbiter = self.arbiter
+        url = arbiter.store.engine.url.render_as_string(hide_password=False)
+        quotas = dict(arbiter.quotas)
+
+        def work() -> dict[str, Any]:
+            now = time.time()
+            requests, decisions, activity, overrides = read_history(url, now - since, None)
+            advice = advise(
+                quotas,
+                overrides,
+                requests,
+                decisions,
+                activity,
+                now=now,
+                since=now - since,
+                min_grants=min_grants,
+            )
+            return {
+                "advice": [a.to_json() for a in advice],
+                "since": now - since,
+                "until": now,
+                "requests": len(requests),
+                "min_grants": min_grants,
+            }
+
+        out = await asyncio.get_running_loop().run_in_executor(None, work)
+        if not who.admin:  # a user's own work only: never another user's or a tenant's
+            out["advice"] = [
+                a for a in out["advice"] if a["kind"] == "smaller_gpu" and a["subject"] == who.name
+            ]
+        self.send(out)

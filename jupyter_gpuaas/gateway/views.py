@@ -243,4 +243,5 @@ def meta_of(row: RequestRow) -> dict[str, Any]:
         "created": row.created,
         "updated": row.updated,
         "utilization": row.utilization,
+        "peak_utilization": row.peak_utilization,
     }

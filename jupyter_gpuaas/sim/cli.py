@@ -1,5 +1,7 @@
 """`jupyter-gpuaas simulate SCENARIO [--set KEY=VALUE]... [--events FILE] [--json]
-[--until SECONDS]`.
+[--until SECONDS] [--plot FILE]`, and `jupyter-gpuaas simulate compare A B [--set
+KEY=VALUE]... [--json] [--plot FILE]` (sim/compare.py: two runs side by side; `--set`
+changes B only, so `compare mine.yaml mine.yaml --set ...` is a what-if on one file).
 
 Bad input is the user's mistake, not ours: it exits 2 with one line on stderr naming the
 key and the problem, and never a traceback. Failures inside the simulator itself are bugs
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import io
 import json
 import math
 import sys
@@ -38,7 +41,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Replay a scenario (YAML or JSON) through the admission core on a "
         "virtual clock and report waits, utilization and per-tenant usage.",
     )
-    parser.add_argument("scenario", metavar="SCENARIO", help="scenario file (YAML or JSON)")
+    parser.add_argument(
+        "scenario",
+        metavar="SCENARIO",
+        help="scenario file (YAML or JSON); or `compare A B` to compare two runs",
+    )
+    # `compare A B`: the two scenario files after the word compare.
+    parser.add_argument("more", nargs="*", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="draw queue length, GPUs allocated and waits over time into a PNG (matplotlib)",
+    )
     parser.add_argument("--events", metavar="FILE", help="write every decision as JSON lines")
     parser.add_argument(
         "--json", action="store_true", help="print the result object as JSON, nothing else"
@@ -60,6 +74,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.set_defaults(run=run, exit_at_once=True)
     return parser
+
+
+def _plot_one(scenario: Any, result: dict[str, Any], events: str, path: str) -> int:
+    from jupyter_gpuaas.sim.compare import Run, plot
+
+    run = Run(scenario, result, [json.loads(line) for line in events.splitlines()])
+    try:
+        plot([(scenario.name or "scenario", run)], path)
+    except ImportError:
+        return _error("--plot needs matplotlib: pip install 'jupyter-gpuaas[plot]'")
+    except OSError as exc:
+        return _error(f"{path}: cannot write: {exc.strerror or exc}")
+    return 0
 
 
 def _error(message: str) -> int:
@@ -87,9 +114,44 @@ def run(args: argparse.Namespace) -> int:
             gc.enable()
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from jupyter_gpuaas.sim.compare import compare, format_compare, plot, simulate
+    from jupyter_gpuaas.sim.scenario import load_scenario, parse_override
+
+    if len(args.more) != 2:
+        return _error("compare needs two scenario files: simulate compare A B [--set ...]")
+    a_path, b_path = args.more
+    try:
+        overrides = [parse_override(text) for text in args.overrides]
+        a = load_scenario(a_path)
+        b = load_scenario(b_path, overrides)
+    except SpecError as exc:
+        return _error(str(exc))
+    runs = [simulate(s, args.until, keep_events=bool(args.plot)) for s in (a, b)]
+    table = compare(*runs)
+    b_name = b_path + "".join(f" --set {o}" for o in args.overrides)
+    if args.plot:
+        try:
+            plot([("A", runs[0]), ("B", runs[1])], args.plot)
+        except ImportError:
+            return _error("--plot needs matplotlib: pip install 'jupyter-gpuaas[plot]'")
+        except OSError as exc:
+            return _error(f"{args.plot}: cannot write: {exc.strerror or exc}")
+    if args.json:
+        sys.stdout.write(json.dumps({"a": a_path, "b": b_name, **table}) + "\n")
+    else:
+        sys.stdout.write(format_compare(table, a_path, b_name))
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from jupyter_gpuaas.sim.report import Tally, format_table
     from jupyter_gpuaas.sim.scenario import load_scenario, parse_override
+
+    if args.scenario == "compare" and args.more:
+        return _compare(args)
+    if args.more:
+        return _error(f"unexpected arguments after {args.scenario}: {' '.join(args.more)}")
 
     try:
         overrides = [parse_override(text) for text in getattr(args, "overrides", [])]
@@ -97,6 +159,7 @@ def _run(args: argparse.Namespace) -> int:
     except SpecError as exc:
         return _error(str(exc))
     events_file = None
+    plot_events = io.StringIO() if getattr(args, "plot", None) else None
     if args.events:
         try:
             events_file = open(args.events, "w", encoding="utf-8")  # noqa: SIM115
@@ -108,7 +171,7 @@ def _run(args: argparse.Namespace) -> int:
     until = args.until if args.until is not None else scenario.until
     # The decisions go to the report (and the events file) as they are made, and are
     # not kept: a month's would take half the process's memory.
-    tally = Tally(scenario, events_file)
+    tally = Tally(scenario, events_file if plot_events is None else plot_events)
     try:
         started = time.perf_counter()
         sim = run_scenario(scenario, until=until, tally=tally)
@@ -120,6 +183,13 @@ def _run(args: argparse.Namespace) -> int:
     # The core at the end of the clock says why each request still queued waits.
     waiting_for = getattr(getattr(sim, "core", None), "waiting_for", None)
     result = tally.result(sim.end, wall, waiting_for)
+    if plot_events is not None:
+        if events_file is not None:
+            with open(args.events, "w", encoding="utf-8") as f:
+                f.write(plot_events.getvalue())
+        code = _plot_one(scenario, result, plot_events.getvalue(), args.plot)
+        if code:
+            return code
     if args.json:
         # dumps, not dump: dump encodes in pure Python, chunk by chunk (1.5 s for a month).
         sys.stdout.write(json.dumps(result))
