@@ -1,0 +1,331 @@
+"""Wait estimates by running the core forward: when would each queued request start?
+
+The estimate of a queued request is not a guess from counts: a copy of the core, rebuilt
+from the live requests as a restart rebuilds it (`AdmissionCore.restore`), is run forward
+on a virtual clock with predicted ends of what holds GPUs now and of what it admits on the
+way, until every queued request is admitted or the run's budget is spent. It is the same
+core, so the answer respects quotas, borrowing, preemption, fair sharing and the idle
+policy exactly as the real queue will, as long as the predictions hold. Nothing new
+arrives in the run: future submissions are unknown (a parked reservation waiting to
+resume is already in the queue, and is served in its turn).
+
+What ends a grant in the run:
+- an idle kernel or server: the core's own cull timer (the idle policy: a known time);
+- a job with a declared duration: that duration after its admission;
+- anything else: how long past grants were held (`History`), of the same user and kind
+  when there are enough of them, else of the kind, else of any kind, given that it has
+  already been held as long as it has (past grants held longer than its age). A grant
+  older than nearly every past one is expected to last about as long again (a heavy
+  tail: half of what has lasted t lasts 2t), said as such in the basis.
+
+Three runs, with the low, middle and high quantile of every predicted hold time, give the
+range and the middle estimate of every queued request at once, so one set of runs per
+queue state serves every request (the gateway keeps them until its next decision).
+
+The budget: at most `max_events` ends per run, and nothing beyond `horizon` seconds; a
+request not started by then has no estimate, and says so. Pure: no clock, no I/O; the
+driver passes the time, the core and the history in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from bisect import bisect_right, insort
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+from .core import AdmissionCore
+from .heap import heappop, heappush
+from .model import Config, Decision, Flavor, Request, State
+
+#: Past grants it takes to trust a distribution of hold times (fewer: the next wider one).
+MIN_SAMPLES = 5
+#: Below this many samples behind an estimate, its confidence is said to be low.
+THIN_HISTORY = 20
+#: The quantiles of hold times of the low, middle and high runs (calibrated by
+#: `simulate --estimates` on the month trace; benchmarks/RESULTS.md).
+QUANTILES = (0.25, 0.5, 0.75)
+
+
+class History:
+    """Past hold times in seconds, by (kind, user), by kind and overall, the most recent
+    `keep` of each, sorted (a quantile of those longer than an age is a bisection)."""
+
+    def __init__(self, keep: int = 500) -> None:
+        self.keep = keep
+        self._recent: dict[tuple[str, str], deque[float]] = {}
+        self._sorted: dict[tuple[str, str], list[float]] = {}
+
+    def add(self, kind: str, user: str, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        for key in ((kind, user), (kind, ""), ("", "")):
+            recent = self._recent.get(key)
+            ordered = self._sorted.get(key)
+            if recent is None or ordered is None:
+                recent = self._recent[key] = deque()
+                ordered = self._sorted[key] = []
+            recent.append(seconds)
+            insort(ordered, seconds)
+            if len(recent) > self.keep:
+                old = recent.popleft()
+                i = bisect_right(ordered, old) - 1
+                del ordered[i]
+
+    def __len__(self) -> int:
+        return len(self._sorted.get(("", ""), ()))
+
+    def samples(self, kind: str, user: str) -> int:
+        """How many past grants an estimate for (kind, user) rests on."""
+        for key in ((kind, user), (kind, ""), ("", "")):
+            n = len(self._sorted.get(key, ()))
+            if n >= MIN_SAMPLES:
+                return n
+        return len(self)
+
+    def remaining(self, kind: str, user: str, age: float, q: float) -> tuple[float, bool] | None:
+        """The `q` quantile of how much longer a grant held `age` seconds so far will be
+        held, and whether it came from past grants (False: from its age alone, a grant
+        older than nearly all past ones); None when nothing is known at all."""
+        for key in ((kind, user), (kind, ""), ("", "")):
+            ordered = self._sorted.get(key)
+            if ordered is None:
+                continue
+            i = bisect_right(ordered, age)
+            longer = len(ordered) - i
+            if longer >= MIN_SAMPLES:
+                return ordered[i + min(longer - 1, int(q * longer))] - age, True
+        if age > 0:
+            # Lasted `age` already and longer than (nearly) anything seen: a heavy tail,
+            # P(T > t(1 + x) | T > t) = 1 / (1 + x), whose q quantile is x = q / (1 - q).
+            return max(60.0, age) * q / (1.0 - q), False
+        return None
+
+
+class Ends:
+    """What a forward run counted: the grants whose end it predicted, by how."""
+
+    def __init__(self) -> None:
+        self.history = 0  # held about as long as past grants
+        self.declared = 0  # a job's declared duration
+        self.aged = 0  # older than nearly all past grants: as long again
+        self.culled = 0  # idle, culled by the idle policy
+        self.preempted = 0
+
+
+class Estimate:
+    """The estimated wait of one queued request: seconds from now until it starts (the
+    middle run) and the range (`low`, `high`; `high` alone None: beyond the budget); all
+    None when there is none, and `why` then says why ("beyond": not started within the
+    run's budget; "unknown": it waits on a grant whose end nothing predicts).
+    `samples`: past grants behind it."""
+
+    def __init__(
+        self,
+        seconds: float | None,
+        low: float | None,
+        high: float | None,
+        samples: int,
+        ends: Ends,
+        why: str = "",
+    ) -> None:
+        self.seconds = seconds
+        self.low = low
+        self.high = high
+        self.samples = samples
+        self.ends = ends
+        self.why = why
+
+
+class _Run:
+    """One forward run of a copy of the core with the `q` quantile of every hold time."""
+
+    def __init__(
+        self,
+        core: AdmissionCore,
+        now: float,
+        history: History,
+        q: float,
+        declared: Mapping[str, float],
+    ) -> None:
+        self.now = now
+        self.history = history
+        self.q = q
+        self.declared = declared
+        self.ends = Ends()
+        self.started: dict[str, float] = {}
+        self.stuck = False  # some grant's end is unknown: it never ends in this run
+        self.copy = rebuild(core, now)
+        # (time, order, request id, its admission time): predicted ends of grants.
+        self.heap: list[tuple[float, int, str, float]] = []
+        self.order = 0
+        for req in self.copy.live_requests():
+            if req.state is State.ADMITTED:
+                self.predict(req, now)
+
+    def predict(self, req: Request, now: float) -> None:
+        """File the predicted end of a grant (an idle one is culled by the core itself)."""
+        admitted = req.admit_time if req.admit_time is not None else now
+        idle = req.idle_since
+        if idle is not None and self.copy.idle_deadline(req.id, idle) < math.inf:
+            self.ends.culled += 1
+            return
+        declared = self.declared.get(req.id)
+        if declared is not None and req.kind == "job":
+            end = max(now, admitted + declared)
+            self.ends.declared += 1
+        else:
+            left = self.history.remaining(req.kind, req.user, max(0.0, now - admitted), self.q)
+            if left is None:
+                self.stuck = True
+                return
+            if left[1]:
+                self.ends.history += 1
+            else:
+                self.ends.aged += 1
+            end = now + left[0]
+        self.order += 1
+        heappush(self.heap, (end, self.order, req.id, admitted))
+
+    def follow(self, decisions: list[Decision], t: float) -> None:
+        for d in decisions:
+            rid = d.id
+            if rid is None:
+                continue
+            if d.event == "admit" or d.event == "resume":
+                self.started.setdefault(rid, t)
+                req = self.copy.get(rid)
+                if req is not None and req.state is State.ADMITTED:
+                    self.predict(req, t)
+            elif d.event == "preempt":
+                self.ends.preempted += 1
+
+    def run(self, waiting: set[str], horizon: float, max_events: int) -> None:
+        """Until every request of `waiting` started, or the budget is spent."""
+        copy = self.copy
+        self.follow(copy.step(self.now), self.now)
+        events = 0
+        heap = self.heap
+        limit = self.now + horizon
+        while not waiting.issubset(self.started) and events < max_events:
+            deadline = copy.next_deadline()
+            t = heap[0][0] if heap else math.inf
+            if deadline is not None and deadline < t:
+                t = deadline
+            if t == math.inf or t > limit:
+                return
+            decisions: list[Decision] = []
+            while heap and heap[0][0] <= t:
+                _, _, rid, admitted = heappop(heap)
+                req = copy.get(rid)
+                if req is not None and req.state is State.ADMITTED and req.admit_time == admitted:
+                    decisions += copy.finish(rid, t)
+                    events += 1
+            decisions += copy.step(t)
+            events += 1
+            self.follow(decisions, t)
+
+
+def rebuild(core: AdmissionCore, now: float) -> AdmissionCore:
+    """A copy of `core` that shares nothing mutable with it: its nodes, and a copy of each
+    live request restored into it as a gateway restart restores them. Leases are off in
+    the copy (its holders send no heartbeats), and it takes over no parked reservation."""
+    config = core.config
+    flavors = {n: Flavor(f.name, 0, f.gpus_per_node) for n, f in config.flavors.items()}
+    policy = dataclasses.replace(config.policy, lease_ttl=0.0, take_over_parked=False)
+    copy = AdmissionCore(Config(flavors, config.tenants, policy, config.cohorts))
+    for node in core.nodes():
+        copy.add_node(node.flavor, node.name, node.gpus, now, autoscaled=node.autoscaled)
+    for req in sorted(core.live_requests(), key=_seq):
+        clone = _clone(req)
+        clone.lease_expires = None
+        if clone.state is State.QUEUED:
+            clone.busy = True  # held as long as past grants were, culls included
+        copy.restore(clone, now)
+    return copy
+
+
+def _seq(req: Request) -> int:
+    return req.seq
+
+
+def _clone(r: Request) -> Request:
+    return Request(
+        r.id,
+        r.tenant,
+        r.user,
+        r.kind,
+        r.gpus,
+        r.submit_time,
+        flavor=r.flavor,
+        priority=r.priority,
+        busy=r.busy,
+        state=r.state,
+        queue_time=r.queue_time,
+        seq=r.seq,
+        assigned_flavor=r.assigned_flavor,
+        node=r.node,
+        devices=r.devices,
+        first_admit=r.first_admit,
+        admit_time=r.admit_time,
+        idle_since=r.idle_since,
+        park_expires=r.park_expires,
+        lease_expires=r.lease_expires,
+        wants_devices=r.wants_devices,
+        preemptions=r.preemptions,
+        culls=r.culls,
+        reason=r.reason,
+        resumed_from=r.resumed_from,
+        preempt_at=r.preempt_at,
+        preempted_by=r.preempted_by,
+    )
+
+
+def estimate_waits(
+    core: AdmissionCore,
+    now: float,
+    history: History,
+    *,
+    only: Iterable[str] | None = None,
+    declared: Mapping[str, float] | None = None,
+    horizon: float = 7 * 86400.0,
+    max_events: int = 20000,
+    quantiles: tuple[float, float, float] = QUANTILES,
+) -> dict[str, Estimate]:
+    """The estimated wait of every queued request of `core` (or of those in `only`), from
+    three forward runs. `declared`: jobs' declared durations by request id."""
+    if only is None:
+        waiting = {r.id for r in core.live_requests() if r.state is State.QUEUED}
+    else:
+        waiting = set()
+        for rid in only:
+            req = core.get(rid)
+            if req is not None and req.state is State.QUEUED:
+                waiting.add(rid)
+    out: dict[str, Estimate] = {}
+    if not waiting:
+        return out
+    runs: list[_Run] = []
+    for q in quantiles:
+        run = _Run(core, now, history, q, declared or {})
+        run.run(waiting, horizon, max_events)
+        runs.append(run)
+    low, middle, high = runs
+    for rid in waiting:
+        req = core.get(rid)
+        samples = history.samples(req.kind, req.user) if req is not None else len(history)
+        mid = middle.started.get(rid)
+        if mid is None:
+            why = "unknown" if middle.stuck else "beyond"
+            out[rid] = Estimate(None, None, None, samples, middle.ends, why)
+            continue
+        waits = sorted(
+            t - now for t in (low.started.get(rid), mid, high.started.get(rid)) if t is not None
+        )
+        # `high` None: started in the middle run, not within the slow run's budget.
+        hi = waits[-1] if high.started.get(rid) is not None else None
+        out[rid] = Estimate(mid - now, waits[0], hi, samples, middle.ends)
+    return out
+
+
+__all__ = ["QUANTILES", "THIN_HISTORY", "Ends", "Estimate", "History", "estimate_waits", "rebuild"]
