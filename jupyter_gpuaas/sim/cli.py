@@ -1,5 +1,5 @@
 """`jupyter-gpuaas simulate SCENARIO [--set KEY=VALUE]... [--events FILE] [--json]
-[--until SECONDS]`.
+[--until SECONDS] [--estimates [EVERY]]`.
 
 Bad input is the user's mistake, not ours: it exits 2 with one line on stderr naming the
 key and the problem, and never a traceback. Failures inside the simulator itself are bugs
@@ -48,6 +48,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=_seconds,
         help="stop the clock here (overrides the scenario's until)",
+    )
+    parser.add_argument(
+        "--estimates",
+        nargs="?",
+        const=1,
+        type=int,
+        metavar="EVERY",
+        help="backtest the wait estimates: each request gets the estimate it would have "
+        "been shown at submit (eta_at_submit in --json), and the report their accuracy; "
+        "with EVERY, only one arrival instant in EVERY is estimated (a sample)",
     )
     parser.add_argument(
         "--set",
@@ -103,7 +113,13 @@ def _run(args: argparse.Namespace) -> int:
         except OSError as exc:
             return _error(f"{args.events}: cannot write: {exc.strerror or exc}")
 
+    from jupyter_gpuaas.sim.backtest import Backtest, format_estimates
     from jupyter_gpuaas.sim.driver import run_scenario
+
+    every = getattr(args, "estimates", None)
+    if every is not None and every < 1:
+        return _error(f"--estimates: must be a whole number at least 1, not {every}")
+    backtest = Backtest(scenario, every) if every is not None else None
 
     until = args.until if args.until is not None else scenario.until
     # The decisions go to the report (and the events file) as they are made, and are
@@ -111,7 +127,10 @@ def _run(args: argparse.Namespace) -> int:
     tally = Tally(scenario, events_file)
     try:
         started = time.perf_counter()
-        sim = run_scenario(scenario, until=until, tally=tally)
+        if backtest is None:
+            sim = run_scenario(scenario, until=until, tally=tally)
+        else:
+            sim = run_scenario(scenario, until=until, tally=tally, backtest=backtest)
         wall = time.perf_counter() - started
         tally.flush()
     finally:
@@ -120,6 +139,8 @@ def _run(args: argparse.Namespace) -> int:
     # The core at the end of the clock says why each request still queued waits.
     waiting_for = getattr(getattr(sim, "core", None), "waiting_for", None)
     result = tally.result(sim.end, wall, waiting_for)
+    if backtest is not None:
+        backtest.apply(result)
     if args.json:
         # dumps, not dump: dump encodes in pure Python, chunk by chunk (1.5 s for a month).
         sys.stdout.write(json.dumps(result))
@@ -127,4 +148,5 @@ def _run(args: argparse.Namespace) -> int:
     else:
         title = f"scenario {scenario.name}" if scenario.name else "scenario"
         sys.stdout.write(f"{title}\n\n{format_table(result)}")
+        sys.stdout.write(format_estimates(result["summary"]))
     return 0
