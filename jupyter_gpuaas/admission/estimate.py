@@ -15,8 +15,9 @@ What ends a grant in the run:
 - anything else: how long past grants were held (`History`), of the same user and kind
   when there are enough of them, else of the kind, else of any kind, given that it has
   already been held as long as it has (past grants held longer than its age). A grant
-  older than nearly every past one is expected to last about as long again (a heavy
-  tail: half of what has lasted t lasts 2t), said as such in the basis.
+  older than nearly every past one (and at least `MIN_AGE`) is expected to last about
+  as long again (a heavy tail: half of what has lasted t lasts 2t), said so in the
+  basis; a younger one with nothing to go by has no known end.
 
 Three runs, with the low, middle and high quantile of every predicted hold time, give the
 range and the middle estimate of every queued request at once, so one set of runs per
@@ -46,6 +47,14 @@ THIN_HISTORY = 20
 #: The quantiles of hold times of the low, middle and high runs (calibrated by
 #: `simulate --estimates` on the month trace; benchmarks/RESULTS.md).
 QUANTILES = (0.25, 0.5, 0.75)
+#: A grant younger than this, with no past grants to go by, has no known end: its age
+#: says nothing yet (a job that started a minute ago may run a minute or a day).
+MIN_AGE = 600.0
+#: Outcomes a kind's calibration needs, and the quantiles of its ratios that make the
+#: range; estimates shorter than MIN_ESTIMATE are not scaled (nor learnt from).
+MIN_OUTCOMES = 20
+RANGE = (0.2, 0.8)
+MIN_ESTIMATE = 60.0
 
 
 class History:
@@ -95,10 +104,52 @@ class History:
             longer = len(ordered) - i
             if longer >= MIN_SAMPLES:
                 return ordered[i + min(longer - 1, int(q * longer))] - age, True
-        if age > 0:
+        if age >= MIN_AGE:
             # Lasted `age` already and longer than (nearly) anything seen: a heavy tail,
             # P(T > t(1 + x) | T > t) = 1 / (1 + x), whose q quantile is x = q / (1 - q).
-            return max(60.0, age) * q / (1.0 - q), False
+            return age * q / (1.0 - q), False
+        return None
+
+
+class Calibration:
+    """How the forward run's estimates turned out, by kind: actual wait / estimated wait
+    of the requests that started, the most recent `keep`. Nothing new arrives in a
+    forward run, so a request that later arrivals overtake (a job behind higher-priority
+    kernels, a tenant above its fair share) starts later than it says, and by about as
+    much as such requests did before: the estimate is scaled by the median ratio of its
+    kind and the range is the `RANGE` quantiles of those ratios (once `MIN_OUTCOMES` are
+    known; before, the runs' own range)."""
+
+    def __init__(self, keep: int = 400) -> None:
+        self.keep = keep
+        self._recent: dict[str, deque[float]] = {}
+        self._sorted: dict[str, list[float]] = {}
+
+    def add(self, kind: str, estimated: float, actual: float) -> None:
+        """A request estimated to wait `estimated` seconds (uncalibrated) waited `actual`."""
+        if estimated < MIN_ESTIMATE:
+            return
+        ratio = max(0.0, actual) / estimated
+        for key in (kind, ""):
+            recent = self._recent.get(key)
+            ordered = self._sorted.get(key)
+            if recent is None or ordered is None:
+                recent = self._recent[key] = deque()
+                ordered = self._sorted[key] = []
+            recent.append(ratio)
+            insort(ordered, ratio)
+            if len(recent) > self.keep:
+                old = recent.popleft()
+                del ordered[bisect_right(ordered, old) - 1]
+
+    def ratios(self, kind: str) -> tuple[float, float, float] | None:
+        """The (low, middle, high) ratio of `kind` (else of every kind), or None."""
+        for key in (kind, ""):
+            ordered = self._sorted.get(key)
+            if ordered is not None and len(ordered) >= MIN_OUTCOMES:
+                n = len(ordered)
+                lo, hi = RANGE
+                return ordered[int(lo * (n - 1))], ordered[(n - 1) // 2], ordered[int(hi * (n - 1))]
         return None
 
 
@@ -128,7 +179,10 @@ class Estimate:
         samples: int,
         ends: Ends,
         why: str = "",
+        raw: float | None = None,
     ) -> None:
+        self.raw = seconds if raw is None else raw  # the middle run's, before calibration
+        self.calibrated = False
         self.seconds = seconds
         self.low = low
         self.high = high
@@ -291,9 +345,11 @@ def estimate_waits(
     horizon: float = 7 * 86400.0,
     max_events: int = 20000,
     quantiles: tuple[float, float, float] = QUANTILES,
+    calibration: Calibration | None = None,
 ) -> dict[str, Estimate]:
     """The estimated wait of every queued request of `core` (or of those in `only`), from
-    three forward runs. `declared`: jobs' declared durations by request id."""
+    three forward runs. `declared`: jobs' declared durations by request id; with
+    `calibration`, scaled by how past estimates of the kind turned out."""
     if only is None:
         waiting = {r.id for r in core.live_requests() if r.state is State.QUEUED}
     else:
@@ -324,8 +380,22 @@ def estimate_waits(
         )
         # `high` None: started in the middle run, not within the slow run's budget.
         hi = waits[-1] if high.started.get(rid) is not None else None
-        out[rid] = Estimate(mid - now, waits[0], hi, samples, middle.ends)
+        est = out[rid] = Estimate(mid - now, waits[0], hi, samples, middle.ends)
+        ratios = None if calibration is None or req is None else calibration.ratios(req.kind)
+        if ratios is not None and mid - now >= MIN_ESTIMATE:
+            raw = mid - now
+            est.seconds, est.low, est.high = raw * ratios[1], raw * ratios[0], raw * ratios[2]
+            est.calibrated = True
     return out
 
 
-__all__ = ["QUANTILES", "THIN_HISTORY", "Ends", "Estimate", "History", "estimate_waits", "rebuild"]
+__all__ = [
+    "QUANTILES",
+    "THIN_HISTORY",
+    "Calibration",
+    "Ends",
+    "Estimate",
+    "History",
+    "estimate_waits",
+    "rebuild",
+]

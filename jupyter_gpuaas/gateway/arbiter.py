@@ -26,6 +26,7 @@ from typing import Any
 
 from jupyter_gpuaas.admission.config import SpecError, parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
+from jupyter_gpuaas.admission.estimate import History
 from jupyter_gpuaas.admission.model import (
     TERMINAL,
     Autoscale,
@@ -37,6 +38,7 @@ from jupyter_gpuaas.admission.model import (
 )
 
 from ..devices import DeviceSample, Inventory, NodeInfo
+from .estimates import Estimates
 from .events import Event, EventBus
 from .leader import NotLeader
 from .loops import Conflict, Duplicate, Loops, _Op, _Staged
@@ -73,6 +75,8 @@ class Stored:
     nodes: list[NodeRow]
     live: list[RequestRow]
     hold_times: list[tuple[str, float]]
+    # (kind, user, seconds) of ended grants, oldest first: the estimates' history.
+    holds: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)
 
 
 class Arbiter(Loops, Views):
@@ -142,6 +146,10 @@ class Arbiter(Loops, Views):
         self.meta: dict[str, dict[str, Any]] = {}
         self.samples: list[DeviceSample] = []
         self.hold_times: dict[str, list[float]] = {}
+        # Past hold times by kind and user, and the forward-run estimates of the queue as
+        # it stands (estimates.py), dropped at each committed decision.
+        self.history = History()
+        self.estimates = Estimates()
         self._last_desired: dict[str, int] = {}
         self._last_ready: dict[str, int] = {}
         self._wake = asyncio.Event()
@@ -224,6 +232,7 @@ class Arbiter(Loops, Views):
             nodes=self.store.nodes() if manages else [],
             live=self.store.live_requests(),
             hold_times=list(self.store.ended_hold_times()),
+            holds=self.store.ended_holds(),
         )
 
     def _restored(self, now: float, stored: Stored) -> list[_Staged]:
@@ -281,6 +290,8 @@ class Arbiter(Loops, Views):
             decisions += self.core.restore(req, now)
         for flavor, seconds in stored.hold_times:
             self.hold_times.setdefault(flavor, []).append(seconds)
+        for kind, user, seconds in stored.holds:
+            self.history.add(kind, user, seconds)
         return decisions
 
     # --- leadership (leader.py) -----------------------------------------------------------
@@ -561,6 +572,7 @@ class Arbiter(Loops, Views):
         if not touched and not decisions and not tenants:
             return
         self._json_cache = {}
+        self.estimates.forget()
         nodes_added: list[tuple[str, str, int]] = []
         nodes_removed: list[str] = []
         if self.scaler.manages_provisioning:
@@ -636,6 +648,10 @@ class Arbiter(Loops, Views):
         req = self.requests.get(d.id) if d.id else None
         if req is None:
             return out
+        if d.event == "admit":
+            out.append(functools.partial(self.estimates.started, req.id, d.t))
+        elif d.event in ("cancel", "reject"):
+            out.append(functools.partial(self.estimates.left, req.id))
         if d.event == "admit" and "resumed_from" not in d.fields:
             if req.admit_time is not None and req.first_admit == req.admit_time:
                 wait = d.t - req.submit_time
@@ -650,6 +666,9 @@ class Arbiter(Loops, Views):
             flavor = req.assigned_flavor
             if flavor:
                 out.append(functools.partial(self._held, flavor, max(0.0, d.t - req.admit_time)))
+        if d.event in ("finish", "cancel", "preempt", "cull") and req.admit_time:
+            held = max(0.0, d.t - req.admit_time)
+            out.append(functools.partial(self.history.add, req.kind, req.user, held))
         return out
 
     def _held(self, flavor: str, seconds: float) -> None:

@@ -562,6 +562,22 @@ class Store:
         with self.session() as s:
             return list(s.scalars(stmt))
 
+    def ended_holds(self, limit: int = 1000) -> list[tuple[str, str, float]]:
+        """(kind, user, seconds held) of recently ended grants, culled ones included (their
+        devices went back when culled): the history a forward-run estimate goes by."""
+        ended = [s.value for s in (State.FINISHED, State.CANCELLED, State.PREEMPTED)]
+        ended.append(State.CULLED.value)
+        stmt = (
+            select(RequestRow.kind, RequestRow.user, RequestRow.admit_time, RequestRow.updated)
+            .where(RequestRow.state.in_(ended), RequestRow.admit_time.is_not(None))
+            .order_by(RequestRow.updated.desc())
+            .limit(limit)
+        )
+        with self.session() as s:
+            rows = [(k, u, up - a) for k, u, a, up in s.execute(stmt) if a is not None]
+        rows.reverse()  # oldest first: the history keeps the most recent
+        return rows
+
     def ended_hold_times(self, limit: int = 200) -> Iterable[tuple[str, float]]:
         """(flavor, seconds held) of recently ended grants: the basis of wait estimates."""
         ended = [State.FINISHED.value, State.CANCELLED.value, State.PREEMPTED.value]

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..admission.core import AdmissionCore
-from ..admission.estimate import History, estimate_waits
+from ..admission.estimate import Calibration, History, estimate_waits
 from ..admission.model import Decision
 from ..words import plural
 from .scenario import Scenario
@@ -41,6 +41,9 @@ class Backtest:
         self.who = {r.id: (r.kind, r.user) for r in scenario.requests}
         self.every = max(1, every)
         self.history = History()
+        self.calibration = Calibration()
+        # Estimated requests not started yet: (kind, uncalibrated estimate, estimated at).
+        self.pending: dict[str, tuple[str, float, float]] = {}
         self.held_since: dict[str, float] = {}
         self.eta: dict[str, tuple[float, float, float | None] | None] = {}
         self.instants = 0
@@ -55,7 +58,12 @@ class Backtest:
             event = d.event
             if event == "admit" or event == "resume":
                 self.held_since[rid] = d.t
-            elif event in _ENDS:
+                told = self.pending.pop(rid, None)
+                if told is not None:  # how the estimate turned out: the calibration learns
+                    self.calibration.add(told[0], told[1], d.t - told[2])
+            elif event == "cancel" or event == "reject":
+                self.pending.pop(rid, None)
+            if event in _ENDS:
                 since = self.held_since.pop(rid, None)
                 if since is not None:
                     kind, user = self.who.get(rid, ("", ""))
@@ -77,11 +85,13 @@ class Backtest:
         if not queued:
             return
         self.asked += 1
-        for rid, est in estimate_waits(core, now, self.history, only=queued).items():
-            if est.seconds is None or est.low is None:
+        made = estimate_waits(core, now, self.history, only=queued, calibration=self.calibration)
+        for rid, est in made.items():
+            if est.seconds is None or est.low is None or est.raw is None:
                 self.eta[rid] = None
             else:
                 self.eta[rid] = (est.seconds, est.low, est.high)
+                self.pending[rid] = (self.who.get(rid, ("", ""))[0], est.raw, now)
 
     def apply(self, result: dict[str, Any]) -> None:
         """Each request's `eta_at_submit` in `result`, and the accuracy in its summary."""

@@ -1,0 +1,158 @@
+"""The forward-run wait estimates of the queue as it stands, kept until the next decision.
+
+`admission/estimate.py` runs a copy of the core forward and gives every queued request's
+start at once, so one set of runs serves every view of every queued request (an API
+answer, an SSE event, the admin page's list) until something changes. The arbiter drops
+the set at each committed batch of decisions (`forget`), and a set older than `MAX_AGE`
+is made again (busy holders age and idle ones go back to work without a decision); in
+between, a kept estimate counts down with the time since it was made.
+
+Each request's first estimate is kept until it starts, and the calibration
+(admission/estimate.py `Calibration`) learns from how it turned out.
+
+The API object (`estimated_wait`): `seconds` (the middle run), `low`/`high` (the range of
+the quarter and three-quarter runs), `basis` (how, or why there is none, in words) and
+`confidence` ("high": only known times such as culls; "low": few past grants to go by).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyter_gpuaas.admission.core import AdmissionCore
+from jupyter_gpuaas.admission.estimate import (
+    THIN_HISTORY,
+    Calibration,
+    Estimate,
+    History,
+    estimate_waits,
+)
+from jupyter_gpuaas.words import eta_phrase, format_duration, join_names, plural
+
+#: Seconds a set of estimates is kept without a decision.
+MAX_AGE = 30.0
+#: The forward runs' budget per set: predicted ends, and how far ahead.
+MAX_EVENTS = 5000
+HORIZON = 7 * 86400.0
+
+
+class Estimates:
+    """The kept set of estimates, and when it was made."""
+
+    def __init__(self) -> None:
+        self._made: float | None = None
+        self._set: dict[str, Estimate] = {}
+        self.runs = 0  # sets made (for the benchmark and tests)
+        # How past estimates turned out (the calibration learns from each start), and the
+        # first estimate of each request still queued: (kind, uncalibrated, made at).
+        self.calibration = Calibration()
+        self._told: dict[str, tuple[str, float, float]] = {}
+
+    def started(self, rid: str, t: float) -> None:
+        """`rid` was admitted at `t`: its first estimate, against what it waited."""
+        told = self._told.pop(rid, None)
+        if told is not None:
+            self.calibration.add(told[0], told[1], t - told[2])
+
+    def left(self, rid: str) -> None:
+        """`rid` left the queue without starting: nothing to learn from."""
+        self._told.pop(rid, None)
+
+    def forget(self) -> None:
+        self._made = None
+        self._set = {}
+
+    def of(self, rid: str, core: AdmissionCore, history: History, now: float) -> Estimate | None:
+        """The estimate of a queued `rid` as of `now` (None: not queued in the core)."""
+        made = self._made
+        if made is None or now - made > MAX_AGE or now < made or rid not in self._set:
+            self._set = estimate_waits(
+                core,
+                now,
+                history,
+                horizon=HORIZON,
+                max_events=MAX_EVENTS,
+                calibration=self.calibration,
+            )
+            self._made = made = now
+            self.runs += 1
+        est = self._set.get(rid)
+        if est is not None and est.raw is not None and rid not in self._told:
+            req = core.get(rid)
+            self._told[rid] = (req.kind if req else "", est.raw, made)
+        if est is None or est.seconds is None:
+            return est
+        gone = now - made
+        return Estimate(
+            max(0.0, est.seconds - gone),
+            None if est.low is None else max(0.0, est.low - gone),
+            None if est.high is None else max(0.0, est.high - gone),
+            est.samples,
+            est.ends,
+            est.why,
+        )
+
+
+def confidence(est: Estimate) -> str:
+    ends = est.ends
+    if ends.history == 0 and ends.aged == 0:
+        return "high"  # culls and declared durations only: known times
+    if est.samples < THIN_HISTORY or ends.aged:
+        return "low"
+    return "medium"
+
+
+def basis(est: Estimate, label: str) -> str:
+    """How the estimate was made, or why there is none, in words."""
+    if est.seconds is None:
+        if est.why == "beyond":
+            return (
+                f"no estimate yet: it does not start within {format_duration(HORIZON)} "
+                "of the queue as it stands"
+            )
+        return f"no estimate yet: none of the {label} in use has a known end"
+    ends = est.ends
+    parts = []
+    if ends.culled:
+        parts.append(f"{plural(ends.culled, 'idle grant')} culled by the idle policy")
+    if ends.declared:
+        parts.append(f"{plural(ends.declared, 'job')} ending after the time it asked for")
+    if ends.history:
+        past = plural(est.samples, "past grant")
+        parts.append(f"{plural(ends.history, 'grant')} held about as long as {past} were")
+    if ends.aged:
+        parts.append(
+            f"{plural(ends.aged, 'grant')} older than nearly all past ones, held as long again"
+        )
+    if ends.preempted:
+        parts.append(f"{plural(ends.preempted, 'preemption')} the queue's policy makes")
+    how = join_names(parts) or "the GPUs it needs are free for it now"
+    return f"from running the queue forward: {how}"
+
+
+def wait_json(est: Estimate | None, label: str) -> dict[str, Any]:
+    """The API's `estimated_wait` of a queued request."""
+    if est is None:
+        return {"seconds": None, "low": None, "high": None, "basis": "no estimate yet"}
+    out: dict[str, Any] = {
+        "seconds": None if est.seconds is None else round(est.seconds),
+        "low": None if est.low is None else round(est.low),
+        "high": None if est.high is None else round(est.high),
+        "basis": basis(est, label),
+    }
+    if est.seconds is not None:
+        out["confidence"] = confidence(est)
+    return out
+
+
+def eta_of(wait: dict[str, Any]) -> str:
+    """The estimate's part of the wait sentence (words.eta_phrase of `wait_json`)."""
+    return eta_phrase(
+        wait.get("seconds"),
+        wait.get("low"),
+        wait.get("high"),
+        confidence=wait.get("confidence", ""),
+    )
+
+
+__all__ = ["HORIZON", "MAX_AGE", "Estimates", "basis", "confidence", "eta_of", "wait_json"]
