@@ -154,7 +154,8 @@ class Calibration:
 
 
 class Ends:
-    """What a forward run counted: the grants whose end it predicted, by how."""
+    """What a forward run counted: the grants in use when it began whose end it predicted,
+    by how (those it admits on its way are not counted), and the preemptions it made."""
 
     def __init__(self) -> None:
         self.history = 0  # held about as long as past grants
@@ -217,26 +218,28 @@ class _Run:
             if req.state is State.ADMITTED:
                 self.predict(req, now)
 
-    def predict(self, req: Request, now: float) -> None:
-        """File the predicted end of a grant (an idle one is culled by the core itself)."""
+    def predict(self, req: Request, now: float, count: bool = True) -> None:
+        """File the predicted end of a grant (an idle one is culled by the core itself);
+        `count` it in `ends` (a grant in use when the run began)."""
+        ends = self.ends if count else Ends()
         admitted = req.admit_time if req.admit_time is not None else now
         idle = req.idle_since
         if idle is not None and self.copy.idle_deadline(req.id, idle) < math.inf:
-            self.ends.culled += 1
+            ends.culled += 1
             return
         declared = self.declared.get(req.id)
         if declared is not None and req.kind == "job":
             end = max(now, admitted + declared)
-            self.ends.declared += 1
+            ends.declared += 1
         else:
             left = self.history.remaining(req.kind, req.user, max(0.0, now - admitted), self.q)
             if left is None:
                 self.stuck = True
                 return
             if left[1]:
-                self.ends.history += 1
+                ends.history += 1
             else:
-                self.ends.aged += 1
+                ends.aged += 1
             end = now + left[0]
         self.order += 1
         heappush(self.heap, (end, self.order, req.id, admitted))
@@ -250,7 +253,7 @@ class _Run:
                 self.started.setdefault(rid, t)
                 req = self.copy.get(rid)
                 if req is not None and req.state is State.ADMITTED:
-                    self.predict(req, t)
+                    self.predict(req, t, count=False)
             elif d.event == "preempt":
                 self.ends.preempted += 1
 
