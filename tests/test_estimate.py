@@ -190,3 +190,23 @@ def test_history_prefers_the_users_own_kind_then_the_kind() -> None:
     for s in (1.0, 2.0, 3.0, 4.0):
         small.add("job", "x", s)
     assert len(small) == 3
+
+
+def test_a_forecast_arrival_of_higher_priority_overtakes() -> None:
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.submit(req("j", "vision", kind="job", t=10.0), 10.0)
+    core.step(10.0)
+    hist = history("kernel", [600.0] * 10)
+    for _ in range(10):
+        hist.add("job", "ann", 600.0)
+    assert estimate_waits(core, 10.0, hist)["j"].seconds == pytest.approx(590.0)
+    # A kernel of higher priority expected at 300 s goes first: j waits for it too.
+    urgent = req("forecast-1", "vision", prio=10, t=300.0)
+    got = estimate_waits(core, 10.0, hist, arrivals=[urgent])["j"]
+    assert got.seconds == pytest.approx(590.0 + 600.0)
+    assert core.get("forecast-1") is None and urgent.state is State.QUEUED  # copies only

@@ -34,7 +34,7 @@ import dataclasses
 import math
 from bisect import bisect_right, insort
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from .core import AdmissionCore
 from .heap import heappop, heappush
@@ -202,8 +202,12 @@ class _Run:
         history: History,
         q: float,
         declared: Mapping[str, float],
+        arrivals: Sequence[Request] = (),
     ) -> None:
         self.now = now
+        # Forecast arrivals, by submit time (copies: the core takes them over).
+        self.arrivals = sorted((_clone(r) for r in arrivals if r.submit_time >= now), key=_at)
+        self.next_arrival = 0
         self.history = history
         self.q = q
         self.declared = declared
@@ -264,14 +268,25 @@ class _Run:
         events = 0
         heap = self.heap
         limit = self.now + horizon
+        arrivals = self.arrivals
         while not waiting.issubset(self.started) and events < max_events:
             deadline = copy.next_deadline()
             t = heap[0][0] if heap else math.inf
             if deadline is not None and deadline < t:
                 t = deadline
+            if self.next_arrival < len(arrivals):
+                t = min(t, arrivals[self.next_arrival].submit_time)
             if t == math.inf or t > limit:
                 return
             decisions: list[Decision] = []
+            while (
+                self.next_arrival < len(arrivals) and arrivals[self.next_arrival].submit_time <= t
+            ):
+                arrival = arrivals[self.next_arrival]
+                self.next_arrival += 1
+                if copy.get(arrival.id) is None:
+                    decisions += copy.submit(arrival, t)
+                    events += 1
             while heap and heap[0][0] <= t:
                 _, _, rid, admitted = heappop(heap)
                 req = copy.get(rid)
@@ -304,6 +319,10 @@ def rebuild(core: AdmissionCore, now: float) -> AdmissionCore:
 
 def _seq(req: Request) -> int:
     return req.seq
+
+
+def _at(req: Request) -> float:
+    return req.submit_time
 
 
 def _clone(r: Request) -> Request:
@@ -349,10 +368,14 @@ def estimate_waits(
     max_events: int = 20000,
     quantiles: tuple[float, float, float] = QUANTILES,
     calibration: Calibration | None = None,
+    arrivals: Sequence[Request] = (),
 ) -> dict[str, Estimate]:
     """The estimated wait of every queued request of `core` (or of those in `only`), from
     three forward runs. `declared`: jobs' declared durations by request id; with
-    `calibration`, scaled by how past estimates of the kind turned out."""
+    `calibration`, scaled by how past estimates of the kind turned out; `arrivals`: the
+    requests expected to arrive (a forecast: their submit times are in the future, their
+    ids unused), submitted in the run as they come, so that those that will overtake a
+    queued request (higher priority, a tenant under its fair share) do."""
     if only is None:
         waiting = {r.id for r in core.live_requests() if r.state is State.QUEUED}
     else:
@@ -366,7 +389,7 @@ def estimate_waits(
         return out
     runs: list[_Run] = []
     for q in quantiles:
-        run = _Run(core, now, history, q, declared or {})
+        run = _Run(core, now, history, q, declared or {}, arrivals)
         run.run(waiting, horizon, max_events)
         runs.append(run)
     low, middle, high = runs

@@ -19,17 +19,20 @@ be backtested on a documented sample (a month of 100,000 requests, on a loaded m
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any
 
 from ..admission.core import AdmissionCore
 from ..admission.estimate import Calibration, History, estimate_waits
-from ..admission.model import Decision
+from ..admission.model import Decision, Request
 from ..words import plural
 from .scenario import Scenario
 
 #: Requests that waited at least this long are the ones the accuracy is judged on.
 LONG_WAIT = 300.0
+#: The arrival forecast: (period, look-ahead) in seconds.
+FORECAST = (86400.0, 6 * 3600.0)
 #: Events that end a grant's hold on its devices.
 _ENDS = frozenset(("finish", "cancel", "preempt", "cull"))
 
@@ -46,6 +49,9 @@ class Backtest:
         self.pending: dict[str, tuple[str, float, float]] = {}
         self.held_since: dict[str, float] = {}
         self.eta: dict[str, tuple[float, float, float | None] | None] = {}
+        # What arrived so far, in order: the forecast of what arrives next is what arrived
+        # a day earlier (`FORECAST`).
+        self.arrived: list[Request] = []
         self.instants = 0
         self.asked = 0  # forward-run sets made
 
@@ -72,6 +78,10 @@ class Backtest:
     def at_submit(self, core: AdmissionCore, now: float, arrived: list[str]) -> None:
         """After the cycle of an instant at which `arrived` were submitted."""
         self.instants += 1
+        for rid in arrived:
+            req = core.get(rid)
+            if req is not None:
+                self.arrived.append(req)
         if (self.instants - 1) % self.every:
             return
         queued: list[str] = []
@@ -85,7 +95,14 @@ class Backtest:
         if not queued:
             return
         self.asked += 1
-        made = estimate_waits(core, now, self.history, only=queued, calibration=self.calibration)
+        made = estimate_waits(
+            core,
+            now,
+            self.history,
+            only=queued,
+            calibration=self.calibration,
+            arrivals=forecast(self.arrived, now),
+        )
         for rid, est in made.items():
             if est.seconds is None or est.low is None or est.raw is None:
                 self.eta[rid] = None
@@ -135,6 +152,25 @@ class Backtest:
             "every": self.every,
             "forward_runs": self.asked,
         }
+
+
+def forecast(arrived: list[Request], now: float) -> list[Request]:
+    """What arrives in the next `FORECAST[1]` seconds: what arrived `FORECAST[0]` seconds
+    earlier (a seasonal naive forecast: yesterday at this hour), as new requests."""
+    period, ahead = FORECAST
+    lo = bisect_left(arrived, now - period, key=_submitted)
+    hi = bisect_left(arrived, now - period + ahead, key=_submitted)
+    out = []
+    for i in range(lo, hi):
+        r = arrived[i]
+        at = r.submit_time + period
+        out.append(Request(f"forecast-{i}", r.tenant, r.user, r.kind, r.gpus, at,
+                           flavor=r.flavor, priority=r.priority))  # fmt: skip
+    return out
+
+
+def _submitted(r: Request) -> float:
+    return r.submit_time
 
 
 def _round(x: float) -> float:
