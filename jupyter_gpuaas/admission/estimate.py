@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -50,6 +50,9 @@ QUANTILES = (0.25, 0.5, 0.75)
 #: A grant younger than this, with no past grants to go by, has no known end: its age
 #: says nothing yet (a job that started a minute ago may run a minute or a day).
 MIN_AGE = 600.0
+#: The arrival forecast: (period, look-ahead) in seconds: what arrives in the next 6 h is
+#: what arrived a day earlier (seasonal naive; the driver keeps what arrived).
+FORECAST = (86400.0, 6 * 3600.0)
 #: Outcomes a kind's calibration needs, and the quantiles of its ratios that make the
 #: range; estimates shorter than MIN_ESTIMATE are not scaled (nor learnt from).
 MIN_OUTCOMES = 20
@@ -298,6 +301,25 @@ class _Run:
             self.follow(decisions, t)
 
 
+def forecast(arrived: Sequence[Request], now: float) -> list[Request]:
+    """What arrives in the next `FORECAST[1]` seconds: what arrived `FORECAST[0]` seconds
+    earlier (a seasonal naive forecast: yesterday at this hour), as new requests."""
+    period, ahead = FORECAST
+    lo = bisect_left(arrived, now - period, key=_submitted)
+    hi = bisect_left(arrived, now - period + ahead, key=_submitted)
+    out = []
+    for i in range(lo, hi):
+        r = arrived[i]
+        at = r.submit_time + period
+        out.append(Request(f"forecast-{i}", r.tenant, r.user, r.kind, r.gpus, at,
+                           flavor=r.flavor, priority=r.priority))  # fmt: skip
+    return out
+
+
+def _submitted(r: Request) -> float:
+    return r.submit_time
+
+
 def rebuild(core: AdmissionCore, now: float) -> AdmissionCore:
     """A copy of `core` that shares nothing mutable with it: its nodes, and a copy of each
     live request restored into it as a gateway restart restores them. Leases are off in
@@ -416,6 +438,7 @@ def estimate_waits(
 
 
 __all__ = [
+    "FORECAST",
     "QUANTILES",
     "THIN_HISTORY",
     "Calibration",
@@ -423,5 +446,6 @@ __all__ = [
     "Estimate",
     "History",
     "estimate_waits",
+    "forecast",
     "rebuild",
 ]

@@ -26,7 +26,7 @@ from typing import Any
 
 from jupyter_gpuaas.admission.config import SpecError, parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
-from jupyter_gpuaas.admission.estimate import History
+from jupyter_gpuaas.admission.estimate import FORECAST, History
 from jupyter_gpuaas.admission.model import (
     TERMINAL,
     Autoscale,
@@ -77,6 +77,8 @@ class Stored:
     hold_times: list[tuple[str, float]]
     # (kind, user, seconds) of ended grants, oldest first: the estimates' history.
     holds: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)
+    # The requests submitted in the last forecast period, oldest first.
+    recent: list[Request] = dataclasses.field(default_factory=list)
 
 
 class Arbiter(Loops, Views):
@@ -233,6 +235,7 @@ class Arbiter(Loops, Views):
             live=self.store.live_requests(),
             hold_times=list(self.store.ended_hold_times()),
             holds=self.store.ended_holds(),
+            recent=self.store.submitted_since(time.time() - FORECAST[0]),
         )
 
     def _restored(self, now: float, stored: Stored) -> list[_Staged]:
@@ -292,6 +295,7 @@ class Arbiter(Loops, Views):
             self.hold_times.setdefault(flavor, []).append(seconds)
         for kind, user, seconds in stored.holds:
             self.history.add(kind, user, seconds)
+        self.estimates.arrived[:] = stored.recent
         return decisions
 
     # --- leadership (leader.py) -----------------------------------------------------------
@@ -648,7 +652,9 @@ class Arbiter(Loops, Views):
         req = self.requests.get(d.id) if d.id else None
         if req is None:
             return out
-        if d.event == "admit":
+        if d.event == "submit":
+            out.append(functools.partial(self.estimates.submitted, req))
+        elif d.event == "admit":
             out.append(functools.partial(self.estimates.started, req.id, d.t))
         elif d.event in ("cancel", "reject"):
             out.append(functools.partial(self.estimates.left, req.id))

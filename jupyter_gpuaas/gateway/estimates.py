@@ -7,7 +7,9 @@ the set at each committed batch of decisions (`forget`), and a set older than `M
 is made again (busy holders age and idle ones go back to work without a decision); in
 between, a kept estimate counts down with the time since it was made.
 
-Each request's first estimate is kept until it starts, and the calibration
+The runs submit the arrivals forecast from those of a day earlier, kept from each
+submission (and read back from the store at a restart). Each request's first estimate
+is kept until it starts, and the calibration
 (admission/estimate.py `Calibration`) learns from how it turned out.
 
 The API object (`estimated_wait`): `seconds` (the middle run), `low`/`high` (the range of
@@ -17,16 +19,20 @@ the quarter and three-quarter runs), `basis` (how, or why there is none, in word
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 from jupyter_gpuaas.admission.core import AdmissionCore
 from jupyter_gpuaas.admission.estimate import (
+    FORECAST,
     THIN_HISTORY,
     Calibration,
     Estimate,
     History,
     estimate_waits,
+    forecast,
 )
+from jupyter_gpuaas.admission.model import Request
 from jupyter_gpuaas.words import eta_phrase, format_duration, join_names, plural
 
 #: Seconds a set of estimates is kept without a decision.
@@ -47,6 +53,17 @@ class Estimates:
         # first estimate of each request still queued: (kind, uncalibrated, made at).
         self.calibration = Calibration()
         self._told: dict[str, tuple[str, float, float]] = {}
+        # The requests submitted in the last forecast period, oldest first: what arrives
+        # next is forecast from them (admission/estimate.py `forecast`).
+        self.arrived: list[Request] = []
+
+    def submitted(self, req: Request) -> None:
+        """`req` was submitted (committed): kept for the arrival forecast."""
+        arrived = self.arrived
+        arrived.append(req)
+        old = req.submit_time - FORECAST[0] - FORECAST[1]
+        if arrived[0].submit_time < old:
+            del arrived[: bisect_left(arrived, old, key=_submitted)]
 
     def started(self, rid: str, t: float) -> None:
         """`rid` was admitted at `t`: its first estimate, against what it waited."""
@@ -73,6 +90,7 @@ class Estimates:
                 horizon=HORIZON,
                 max_events=MAX_EVENTS,
                 calibration=self.calibration,
+                arrivals=forecast(self.arrived, now),
             )
             self._made = made = now
             self.runs += 1
@@ -91,6 +109,10 @@ class Estimates:
             est.ends,
             est.why,
         )
+
+
+def _submitted(req: Request) -> float:
+    return req.submit_time
 
 
 def confidence(est: Estimate) -> str:

@@ -19,20 +19,17 @@ be backtested on a documented sample (a month of 100,000 requests, on a loaded m
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any
 
 from ..admission.core import AdmissionCore
-from ..admission.estimate import Calibration, History, estimate_waits
+from ..admission.estimate import Calibration, History, estimate_waits, forecast
 from ..admission.model import Decision, Request
 from ..words import plural
 from .scenario import Scenario
 
 #: Requests that waited at least this long are the ones the accuracy is judged on.
 LONG_WAIT = 300.0
-#: The arrival forecast: (period, look-ahead) in seconds.
-FORECAST = (86400.0, 6 * 3600.0)
 #: Events that end a grant's hold on its devices.
 _ENDS = frozenset(("finish", "cancel", "preempt", "cull"))
 
@@ -50,7 +47,7 @@ class Backtest:
         self.held_since: dict[str, float] = {}
         self.eta: dict[str, tuple[float, float, float | None] | None] = {}
         # What arrived so far, in order: the forecast of what arrives next is what arrived
-        # a day earlier (`FORECAST`).
+        # a day earlier (admission/estimate.py `forecast`).
         self.arrived: list[Request] = []
         self.instants = 0
         self.asked = 0  # forward-run sets made
@@ -152,25 +149,6 @@ class Backtest:
             "every": self.every,
             "forward_runs": self.asked,
         }
-
-
-def forecast(arrived: list[Request], now: float) -> list[Request]:
-    """What arrives in the next `FORECAST[1]` seconds: what arrived `FORECAST[0]` seconds
-    earlier (a seasonal naive forecast: yesterday at this hour), as new requests."""
-    period, ahead = FORECAST
-    lo = bisect_left(arrived, now - period, key=_submitted)
-    hi = bisect_left(arrived, now - period + ahead, key=_submitted)
-    out = []
-    for i in range(lo, hi):
-        r = arrived[i]
-        at = r.submit_time + period
-        out.append(Request(f"forecast-{i}", r.tenant, r.user, r.kind, r.gpus, at,
-                           flavor=r.flavor, priority=r.priority))  # fmt: skip
-    return out
-
-
-def _submitted(r: Request) -> float:
-    return r.submit_time
 
 
 def _round(x: float) -> float:
