@@ -3,9 +3,10 @@
 `admission/estimate.py` runs a copy of the core forward and gives every queued request's
 start at once, so one set of runs serves every view of every queued request (an API
 answer, an SSE event, the admin page's list) until something changes. The arbiter drops
-the set at each committed batch of decisions (`forget`), and a set older than `MAX_AGE`
-is made again (busy holders age and idle ones go back to work without a decision); in
-between, a kept estimate counts down with the time since it was made.
+the set at each committed batch of decisions (`forget`; a set that was costly to make is
+kept a while longer, `SHARE_INVERSE`), and a set older than `MAX_AGE` is made again
+(busy holders age and idle ones go back to work without a decision); in between, a kept
+estimate counts down with the time since it was made.
 
 The runs submit the arrivals forecast from those of a day earlier, kept from each
 submission (and read back from the store at a restart). Each request's first estimate
@@ -19,6 +20,7 @@ the quarter and three-quarter runs), `basis` (how, or why there is none, in word
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from typing import Any
 
@@ -37,6 +39,10 @@ from jupyter_gpuaas.words import eta_phrase, format_duration, join_names, plural
 
 #: Seconds a set of estimates is kept without a decision.
 MAX_AGE = 30.0
+#: A set that took c seconds to make is kept at least SHARE_INVERSE x c after a decision
+#: (the estimates take at most about 1/SHARE_INVERSE of the loop's time on a long queue;
+#: a set of a few milliseconds is made again at the next view, as the queue stands).
+SHARE_INVERSE = 10.0
 #: The forward runs' budget per set: predicted ends, and how far ahead.
 MAX_EVENTS = 5000
 HORIZON = 7 * 86400.0
@@ -48,6 +54,9 @@ class Estimates:
     def __init__(self) -> None:
         self._made: float | None = None
         self._set: dict[str, Estimate] = {}
+        self._stale = False  # a decision came since the set was made
+        self._cost = 0.0  # seconds the last set took (perf_counter)
+        self._made_at = 0.0  # when it was made (perf_counter)
         self.runs = 0  # sets made (for the benchmark and tests)
         # How past estimates turned out (the calibration learns from each start), and the
         # first estimate of each request still queued: (kind, uncalibrated, made at).
@@ -76,13 +85,21 @@ class Estimates:
         self._told.pop(rid, None)
 
     def forget(self) -> None:
-        self._made = None
-        self._set = {}
+        """A decision was committed: the set no longer says how the queue stands."""
+        self._stale = True
+
+    def _fresh_enough(self, rid: str, now: float) -> bool:
+        made = self._made
+        if made is None or now - made > MAX_AGE or now < made or rid not in self._set:
+            return False
+        if not self._stale:
+            return True
+        return time.perf_counter() - self._made_at < SHARE_INVERSE * self._cost
 
     def of(self, rid: str, core: AdmissionCore, history: History, now: float) -> Estimate | None:
         """The estimate of a queued `rid` as of `now` (None: not queued in the core)."""
-        made = self._made
-        if made is None or now - made > MAX_AGE or now < made or rid not in self._set:
+        if not self._fresh_enough(rid, now):
+            started = time.perf_counter()
             self._set = estimate_waits(
                 core,
                 now,
@@ -92,8 +109,12 @@ class Estimates:
                 calibration=self.calibration,
                 arrivals=forecast(self.arrived, now),
             )
-            self._made = made = now
+            self._made = now
+            self._made_at = time.perf_counter()
+            self._cost = self._made_at - started
+            self._stale = False
             self.runs += 1
+        made = self._made if self._made is not None else now
         est = self._set.get(rid)
         if est is not None and est.raw is not None and rid not in self._told:
             req = core.get(rid)
