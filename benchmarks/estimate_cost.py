@@ -1,7 +1,8 @@
 """What a set of forward-run wait estimates costs (issue 43 item 1).
 
 Replays the month trace (benchmarks/month_trace.py: ~1,000 GPUs, 13 tenants) to a busy
-weekday moment, with the history a gateway would have by then, and times
+weekday moment, with the history and the arrival forecast a gateway would have by then,
+and times
 `estimate_waits` there: one set of three forward runs gives every queued request its
 estimate, and the gateway keeps the set until its next decision (gateway/estimates.py).
 Reports the live and queued requests, the time per set (best and median of `--repeat`)
@@ -23,7 +24,7 @@ from pathlib import Path
 import _bench
 import month_trace
 
-from jupyter_gpuaas.admission.estimate import estimate_waits
+from jupyter_gpuaas.admission.estimate import estimate_waits, forecast
 from jupyter_gpuaas.admission.model import State
 from jupyter_gpuaas.gateway.estimates import HORIZON, MAX_EVENTS
 from jupyter_gpuaas.sim.backtest import Backtest
@@ -46,7 +47,7 @@ def measure(at: float, requests: int, repeat: int) -> dict[str, object]:
         started = time.perf_counter()
         made = estimate_waits(
             core, at, backtest.history, horizon=HORIZON, max_events=MAX_EVENTS,
-            calibration=backtest.calibration,
+            calibration=backtest.calibration, arrivals=forecast(backtest.arrived, at),
         )  # fmt: skip
         times.append(time.perf_counter() - started)
     with_estimate = sum(1 for e in made.values() if e.seconds is not None)
@@ -59,6 +60,7 @@ def measure(at: float, requests: int, repeat: int) -> dict[str, object]:
         "queued": len(queued),
         "with_estimate": with_estimate,
         "history": len(backtest.history),
+        "forecast_arrivals": len(forecast(backtest.arrived, at)),
         "set_ms_best": round(best * 1000, 1),
         "set_ms_median": round(statistics.median(times) * 1000, 1),
         "per_queued_ms": round(best * 1000 / max(1, len(queued)), 2),
