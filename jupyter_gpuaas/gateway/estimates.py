@@ -43,6 +43,8 @@ MAX_AGE = 30.0
 #: (the estimates take at most about 1/SHARE_INVERSE of the loop's time on a long queue;
 #: a set of a few milliseconds is made again at the next view, as the queue stands).
 SHARE_INVERSE = 10.0
+#: Seconds from which a set counts as costly (below, it is always made afresh).
+COSTLY = 0.05
 #: The forward runs' budget per set: predicted ends, and how far ahead.
 MAX_EVENTS = 5000
 HORIZON = 7 * 86400.0
@@ -89,11 +91,16 @@ class Estimates:
         self._stale = True
 
     def _fresh_enough(self, rid: str, now: float) -> bool:
+        """Whether the kept set answers for `rid` now. After a decision, a costly set is
+        kept for a while, and a request submitted since has no estimate until it is made
+        again (said as "no estimate yet": better than a loop that stalls on each one)."""
         made = self._made
-        if made is None or now - made > MAX_AGE or now < made or rid not in self._set:
+        if made is None or now - made > MAX_AGE or now < made:
             return False
         if not self._stale:
-            return True
+            return rid in self._set
+        if self._cost < COSTLY:
+            return False  # cheap: made again as the queue now stands
         return time.perf_counter() - self._made_at < SHARE_INVERSE * self._cost
 
     def of(self, rid: str, core: AdmissionCore, history: History, now: float) -> Estimate | None:
