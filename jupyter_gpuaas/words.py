@@ -28,6 +28,7 @@ __all__ = [
     "ended_by",
     "ended_words",
     "ending_sentence",
+    "eta_phrase",
     "expired_reason",
     "format_duration",
     "holder",
@@ -219,14 +220,17 @@ def wait_sentence(
     turn: float | None = None,
     quota: str = "",
     why: str = "",
+    eta: str = "",
 ) -> str:
-    """Why a queued request waits, and until when, in one line.
+    """Why a queued request waits, and until when, in one line: THE wait sentence, which
+    every view shows as it is (the API's `waiting_for.message`), adding nothing to it.
 
     `total`/`free`: the devices of the flavor(s) it may use; `ahead`: requests before it;
     `release`: the next grant to free a device (None: none has a known end); `turn`: the
     estimated seconds until its own turn; `quota`: the tenant's usage sentence, said when
     devices are free but the tenant may not take them; `why`: the core's reason
-    (reason_sentence), said instead of all that guessing when given.
+    (reason_sentence), said instead of all that guessing when given; `eta`: the estimate
+    of a forward run of the queue (`eta_phrase`), said instead of `release` and `turn`.
 
         waiting: all 4 a100 are in use; the next one frees when alice's job ends (about 12 min)
         waiting: all 4 a100 are in use; no estimate yet
@@ -248,11 +252,52 @@ def wait_sentence(
         head = f"waiting: {free} of {total} {flavor} {verb} free and it needs {gpus}"
         if ahead:
             head += f", {plural(ahead, 'request')} ahead"
+    if eta:
+        # Its turn is an idle grant's cull, a known time: said as that grant's end.
+        if (
+            release is not None
+            and release.idle
+            and turn is not None
+            and abs(turn - release.seconds) < 60
+        ):
+            return f"{head}; the next one frees {release.phrase()}"
+        return f"{head}; {eta}"
     if release is None:
         return f"{head}; no estimate yet"
     text = f"{head}; the next one frees {release.phrase()}"
     if turn is not None and turn - release.seconds >= 60:
         text += f"; its turn in {about(turn)}"
+    return text
+
+
+def eta_phrase(
+    seconds: float | None, low: float | None, high: float | None, *, confidence: str = ""
+) -> str:
+    """When a queued request is expected to start, from a forward run of the queue
+    (gateway `estimated_wait`): `likely in about 25 min (15 min to 40 min)`; `in about 29 min`
+    when every run agrees (an idle grant's cull, a known time); `likely within a minute`;
+    `no estimate yet` for None. `confidence` "low" (few past grants to go by) says so.
+
+        >>> eta_phrase(1500, 900, 2400)
+        'likely in about 25 min (15 min to 40 min)'
+        >>> eta_phrase(1740, 1740, 1740)
+        'in about 29 min'
+    """
+    if seconds is None:
+        return "no estimate yet"
+    if seconds < 60 and high is not None and high < 60:
+        return "likely within a minute"
+    lo = format_duration(low if low is not None else seconds)
+    hi = format_duration(high) if high is not None else None
+    when = "within a minute" if seconds < 60 else f"in {about(seconds)}"
+    if hi is None:
+        text = f"likely {when} ({lo} or more)"
+    elif lo == hi == format_duration(seconds):
+        text = f"in {about(seconds)}"
+    else:
+        text = f"likely {when} ({lo} to {hi})"
+    if confidence == "low":
+        text += ", a rough guess: few past grants to go by"
     return text
 
 
@@ -280,7 +325,8 @@ def reason_sentence(kind: str, details: Mapping[str, Any]) -> str:
         if not details.get("cohort"):
             text += f" and it asks for {gpus}" if used < nominal else ""
         elif int(details.get("lent_out", 0)):
-            text += f" and {details['lent_out']} of them are lent out in the cohort"
+            lent = int(details["lent_out"])
+            text += f" and {lent} of them {'is' if lent == 1 else 'are'} lent out in the cohort"
         elif lend == 0:
             text += (
                 " and the cohort lends none" if used <= nominal else " and the cohort lends no more"

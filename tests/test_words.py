@@ -170,3 +170,22 @@ def test_wait_sentences() -> None:
     assert idle.phrase() == (
         "when an idle server of another user of nlp is culled (less than a minute)"
     )
+
+
+def test_lent_out_is_said_with_its_number() -> None:
+    from jupyter_gpuaas.words import eta_phrase, reason_sentence
+
+    details = {"tenant": "nlp", "flavor": "a100", "gpus": 1, "used": 0, "nominal": 2,
+               "cohort": "research"}  # fmt: skip
+    assert reason_sentence("quota", {**details, "lent_out": 1}).endswith(
+        "and 1 of them is lent out in the cohort"
+    )
+    assert reason_sentence("quota", {**details, "lent_out": 2}).endswith(
+        "and 2 of them are lent out in the cohort"
+    )
+    # The forward run's estimate: a range, a known time, none; never "less than a minute".
+    assert eta_phrase(1500, 900, 2400) == "likely in about 25 min (15 min to 40 min)"
+    assert eta_phrase(1740, 1740, 1740) == "in about 29 min"
+    assert eta_phrase(30, 10, 200) == "likely within a minute (10 s to 3 min)"
+    assert eta_phrase(3000, 2000, None) == "likely in about 50 min (33 min or more)"
+    assert eta_phrase(None, None, None) == "no estimate yet"

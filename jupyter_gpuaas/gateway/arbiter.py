@@ -26,6 +26,7 @@ from typing import Any
 
 from jupyter_gpuaas.admission.config import SpecError, default_cull_warning, parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
+from jupyter_gpuaas.admission.estimate import FORECAST, History
 from jupyter_gpuaas.admission.model import (
     TERMINAL,
     Autoscale,
@@ -40,6 +41,7 @@ from jupyter_gpuaas.words import culled_reason, ended_by, expired_reason, preemp
 
 from ..devices import DeviceSample, Inventory, NodeInfo
 from .engine import Engine
+from .estimates import Estimates
 from .events import Event, EventBus
 from .kueue_engine import KueueEngine
 from .leader import NotLeader
@@ -77,6 +79,10 @@ class Stored:
     nodes: list[NodeRow]
     live: list[RequestRow]
     hold_times: list[tuple[str, float]]
+    # (kind, user, seconds) of ended grants, oldest first: the estimates' history.
+    holds: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)
+    # The requests submitted in the last forecast period, oldest first.
+    recent: list[Request] = dataclasses.field(default_factory=list)
 
 
 class Arbiter(Loops, Views):
@@ -149,6 +155,10 @@ class Arbiter(Loops, Views):
         self.meta: dict[str, dict[str, Any]] = {}
         self.samples: list[DeviceSample] = []
         self.hold_times: dict[str, list[float]] = {}
+        # Past hold times by kind and user, and the forward-run estimates of the queue as
+        # it stands (estimates.py), dropped at each committed decision.
+        self.history = History()
+        self.estimates = Estimates()
         self._last_desired: dict[str, int] = {}
         self._last_ready: dict[str, int] = {}
         self._wake = asyncio.Event()
@@ -240,6 +250,8 @@ class Arbiter(Loops, Views):
             nodes=self.store.nodes() if manages else [],
             live=self.store.live_requests(),
             hold_times=list(self.store.ended_hold_times()),
+            holds=self.store.ended_holds(),
+            recent=self.store.submitted_since(time.time() - FORECAST[0]),
         )
 
     def _restored(self, now: float, stored: Stored) -> list[_Staged]:
@@ -297,6 +309,9 @@ class Arbiter(Loops, Views):
             decisions += self.engine.restore(req, now)
         for flavor, seconds in stored.hold_times:
             self.hold_times.setdefault(flavor, []).append(seconds)
+        for kind, user, seconds in stored.holds:
+            self.history.add(kind, user, seconds)
+        self.estimates.arrived[:] = stored.recent
         return decisions
 
     # --- leadership (leader.py) -----------------------------------------------------------
@@ -590,6 +605,7 @@ class Arbiter(Loops, Views):
         if not touched and not decisions and not tenants:
             return
         self._json_cache = {}
+        self.estimates.forget()
         nodes_added: list[tuple[str, str, int]] = []
         nodes_removed: list[str] = []
         if self.scaler.manages_provisioning:
@@ -682,6 +698,12 @@ class Arbiter(Loops, Views):
         req = self.requests.get(d.id) if d.id else None
         if req is None:
             return out
+        if d.event == "submit":
+            out.append(functools.partial(self.estimates.submitted, req))
+        elif d.event == "admit":
+            out.append(functools.partial(self.estimates.started, req.id, d.t))
+        elif d.event in ("cancel", "reject"):
+            out.append(functools.partial(self.estimates.left, req.id))
         if d.event == "admit" and "resumed_from" not in d.fields:
             if req.admit_time is not None and req.first_admit == req.admit_time:
                 wait = d.t - req.submit_time
@@ -696,6 +718,9 @@ class Arbiter(Loops, Views):
             flavor = req.assigned_flavor
             if flavor:
                 out.append(functools.partial(self._held, flavor, max(0.0, d.t - req.admit_time)))
+        if d.event in ("finish", "cancel", "preempt", "cull") and req.admit_time:
+            held = max(0.0, d.t - req.admit_time)
+            out.append(functools.partial(self.history.add, req.kind, req.user, held))
         return out
 
     def _held(self, flavor: str, seconds: float) -> None:

@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from jupyter_gpuaas.admission.core import AdmissionCore
+    from jupyter_gpuaas.admission.estimate import History
     from jupyter_gpuaas.admission.model import Config, Decision, Request
 
     from ..devices import DeviceSample, Inventory
     from .arbiter import Stored
     from .engine import Engine
+    from .estimates import Estimates
     from .loops import _Op, _Staged
     from .metrics import GatewayMetrics
     from .store import Store
@@ -36,6 +38,8 @@ class ArbiterState:
     overrides: dict[str, Any]
     config: Config
     core: AdmissionCore
+    history: History  # past hold times, for the estimates (admission/estimate.py)
+    estimates: Estimates  # the queue's forward-run estimates, kept until a decision
     store: Store
     inventory: Inventory
     metrics: GatewayMetrics

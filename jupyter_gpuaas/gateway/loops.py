@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 
 from jupyter_gpuaas.admission.config import SpecError
 from jupyter_gpuaas.admission.core import AdmissionCore
+from jupyter_gpuaas.admission.estimate import History
 
 from .arbiter_state import ArbiterState
 from .events import Event
@@ -569,6 +570,8 @@ class Loops(ArbiterState):
         self.keys = {}
         self.meta = {}
         self.hold_times = {}
+        self.history = History()
+        self.estimates.forget()
         self._json_cache = {}
         self._last_desired = {}
         self.overrides = {}

@@ -27,7 +27,7 @@ from tornado import web
 from tornado.httputil import url_concat
 
 from jupyter_gpuaas.admission.model import State
-from jupyter_gpuaas.words import about, format_duration, plural, usage_sentence_of
+from jupyter_gpuaas.words import eta_phrase, format_duration, plural, usage_sentence_of
 
 from .auth import HubUnreachable, Identity
 from .handler_base import ApiError, BaseHandler
@@ -46,19 +46,24 @@ _NUMBER = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 
 
 def wait_sentence(obj: dict[str, Any]) -> str:
-    """What a queued request waits for, and for how long, from its API object."""
-    parts = []
+    """What a queued request waits for, and for how long, from its API object: the
+    gateway's one wait sentence (`waiting_for.message`, its reason and its estimate) as it
+    is, so this page says what the spawn page and the sidebar say; the estimate alone in
+    the same words (words.eta_phrase) from an object without one."""
     waiting_for = obj.get("waiting_for")
     if isinstance(waiting_for, dict) and waiting_for.get("message"):
-        parts.append(str(waiting_for["message"]).rstrip("."))
+        return str(waiting_for["message"]).rstrip(".") + "."
     estimate = obj.get("estimated_wait") or {}
     seconds = estimate.get("seconds")
-    basis = str(estimate.get("basis") or "").strip()
-    if seconds is not None:
-        parts.append(f"expected in {about(float(seconds))}" + (f" ({basis})" if basis else ""))
-    else:
-        parts.append("no estimate yet")
-    return "; ".join(parts) + "."
+    return (
+        eta_phrase(
+            None if seconds is None else float(seconds),
+            estimate.get("low"),
+            estimate.get("high"),
+            confidence=str(estimate.get("confidence") or ""),
+        )
+        + "."
+    )
 
 
 def position_sentence(obj: dict[str, Any]) -> str:

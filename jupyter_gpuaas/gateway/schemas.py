@@ -98,8 +98,23 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["seconds", "basis"],
         "properties": {
-            "seconds": {**NULLNUM, "description": "null: no estimate; `basis` says why"},
+            "seconds": {
+                **NULLNUM,
+                "description": "the middle estimate of a forward run of the queue, in seconds "
+                "from now; null: no estimate, `basis` says why",
+            },
+            "low": {**NULLNUM, "description": "the range's low end (the quarter run)"},
+            "high": {
+                **NULLNUM,
+                "description": "the range's high end (the three-quarter run); null with "
+                "`seconds` set: beyond what the estimate looks ahead",
+            },
             "basis": {"type": "string", "description": "how it was estimated, or why not"},
+            "confidence": {
+                "enum": ["high", "medium", "low"],
+                "description": "high: only known times (culls, declared durations); low: few "
+                "past grants to go by",
+            },
         },
         "additionalProperties": False,
     },

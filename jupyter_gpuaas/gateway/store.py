@@ -46,7 +46,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from jupyter_gpuaas.admission.model import TERMINAL, State
+from jupyter_gpuaas.admission.model import TERMINAL, Request, State
 
 from .rows import (
     ACTIVITY,
@@ -567,6 +567,34 @@ class Store:
             stmt = stmt.where(DecisionRow.request_id == request_id)
         with self.session() as s:
             return list(s.scalars(stmt))
+
+    def ended_holds(self, limit: int = 1000) -> list[tuple[str, str, float]]:
+        """(kind, user, seconds held) of recently ended grants, culled ones included (their
+        devices went back when culled): the history a forward-run estimate goes by."""
+        ended = [s.value for s in (State.FINISHED, State.CANCELLED, State.PREEMPTED)]
+        ended.append(State.CULLED.value)
+        stmt = (
+            select(RequestRow.kind, RequestRow.user, RequestRow.admit_time, RequestRow.updated)
+            .where(RequestRow.state.in_(ended), RequestRow.admit_time.is_not(None))
+            .order_by(RequestRow.updated.desc())
+            .limit(limit)
+        )
+        with self.session() as s:
+            rows = [(k, u, up - a) for k, u, a, up in s.execute(stmt) if a is not None]
+        rows.reverse()  # oldest first: the history keeps the most recent
+        return rows
+
+    def submitted_since(self, since: float, limit: int = 100_000) -> list[Request]:
+        """The requests submitted at or after `since`, oldest first (whatever became of
+        them): the arrival forecast of the wait estimates (admission/estimate.py)."""
+        stmt = (
+            select(RequestRow)
+            .where(RequestRow.submit_time >= since)
+            .order_by(RequestRow.submit_time)
+            .limit(limit)
+        )
+        with self.session() as s:
+            return [row_to_request(r) for r in s.scalars(stmt)]
 
     def ended_hold_times(self, limit: int = 200) -> Iterable[tuple[str, float]]:
         """(flavor, seconds held) of recently ended grants: the basis of wait estimates."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from jupyter_gpuaas.admission.model import Request, State
 
-from . import waits
+from . import estimates, waits
 from .arbiter_state import ArbiterState
 from .grace import grace_of, preempt_reason, preemption_fields, reclaim_wait
 from .metrics import PendingCount, TenantUsage
@@ -87,6 +87,8 @@ class Views(ArbiterState):
             out["scaling"] = self._scaling_for(live)
             reclaim = reclaim_wait(live, self.engine.reclaiming(live.id), time.time())
             if reclaim is not None:  # a preemptor waiting out its victims' grace
+                reclaim["low"] = reclaim["high"] = reclaim["seconds"]
+                reclaim["confidence"] = "high"
                 out["estimated_wait"] = reclaim
                 out["waiting_for"] = {"kind": "quota", "message": f"waiting: {reclaim['basis']}"}
         return out
@@ -117,12 +119,17 @@ class Views(ArbiterState):
         return self._wait(req, position)[0]
 
     def _wait(self, req: Request, position: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(`estimated_wait`, `waiting_for`) of a queued request, in words (waits.py)."""
+        """(`estimated_wait`, `waiting_for`) of a queued request: the estimate of a forward
+        run of the queue (estimates.py), and the one wait sentence, its reason and that
+        estimate (waits.py, words.wait_sentence)."""
         flavors = waits.usable_flavors(self.config, req.tenant, self._flavors_for(req))
-        return waits.estimate(
+        now = time.time()
+        forward = self.estimates.of(req.id, self.core, self.history, now)
+        wait = estimates.wait_json(forward, flavors[0] if len(flavors) == 1 else "GPUs")
+        _, why = waits.estimate(
             req,
             position,
-            now=time.time(),
+            now=now,
             flavors=flavors,
             holders=self.engine.admitted(),
             nodes=self.core.nodes(),
@@ -130,7 +137,10 @@ class Views(ArbiterState):
             idle_timeout=self._idle_timeout,
             config=self.config,
             reason=self.engine.waiting_for(req.id),
+            eta=estimates.eta_of(wait),
+            eta_seconds=wait["seconds"],
         )
+        return wait, why
 
     def _idle_timeout(self, tenant: str) -> float:
         t = self.config.tenants.get(tenant)

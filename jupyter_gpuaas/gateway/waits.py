@@ -137,6 +137,8 @@ def estimate(
     idle_timeout: Callable[[str], float],
     config: Config | None = None,
     reason: tuple[str, Mapping[str, Any]] | None = None,
+    eta: str = "",
+    eta_seconds: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(`estimated_wait`, `waiting_for`) of a queued request at `position` overall.
 
@@ -149,6 +151,9 @@ def estimate(
     With `reason` (the core's `waiting_for`: what nomination found), its kind is the kind
     and its sentence the message, followed by the estimate; the guess from this view's
     counts is only the fallback of a core that has not looked at the request yet.
+    With `eta` (the forward run's estimate in words, estimates.py, of `eta_seconds`), the
+    sentence ends with it instead of the next release guessed here (or with that release
+    when it is an idle grant's cull that the forward run found its turn at).
     """
     total = free = widest = 0
     for node in nodes:
@@ -213,6 +218,7 @@ def estimate(
         if len(ends) > idle:
             parts.append(f"{plural(len(ends) - idle, 'grant')} held about as long as past ones")
         wait = {"seconds": round(max(1.0, seconds)), "basis": basis + " and ".join(parts)}
+    turn = wait["seconds"] if not eta else eta_seconds
     if reason is not None:
         why = reason_sentence(reason[0], reason[1])
         if reason[0] == "capacity" and free < req.gpus and not reason[1].get("coming"):
@@ -221,11 +227,12 @@ def estimate(
             why = ""
         if reason[0] == "quota":  # "waiting for quota: vision uses all 2 of its a100; ..."
             message = wait_sentence(flavor=label, total=total, free=max(free, req.gpus),
-                                    gpus=req.gpus, release=release, turn=wait["seconds"],
-                                    quota=why)  # fmt: skip
+                                    gpus=req.gpus, release=release, turn=turn,
+                                    quota=why, eta=eta)  # fmt: skip
         else:
             message = wait_sentence(flavor=label, total=total, free=free, gpus=req.gpus,
-                                    release=release, turn=wait["seconds"], why=why)  # fmt: skip
+                                    release=release, turn=turn, why=why,
+                                    eta=eta)  # fmt: skip
         return wait, {"kind": reason[0], "message": message}
     if widest >= req.gpus:  # one node has room: the queue or the quota holds it back
         kind = "fifo" if ahead else "quota"
@@ -245,8 +252,9 @@ def estimate(
         gpus=req.gpus,
         ahead=ahead,
         release=release,
-        turn=wait["seconds"],
+        turn=turn,
         quota=quota_text,
+        eta=eta,
     )
     return wait, {"kind": kind, "message": message}
 

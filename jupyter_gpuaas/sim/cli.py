@@ -1,6 +1,6 @@
 """`jupyter-gpuaas simulate SCENARIO [--set KEY=VALUE]... [--events FILE] [--json]
-[--until SECONDS] [--plot FILE]`, and `jupyter-gpuaas simulate compare A B [--set
-KEY=VALUE]... [--json] [--plot FILE]` (sim/compare.py: two runs side by side; `--set`
+[--until SECONDS] [--estimates [EVERY]] [--plot FILE]`, and `jupyter-gpuaas simulate compare A B
+[--set KEY=VALUE]... [--json] [--plot FILE]` (sim/compare.py: two runs side by side; `--set`
 changes B only, so `compare mine.yaml mine.yaml --set ...` is a what-if on one file).
 
 Bad input is the user's mistake, not ours: it exits 2 with one line on stderr naming the
@@ -62,6 +62,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=_seconds,
         help="stop the clock here (overrides the scenario's until)",
+    )
+    parser.add_argument(
+        "--estimates",
+        nargs="?",
+        const=1,
+        type=int,
+        metavar="EVERY",
+        help="backtest the wait estimates: each request gets the estimate it would have "
+        "been shown at submit (eta_at_submit in --json), and the report their accuracy; "
+        "with EVERY, only one arrival instant in EVERY is estimated (a sample)",
     )
     parser.add_argument(
         "--set",
@@ -166,7 +176,13 @@ def _run(args: argparse.Namespace) -> int:
         except OSError as exc:
             return _error(f"{args.events}: cannot write: {exc.strerror or exc}")
 
+    from jupyter_gpuaas.sim.backtest import Backtest, format_estimates
     from jupyter_gpuaas.sim.driver import run_scenario
+
+    every = getattr(args, "estimates", None)
+    if every is not None and every < 1:
+        return _error(f"--estimates: must be a whole number at least 1, not {every}")
+    backtest = Backtest(scenario, every) if every is not None else None
 
     until = args.until if args.until is not None else scenario.until
     # The decisions go to the report (and the events file) as they are made, and are
@@ -174,7 +190,10 @@ def _run(args: argparse.Namespace) -> int:
     tally = Tally(scenario, events_file if plot_events is None else plot_events)
     try:
         started = time.perf_counter()
-        sim = run_scenario(scenario, until=until, tally=tally)
+        if backtest is None:
+            sim = run_scenario(scenario, until=until, tally=tally)
+        else:
+            sim = run_scenario(scenario, until=until, tally=tally, backtest=backtest)
         wall = time.perf_counter() - started
         tally.flush()
     finally:
@@ -183,6 +202,8 @@ def _run(args: argparse.Namespace) -> int:
     # The core at the end of the clock says why each request still queued waits.
     waiting_for = getattr(getattr(sim, "core", None), "waiting_for", None)
     result = tally.result(sim.end, wall, waiting_for)
+    if backtest is not None:
+        backtest.apply(result)
     if plot_events is not None:
         if events_file is not None:
             with open(args.events, "w", encoding="utf-8") as f:
@@ -197,4 +218,5 @@ def _run(args: argparse.Namespace) -> int:
     else:
         title = f"scenario {scenario.name}" if scenario.name else "scenario"
         sys.stdout.write(f"{title}\n\n{format_table(result)}")
+        sys.stdout.write(format_estimates(result["summary"]))
     return 0

@@ -18,6 +18,7 @@ from typing import Final
 from ..admission.core import AdmissionCore
 from ..admission.heap import heappop, heappush
 from ..admission.model import Decision, Request, State
+from .backtest import Backtest
 from .report import Tally
 from .scenario import Scenario, ScenarioRequest
 
@@ -115,8 +116,11 @@ class _Replay:
         exhaustive: bool = False,
         tally: Tally | None = None,
         every_spell: bool = False,
+        backtest: Backtest | None = None,
     ) -> None:
         self.core = AdmissionCore(scenario.config)
+        # `simulate --estimates`: what a gateway would have estimated at each submit.
+        self.backtest = backtest
         self.exhaustive = exhaustive
         self.quiet = not every_spell
         self.tally = tally
@@ -194,6 +198,8 @@ class _Replay:
 
     def record(self, decisions: list[Decision]) -> None:
         """Kept in `out`, or handed to the tally, which keeps what the report needs."""
+        if self.backtest is not None and decisions:
+            self.backtest.observe(decisions)
         tally = self.tally
         if tally is None:
             self.out.extend(decisions)
@@ -292,11 +298,14 @@ class _Replay:
                         told = True
                 del due_at[now]
                 heappop(times)
+            arrived: list[str] = []
             if user == now:  # (most instants are a holder's or a deadline's alone)
                 told = True
                 while users[u] == now and arrives[u]:
                     spec = specs[u]
                     u += 1
+                    if self.backtest is not None:
+                        arrived.append(spec.id)
                     req = Request(
                         id=spec.id,
                         tenant=spec.tenant,
@@ -323,6 +332,8 @@ class _Replay:
                 if decisions:
                     told = self.follow(decisions, now)
                 deadline = core.next_deadline()
+            if arrived and self.backtest is not None:
+                self.backtest.at_submit(core, now, arrived)
             if acted:
                 last = now
 
@@ -334,6 +345,7 @@ def run_scenario(
     exhaustive: bool = False,
     tally: Tally | None = None,
     every_spell: bool = False,
+    backtest: Backtest | None = None,
 ) -> SimRun:
     """Replay `scenario` until `until` (default: its own `until`, else until no event is
     left). `exhaustive`: every tenant is nominated at every instant, as if no head ever
@@ -342,7 +354,9 @@ def run_scenario(
     are made and are not kept (`SimRun.decisions` is empty): `simulate` reports so.
     `every_spell`: the core hears of every idle spell, even one too short to matter, and
     is stepped at every instant, even one that told it nothing (see `_Replay.run`): the
-    reference that leaving them unsaid is checked against (tests/test_quiet_spells.py)."""
+    reference that leaving them unsaid is checked against (tests/test_quiet_spells.py).
+    `backtest`: estimates each request's wait at submit (sim/backtest.py) on copies of
+    the core; the decisions are the same with or without it."""
     stop = until if until is not None else scenario.until
     limit = math.inf if stop is None else float(stop)
     # Users' actions are known in advance: sorted once by (time, arrival before cancel,
@@ -355,7 +369,7 @@ def run_scenario(
     users = [a[0] for a in actions] + [math.inf]
     arrives = [a[1] == _ARRIVE for a in actions] + [False]
     specs = [requests[a[2]] for a in actions]
-    replay = _Replay(scenario, exhaustive, tally, every_spell)
+    replay = _Replay(scenario, exhaustive, tally, every_spell, backtest)
     now = replay.run(users, arrives, specs, limit)
     end = limit if stop is not None else now
     return SimRun(replay.out, end, replay.core, replay.quiet_spells)

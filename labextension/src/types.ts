@@ -12,6 +12,8 @@ export interface EstimatedWait {
   low?: number | null;
   high?: number | null;
   basis?: string;
+  /** "high": known times only (culls); "low": few past grants to go by. */
+  confidence?: 'high' | 'medium' | 'low';
 }
 
 export interface Grant {

@@ -120,3 +120,42 @@ async def test_capacity_and_quota_blocked_read_the_cores_reason(make_gateway: An
         listed = {r["id"]: r for r in await client.list()}
         assert listed[obj["id"]]["waiting_for"] == obj["waiting_for"]
         assert obj["waiting_for"]["message"].rstrip(".") in describe(got)
+
+
+async def test_a_forward_run_estimate_from_the_stores_history(
+    make_gateway: Any, tmp_path: Any
+) -> None:
+    """GET api/requests/{id} of a queued request: the estimate of a forward run of the
+    queue, from the hold times of grants that ended before the gateway (re)started, and
+    the one wait sentence ending with it."""
+    import sqlite3
+
+    db = tmp_path / "history.sqlite"
+    first: Gateway = await make_gateway(f"sqlite:///{db}", quotas=SHARED)
+    alice = first.client("alice")
+    for _ in range(5):  # five of alice's jobs, ended
+        job = await alice.submit("vision", "job", 1)
+        assert job["state"] == "admitted"
+        assert (await alice.cancel(job["id"]))["state"] == "finished"  # (a release)
+    await first.app.stop_server()
+    with sqlite3.connect(db) as conn:  # ... after 20 min each (a test cannot wait 20 min)
+        conn.execute("UPDATE requests SET admit_time = updated - 1200 WHERE state = 'finished'")
+
+    gw: Gateway = await make_gateway(f"sqlite:///{db}", quotas=SHARED)
+    alice, bob = gw.client("alice"), gw.client("bob")
+    held = await alice.submit("vision", "job", 4)
+    assert held["state"] == "admitted"
+    queued = await bob.submit("nlp", "job", 1)
+    got = await bob.get(queued["id"])
+    wait = got["estimated_wait"]
+    # alice's jobs were held 20 min; hers started just now: bob's starts in about 20 min.
+    assert 1100 <= wait["seconds"] <= 1200 and wait["low"] == wait["seconds"] == wait["high"]
+    assert wait["basis"] == (
+        "from running the queue forward: 1 grant held about as long as 5 past grants were"
+    )
+    assert wait["confidence"] == "low"  # 5 past grants
+    assert got["waiting_for"]["message"].endswith(
+        "; in about 20 min, a rough guess: few past grants to go by"
+    )
+    (listed,) = [r for r in await bob.list() if r["id"] == queued["id"]]
+    assert listed["estimated_wait"]["seconds"] == pytest.approx(wait["seconds"], abs=2)

@@ -215,12 +215,16 @@ def test_bobs_pending_page_gives_the_reason_in_words(demo: DemoRun, browser: Any
         message.filter(has_text="position 1").wait_for()
         text = message.inner_text()
         shot(bob, "5-bob-pending-words")
-        # "waiting for quota: vision uses all 2 of its a100; the next one frees when a
-        # server of another user of vision stops (…)": who holds the quota, and what frees
-        # it, in words; alice's name only to those with view (bob has none).
+        # "waiting for quota: vision uses all 2 of its a100; likely in about 20 min (…)":
+        # who holds the quota, and the forward run's estimate (or none yet), in words, in
+        # the gateway's one sentence; alice's name only to those with view (bob has none).
         assert "position 1 of 1 in the team" in text, text
-        assert "waiting for quota: vision uses all 2 of its a100" in text, text
-        assert "the next one frees when a server of another user of vision stops" in text, text
+        assert re.search(
+            r"waiting for quota: vision uses all 2 of its a100; "
+            r"(likely in about|likely within a minute|in about|no estimate yet)",
+            text,
+        ), text
+        assert "less than a minute" not in text, text
         assert "alice" not in text, text
         assert not re.search(r"uses \d+ of \d+ a100", text), text  # the old "2 of 2"
         assert "no running grant releases on its own" not in text, text

@@ -134,12 +134,18 @@ export class MyWorkSection {
     if (r.state === 'queued') {
       row.append(
         h('p', { class: 'jp-gpuaas-line jp-gpuaas-position', text: formatPosition(r.position, r.tenant) }),
-        h('p', { class: 'jp-gpuaas-line jp-gpuaas-reason', text: waitReason(r) }),
-        h('p', {
-          class: 'jp-gpuaas-line jp-gpuaas-wait',
-          text: `Estimated wait: ${formatWait(r.estimated_wait)}`
-        })
+        h('p', { class: 'jp-gpuaas-line jp-gpuaas-reason', text: waitReason(r) })
       );
+      if (!r.waiting_for?.message) {
+        // The gateway's sentence says the reason and the estimate together (one function,
+        // the same words as the spawn page and the API): shown as it is, nothing added.
+        row.append(
+          h('p', {
+            class: 'jp-gpuaas-line jp-gpuaas-wait',
+            text: `Estimated wait: ${formatWait(r.estimated_wait)}`
+          })
+        );
+      }
       const b = button('Cancel', `Cancel the queued ${model.what(r)}`, () =>
         runAction(b, error, () => this.actions.cancel(r))
       );

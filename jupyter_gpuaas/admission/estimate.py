@@ -1,0 +1,472 @@
+"""Wait estimates by running the core forward: when would each queued request start?
+
+The estimate of a queued request is not a guess from counts: a copy of the core, rebuilt
+from the live requests as a restart rebuilds it (`AdmissionCore.restore`), is run forward
+on a virtual clock with predicted ends of what holds GPUs now and of what it admits on the
+way, until every queued request is admitted or the run's budget is spent. It is the same
+core, so the answer respects quotas, borrowing, preemption, fair sharing and the idle
+policy exactly as the real queue will, as long as the predictions hold. Nothing new
+arrives in the run: future submissions are unknown (a parked reservation waiting to
+resume is already in the queue, and is served in its turn).
+
+What ends a grant in the run:
+- an idle kernel or server: the core's own cull timer (the idle policy: a known time);
+- a job with a declared duration: that duration after its admission;
+- anything else: how long past grants were held (`History`), of the same user and kind
+  when there are enough of them, else of the kind, else of any kind, given that it has
+  already been held as long as it has (past grants held longer than its age). A grant
+  older than nearly every past one (and at least `MIN_AGE`) is expected to last about
+  as long again (a heavy tail: half of what has lasted t lasts 2t), said so in the
+  basis; a younger one with nothing to go by has no known end.
+
+Three runs, with the low, middle and high quantile of every predicted hold time, give the
+range and the middle estimate of every queued request at once, so one set of runs per
+queue state serves every request (the gateway keeps them until its next decision).
+
+The budget: at most `max_events` ends per run, nothing beyond `horizon` seconds, and,
+when the driver passes its `clock`, at most `budget` seconds of that clock for the three
+runs together (a third each): a request not started by then has no estimate, and says so.
+The gateway runs them on its event loop, so a long queue must cost it a bounded pause,
+never seconds. Pure: no clock of its own, no I/O; the driver passes the time, the core,
+the history and (optionally) a clock to read in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from bisect import bisect_left, bisect_right, insort
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from .core import AdmissionCore
+from .heap import heappop, heappush
+from .model import Config, Decision, Flavor, Request, State
+
+#: Past grants it takes to trust a distribution of hold times (fewer: the next wider one).
+MIN_SAMPLES = 5
+#: Below this many samples behind an estimate, its confidence is said to be low.
+THIN_HISTORY = 20
+#: The quantiles of hold times of the low, middle and high runs (calibrated by
+#: `simulate --estimates` on the month trace; benchmarks/RESULTS.md).
+QUANTILES = (0.25, 0.5, 0.75)
+#: A grant younger than this, with no past grants to go by, has no known end: its age
+#: says nothing yet (a job that started a minute ago may run a minute or a day).
+MIN_AGE = 600.0
+#: The arrival forecast: (period, look-ahead) in seconds: what arrives in the next 6 h is
+#: what arrived a day earlier (seasonal naive; the driver keeps what arrived).
+FORECAST = (86400.0, 6 * 3600.0)
+#: Outcomes a kind's calibration needs, and the quantiles of its ratios that make the
+#: range; estimates shorter than MIN_ESTIMATE are not scaled (nor learnt from).
+MIN_OUTCOMES = 20
+RANGE = (0.2, 0.8)
+MIN_ESTIMATE = 60.0
+
+
+class History:
+    """Past hold times in seconds, by (kind, user), by kind and overall, the most recent
+    `keep` of each, sorted (a quantile of those longer than an age is a bisection)."""
+
+    def __init__(self, keep: int = 500) -> None:
+        self.keep = keep
+        self._recent: dict[tuple[str, str], deque[float]] = {}
+        self._sorted: dict[tuple[str, str], list[float]] = {}
+
+    def add(self, kind: str, user: str, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        for key in ((kind, user), (kind, ""), ("", "")):
+            recent = self._recent.get(key)
+            ordered = self._sorted.get(key)
+            if recent is None or ordered is None:
+                recent = self._recent[key] = deque()
+                ordered = self._sorted[key] = []
+            recent.append(seconds)
+            insort(ordered, seconds)
+            if len(recent) > self.keep:
+                old = recent.popleft()
+                i = bisect_right(ordered, old) - 1
+                del ordered[i]
+
+    def __len__(self) -> int:
+        return len(self._sorted.get(("", ""), ()))
+
+    def samples(self, kind: str, user: str) -> int:
+        """How many past grants an estimate for (kind, user) rests on."""
+        for key in ((kind, user), (kind, ""), ("", "")):
+            n = len(self._sorted.get(key, ()))
+            if n >= MIN_SAMPLES:
+                return n
+        return len(self)
+
+    def remaining(self, kind: str, user: str, age: float, q: float) -> tuple[float, bool] | None:
+        """The `q` quantile of how much longer a grant held `age` seconds so far will be
+        held, and whether it came from past grants (False: from its age alone, a grant
+        older than nearly all past ones); None when nothing is known at all."""
+        for key in ((kind, user), (kind, ""), ("", "")):
+            ordered = self._sorted.get(key)
+            if ordered is None:
+                continue
+            i = bisect_right(ordered, age)
+            longer = len(ordered) - i
+            if longer >= MIN_SAMPLES:
+                return ordered[i + min(longer - 1, int(q * longer))] - age, True
+        if age >= MIN_AGE:
+            # Lasted `age` already and longer than (nearly) anything seen: a heavy tail,
+            # P(T > t(1 + x) | T > t) = 1 / (1 + x), whose q quantile is x = q / (1 - q).
+            return age * q / (1.0 - q), False
+        return None
+
+
+class Calibration:
+    """How the forward run's estimates turned out, by kind: actual wait / estimated wait
+    of the requests that started, the most recent `keep`. Nothing new arrives in a
+    forward run, so a request that later arrivals overtake (a job behind higher-priority
+    kernels, a tenant above its fair share) starts later than it says, and by about as
+    much as such requests did before: the estimate is scaled by the median ratio of its
+    kind and the range is the `RANGE` quantiles of those ratios (once `MIN_OUTCOMES` are
+    known; before, the runs' own range)."""
+
+    def __init__(self, keep: int = 400) -> None:
+        self.keep = keep
+        self._recent: dict[str, deque[float]] = {}
+        self._sorted: dict[str, list[float]] = {}
+
+    def add(self, kind: str, estimated: float, actual: float) -> None:
+        """A request estimated to wait `estimated` seconds (uncalibrated) waited `actual`."""
+        if estimated < MIN_ESTIMATE:
+            return
+        ratio = max(0.0, actual) / estimated
+        for key in (kind, ""):
+            recent = self._recent.get(key)
+            ordered = self._sorted.get(key)
+            if recent is None or ordered is None:
+                recent = self._recent[key] = deque()
+                ordered = self._sorted[key] = []
+            recent.append(ratio)
+            insort(ordered, ratio)
+            if len(recent) > self.keep:
+                old = recent.popleft()
+                del ordered[bisect_right(ordered, old) - 1]
+
+    def ratios(self, kind: str) -> tuple[float, float, float] | None:
+        """The (low, middle, high) ratio of `kind` (else of every kind), or None."""
+        for key in (kind, ""):
+            ordered = self._sorted.get(key)
+            if ordered is not None and len(ordered) >= MIN_OUTCOMES:
+                n = len(ordered)
+                lo, hi = RANGE
+                return ordered[int(lo * (n - 1))], ordered[(n - 1) // 2], ordered[int(hi * (n - 1))]
+        return None
+
+
+class Ends:
+    """What a forward run counted: the grants in use when it began whose end it predicted,
+    by how (those it admits on its way are not counted), and the preemptions it made."""
+
+    def __init__(self) -> None:
+        self.history = 0  # held about as long as past grants
+        self.declared = 0  # a job's declared duration
+        self.aged = 0  # older than nearly all past grants: as long again
+        self.culled = 0  # idle, culled by the idle policy
+        self.preempted = 0
+
+
+class Estimate:
+    """The estimated wait of one queued request: seconds from now until it starts (the
+    middle run) and the range (`low`, `high`; `high` alone None: beyond the budget); all
+    None when there is none, and `why` then says why ("beyond": not started within the
+    run's budget; "unknown": it waits on a grant whose end nothing predicts).
+    `samples`: past grants behind it."""
+
+    def __init__(
+        self,
+        seconds: float | None,
+        low: float | None,
+        high: float | None,
+        samples: int,
+        ends: Ends,
+        why: str = "",
+        raw: float | None = None,
+    ) -> None:
+        self.raw = seconds if raw is None else raw  # the middle run's, before calibration
+        self.calibrated = False
+        self.seconds = seconds
+        self.low = low
+        self.high = high
+        self.samples = samples
+        self.ends = ends
+        self.why = why
+
+
+class _Run:
+    """One forward run of a copy of the core with the `q` quantile of every hold time."""
+
+    def __init__(
+        self,
+        core: AdmissionCore,
+        now: float,
+        history: History,
+        q: float,
+        declared: Mapping[str, float],
+        arrivals: Sequence[Request] = (),
+    ) -> None:
+        self.now = now
+        # Forecast arrivals, by submit time (copies: the core takes them over).
+        self.arrivals = sorted((_clone(r) for r in arrivals if r.submit_time >= now), key=_at)
+        self.next_arrival = 0
+        self.history = history
+        self.q = q
+        self.declared = declared
+        self.ends = Ends()
+        self.started: dict[str, float] = {}
+        self.stuck = False  # some grant's end is unknown: it never ends in this run
+        self.copy = rebuild(core, now)
+        # (time, order, request id, its admission time): predicted ends of grants.
+        self.heap: list[tuple[float, int, str, float]] = []
+        self.order = 0
+        for req in self.copy.live_requests():
+            if req.state is State.ADMITTED:
+                self.predict(req, now)
+
+    def predict(self, req: Request, now: float, count: bool = True) -> None:
+        """File the predicted end of a grant (an idle one is culled by the core itself);
+        `count` it in `ends` (a grant in use when the run began)."""
+        ends = self.ends if count else Ends()
+        admitted = req.admit_time if req.admit_time is not None else now
+        idle = req.idle_since
+        if idle is not None and self.copy.idle_deadline(req.id, idle) < math.inf:
+            ends.culled += 1
+            return
+        declared = self.declared.get(req.id)
+        if declared is not None and req.kind == "job":
+            end = max(now, admitted + declared)
+            ends.declared += 1
+        else:
+            left = self.history.remaining(req.kind, req.user, max(0.0, now - admitted), self.q)
+            if left is None:
+                self.stuck = True
+                return
+            if left[1]:
+                ends.history += 1
+            else:
+                ends.aged += 1
+            end = now + left[0]
+        self.order += 1
+        heappush(self.heap, (end, self.order, req.id, admitted))
+
+    def follow(self, decisions: list[Decision], t: float) -> None:
+        for d in decisions:
+            rid = d.id
+            if rid is None:
+                continue
+            if d.event == "admit" or d.event == "resume":
+                self.started.setdefault(rid, t)
+                req = self.copy.get(rid)
+                if req is not None and req.state is State.ADMITTED:
+                    self.predict(req, t, count=False)
+            elif d.event == "preempt":
+                self.ends.preempted += 1
+
+    def run(
+        self,
+        waiting: set[str],
+        horizon: float,
+        max_events: int,
+        clock: Callable[[], float] | None = None,
+        stop_at: float = math.inf,
+    ) -> None:
+        """Until every request of `waiting` started, or the budget is spent (`max_events`,
+        or `clock()` past `stop_at`, read every 32 steps)."""
+        copy = self.copy
+        self.follow(copy.step(self.now), self.now)
+        events = 0
+        steps = 0
+        heap = self.heap
+        limit = self.now + horizon
+        arrivals = self.arrivals
+        while not waiting.issubset(self.started) and events < max_events:
+            deadline = copy.next_deadline()
+            t = heap[0][0] if heap else math.inf
+            if deadline is not None and deadline < t:
+                t = deadline
+            if self.next_arrival < len(arrivals):
+                t = min(t, arrivals[self.next_arrival].submit_time)
+            if t == math.inf or t > limit:
+                return
+            steps += 1
+            if clock is not None and steps % 32 == 0 and clock() > stop_at:
+                return  # out of time: what has not started has no estimate
+            decisions: list[Decision] = []
+            while (
+                self.next_arrival < len(arrivals) and arrivals[self.next_arrival].submit_time <= t
+            ):
+                arrival = arrivals[self.next_arrival]
+                self.next_arrival += 1
+                if copy.get(arrival.id) is None:
+                    decisions += copy.submit(arrival, t)
+                    events += 1
+            while heap and heap[0][0] <= t:
+                _, _, rid, admitted = heappop(heap)
+                req = copy.get(rid)
+                if req is not None and req.state is State.ADMITTED and req.admit_time == admitted:
+                    decisions += copy.finish(rid, t)
+                    events += 1
+            decisions += copy.step(t)
+            events += 1
+            self.follow(decisions, t)
+
+
+def forecast(arrived: Sequence[Request], now: float) -> list[Request]:
+    """What arrives in the next `FORECAST[1]` seconds: what arrived `FORECAST[0]` seconds
+    earlier (a seasonal naive forecast: yesterday at this hour), as new requests."""
+    period, ahead = FORECAST
+    lo = bisect_left(arrived, now - period, key=_submitted)
+    hi = bisect_left(arrived, now - period + ahead, key=_submitted)
+    out = []
+    for i in range(lo, hi):
+        r = arrived[i]
+        at = r.submit_time + period
+        out.append(Request(f"forecast-{i}", r.tenant, r.user, r.kind, r.gpus, at,
+                           flavor=r.flavor, priority=r.priority))  # fmt: skip
+    return out
+
+
+def _submitted(r: Request) -> float:
+    return r.submit_time
+
+
+def rebuild(core: AdmissionCore, now: float) -> AdmissionCore:
+    """A copy of `core` that shares nothing mutable with it: its nodes, and a copy of each
+    live request restored into it as a gateway restart restores them. Leases are off in
+    the copy (its holders send no heartbeats), and it takes over no parked reservation."""
+    config = core.config
+    flavors = {n: Flavor(f.name, 0, f.gpus_per_node) for n, f in config.flavors.items()}
+    policy = dataclasses.replace(config.policy, lease_ttl=0.0, take_over_parked=False)
+    copy = AdmissionCore(Config(flavors, config.tenants, policy, config.cohorts))
+    for node in core.nodes():
+        copy.add_node(node.flavor, node.name, node.gpus, now, autoscaled=node.autoscaled)
+    for req in sorted(core.live_requests(), key=_seq):
+        clone = _clone(req)
+        clone.lease_expires = None
+        if clone.state is State.QUEUED:
+            clone.busy = True  # held as long as past grants were, culls included
+        copy.restore(clone, now)
+    return copy
+
+
+def _seq(req: Request) -> int:
+    return req.seq
+
+
+def _at(req: Request) -> float:
+    return req.submit_time
+
+
+def _clone(r: Request) -> Request:
+    return Request(
+        r.id,
+        r.tenant,
+        r.user,
+        r.kind,
+        r.gpus,
+        r.submit_time,
+        flavor=r.flavor,
+        priority=r.priority,
+        busy=r.busy,
+        state=r.state,
+        queue_time=r.queue_time,
+        seq=r.seq,
+        assigned_flavor=r.assigned_flavor,
+        node=r.node,
+        devices=r.devices,
+        first_admit=r.first_admit,
+        admit_time=r.admit_time,
+        idle_since=r.idle_since,
+        park_expires=r.park_expires,
+        lease_expires=r.lease_expires,
+        wants_devices=r.wants_devices,
+        preemptions=r.preemptions,
+        culls=r.culls,
+        reason=r.reason,
+        resumed_from=r.resumed_from,
+        preempt_at=r.preempt_at,
+        preempted_by=r.preempted_by,
+    )
+
+
+def estimate_waits(
+    core: AdmissionCore,
+    now: float,
+    history: History,
+    *,
+    only: Iterable[str] | None = None,
+    declared: Mapping[str, float] | None = None,
+    horizon: float = 7 * 86400.0,
+    max_events: int = 20000,
+    quantiles: tuple[float, float, float] = QUANTILES,
+    calibration: Calibration | None = None,
+    arrivals: Sequence[Request] = (),
+    clock: Callable[[], float] | None = None,
+    budget: float = math.inf,
+) -> dict[str, Estimate]:
+    """The estimated wait of every queued request of `core` (or of those in `only`), from
+    three forward runs. `declared`: jobs' declared durations by request id; with
+    `calibration`, scaled by how past estimates of the kind turned out; `arrivals`: the
+    requests expected to arrive (a forecast: their submit times are in the future, their
+    ids unused), submitted in the run as they come, so that those that will overtake a
+    queued request (higher priority, a tenant under its fair share) do."""
+    if only is None:
+        waiting = {r.id for r in core.live_requests() if r.state is State.QUEUED}
+    else:
+        waiting = set()
+        for rid in only:
+            req = core.get(rid)
+            if req is not None and req.state is State.QUEUED:
+                waiting.add(rid)
+    out: dict[str, Estimate] = {}
+    if not waiting:
+        return out
+    # The middle run first: with the clock's budget spent, the middle estimate matters most.
+    order = [1, 0, 2] if len(quantiles) == 3 else list(range(len(quantiles)))
+    by_q: dict[int, _Run] = {}
+    for i in order:
+        run = _Run(core, now, history, quantiles[i], declared or {}, arrivals)
+        stop_at = math.inf if clock is None else clock() + budget / len(quantiles)
+        run.run(waiting, horizon, max_events, clock, stop_at)
+        by_q[i] = run
+    runs = [by_q[i] for i in range(len(quantiles))]
+    low, middle, high = runs
+    for rid in waiting:
+        req = core.get(rid)
+        samples = history.samples(req.kind, req.user) if req is not None else len(history)
+        mid = middle.started.get(rid)
+        if mid is None:
+            why = "unknown" if middle.stuck else "beyond"
+            out[rid] = Estimate(None, None, None, samples, middle.ends, why)
+            continue
+        waits = sorted(
+            t - now for t in (low.started.get(rid), mid, high.started.get(rid)) if t is not None
+        )
+        # `high` None: started in the middle run, not within the slow run's budget.
+        hi = waits[-1] if high.started.get(rid) is not None else None
+        est = out[rid] = Estimate(mid - now, waits[0], hi, samples, middle.ends)
+        ratios = None if calibration is None or req is None else calibration.ratios(req.kind)
+        if ratios is not None and mid - now >= MIN_ESTIMATE:
+            raw = mid - now
+            est.seconds, est.low, est.high = raw * ratios[1], raw * ratios[0], raw * ratios[2]
+            est.calibrated = True
+    return out
+
+
+__all__ = [
+    "FORECAST",
+    "QUANTILES",
+    "THIN_HISTORY",
+    "Calibration",
+    "Ends",
+    "Estimate",
+    "History",
+    "estimate_waits",
+    "forecast",
+    "rebuild",
+]

@@ -1,0 +1,214 @@
+"""The forward-run wait estimates of the queue as it stands, kept until the next decision.
+
+`admission/estimate.py` runs a copy of the core forward and gives every queued request's
+start at once, so one set of runs serves every view of every queued request (an API
+answer, an SSE event, the admin page's list) until something changes. The arbiter drops
+the set at each committed batch of decisions (`forget`; a set that was costly to make is
+kept a while longer, `SHARE_INVERSE`), and a set older than `MAX_AGE` is made again
+(busy holders age and idle ones go back to work without a decision); in between, a kept
+estimate counts down with the time since it was made.
+
+The runs submit the arrivals forecast from those of a day earlier, kept from each
+submission (and read back from the store at a restart). Each request's first estimate
+is kept until it starts, and the calibration
+(admission/estimate.py `Calibration`) learns from how it turned out.
+
+The API object (`estimated_wait`): `seconds` (the middle run), `low`/`high` (the range of
+the quarter and three-quarter runs), `basis` (how, or why there is none, in words) and
+`confidence` ("high": only known times such as culls; "low": few past grants to go by).
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from typing import Any
+
+from jupyter_gpuaas.admission.core import AdmissionCore
+from jupyter_gpuaas.admission.estimate import (
+    FORECAST,
+    THIN_HISTORY,
+    Calibration,
+    Estimate,
+    History,
+    estimate_waits,
+    forecast,
+)
+from jupyter_gpuaas.admission.model import Request
+from jupyter_gpuaas.words import eta_phrase, format_duration, join_names, plural
+
+#: Seconds a set of estimates is kept without a decision.
+MAX_AGE = 30.0
+#: A set that took c seconds to make is kept at least SHARE_INVERSE x c after a decision
+#: (the estimates take at most about 1/SHARE_INVERSE of the loop's time on a long queue;
+#: a set of a few milliseconds is made again at the next view, as the queue stands).
+SHARE_INVERSE = 10.0
+#: Seconds from which a set counts as costly (below, it is always made afresh).
+COSTLY = 0.05
+#: The forward runs' budget per set: predicted ends, and how far ahead.
+MAX_EVENTS = 5000
+HORIZON = 7 * 86400.0
+#: Seconds of the event loop one set may take, its three runs together (a third each):
+#: the runs happen on the loop, and a long queue must not pause the gateway (its health
+#: answers within a second). What has not started when it runs out has no estimate yet.
+BUDGET = 0.3
+
+
+class Estimates:
+    """The kept set of estimates, and when it was made."""
+
+    def __init__(self) -> None:
+        self._made: float | None = None
+        self._set: dict[str, Estimate] = {}
+        self._stale = False  # a decision came since the set was made
+        self._cost = 0.0  # seconds the last set took (perf_counter)
+        self._made_at = 0.0  # when it was made (perf_counter)
+        self.runs = 0  # sets made (for the benchmark and tests)
+        # How past estimates turned out (the calibration learns from each start), and the
+        # first estimate of each request still queued: (kind, uncalibrated, made at).
+        self.calibration = Calibration()
+        self._told: dict[str, tuple[str, float, float]] = {}
+        # The requests submitted in the last forecast period, oldest first: what arrives
+        # next is forecast from them (admission/estimate.py `forecast`).
+        self.arrived: list[Request] = []
+
+    def submitted(self, req: Request) -> None:
+        """`req` was submitted (committed): kept for the arrival forecast."""
+        arrived = self.arrived
+        arrived.append(req)
+        old = req.submit_time - FORECAST[0] - FORECAST[1]
+        if arrived[0].submit_time < old:
+            del arrived[: bisect_left(arrived, old, key=_submitted)]
+
+    def started(self, rid: str, t: float) -> None:
+        """`rid` was admitted at `t`: its first estimate, against what it waited."""
+        told = self._told.pop(rid, None)
+        if told is not None:
+            self.calibration.add(told[0], told[1], t - told[2])
+
+    def left(self, rid: str) -> None:
+        """`rid` left the queue without starting: nothing to learn from."""
+        self._told.pop(rid, None)
+
+    def forget(self) -> None:
+        """A decision was committed: the set no longer says how the queue stands."""
+        self._stale = True
+
+    def _fresh_enough(self, rid: str, now: float) -> bool:
+        """Whether the kept set answers for `rid` now. After a decision, a costly set is
+        kept for a while, and a request submitted since has no estimate until it is made
+        again (said as "no estimate yet": better than a loop that stalls on each one)."""
+        made = self._made
+        if made is None or now - made > MAX_AGE or now < made:
+            return False
+        if not self._stale:
+            return rid in self._set
+        if self._cost < COSTLY:
+            return False  # cheap: made again as the queue now stands
+        return time.perf_counter() - self._made_at < SHARE_INVERSE * self._cost
+
+    def of(self, rid: str, core: AdmissionCore, history: History, now: float) -> Estimate | None:
+        """The estimate of a queued `rid` as of `now` (None: not queued in the core)."""
+        if not self._fresh_enough(rid, now):
+            started = time.perf_counter()
+            self._set = estimate_waits(
+                core,
+                now,
+                history,
+                horizon=HORIZON,
+                max_events=MAX_EVENTS,
+                calibration=self.calibration,
+                arrivals=forecast(self.arrived, now),
+                clock=time.perf_counter,
+                budget=BUDGET,
+            )
+            self._made = now
+            self._made_at = time.perf_counter()
+            self._cost = self._made_at - started
+            self._stale = False
+            self.runs += 1
+        made = self._made if self._made is not None else now
+        est = self._set.get(rid)
+        if est is not None and est.raw is not None and rid not in self._told:
+            req = core.get(rid)
+            self._told[rid] = (req.kind if req else "", est.raw, made)
+        if est is None or est.seconds is None:
+            return est
+        gone = now - made
+        return Estimate(
+            max(0.0, est.seconds - gone),
+            None if est.low is None else max(0.0, est.low - gone),
+            None if est.high is None else max(0.0, est.high - gone),
+            est.samples,
+            est.ends,
+            est.why,
+        )
+
+
+def _submitted(req: Request) -> float:
+    return req.submit_time
+
+
+def confidence(est: Estimate) -> str:
+    ends = est.ends
+    if ends.history == 0 and ends.aged == 0:
+        return "high"  # culls and declared durations only: known times
+    if est.samples < THIN_HISTORY or ends.aged:
+        return "low"
+    return "medium"
+
+
+def basis(est: Estimate, label: str) -> str:
+    """How the estimate was made, or why there is none, in words."""
+    if est.seconds is None:
+        if est.why == "beyond":
+            return (
+                f"no estimate yet: it does not start within {format_duration(HORIZON)} "
+                "of the queue as it stands"
+            )
+        return f"no estimate yet: none of the {label} in use has a known end"
+    ends = est.ends
+    parts = []
+    if ends.culled:
+        parts.append(f"{plural(ends.culled, 'idle grant')} culled by the idle policy")
+    if ends.declared:
+        parts.append(f"{plural(ends.declared, 'job')} ending after the time it asked for")
+    if ends.history:
+        past = plural(est.samples, "past grant")
+        parts.append(f"{plural(ends.history, 'grant')} held about as long as {past} were")
+    if ends.aged:
+        parts.append(
+            f"{plural(ends.aged, 'grant')} older than nearly all past ones, held as long again"
+        )
+    if ends.preempted:
+        parts.append(f"{plural(ends.preempted, 'preemption')} the queue's policy makes")
+    how = join_names(parts) or "the GPUs it needs are free for it now"
+    return f"from running the queue forward: {how}"
+
+
+def wait_json(est: Estimate | None, label: str) -> dict[str, Any]:
+    """The API's `estimated_wait` of a queued request."""
+    if est is None:
+        return {"seconds": None, "low": None, "high": None, "basis": "no estimate yet"}
+    out: dict[str, Any] = {
+        "seconds": None if est.seconds is None else round(est.seconds),
+        "low": None if est.low is None else round(est.low),
+        "high": None if est.high is None else round(est.high),
+        "basis": basis(est, label),
+    }
+    if est.seconds is not None:
+        out["confidence"] = confidence(est)
+    return out
+
+
+def eta_of(wait: dict[str, Any]) -> str:
+    """The estimate's part of the wait sentence (words.eta_phrase of `wait_json`)."""
+    return eta_phrase(
+        wait.get("seconds"),
+        wait.get("low"),
+        wait.get("high"),
+        confidence=wait.get("confidence", ""),
+    )
+
+
+__all__ = ["HORIZON", "MAX_AGE", "Estimates", "basis", "confidence", "eta_of", "wait_json"]

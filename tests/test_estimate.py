@@ -1,0 +1,234 @@
+"""admission/estimate.py: wait estimates by running a copy of the core forward, on
+crafted states where the right answer is known (quota, borrowing, preemption, idle cull).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jupyter_gpuaas.admission.config import parse_config
+from jupyter_gpuaas.admission.core import AdmissionCore
+from jupyter_gpuaas.admission.estimate import History, estimate_waits
+from jupyter_gpuaas.admission.model import Request, State
+
+
+def req(rid: str, tenant: str, gpus: int = 1, *, user: str = "ann", kind: str = "kernel",
+        prio: int = 0, t: float = 0.0) -> Request:  # fmt: skip
+    return Request(id=rid, tenant=tenant, user=user, kind=kind, gpus=gpus, submit_time=t,
+                   priority=prio)  # fmt: skip
+
+
+def core_of(doc: dict[str, Any]) -> AdmissionCore:
+    return AdmissionCore(parse_config(doc))
+
+
+def history(kind: str, seconds: list[float], user: str = "ann") -> History:
+    h = History()
+    for s in seconds:
+        h.add(kind, user, s)
+    return h
+
+
+def decisions(core: AdmissionCore) -> list[tuple[str, str | None]]:
+    """Everything the core would decide from here on its own, to show a copy ran instead."""
+    return [(r.id, r.state.value) for r in sorted(core.live_requests(), key=lambda r: r.id)]
+
+
+def test_quota_holds_it_back_until_the_holder_ends_as_past_ones_did() -> None:
+    # Two a100 free for nlp, but vision's quota is 1: its second kernel waits for the first.
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
+        "tenants": {"vision": {"quota": {"a100": 1}}, "nlp": {"quota": {"a100": 1}}},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.submit(req("b", "vision", t=100.0), 100.0)
+    core.step(100.0)
+    before = decisions(core)
+    # Past kernels held 1000, 2000 or 3000 s: "a", 100 s old, ends 900..2900 s from now.
+    est = estimate_waits(core, 100.0, history("kernel", [1000.0, 2000.0, 3000.0] * 4))["b"]
+    assert est.seconds == pytest.approx(1900.0)
+    assert est.low == pytest.approx(900.0) and est.high == pytest.approx(2900.0)
+    assert est.samples == 12 and est.ends.history >= 1
+    assert decisions(core) == before  # the real core is untouched
+    assert core.get("b").state is State.QUEUED  # type: ignore[union-attr]
+
+
+def test_borrowing_starts_it_now_and_a_lending_limit_does_not() -> None:
+    doc: dict[str, Any] = {
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
+        "tenants": {
+            "vision": {"cohort": "lab", "quota": {"a100": 1}},
+            "nlp": {"cohort": "lab", "quota": {"a100": 1}},
+        },
+    }
+    hist = history("kernel", [600.0] * 10)
+    for limit, wait in ((None, 0.0), (0, 290.0)):
+        if limit is not None:  # nlp lends nothing: b waits for vision's own GPU
+            doc["tenants"]["nlp"]["lending_limit"] = {"a100": limit}
+        core = core_of(doc)
+        core.submit(req("a", "vision"), 0.0)
+        core.step(0.0)
+        core.submit(req("b", "vision", t=310.0), 310.0)  # estimated before its cycle
+        assert estimate_waits(core, 310.0, hist)["b"].seconds == pytest.approx(wait), limit
+
+
+def test_preemption_is_the_cores_own() -> None:
+    doc: dict[str, Any] = {
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {
+            "vision": {"cohort": "lab", "quota": {"a100": 0}},
+            "nlp": {"cohort": "lab", "quota": {"a100": 1},
+                    "preemption": {"reclaim_within_cohort": "Any"}},
+        },
+    }  # fmt: skip
+    hist = history("job", [3600.0] * 10)
+    # vision's second job waits for its first (3540 s): nothing to reclaim from.
+    core = core_of(doc)
+    core.submit(req("j", "vision", kind="job"), 0.0)
+    core.step(0.0)
+    core.submit(req("j2", "vision", kind="job", t=60.0), 60.0)
+    core.step(60.0)
+    assert estimate_waits(core, 60.0, hist)["j2"].seconds == pytest.approx(3540.0)
+
+    # Without reclaim, nlp waits for the borrowed job to end.
+    doc["tenants"]["nlp"]["preemption"] = {"reclaim_within_cohort": "Never"}
+    core = core_of(doc)
+    core.submit(req("j", "vision", kind="job"), 0.0)
+    core.step(0.0)
+    core.submit(req("n", "nlp", t=60.0), 60.0)
+    core.step(60.0)
+    assert estimate_waits(core, 60.0, hist)["n"].seconds == pytest.approx(3540.0)
+
+
+def test_preempting_head_behind_another_waits_for_the_preemption() -> None:
+    # Two queued nlp kernels reclaim from two borrowed jobs: the second starts too, at
+    # once in the copy (preempted jobs are evicted at once), though history says 1 h.
+    doc: dict[str, Any] = {
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
+        "tenants": {
+            "vision": {"cohort": "lab", "quota": {"a100": 0}},
+            "nlp": {"cohort": "lab", "quota": {"a100": 2},
+                    "preemption": {"reclaim_within_cohort": "Any"}},
+        },
+    }  # fmt: skip
+    core = core_of(doc)
+    core.submit(req("j1", "vision", kind="job"), 0.0)
+    core.submit(req("j2", "vision", kind="job"), 0.0)
+    core.step(0.0)
+    core.submit(req("k1", "nlp", t=5.0), 5.0)
+    core.submit(req("k2", "nlp", t=5.0), 5.0)
+    # Estimated before the real core's cycle ran on them: the copy preempts as it would.
+    got = estimate_waits(core, 5.0, history("job", [3600.0] * 10))
+    assert got["k1"].seconds == 0.0 and got["k2"].seconds == 0.0
+    assert got["k1"].ends.preempted == 2
+
+
+def test_an_idle_holder_is_culled_at_a_known_time() -> None:
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 1800},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.activity("a", False, 100.0)  # idle from 100 s: culled at 1900 s
+    core.submit(req("b", "vision", user="bob", t=400.0), 400.0)
+    core.step(400.0)
+    # No history at all: the cull alone decides, so every quantile says the same.
+    got = estimate_waits(core, 400.0, History())["b"]
+    assert (got.seconds, got.low, got.high) == (1500.0, 1500.0, 1500.0)
+    assert got.ends.culled == 1 and got.samples == 0
+    assert core.get("a").state is State.ADMITTED  # type: ignore[union-attr]
+
+
+def test_no_estimate_only_when_nothing_is_known() -> None:
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.submit(req("b", "vision", t=0.0), 0.0)
+    core.step(0.0)
+    got = estimate_waits(core, 0.0, History())["b"]  # a just started, nothing to go by
+    assert got.seconds is None and got.why == "unknown"
+    # An hour later, with no history still: it has lasted an hour, it may last another.
+    got = estimate_waits(core, 3600.0, History())["b"]
+    assert got.seconds == pytest.approx(3600.0) and got.ends.aged == 1
+    assert got.low is not None and got.high is not None and got.low < 3600.0 < got.high
+    # The budget: nothing beyond the horizon.
+    got = estimate_waits(core, 3600.0, History(), horizon=600.0)["b"]
+    assert got.seconds is None and got.why == "beyond"
+
+
+def test_declared_job_duration_wins_over_history() -> None:
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+    })  # fmt: skip
+    core.submit(req("j", "vision", kind="job"), 0.0)
+    core.step(0.0)
+    core.submit(req("k", "vision", t=10.0), 10.0)
+    core.step(10.0)
+    got = estimate_waits(core, 10.0, history("job", [60.0] * 10), declared={"j": 7200.0})["k"]
+    assert got.seconds == pytest.approx(7190.0) and got.ends.declared == 1
+
+
+def test_history_prefers_the_users_own_kind_then_the_kind() -> None:
+    h = History()
+    for _ in range(5):
+        h.add("kernel", "ann", 100.0)
+        h.add("kernel", "bob", 900.0)
+    assert h.remaining("kernel", "ann", 0.0, 0.5) == (100.0, True)
+    assert h.remaining("kernel", "cy", 0.0, 0.5) == (900.0, True)  # the kind's median
+    assert h.remaining("kernel", "ann", 200.0, 0.5) == (700.0, True)  # held longer than ann's
+    assert h.samples("kernel", "ann") == 5 and h.samples("server", "ann") == 10
+    small = History(keep=3)
+    for s in (1.0, 2.0, 3.0, 4.0):
+        small.add("job", "x", s)
+    assert len(small) == 3
+
+
+def test_a_forecast_arrival_of_higher_priority_overtakes() -> None:
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.submit(req("j", "vision", kind="job", t=10.0), 10.0)
+    core.step(10.0)
+    hist = history("kernel", [600.0] * 10)
+    for _ in range(10):
+        hist.add("job", "ann", 600.0)
+    assert estimate_waits(core, 10.0, hist)["j"].seconds == pytest.approx(590.0)
+    # A kernel of higher priority expected at 300 s goes first: j waits for it too.
+    urgent = req("forecast-1", "vision", prio=10, t=300.0)
+    got = estimate_waits(core, 10.0, hist, arrivals=[urgent])["j"]
+    assert got.seconds == pytest.approx(590.0 + 600.0)
+    assert core.get("forecast-1") is None and urgent.state is State.QUEUED  # copies only
+
+
+def test_a_clock_budget_ends_the_runs_and_leaves_no_estimate() -> None:
+    # A chain of 40 one-GPU kernels behind each other: with the time the driver allows
+    # spent at once, no run gets far enough to start the last, which has no estimate;
+    # with a clock that stands still the same runs give every one an estimate.
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+    })  # fmt: skip
+    for i in range(40):
+        core.submit(req(f"k{i:02d}", "vision", t=float(i)), float(i))
+        core.step(float(i))
+    hist = history("kernel", [600.0] * 10)
+    still = estimate_waits(core, 40.0, hist, clock=lambda: 0.0, budget=0.0)
+    free = estimate_waits(core, 40.0, hist)
+    assert still["k39"].seconds is not None
+    assert {k: e.seconds for k, e in still.items()} == {k: e.seconds for k, e in free.items()}
+    ticks = iter(range(10**6))
+    spent = estimate_waits(core, 40.0, hist, clock=lambda: float(next(ticks)), budget=0.0)
+    assert spent["k39"].seconds is None and spent["k39"].why == "beyond"
+    assert spent["k01"].seconds == still["k01"].seconds  # started before the budget ran out
