@@ -518,8 +518,12 @@ async def test_cookie_login_needs_xsrf_and_tokens_do_not(
         # The API, cookie-authenticated: DELETE needs the X-XSRFToken header too.
         resp = await fetch(f"api/requests/{held['id']}", cookies, method="DELETE")
         assert resp.code == 403 and "XSRF" in _json.loads(resp.body)["error"]
-        # With the page's token: cancelled.
+        # With the page's token: asked first (nothing done), then, confirmed, cancelled.
         body = urlencode({"request": held["id"], "_xsrf": form_xsrf})
+        resp = await fetch("cancel", cookies, method="POST", body=body)
+        assert resp.code == 200 and 'name="confirm"' in resp.body.decode(), resp.body
+        assert gw.arbiter.view(held["id"])["state"] == "admitted"
+        body = urlencode({"request": held["id"], "_xsrf": form_xsrf, "confirm": "yes"})
         resp = await fetch("cancel", cookies, method="POST", body=body)
         assert resp.code == 303, resp.body
         assert gw.arbiter.view(held["id"])["state"] == "finished"  # released
@@ -534,7 +538,7 @@ async def test_cookie_login_needs_xsrf_and_tokens_do_not(
         # Another user's login does not match this page's token.
         ann = f"{login_cookie('ann-oauth')}; _xsrf={xsrf_cookie}"
         third = await gw.client("ann-oauth").submit("vision", "job", 1)
-        body = urlencode({"request": third["id"], "_xsrf": form_xsrf})
+        body = urlencode({"request": third["id"], "_xsrf": form_xsrf, "confirm": "yes"})
         assert (await fetch("cancel", ann, method="POST", body=body)).code == 403
         # Tokens in the header are exempt, as in JupyterHub.
         status, _ = await gw.raw("DELETE", f"api/requests/{third['id']}", who="ann-oauth")
