@@ -101,16 +101,20 @@ def fit_for_kueue(name: str, data: Mapping[str, Any], *, split: float | None = N
         for key in ("idle_timeout", "reservation_ttl", "preemption_grace"):
             tenant.pop(key, None)
         pre = tenant.get("preemption")
-        if pre and pre.get("reclaim_within_cohort", "Never") == "Never":
-            if pre.get("borrow_within_cohort", "Never") != "Never":
-                pre["reclaim_within_cohort"] = "LowerPriority"
+        if (
+            pre
+            and pre.get("reclaim_within_cohort", "Never") == "Never"
+            and pre.get("borrow_within_cohort", "Never") != "Never"
+        ):
+            pre["reclaim_within_cohort"] = "LowerPriority"
     flavors = set(quota["flavors"])
-    raw = sorted(
-        enumerate(data.get("requests") or []), key=lambda p: (p[1].get("submit", 0), p[0])
-    )
+    raw = sorted(enumerate(data.get("requests") or []), key=lambda p: (p[1].get("submit", 0), p[0]))
     waves: list[list[dict[str, Any]]] = [[], []]
     for _, r in raw:
-        if r["tenant"] not in quota["tenants"] or r.get("flavor", next(iter(flavors))) not in flavors:
+        if (
+            r["tenant"] not in quota["tenants"]
+            or r.get("flavor", next(iter(flavors))) not in flavors
+        ):
             continue
         req = {"id": str(r["id"]), "tenant": r["tenant"], "gpus": int(r["gpus"])}
         req["priority"] = int(r.get("priority", 0))
@@ -128,6 +132,7 @@ def fit_for_kueue(name: str, data: Mapping[str, Any], *, split: float | None = N
 def keyed(case: Case, key: str) -> Case:
     """`case` with every cluster-wide name (flavor, tenant, cohort) prefixed by `key`, so
     cases run side by side on one cluster and beside other tests' Kueue objects."""
+
     def n(name: str) -> str:
         return f"{key}-{name}".lower().replace("_", "-")
 
@@ -310,7 +315,9 @@ def _condition(wl: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
 
 def _preemptions(wl: Mapping[str, Any]) -> int:
     stats = (wl.get("status") or {}).get("schedulingStats") or {}
-    return sum(e.get("count", 0) for e in stats.get("evictions") or [] if e["reason"] == "Preempted")
+    return sum(
+        e.get("count", 0) for e in stats.get("evictions") or [] if e["reason"] == "Preempted"
+    )
 
 
 @dataclass
@@ -419,10 +426,14 @@ class KueueRun:
             self._apply(job(c, wave, i, c.waves[wave][i]) for c, i in batch)
             want = {(c.key, i) for c, i in batch}
             made = _wait(
-                lambda: _made(self.workloads(), wave, want), timeout, f"the Workloads of batch {i}"
+                lambda want=want: _made(self.workloads(), wave, want),
+                timeout,
+                f"the Workloads of batch {i}",
             )
             # The next batch in a later second: distinct creation timestamps, in order.
-            last = max(calendar.timegm(time.strptime(w.created, "%Y-%m-%dT%H:%M:%SZ")) for w in made)
+            last = max(
+                calendar.timegm(time.strptime(w.created, "%Y-%m-%dT%H:%M:%SZ")) for w in made
+            )
             _sleep_past(last + 1)
         self.cluster.kubectl(
             "label", "namespace", *(namespace(c, wave) for c in cases), f"{OPEN}=yes"
@@ -455,7 +466,7 @@ class KueueRun:
 
         def settled() -> list[_Wl] | None:
             wls = [w for w in self.workloads() if w.case in keys]
-            busy = [w for w in wls if w.evicted and w.reserved or PREEMPTING in w.message]
+            busy = [w for w in wls if (w.evicted and w.reserved) or PREEMPTING in w.message]
             queues = {(w.case, w.queue) for w in wls if w.wave == wave}
             seen = {(w.case, w.queue) for w in wls if not w.gated}
             waiting[:] = [f"{w.case} wave {w.wave} request {w.index}: {w.message!r}" for w in busy]

@@ -51,6 +51,34 @@ SHARED: dict[str, float | None] = {
     "69-tree-hierarchical-advantage": 10,
     "71-tree-lending-limit": None,
 }
+#: Hand-written cases, each the smallest form of a difference the random ones found.
+WRITTEN: dict[str, dict[str, Any]] = {
+    # docs/KUEUE.md "A head that fits its nominal quota but cannot preempt keeps its room".
+    "unreclaimable-preemptor-keeps-room": {
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 16}},
+        "tenants": {
+            "alpha": {
+                "cohort": "c",
+                "quota": {"a100": 10},
+                "queueing": "StrictFIFO",
+                "preemption": {"reclaim_within_cohort": "LowerPriority"},
+            },
+            "beta": {"cohort": "c", "quota": {"a100": 1}},
+        },
+        "requests": [
+            {"id": "b1", "tenant": "beta", "gpus": 6, "submit": 0},
+            {"id": "a1", "tenant": "alpha", "gpus": 4, "submit": 0},
+            {"id": "a2", "tenant": "alpha", "gpus": 3, "submit": 10},
+            {"id": "b2", "tenant": "beta", "gpus": 1, "submit": 10},
+        ],
+    },
+}
+#: docs/KUEUE.md "Known differences", as the test expects them: {case: (the first wave
+#: where it shows, the requests the core admits there and Kueue leaves pending)}.
+KNOWN: dict[str, tuple[int, set[str]]] = {
+    "unreclaimable-preemptor-keeps-room": (1, {"b2"}),
+    "random-9": (1, {"r8"}),
+}
 #: How many random cases, and from how many draws they are picked (those with at least
 #: two requests left once fitted).
 RANDOM = 12
@@ -62,6 +90,10 @@ def shared_cases() -> list[Case]:
     for name, split in SHARED.items():
         data = yaml.safe_load((ROOT / "tests" / "scenarios" / f"{name}.yaml").read_text())
         case = fit_for_kueue(name, data, split=split)
+        assert case is not None, name
+        out.append(case)
+    for name, data in WRITTEN.items():
+        case = fit_for_kueue(name, data, split=10)
         assert case is not None, name
         out.append(case)
     return out
@@ -132,6 +164,32 @@ def show(case: Case) -> str:
 def test_core_decides_as_kueue(name: str, kueue: dict[str, tuple[Case, Outcome]]) -> None:
     case, real = kueue[name]
     core = run_core(case)
-    assert (core.admitted, core.preempted) == (real.admitted, real.preempted), (
-        show(case) + "Kueue's pending: " + json.dumps(real.pending, indent=1)
+    if name in KNOWN:
+        wave, pending = KNOWN[name]
+        assert pending <= set(core.admitted[wave]), "the core no longer admits them: docs/KUEUE.md"
+        for later in core.admitted[wave:]:
+            for rid in pending:
+                later.pop(rid, None)
+    assert interchangeable(case, core) == interchangeable(case, real), (
+        show(case)
+        + f"core: {core.admitted} preempted {core.preempted}\n"
+        + f"Kueue: {real.admitted} preempted {real.preempted}\n"
+        + "Kueue's pending: "
+        + json.dumps(real.pending, indent=1)
     )
+
+
+def interchangeable(case: Case, outcome: Outcome) -> list[Any]:
+    """The outcome with each request named by its shape (tenant, GPUs, priority, flavor
+    asked for, wave): identical requests of one wave are interchangeable. Kueue picks among
+    equal victims (same priority, quota reserved in the same second: a wave's requests
+    are) by UID, where the core takes the most recently admitted (docs/KUEUE.md)."""
+    shape = {
+        r["id"]: (r["tenant"], r["gpus"], r["priority"], r.get("flavor", ""), i)
+        for i, wave in enumerate(case.waves)
+        for r in wave
+    }
+    return [
+        (sorted((shape[r], f) for r, f in admitted.items()), sorted(shape[r] for r in preempted))
+        for admitted, preempted in zip(outcome.admitted, outcome.preempted, strict=True)
+    ]
