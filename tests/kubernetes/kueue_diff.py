@@ -31,8 +31,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from jupyter_gpuaas.admission.config import CONFIG_KEYS, parse_config
 from jupyter_gpuaas.kubeapi.meta import cluster_flavors
 from jupyter_gpuaas.kubernetes.kueue import manifests
@@ -157,6 +155,10 @@ def keyed(case: Case, key: str) -> Case:
             if c.get("parent"):
                 c["parent"] = n(c["parent"])
             out["cohorts"][n(cname)] = c
+    if "policy" in q:
+        out["policy"] = q["policy"]
+        if "autoscale" in q["policy"]:
+            out["policy"]["autoscale"] = per_flavor(q["policy"]["autoscale"])
     waves = []
     for wave in case.waves:
         renamed = []
@@ -354,7 +356,8 @@ class KueueRun:
     def _apply(self, docs: Iterable[dict[str, Any]]) -> None:
         self.cluster.kubectl(
             "apply", "--server-side", "--force-conflicts", "-f", "-",
-            input=yaml.safe_dump_all(list(docs), sort_keys=False),
+            # JSON, not YAML: a request named Y or N would read as a boolean to Go's YAML.
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(docs)}),
         )  # fmt: skip
 
     def workloads(self) -> list[_Wl]:
