@@ -136,7 +136,7 @@ if os.environ.get("GPUAAS_DIFF_ONLY"):
 
 
 @pytest.fixture(scope="module")
-def kueue(cluster: Any) -> Any:
+def kueue_outcomes(cluster: Any) -> Any:
     """Every case through the real Kueue, side by side: {case name: (the case as run,
     with its cluster-wide names, and what Kueue did)}. A token of this run in every name
     keeps it clear of a run before whose objects are still going."""
@@ -161,8 +161,8 @@ def show(case: Case) -> str:
 
 
 @pytest.mark.parametrize("name", [c.name for _, c in CASES])
-def test_core_decides_as_kueue(name: str, kueue: dict[str, tuple[Case, Outcome]]) -> None:
-    case, real = kueue[name]
+def test_core_decides_as_kueue(name: str, kueue_outcomes: dict[str, tuple[Case, Outcome]]) -> None:
+    case, real = kueue_outcomes[name]
     core = run_core(case)
     if name in KNOWN:
         wave, pending = KNOWN[name]
@@ -180,16 +180,28 @@ def test_core_decides_as_kueue(name: str, kueue: dict[str, tuple[Case, Outcome]]
 
 
 def interchangeable(case: Case, outcome: Outcome) -> list[Any]:
-    """The outcome with each request named by its shape (tenant, GPUs, priority, flavor
-    asked for, wave): identical requests of one wave are interchangeable. Kueue picks among
-    equal victims (same priority, quota reserved in the same second: a wave's requests
-    are) by UID, where the core takes the most recently admitted (docs/KUEUE.md)."""
+    """The outcome in the terms both engines decide alike. Identical requests of one wave
+    (tenant, GPUs, priority, flavor asked for) are interchangeable. And among equal victims
+    (same priority, quota reserved in the same second, as a first wave's requests are)
+    Kueue picks by UID (`CandidatesOrdering`), that is at random, where the core takes the
+    most recently admitted (docs/KUEUE.md): from the second wave on, a request of an
+    earlier wave, admitted or preempted, is named by its tenant and priority only."""
     shape = {
         r["id"]: (r["tenant"], r["gpus"], r["priority"], r.get("flavor", ""), i)
         for i, wave in enumerate(case.waves)
         for r in wave
     }
+
+    def name(rid: str, wave: int) -> tuple[Any, ...]:
+        s = shape[rid]
+        return s if s[4] == wave else (s[0], s[2], s[4])
+
     return [
-        (sorted((shape[r], f) for r, f in admitted.items()), sorted(shape[r] for r in preempted))
-        for admitted, preempted in zip(outcome.admitted, outcome.preempted, strict=True)
+        (
+            sorted((name(r, w), f if shape[r][4] == w else "") for r, f in admitted.items()),
+            sorted(name(r, w) for r in preempted),
+        )
+        for w, (admitted, preempted) in enumerate(
+            zip(outcome.admitted, outcome.preempted, strict=True)
+        )
     ]
