@@ -1,0 +1,355 @@
+"""Kueue's scheduler baseline, scaled down, through the REAL Kueue and through our core,
+side by side on one machine (issue 42 item 6).
+
+The workload is `kueue_baseline.build()`'s: Kueue's own generator shapes
+(`test/performance/scheduler/configs/baseline/generator.yaml`: per tenant small 1 GPU
+0.2 s priority 50 one every 0.1 s, medium 5 GPUs 0.5 s priority 100 every 0.5 s, large
+20 GPUs 1 s priority 200 every 1.2 s; nominal 20, borrowing limit 100, reclaim Any,
+within LowerPriority), with fewer cohorts, tenants and requests (`--cohorts`,
+`--tenants`, `--scale`), since a 2-core machine running a whole control plane cannot
+take 15,000 Jobs in minutes.
+
+Engines (each a column):
+- `kueue`: the real Kueue v0.19.2 on the local control plane (scripts/cluster.py; a
+  running one with `--cluster-dir`, else one started and stopped here). `kueue
+  manifests` of the quota file applied; one suspended `batch/v1` Job per request created
+  at its submit time (from the start of the run) in its tenant's LocalQueue, with a
+  WorkloadPriorityClass for its priority; KWOK nodes with room for the whole quota run
+  the pods, and KWOK completes each pod after its runtime
+  (`pod-complete.stage.kwok.x-k8s.io/delay`). Time to admission: from the Job's creation
+  to the moment the watch sees its Workload's QuotaReserved condition (the client's
+  clock: the condition's own timestamps have whole seconds).
+- `core`: `jupyter-gpuaas simulate` on the same scenario: the simulated clock gives the
+  makespan and the waits, the process's wall time what it cost.
+- `kueue_mode`: our gateway in Kueue mode: a hook (`ENGINES`), not run yet (issue 42
+  item 2 is being built beside this).
+
+Reported per engine: makespan (first submit to last finish) against the quota-bound floor
+(max of the last submit plus its runtime, and the GPU-seconds over the quota), time to
+admission p50/p95 per class, and lost workloads (never finished by the deadline).
+
+    .venv/bin/python benchmarks/kueue_side_by_side.py [--cohorts 2] [--tenants 3]
+        [--scale 0.1] [--cluster-dir .cluster] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import _bench
+import kueue_baseline
+
+REPO = Path(__file__).resolve().parent.parent
+RESOURCE = "nvidia.com/gpu"
+FLAVOR = "gpu"
+
+
+def scenario(cohorts: int, tenants: int, scale: float) -> dict[str, Any]:
+    return kueue_baseline.build(cohorts=cohorts, tenants_per_cohort=tenants, scale=scale)
+
+
+def floor(data: dict[str, Any]) -> float:
+    """The quota-bound floor of the makespan: no engine ends before the last request's
+    submit plus its runtime, nor before the quota has served every GPU-second."""
+    quota = sum(t["quota"][FLAVOR] for t in data["tenants"].values())
+    work = sum(r["gpus"] * r["duration"] for r in data["requests"])
+    last = max(r["submit"] + r["duration"] for r in data["requests"])
+    return round(max(last, work / quota), 3)
+
+
+def summarize(waits: dict[str, list[float]], makespan: float, lost: int, wall: float,
+              data: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    return {
+        "makespan_s": round(makespan, 3),
+        "floor_s": floor(data),
+        "over_floor": round(makespan / floor(data), 2),
+        "wall_s": round(wall, 3),
+        "lost": lost,
+        "classes": {
+            cls: {
+                "admitted": len(w),
+                "wait_p50": round(_bench.percentile(w, 50), 3) if w else None,
+                "wait_p95": round(_bench.percentile(w, 95), 3) if w else None,
+            }
+            for cls, w in waits.items()
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Our core
+
+
+def run_core(data: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "baseline.json"
+        path.write_text(json.dumps(data))
+        timing, result = _bench.time_simulate(path, repeat=1)
+    waits: dict[str, list[float]] = {cls: [] for cls, *_ in kueue_baseline.CLASSES}
+    lost = 0
+    for rid, r in result["requests"].items():
+        if r["admitted_at"] is not None:
+            waits[kueue_baseline.class_of(rid)].append(r["wait"])
+        if r["state"] != "finished":
+            lost += 1
+    return summarize(waits, result["summary"]["end"], lost, timing.best, data)
+
+
+# ---------------------------------------------------------------------------------------
+# The real Kueue
+
+
+def _cluster_module() -> Any:
+    spec = importlib.util.spec_from_file_location("gpuaas_cluster", REPO / "scripts" / "cluster.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpuaas_cluster"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _objects(data: dict[str, Any], ns: str, kwok_node: Callable[..., Any]) -> list[dict[str, Any]]:
+    from jupyter_gpuaas.admission.config import parse_config
+    from jupyter_gpuaas.kubeapi.meta import FLAVOR_LABEL, cluster_flavors
+    from jupyter_gpuaas.kubernetes.kueue import manifests
+
+    config = parse_config({k: data[k] for k in ("flavors", "tenants")})
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+    ]
+    quota = sum(t["quota"][FLAVOR] for t in data["tenants"].values())
+    per_node = 20
+    taint = [{"key": RESOURCE, "value": "present", "effect": "NoSchedule"}]
+    for i in range(-(-quota // per_node)):
+        docs.append(
+            kwok_node(
+                f"{ns}-{i}", {FLAVOR_LABEL: FLAVOR}, {RESOURCE: str(per_node), "pods": "500"}, taint
+            )
+        )
+    for p in sorted({r["priority"] for r in data["requests"]}):
+        docs.append(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": f"sbs-p{p}"},
+                "value": p,
+            }
+        )
+    docs += manifests(config, cluster_flavors(config, {}, {}), ns)
+    return docs
+
+
+def _job(ns: str, index: int, req: dict[str, Any]) -> dict[str, Any]:
+    from jupyter_gpuaas.kubeapi.meta import FLAVOR_LABEL
+
+    run = f"{int(req['duration'] * 1000)}ms"
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": f"j{index}",
+            "namespace": ns,
+            "labels": {
+                "kueue.x-k8s.io/queue-name": req["tenant"],
+                "kueue.x-k8s.io/priority-class": f"sbs-p{req['priority']}",
+            },
+            "annotations": {"gpuaas.jupyter.org/request": req["id"]},
+        },
+        "spec": {
+            "suspend": True,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {
+                    "annotations": {
+                        "pod-complete.stage.kwok.x-k8s.io/delay": run,
+                        "pod-complete.stage.kwok.x-k8s.io/jitter-delay": run,
+                    }
+                },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {FLAVOR_LABEL: FLAVOR},
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"limits": {RESOURCE: str(req["gpus"])}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+async def _replay(
+    kubeconfig: Path, ns: str, data: dict[str, Any], deadline: float
+) -> dict[str, Any]:
+    from kubernetes_asyncio import client, config, watch
+
+    await config.load_kube_config(config_file=str(kubeconfig))
+    api = client.ApiClient()
+    batch = client.BatchV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    requests = data["requests"]
+    created: dict[str, float] = {}
+    admitted: dict[str, float] = {}
+    finished: dict[str, float] = {}
+    start = time.monotonic()
+
+    async def create() -> None:
+        sem = asyncio.Semaphore(16)
+
+        async def one(i: int, req: dict[str, Any]) -> None:
+            await asyncio.sleep(max(0.0, start + req["submit"] - time.monotonic()))
+            async with sem:
+                created[f"j{i}"] = time.monotonic()
+                await batch.create_namespaced_job(ns, _job(ns, i, req))
+
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+
+    async def observe() -> None:
+        w = watch.Watch()
+        while len(finished) < len(requests) and time.monotonic() < start + deadline:
+            try:
+                async for ev in w.stream(
+                    custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2", ns,
+                    "workloads", timeout_seconds=30,
+                ):  # fmt: skip
+                    wl = ev["object"]
+                    owner = (wl["metadata"].get("ownerReferences") or [{}])[0].get("name")
+                    now = time.monotonic()
+                    for c in (wl.get("status") or {}).get("conditions") or []:
+                        if c["status"] != "True":
+                            continue
+                        if c["type"] == "QuotaReserved":
+                            admitted.setdefault(owner, now)
+                        elif c["type"] == "Finished":
+                            finished.setdefault(owner, now)
+                    if len(finished) >= len(requests) or now > start + deadline:
+                        break
+            except asyncio.TimeoutError:
+                continue
+
+    try:
+        await asyncio.gather(create(), observe())
+    finally:
+        await api.close()
+    waits: dict[str, list[float]] = {cls: [] for cls, *_ in kueue_baseline.CLASSES}
+    for i, req in enumerate(requests):
+        key = f"j{i}"
+        if key in admitted:
+            waits[kueue_baseline.class_of(req["id"])].append(admitted[key] - created[key])
+    end = max(finished.values(), default=time.monotonic())
+    lost = len(requests) - len(finished)
+    return summarize(waits, end - start, lost, time.monotonic() - start, data)
+
+
+def run_kueue(data: dict[str, Any], cluster_dir: Path | None, deadline: float) -> dict[str, Any]:
+    module = _cluster_module()
+    own = cluster_dir is None or not (cluster_dir / "kubeconfig").exists()
+    root = Path(tempfile.mkdtemp(prefix="sbs-cluster-")) if cluster_dir is None else cluster_dir
+    cluster = module.up(root) if own else module.Cluster(root.resolve())
+    ns = f"sbs-{uuid.uuid4().hex[:6]}"
+    # Every name of Kueue's (cluster-wide) carries the run's token.
+    data = {
+        "flavors": data["flavors"],
+        "tenants": {
+            f"{ns}-{t}": {**spec, "cohort": f"{ns}-{spec['cohort']}"}
+            for t, spec in data["tenants"].items()
+        },
+        "requests": [{**r, "tenant": f"{ns}-{r['tenant']}"} for r in data["requests"]],
+    }
+    try:
+        cluster.apply(_objects(data, ns, module.kwok_node))
+        return asyncio.run(_replay(cluster.kubeconfig, ns, data, deadline))
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        names = [t for t in data["tenants"]]
+        cluster.kubectl(
+            "delete", "clusterqueues.kueue.x-k8s.io", *names, "--wait=false", check=False
+        )
+        nodes = cluster.kubectl("get", "nodes", "-o", "name").split()
+        mine = [n for n in nodes if n.startswith(f"node/{ns}-")]
+        if mine:
+            cluster.kubectl("delete", *mine, "--wait=false", check=False)
+        if own:
+            module.down(root)
+
+
+# ---------------------------------------------------------------------------------------
+
+#: The columns. `kueue_mode` is the hook for our gateway in Kueue mode (issue 42 item 2):
+#: a function (scenario data, args) -> summarize(...)'s dict, None until it exists.
+ENGINES: dict[str, Callable[[dict[str, Any], argparse.Namespace], dict[str, Any]] | None] = {
+    "kueue": lambda data, a: run_kueue(data, a.cluster_dir, a.deadline),
+    "kueue_mode": None,
+    "core": lambda data, a: run_core(data),
+}
+
+
+def text(r: dict[str, Any]) -> str:
+    lines = [
+        f"Kueue baseline x{r['scale']}: {r['requests']} requests, {r['tenants']} tenants"
+        f" in {r['cohorts']} cohorts; quota-bound floor {r['floor_s']} s",
+        "  engine      makespan  x floor  wall     lost  class   admitted  wait p50  wait p95",
+    ]
+    for name, e in r["engines"].items():
+        if e is None:
+            lines.append(f"  {name:<11} (not run)")
+            continue
+        first = True
+        for cls, c in e["classes"].items():
+            head = (
+                f"  {name:<11} {e['makespan_s']:>7.1f}s {e['over_floor']:>7}x {e['wall_s']:>6.1f}s"
+                f" {e['lost']:>5}"
+                if first
+                else " " * 45
+            )
+            p50 = "-" if c["wait_p50"] is None else f"{c['wait_p50']:.2f}s"
+            p95 = "-" if c["wait_p95"] is None else f"{c['wait_p95']:.2f}s"
+            lines.append(f"{head}  {cls:<7} {c['admitted']:>8}  {p50:>8}  {p95:>8}")
+            first = False
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cohorts", type=int, default=2)
+    parser.add_argument("--tenants", type=int, default=3, help="tenants per cohort")
+    parser.add_argument("--scale", type=float, default=0.1, help="of each class's count")
+    parser.add_argument("--cluster-dir", type=Path, help="a running cluster (make cluster-up)")
+    parser.add_argument("--deadline", type=float, default=300.0, help="seconds for Kueue")
+    parser.add_argument("--only", help="comma-separated engines (default: all)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    data = scenario(args.cohorts, args.tenants, args.scale)
+    only = set(args.only.split(",")) if args.only else set(ENGINES)
+    engines: dict[str, Any] = {}
+    for name, run in ENGINES.items():
+        engines[name] = run(data, args) if run is not None and name in only else None
+    r = {
+        "benchmark": "kueue_side_by_side",
+        "scale": args.scale,
+        "cohorts": args.cohorts,
+        "tenants": args.cohorts * args.tenants,
+        "requests": len(data["requests"]),
+        "floor_s": floor(data),
+        "machine": _bench.machine(),
+        "engines": engines,
+    }
+    _bench.emit(r, args.json, text(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
