@@ -101,6 +101,8 @@ TABLE = [
     row("GET", "api/devices", *READ),
     row("GET", "api/tenants", *READ),
     row("GET", "api/me", *READ),
+    # Advice about one's own work for everyone who may read; all of it for an admin.
+    row("GET", "api/advice", *READ),
     row("GET", "api/requests", *READ),
     row("GET", "api/requests", 401, 200, 403, 200, 200, 401, 401, path="api/requests?user=ann"),
     row(
@@ -147,7 +149,14 @@ TABLE = [
         *(401, 403, 403, 403, 303, 401, 401),
         form={"tenant": "nlp", "quota.a100": "2", "quota.t4": ""},
     ),
-    row("POST", "cancel", *(401, 303, 403, 403, 303, 401, 401), form={"request": "{fresh}"}),
+    # Confirmed (the page asks first: without confirm=yes it answers the question, 200).
+    row(
+        "POST",
+        "cancel",
+        *(401, 303, 403, 403, 303, 401, 401),
+        form={"request": "{fresh}", "confirm": "yes"},
+    ),
+    row("POST", "cancel", *(401, 200, 403, 403, 200, 401, 401), form={"request": "{fresh}"}),
     # The OAuth callback (JupyterHub's HubOAuthCallbackHandler): without the state cookie
     # the login began with, it is refused; somebody already logged in is sent back (302).
     row(
