@@ -1,7 +1,7 @@
 """`jupyter-gpuaas advise` and `GET api/advice`: right-sizing advice from a gateway's own
 history, each piece with its evidence.
 
-Two kinds, both from what the store holds (`history.read_history`):
+Two kinds, both from what the store holds (`history.read_history`, a `StoreHistory`):
 
 - **A smaller GPU** (per user, kind and flavor): the highest utilization each grant's
   heartbeats reported (`peak_utilization`, migration 0005). When at least `min_grants`
@@ -34,7 +34,7 @@ from typing import Any
 
 from jupyter_gpuaas.words import format_duration
 
-from .history import parse_span, read_history, scenario_from_history
+from .history import StoreHistory, parse_span, read_history, read_quotas, scenario_from_history
 
 PROG = "jupyter-gpuaas advise"
 _KIND_WORDS = {"kernel": "kernels", "server": "servers", "job": "jobs"}
@@ -246,10 +246,7 @@ def move_quota_advice(
 
 def advise(
     quotas: Mapping[str, Any],
-    overrides: Mapping[str, Any],
-    requests: Sequence[Mapping[str, Any]],
-    decisions: Sequence[Mapping[str, Any]],
-    activity: Sequence[Mapping[str, Any]],
+    history: StoreHistory,
     *,
     now: float,
     since: float,
@@ -257,15 +254,44 @@ def advise(
     low_utilization: float = 0.3,
     min_wait: float = 300.0,
 ) -> list[Advice]:
-    """Every piece of advice the history supports (see the module docstring)."""
+    """Every piece of advice a period's history supports (see the module docstring)."""
     period = (since, now)
     out = smaller_gpu_advice(
-        requests, min_grants=min_grants, low_utilization=low_utilization, period=period
+        history.requests, min_grants=min_grants, low_utilization=low_utilization, period=period
     )
-    if requests:
-        scenario = scenario_from_history(quotas, overrides, requests, decisions, activity, now=now)
+    if history.requests:
+        scenario = scenario_from_history(quotas, history, now=now)
         out += move_quota_advice(scenario, min_grants=min_grants, min_wait=min_wait, period=period)
     return out
+
+
+def advise_from_store(
+    db_url: str,
+    quotas: Mapping[str, Any],
+    span: float,
+    *,
+    min_grants: int = 10,
+    low_utilization: float = 0.3,
+) -> dict[str, Any]:
+    """The advice over the store's last `span` seconds, as `advise --json` and `GET
+    api/advice` answer it (SQLAlchemyError when the store cannot be read)."""
+    now = time.time()
+    history = read_history(db_url, now - span, None)
+    advice = advise(
+        quotas,
+        history,
+        now=now,
+        since=now - span,
+        min_grants=min_grants,
+        low_utilization=low_utilization,
+    )
+    return {
+        "advice": [a.to_json() for a in advice],
+        "since": now - span,
+        "until": now,
+        "requests": len(history.requests),
+        "min_grants": min_grants,
+    }
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -303,7 +329,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
     from sqlalchemy.exc import SQLAlchemyError
 
     def error(message: str) -> int:
@@ -311,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     try:
-        since = parse_span(args.since)
+        span = parse_span(args.since)
     except ValueError as e:
         return error(f"--since: {e}")
     if args.min_grants < 1:
@@ -319,36 +344,27 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.low_utilization <= 1:
         return error("--low-utilization must be a number from 0 to 1")
     try:
-        with open(args.quotas, encoding="utf-8") as f:
-            quotas = yaml.safe_load(f) or {}
-    except OSError as e:
-        return error(f"--quotas: cannot read {args.quotas}: {e.strerror or e}")
-    except yaml.YAMLError as e:
-        return error(f"--quotas: {args.quotas} is not YAML: {str(e).splitlines()[0]}")
-    now = time.time()
+        quotas = read_quotas(args.quotas)
+    except ValueError as e:
+        return error(f"--quotas: {e}")
     try:
-        requests, decisions, activity, overrides = read_history(args.db_url, now - since, None)
+        out = advise_from_store(
+            args.db_url,
+            quotas,
+            span,
+            min_grants=args.min_grants,
+            low_utilization=args.low_utilization,
+        )
     except SQLAlchemyError as e:
         return error(f"--db-url: cannot read the store: {str(e).splitlines()[0]}")
-    advice = advise(
-        quotas,
-        overrides,
-        requests,
-        decisions,
-        activity,
-        now=now,
-        since=now - since,
-        min_grants=args.min_grants,
-        low_utilization=args.low_utilization,
-    )
     if args.json:
-        sys.stdout.write(json.dumps({"advice": [a.to_json() for a in advice]}) + "\n")
-    elif not advice:
+        sys.stdout.write(json.dumps({"advice": out["advice"]}) + "\n")
+    elif not out["advice"]:
         print(
-            f"No advice: {len(requests)} requests in the last {args.since}, and nothing "
+            f"No advice: {out['requests']} requests in the last {args.since}, and nothing "
             f"stands out on at least {args.min_grants} grants."
         )
     else:
-        for a in advice:
-            print(f"- {a.sentence}")
+        for a in out["advice"]:
+            print(f"- {a['sentence']}")
     return 0

@@ -26,7 +26,7 @@ What a request becomes:
 - a request still live at the end of the window holds GPUs until then (`until` closes
   the scenario there), which is what was known.
 
-Pure except `read_history` and `run`: the builder takes rows as plain dicts.
+Pure except `read_history`, `read_quotas` and `run`: the builder takes rows as plain dicts.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,35 +85,41 @@ def _busy_intervals(
     return out
 
 
-def scenario_from_history(
-    quotas: Mapping[str, Any],
-    overrides: Mapping[str, Any],
-    requests: Iterable[Mapping[str, Any]],
-    decisions: Iterable[Mapping[str, Any]],
-    activity: Iterable[Mapping[str, Any]],
-    *,
-    now: float,
-) -> dict[str, Any]:
-    """The scenario (a dict in docs/SCENARIO.md's format) of these store rows.
+@dataclass
+class StoreHistory:
+    """What the store holds of a period, as plain rows (`read_history`).
 
-    `requests` are rows of the requests table (id, tenant, user, kind, gpus, flavor,
-    priority, state, submit_time, first_admit, admit_time); `decisions` rows of the log
-    (t, event, request_id); `activity` busy/idle transitions (request_id, t, busy);
-    `now` closes what is still live.
+    `requests`: rows of the requests table (id, tenant, user, kind, gpus, flavor, priority,
+    state, submit_time, first_admit, admit_time, peak_utilization, ...); `decisions`: rows
+    of the log (t, event, request_id); `activity`: busy/idle transitions (request_id, t,
+    busy); `overrides`: the admins' tenant specs, by tenant.
     """
-    rows = sorted(requests, key=lambda r: (float(r["submit_time"]), str(r["id"])))
-    by_request: dict[str, list[Mapping[str, Any]]] = {}
-    for d in decisions:
+
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    activity: list[dict[str, Any]] = field(default_factory=list)
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def scenario_from_history(
+    quotas: Mapping[str, Any], history: StoreHistory, *, now: float
+) -> dict[str, Any]:
+    """The scenario (a dict in docs/SCENARIO.md's format) of a period's store rows, with
+    the quota file's tenants under the admins' overrides; `now` closes what is still live.
+    """
+    rows = sorted(history.requests, key=lambda r: (float(r["submit_time"]), str(r["id"])))
+    by_request: dict[str, list[dict[str, Any]]] = {}
+    for d in history.decisions:
         if d.get("request_id") is not None:
             by_request.setdefault(str(d["request_id"]), []).append(d)
-    moves: dict[str, list[Mapping[str, Any]]] = {}
-    for a in activity:
+    moves: dict[str, list[dict[str, Any]]] = {}
+    for a in history.activity:
         moves.setdefault(str(a["request_id"]), []).append(a)
     t0 = float(rows[0]["submit_time"]) if rows else now
     end_of_window = max(now, t0)
 
     held: dict[str, list[float]] = {}  # kind -> durations of requests that got GPUs
-    built: list[tuple[dict[str, Any], Mapping[str, Any], float | None]] = []
+    built: list[tuple[dict[str, Any], dict[str, Any], float | None]] = []
     for row in rows:
         rid = str(row["id"])
         log = sorted(by_request.get(rid, ()), key=lambda d: (float(d["t"]), d.get("seq", 0)))
@@ -162,7 +169,7 @@ def scenario_from_history(
         requests_out.append(req)
 
     tenants = dict(quotas.get("tenants") or {})
-    tenants.update(overrides)
+    tenants.update(history.overrides)
     out: dict[str, Any] = {}
     for key in ("flavors", "cohorts"):
         if quotas.get(key):
@@ -175,9 +182,7 @@ def scenario_from_history(
     return out
 
 
-def read_history(
-    db_url: str, since: float | None, until: float | None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+def read_history(db_url: str, since: float | None, until: float | None) -> StoreHistory:
     """Rows of the requests submitted in [since, until), their decisions and busy/idle
     transitions, and the admins' tenant overrides, read (never written) from the store."""
     from sqlalchemy import create_engine, select
@@ -213,7 +218,23 @@ def read_history(
             }
     finally:
         engine.dispose()
-    return requests, decisions, activity, overrides
+    return StoreHistory(requests, decisions, activity, overrides)
+
+
+def read_quotas(path: str) -> dict[str, Any]:
+    """The quota file a gateway reads, as a mapping; ValueError with a sentence naming
+    the file when it cannot be read or is not a mapping of YAML."""
+    import yaml
+
+    try:
+        quotas = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path} is not YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(quotas, dict):
+        raise ValueError(f"{path} must hold a mapping (flavors, tenants, policy)")
+    return quotas
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -268,33 +289,25 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         return _error(f"--since/--until: {e}")
     try:
-        quotas = yaml.safe_load(Path(args.quotas).read_text(encoding="utf-8")) or {}
-    except OSError as e:
-        return _error(f"--quotas: cannot read {args.quotas}: {e.strerror or e}")
-    except yaml.YAMLError as e:
-        return _error(f"--quotas: {args.quotas} is not YAML: {str(e).splitlines()[0]}")
-    if not isinstance(quotas, dict):
-        return _error(f"--quotas: {args.quotas} must hold a mapping (flavors, tenants, policy)")
+        quotas = read_quotas(args.quotas)
+    except ValueError as e:
+        return _error(f"--quotas: {e}")
     now = time.time()
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
-        requests, decisions, activity, overrides = read_history(
-            args.db_url, now - since, now - until if until else None
-        )
+        history = read_history(args.db_url, now - since, now - until if until else None)
     except SQLAlchemyError as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         return _error(f"--db-url: cannot read the store: {first}")
-    if not requests:
+    if not history.requests:
         return _error(f"no request was submitted in the last {args.since}: nothing to export")
-    scenario = scenario_from_history(
-        quotas, overrides, requests, decisions, activity, now=now - until
-    )
+    scenario = scenario_from_history(quotas, history, now=now - until)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now))
     text = (
         json.dumps(scenario, indent=1) + "\n"
         if args.json
-        else f"# {len(requests)} requests exported by `jupyter-gpuaas history export` at "
+        else f"# {len(history.requests)} requests exported by `jupyter-gpuaas history export` at "
         f"{stamp} (the last {args.since}).\n# Replay: jupyter-gpuaas simulate THIS_FILE "
         "--set KEY=VALUE ...\n" + yaml.safe_dump(scenario, sort_keys=False, default_flow_style=None)
     )

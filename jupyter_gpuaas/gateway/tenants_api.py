@@ -4,15 +4,14 @@ api/tenants, api/me)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from jupyter_gpuaas.admission.config import SpecError
 
-from .advice import advise
+from .advice import advise_from_store
 from .arbiter import Conflict
 from .handler_base import ApiError, BaseHandler, BodyHandler
-from .history import parse_span, read_history
+from .history import parse_span
 from .validate import check_name, check_tenant_bounds
 
 
@@ -89,25 +88,7 @@ class AdviceHandler(BaseHandler):
         quotas = dict(arbiter.quotas)
 
         def work() -> dict[str, Any]:
-            now = time.time()
-            requests, decisions, activity, overrides = read_history(url, now - since, None)
-            advice = advise(
-                quotas,
-                overrides,
-                requests,
-                decisions,
-                activity,
-                now=now,
-                since=now - since,
-                min_grants=min_grants,
-            )
-            return {
-                "advice": [a.to_json() for a in advice],
-                "since": now - since,
-                "until": now,
-                "requests": len(requests),
-                "min_grants": min_grants,
-            }
+            return advise_from_store(url, quotas, since, min_grants=min_grants)
 
         out = await asyncio.get_running_loop().run_in_executor(None, work)
         if not who.admin:  # a user's own work only: never another user's or a tenant's
