@@ -34,7 +34,14 @@ from typing import Any
 
 from jupyter_gpuaas.words import format_duration
 
-from .history import StoreHistory, parse_span, read_history, read_quotas, scenario_from_history
+from .history import (
+    StoreHistory,
+    add_store_arguments,
+    parse_span,
+    read_history,
+    read_quotas,
+    scenario_from_history,
+)
 
 PROG = "jupyter-gpuaas advise"
 _KIND_WORDS = {"kernel": "kernels", "server": "servers", "job": "jobs"}
@@ -302,13 +309,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(a smaller GPU would do), and quota that sits idle while another tenant waits "
         "(with the what-if replayed through the simulator).",
     )
-    parser.add_argument(
-        "--db-url", required=True, metavar="URL", help="the gateway's store (its --db-url)"
-    )
-    parser.add_argument(
-        "--quotas", required=True, metavar="FILE", help="the quota file the gateway reads"
-    )
-    parser.add_argument("--since", metavar="SPAN", default="30d", help="how far back (30d)")
+    add_store_arguments(parser)
     parser.add_argument(
         "--min-grants",
         type=int,

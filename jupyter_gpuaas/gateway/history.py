@@ -237,6 +237,22 @@ def read_quotas(path: str) -> dict[str, Any]:
     return quotas
 
 
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    """--db-url, --quotas and --since: which gateway's history, and how far back."""
+    parser.add_argument(
+        "--db-url", required=True, metavar="URL", help="the gateway's store (its --db-url)"
+    )
+    parser.add_argument(
+        "--quotas", required=True, metavar="FILE", help="the quota file the gateway reads"
+    )
+    parser.add_argument(
+        "--since",
+        metavar="SPAN",
+        default="30d",
+        help="how far back, e.g. 30d, 12h, 90m (default: 30d)",
+    )
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "history",
@@ -252,18 +268,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "flavors and policy from the quota file plus the admins' overrides in the store; "
         "each request's submit, duration, busy intervals and cancel.",
     )
-    export.add_argument(
-        "--db-url", required=True, metavar="URL", help="the gateway's store (its --db-url)"
-    )
-    export.add_argument(
-        "--quotas", required=True, metavar="FILE", help="the quota file the gateway reads"
-    )
-    export.add_argument(
-        "--since",
-        metavar="SPAN",
-        default="30d",
-        help="how far back, e.g. 30d, 12h, 90m (default: 30d)",
-    )
+    add_store_arguments(export)
     export.add_argument(
         "--until", metavar="SPAN", help="stop this long ago (default: now), e.g. 1d"
     )
