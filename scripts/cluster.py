@@ -266,7 +266,9 @@ class Cluster:
             *args,
             "-f",
             "-",
-            input=yaml.safe_dump_all(objects),
+            # JSON, not YAML: PyYAML writes a label like 508423e1 (a random hex name) or
+            # Y unquoted, and Go's YAML reads it back as a number or a boolean.
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}),
         )
 
     def log_tail(self, lines: int = 40) -> str:

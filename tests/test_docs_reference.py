@@ -29,8 +29,9 @@ sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 import gpuaas_reference  # noqa: E402
 
 import jupyter_gpuaas  # noqa: E402
-from jupyter_gpuaas.admission.schema import QUOTAS_SCHEMA, SCHEMA, check_schema  # noqa: E402
+from jupyter_gpuaas.admission.schema import QUOTAS_SCHEMA, SCHEMA  # noqa: E402
 from jupyter_gpuaas.admission.values import SpecError  # noqa: E402
+from jupyter_gpuaas.sim.schema_check import check_schema  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,16 @@
-"""The scenario and quota format as a JSON Schema, and the check every loader runs with it.
+"""The scenario and quota format as a JSON Schema (the check every loader runs with it is
+sim/schema_check.py's `check_schema`: jsonschema is no part of the pure core).
 
 One format everywhere: a scenario (`jupyter-gpuaas simulate`) is the gateway's quota file
 (`flavors`, `cohorts`, `tenants`, `policy`) plus the requests to replay. `parse_config`
 (config.py) and the simulator's `parse_scenario` check every rule and name the key they
 break; this schema says the same for editors and tools (the documentation publishes it as
 scenario.schema.json, so a YAML editor completes and underlines the keys), and
-`check_schema` holds every loaded file to it, so the published schema cannot be stricter or
-looser than what the product accepts without a loader saying so.
+`check_schema` holds every loaded file to it, so the published schema cannot be stricter
+or looser than what the product accepts without a loader saying so.
 
-Pure data and a pure check: no file is read here (the schema is a literal) and jsonschema
-only computes. An explicit null counts as absent everywhere (YAML's `key:`), as in the parsers.
+Pure data: no file is read here (the schema is a literal). An explicit null counts as
+absent everywhere (YAML's `key:`), as in the parsers.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from jupyter_gpuaas.admission.model import (
     RECLAIM_WITHIN_COHORT,
     WITHIN_TENANT,
 )
-from jupyter_gpuaas.admission.values import SpecError
 
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
@@ -288,24 +288,3 @@ QUOTAS_SCHEMA: dict[str, Any] = {
     "title": "jupyter-gpuaas quota file",
     "properties": QUOTAS_PROPERTIES,
 }
-
-
-def _where(path: Any) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
-    return out
-
-
-def check_schema(data: Any, schema: dict[str, Any] = SCHEMA, prefix: str = "") -> None:
-    """Raise SpecError naming the field of `data` that the schema refuses (the deepest
-    first), if any. Called after the parsers, whose own messages come first."""
-    import jsonschema  # type: ignore[import-untyped]
-
-    validator = jsonschema.Draft202012Validator(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    if error is not None:
-        key = _where(error.absolute_path)
-        if prefix:
-            key = f"{prefix}.{key}" if key else prefix
-        raise SpecError(key, f"{error.message} (scenario.schema.json)")

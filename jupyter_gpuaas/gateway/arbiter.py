@@ -36,7 +36,8 @@ from jupyter_gpuaas.admission.model import (
     Request,
     State,
 )
-from jupyter_gpuaas.admission.schema import QUOTAS_SCHEMA, check_schema
+from jupyter_gpuaas.admission.schema import QUOTAS_SCHEMA
+from jupyter_gpuaas.sim.schema_check import check_schema
 from jupyter_gpuaas.words import culled_reason, ended_by, expired_reason, preempted_reason
 
 from ..devices import DeviceSample, Inventory, NodeInfo

@@ -29,7 +29,7 @@ from jupyter_gpuaas.admission.config import (
     want_number,
 )
 from jupyter_gpuaas.admission.model import KINDS, Config
-from jupyter_gpuaas.admission.schema import check_schema
+from jupyter_gpuaas.sim.schema_check import check_schema
 
 __all__ = [
     "REQUEST_KEYS",

@@ -99,9 +99,14 @@ def shared_cases() -> list[Case]:
     return out
 
 
-def random_cases() -> list[Case]:
-    """The property tests' scenarios, drawn with a fixed seed (derandomized: the same
-    draws every run), the second wave from submit 75 on."""
+#: The random scenarios, drawn once and kept (data/differential_random.yaml says why).
+RANDOM_FILE = Path(__file__).parent / "data" / "differential_random.yaml"
+
+
+def draw_random_scenarios() -> list[dict[str, Any]]:
+    """The property tests' scenarios, drawn with hypothesis (derandomized), the second
+    wave from submit 75 on: the first RANDOM of DRAWS draws that Kueue can run with two
+    or more requests, as `{"name", "scenario"}` (for RANDOM_FILE: `--draw`)."""
     drawn: list[dict[str, Any]] = []
 
     @settings(
@@ -121,9 +126,20 @@ def random_cases() -> list[Case]:
     for i, data in enumerate(drawn):
         case = fit_for_kueue(f"random-{i}", data, split=75)
         if case is not None and len(case.requests) >= 2:
-            out.append(case)
+            out.append({"name": f"random-{i}", "scenario": data})
         if len(out) == RANDOM:
             break
+    return out
+
+
+def random_cases() -> list[Case]:
+    """The kept random scenarios, fitted for Kueue (the second wave from submit 75 on)."""
+    kept = yaml.safe_load(RANDOM_FILE.read_text())
+    out = []
+    for entry in kept:
+        case = fit_for_kueue(entry["name"], entry["scenario"], split=75)
+        assert case is not None, entry["name"]
+        out.append(case)
     return out
 
 
@@ -205,3 +221,14 @@ def interchangeable(case: Case, outcome: Outcome) -> list[Any]:
             zip(outcome.admitted, outcome.preempted, strict=True)
         )
     ]
+
+
+if __name__ == "__main__":  # python tests/kubernetes/test_kueue_differential.py --draw
+    import sys
+
+    if sys.argv[1:] == ["--draw"]:
+        head = "".join(
+            line + "\n" for line in RANDOM_FILE.read_text().splitlines() if line.startswith("#")
+        )
+        body = yaml.safe_dump(draw_random_scenarios(), sort_keys=False, width=100)
+        RANDOM_FILE.write_text(head + body)
