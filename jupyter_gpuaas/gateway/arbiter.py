@@ -41,6 +41,7 @@ from jupyter_gpuaas.sim.schema_check import check_schema
 from jupyter_gpuaas.words import culled_reason, ended_by, expired_reason, preempted_reason
 
 from ..devices import DeviceSample, Inventory, NodeInfo
+from . import views
 from .engine import Engine
 from .estimates import Estimates
 from .events import Event, EventBus
@@ -60,7 +61,7 @@ from .store import (
     snapshot,
 )
 from .validate import NAME_RULE, is_name
-from .views import Views, meta_of
+from .views import CoreState, idle_timeout, meta_of
 
 # The reason the core gives a grant it ends because its lease ran out (core.py `advance`).
 LEASE_EXPIRED = "lease expired"
@@ -86,7 +87,7 @@ class Stored:
     recent: list[Request] = dataclasses.field(default_factory=list)
 
 
-class Arbiter(Loops, Views):
+class Arbiter(Loops):
     """Owns the core, the store and the announcements of one gateway."""
 
     def __init__(
@@ -580,6 +581,55 @@ class Arbiter(Loops, Views):
             raise Conflict(f"request {rid} has already ended")
         return req
 
+    # --- views (views.py: functions of the core's state) ----------------------------------
+
+    def core_state(self) -> CoreState:
+        """What the views read, as memory stands (no copy: the views only read)."""
+        return CoreState(
+            config=self.config,
+            core=self.core,
+            engine=self.engine,
+            inventory=self.inventory,
+            requests=self.requests,
+            meta=self.meta,
+            samples=self.samples,
+            hold_times=self.hold_times,
+            history=self.history,
+            estimates=self.estimates,
+        )
+
+    def view(self, rid: str) -> dict[str, Any] | None:
+        """The request object of `rid`: live from memory, else from the store."""
+        live = self.requests.get(rid)
+        if live is not None:
+            return self.request_json(live)
+        row = self.read_now(self.store.get, rid)
+        return None if row is None else self.request_json(row)
+
+    def request_json(self, req: Request | RequestRow) -> dict[str, Any]:
+        """The API's request object, from a live request or a stored row."""
+        return views.request_json(self.core_state(), req)
+
+    def devices_json(self) -> dict[str, Any]:
+        return views.devices_json(self.core_state())
+
+    def tenants_json(self) -> dict[str, Any]:
+        return views.tenants_json(self.core_state())
+
+    def snapshot_metrics(self) -> None:
+        """The gauges set from the core as it stands (views.metric_snapshot)."""
+        snap = views.metric_snapshot(self.core_state())
+        self.metrics.set_snapshot(
+            snap.tenants,
+            snap.pending,
+            snap.desired_nodes,
+            snap.idle_gpus,
+            snap.devices,
+            simulated=snap.simulated,
+            nodes=snap.nodes,
+            leader=self.leader,
+        )
+
     # --- persistence and announcement ----------------------------------------------------
 
     def commit(
@@ -669,7 +719,7 @@ class Arbiter(Loops, Views):
             by = self.requests.get(str(d.fields.get("by")))
             req.reason = preempted_reason(req.tenant, req.gpus, by.tenant if by else None)
         elif d.event == "cull" and req.state is State.CULLED:
-            req.reason = culled_reason(self._idle_timeout(req.tenant))
+            req.reason = culled_reason(idle_timeout(self.config, req.tenant))
         elif d.event == "expire" and req.state is State.CULLED:
             tenant = self.config.tenants.get(req.tenant)
             ttl = tenant.reservation_ttl if tenant and tenant.reservation_ttl is not None else None
