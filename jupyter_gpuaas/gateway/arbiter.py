@@ -5,24 +5,28 @@ and the request rows they changed in one transaction, commit, and only then tell
 (the HTTP answer, SSE listeners, metrics, the scaler). The core is rebuilt from the store
 on start (`restore`), so a crash at any instant leaves a state the core was really in.
 
-The driver is one class in three modules: this one (configuration, start and stop,
-operations, and staging their decisions: `commit`, announcements), `loops.py` (the admission
-and sampling loops, the group commit cycle and what happens when the store refuses) and
-`views.py` (the API's and the metrics' views of the core: `request_json`, `estimate_wait`,
-`devices_json`, `tenants_json`, `snapshot_metrics`).
+`Arbiter` holds memory (the core, the live requests and what the API keeps beside them)
+and its collaborators as fields, as Kueue's scheduler holds its queues and cache:
+`group` (group_commit.py: operations run in groups, each committed in one transaction
+before it is announced, and what happens when the store refuses), `calls`
+(store_calls.py: store work in threads with deadlines, the store's health) and `stalls`
+(stalls.py: the gap every lease is extended by). Views are functions of the core's state
+(views.py: `request_json`, `devices_json`, `tenants_json`, the metric snapshot) that the
+arbiter calls. This module: configuration, start and stop, the admission and sampling
+loops, operations, staging their decisions (`commit`) and announcing them, and rebuilding
+memory from the store.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import functools
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from jupyter_gpuaas.admission.config import SpecError, default_cull_warning, parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
@@ -45,12 +49,13 @@ from . import views
 from .engine import Engine
 from .estimates import Estimates
 from .events import Event, EventBus
+from .group_commit import Conflict, Duplicate, GroupCommit, Staged
 from .kueue_engine import KueueEngine
 from .leader import NotLeader
-from .loops import Conflict, Duplicate, Loops, _Op, _Staged
 from .metrics import GatewayMetrics
 from .rows import NodeRow, RequestRow
 from .scalers import Scaler
+from .stalls import Stalls
 from .store import (
     Batch,
     Store,
@@ -60,6 +65,7 @@ from .store import (
     row_to_request,
     snapshot,
 )
+from .store_calls import StoreCalls
 from .validate import NAME_RULE, is_name
 from .views import CoreState, idle_timeout, meta_of
 
@@ -67,6 +73,8 @@ from .views import CoreState, idle_timeout, meta_of
 LEASE_EXPIRED = "lease expired"
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
+
+T = TypeVar("T")
 
 
 def new_request_id() -> str:
@@ -87,7 +95,7 @@ class Stored:
     recent: list[Request] = dataclasses.field(default_factory=list)
 
 
-class Arbiter(Loops):
+class Arbiter:
     """Owns the core, the store and the announcements of one gateway."""
 
     def __init__(
@@ -120,23 +128,14 @@ class Arbiter(Loops):
         self.sample_interval = sample_interval
         self.lock_timeout = lock_timeout
         self.retention = retention
-        # Store work runs in these threads, awaited at most `store_timeout` seconds
-        # (loops.py); health probes have their own thread, so they never queue behind it.
+        # Store work runs in threads, awaited at most `store_timeout` seconds
+        # (store_calls.py); the time the store or the loop could not act is owed to the
+        # leases (stalls.py); operations run in groups, each committed before it is
+        # announced (group_commit.py).
         self.store_timeout = store_timeout
-        self._store_pool = concurrent.futures.ThreadPoolExecutor(4, "gpuaas-store")
-        self._health_pool = concurrent.futures.ThreadPoolExecutor(1, "gpuaas-health")
-        self._probe: concurrent.futures.Future[None] | None = None
-        self._probe_writes = False
-        self._hung: set[concurrent.futures.Future[Any]] = set()
-        self.store_state = "ok"
-        self._store_down_since: float | None = None
-        self._settled = asyncio.Event()
-        self._settled.set()
-        self._cycler: asyncio.Task[None] | None = None
-        # Stalls (loops.py): when the loop last looked, and the gap owed to the leases.
-        self._last_seen = time.monotonic()
-        self._gap = 0.0
-        self._probe_timer: asyncio.TimerHandle | None = None
+        self.stalls = Stalls()
+        self.calls = StoreCalls(store, timeout=store_timeout, on_recovered=self.stalls.add)
+        self.group = GroupCommit(store, self.calls, self, lock_timeout=lock_timeout)
         # Why memory was dropped (the store could not be read back), or None.
         self.broken: str | None = None
         # Two gateways, one leader (leader.py): a standby mirrors the store and decides
@@ -147,7 +146,6 @@ class Arbiter(Loops):
         # refused with 503 rather than sent to a leader that may be frozen.
         self.leader_stale = False
         self._last_rebuild = 0.0
-        self._busy_since: float | None = None
         self._next_prune = 0.0
         # Requests handed to the core, by id, while live (the core mutates them).
         self.requests: dict[str, Request] = {}
@@ -165,10 +163,7 @@ class Arbiter(Loops):
         self._last_ready: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        # Group commit: operations waiting for the next cycle, and where the running one
-        # stages its batches (see the module docstring).
-        self._ops: list[_Op] = []
-        self._staging: list[_Staged] | None = None
+        # `request_json` of live requests as of the last staged batch (`_json_of`).
         self._json_cache: dict[str, dict[str, Any]] = {}
         check_names(parse_config(self.quotas))  # SpecError: the file breaks the name rule
         check_schema(self.quotas, QUOTAS_SCHEMA)  # the published schema holds too
@@ -256,7 +251,7 @@ class Arbiter(Loops):
             recent=self.store.submitted_since(time.time() - FORECAST[0]),
         )
 
-    def _restored(self, now: float, stored: Stored) -> list[_Staged]:
+    def _restored(self, now: float, stored: Stored) -> list[Staged]:
         """Memory rebuilt from `stored` (on the loop); what it decided, staged."""
         self.overrides = stored.overrides
         self.config = self.make_config(self.quotas, self.overrides)
@@ -321,7 +316,7 @@ class Arbiter(Loops):
     def follow(self, leader_url: str | None) -> None:
         """Be a standby: decide nothing, refuse changes, mirror the store for reads."""
         self.leader, self.leader_url = False, leader_url
-        self._fail_queued(NotLeader(leader_url))
+        self.group.fail_queued(NotLeader(leader_url))
 
     def mirror_now(self) -> None:
         """`refresh_mirror`, blocking (at start-up, before the loop serves)."""
@@ -359,13 +354,12 @@ class Arbiter(Loops):
     async def take_over(self) -> None:
         """Leadership won: restore from the store exactly as at start-up, then decide."""
         self.leader, self.leader_url = True, None
-        await self._rebuild("this gateway took over as the leader")
+        await self.rebuild("this gateway took over as the leader")
         self.wake()
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._last_seen = time.monotonic()
-        self._probe_timer = loop.call_later(0.25, self._stall_probe)
+        self.stalls.start()
         self._tasks = [
             loop.create_task(self._admission_loop()),
             loop.create_task(self._sampling_loop()),
@@ -381,19 +375,11 @@ class Arbiter(Loops):
             task.cancel()
         if self._tasks:  # bounded: a task that swallowed its cancellation is left behind
             await asyncio.wait(self._tasks, timeout=self.store_timeout + 1)
-        if self._probe_timer is not None:
-            self._probe_timer.cancel()
-        if self._ops:
-            self._schedule_cycle()
-        if self._cycler is not None:  # the last group: committed, or answered 503
-            try:
-                await asyncio.wait_for(asyncio.shield(self._cycler), self.store_timeout + 1)
-            except (asyncio.TimeoutError, Exception):
-                pass
-        self._fail_queued(StoreUnavailable("the gateway is stopping"))
+        self.stalls.stop()
+        # The last group: committed, or answered 503.
+        await self.group.close(StoreUnavailable("the gateway is stopping"), self.store_timeout + 1)
         self.bus.close()
-        self._store_pool.shutdown(wait=False, cancel_futures=True)
-        self._health_pool.shutdown(wait=False, cancel_futures=True)
+        self.calls.shutdown()
 
     def wake(self) -> None:
         self._wake.set()
@@ -426,9 +412,189 @@ class Arbiter(Loops):
         # A standby leaves nodes to the leader: its mirror (and a take-over's restore)
         # reads the inventory, which follows the joins and leaves itself.
         try:
-            await self._run(fn)
+            await self.run(fn)
         except NotLeader:
             pass
+
+    # --- loops --------------------------------------------------------------------------
+
+    async def _admission_loop(self) -> None:
+        """Wake at the core's next deadline (or every `tick`) and step it."""
+        while True:
+            try:
+                await self.run(self._step)
+            except StoreUnavailable as e:
+                log.debug("admission step not run: %s", e.message)
+            except Exception:
+                log.exception("admission step failed")
+            await self._maybe_prune()
+            # A standby's mirror has deadlines only the leader acts on: no busy wake-ups.
+            deadline = self.engine.next_deadline() if self.leader else None
+            delay = self.tick
+            if deadline is not None:
+                delay = min(delay, max(0.0, deadline - time.time()))
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=delay + 0.001)
+            except asyncio.TimeoutError:
+                pass
+
+    def _step(self) -> None:
+        now = time.time()
+        self.commit(self.engine.step(now), now)
+
+    async def _maybe_prune(self) -> None:
+        """History retention: delete ended and rejected rows older than `retention`, a
+        batch at a time (each a short transaction that never waits for a lock)."""
+        if self.retention <= 0 or self.broken is not None or time.monotonic() < self._next_prune:
+            return
+        if not self.leader:
+            return
+        try:
+            gone = await self.in_store(self.store.prune, time.time() - self.retention)
+            if self.store.dialect == "sqlite":  # freed pages and the WAL: usable space
+                await self.in_store(self.store.checkpoint)
+        except StoreUnavailable as e:
+            log.debug("pruning postponed: %s", e.message)
+            gone = 0
+        except Exception as e:
+            log.warning("pruning the history failed: %s", describe(e))
+            gone = 0
+        if gone:
+            log.info("pruned %d ended requests older than the retention", gone)
+        # A full batch: more are due, soon; otherwise look again in a while (a minute, or
+        # a tenth of the retention when that is shorter).
+        pause = 1.0 if gone >= 1000 else min(60.0, max(1.0, self.retention / 10))
+        self._next_prune = time.monotonic() + pause
+
+    async def _sampling_loop(self) -> None:
+        while True:
+            try:
+                loop = asyncio.get_running_loop()
+                self.samples = await loop.run_in_executor(None, self.inventory.sample)
+            except Exception:
+                log.exception("device sampling failed")
+            await asyncio.sleep(self.sample_interval)
+
+    # --- the group commit and the store (group_commit.py, store_calls.py) ---------------
+
+    async def run(self, operation: Callable[[], T]) -> T:
+        """Run `operation` (which calls the core and `commit`) in the group commit's next
+        cycle; its value once what it staged is committed and announced. A standby runs
+        nothing: NotLeader."""
+        if not self.leader:
+            raise NotLeader(self.leader_url)
+        return await self.group.run(operation)
+
+    def _stage(self, fn: Callable[[], None]) -> list[Staged]:
+        """What `fn` stages through `commit`, outside any group."""
+        try:
+            return self.group.staged_by(fn)
+        finally:
+            self._json_cache = {}
+
+    async def in_store(self, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
+        """`fn(*args)` in a store thread, awaited at most `timeout` (`store_timeout`)
+        seconds: StoreUnresponsive past it (store_calls.py)."""
+        return await self.calls.run(fn, *args, timeout=timeout)
+
+    def read_now(self, fn: Callable[..., T], *args: Any) -> T:
+        """A store read for a synchronous caller on the loop, at most half a second."""
+        return self.calls.read_now(fn, *args)
+
+    async def store_health(self) -> str:
+        """`ok`, `failing` or `unresponsive` (store_calls.py)."""
+        return await self.calls.health()
+
+    async def settled(self) -> None:
+        """Return once no group's write is in flight (group_commit.py)."""
+        await self.group.settled()
+
+    def check_available(self) -> None:
+        """Raise StoreUnavailable while memory is dropped (see `rebuild`)."""
+        if self.broken is not None:
+            raise StoreUnavailable(f"the store is unavailable: {self.broken}")
+
+    # What the group commit asks of its driver (group_commit.GroupDriver).
+
+    async def available(self) -> StoreUnavailable | None:
+        """Before a group: the stalls noted; while memory is dropped, a rebuild at most
+        once a second, and until one succeeds every operation is answered 503."""
+        self.stalls.observe()
+        if self.broken is None:
+            return None
+        recent = time.monotonic() - self._last_rebuild < 1.0
+        if not recent and await self.rebuild(self.broken or "the store was unavailable"):
+            return None
+        return StoreUnavailable(f"the store is unavailable: {self.broken}")
+
+    def open_group(self) -> None:
+        """Every group starts with the stalls' lease extension (first in its group: before
+        any expiry), written with it."""
+        self._json_cache = {}
+        now = time.time()
+        by = self.stalls.take()
+        if by > 0 and self.lease_ttl > 0:
+            moved = self.core.extend_leases(by)
+            if moved:
+                log.warning("extended %d leases by %.1f s", len(moved), by)
+                self.commit([], now, extra=moved)
+
+    def close_group(self) -> None:
+        self._json_cache = {}
+
+    def announce(self, staged: list[Staged]) -> None:
+        for st in staged:
+            self._announce(st)
+        if staged:
+            self._maybe_scale()
+
+    def _reset_memory(self) -> None:
+        """Forget everything the core decided: what is left is what the store says."""
+        self.requests = {}
+        self.keys = {}
+        self.meta = {}
+        self.hold_times = {}
+        self.history = History()
+        self.estimates.forget()
+        self._json_cache = {}
+        self._last_desired = {}
+        self.overrides = {}
+        self.config = self.make_config(self.quotas)
+        self.core = AdmissionCore(self.config)
+
+    async def rebuild(self, why: str) -> bool:
+        """Drop memory and rebuild the core from the store, as a restart would.
+
+        On failure memory stays empty and `broken` says why: every route answers 503
+        until a later attempt (each cycle, at most once a second) succeeds.
+        """
+        self.broken = why
+        self._last_rebuild = time.monotonic()
+        self._reset_memory()
+        with self.group.unsettled():
+            try:
+                stored = await self.in_store(self.read_stored)
+                now = time.time()
+                staged = self._restored(now, stored)
+                if staged:
+                    for st in staged:
+                        check_snapshot(st.snap)
+                    await self.in_store(self.store.write_many, [st.snap for st in staged], 0.0)
+                    self.announce(staged)
+            except Exception as e:
+                self._reset_memory()
+                self.broken = f"{why}; rebuilding from the store failed: {describe(e)}"
+                log.error(
+                    "the gateway cannot rebuild from the store: %s (answering 503)", describe(e)
+                )
+                return False
+        log.warning("rebuilt the core from the store after: %s", why)
+        self.broken = None
+        # The restore gave every lease a full TTL from now: no gap is owed any more.
+        self.stalls.forgive()
+        self.calls.forget_outage()
+        return True
 
     # --- operations (each: core, stage; answered once committed and announced) ------------
 
@@ -450,7 +616,7 @@ class Arbiter(Loops):
         that key created (looked up in memory, then in the store)."""
         if key is not None:
             await self._raise_if_keyed(user, key)
-        return await self._run(
+        return await self.run(
             functools.partial(self._submit, tenant, user, kind, gpus, flavor, priority, name, key)
         )
 
@@ -509,7 +675,7 @@ class Arbiter(Loops):
         return req, self._json_of(req)
 
     async def cancel(self, rid: str, who: str) -> tuple[Request, dict[str, Any]]:
-        return await self._run(functools.partial(self._cancel, rid, who))
+        return await self.run(functools.partial(self._cancel, rid, who))
 
     def _cancel(self, rid: str, who: str) -> tuple[Request, dict[str, Any]]:
         now = time.time()
@@ -525,7 +691,7 @@ class Arbiter(Loops):
     async def heartbeat(
         self, rid: str, busy: bool, utilization: float | None
     ) -> tuple[Request, dict[str, Any]]:
-        return await self._run(functools.partial(self._heartbeat, rid, busy, utilization))
+        return await self.run(functools.partial(self._heartbeat, rid, busy, utilization))
 
     def _heartbeat(
         self, rid: str, busy: bool, utilization: float | None
@@ -551,7 +717,7 @@ class Arbiter(Loops):
 
     async def put_tenant(self, name: str, spec: Mapping[str, Any]) -> Config:
         """Replace one tenant's spec; raises SpecError (naming `tenants.<name>...`)."""
-        return await self._run(functools.partial(self._put_tenant, name, dict(spec)))
+        return await self.run(functools.partial(self._put_tenant, name, dict(spec)))
 
     def _put_tenant(self, name: str, spec: dict[str, Any]) -> Config:
         now = time.time()
@@ -618,17 +784,8 @@ class Arbiter(Loops):
 
     def snapshot_metrics(self) -> None:
         """The gauges set from the core as it stands (views.metric_snapshot)."""
-        snap = views.metric_snapshot(self.core_state())
-        self.metrics.set_snapshot(
-            snap.tenants,
-            snap.pending,
-            snap.desired_nodes,
-            snap.idle_gpus,
-            snap.devices,
-            simulated=snap.simulated,
-            nodes=snap.nodes,
-            leader=self.leader,
-        )
+        # MetricSnapshot's fields are set_snapshot's arguments, in their order.
+        self.metrics.set_snapshot(*views.metric_snapshot(self.core_state()), leader=self.leader)
 
     # --- persistence and announcement ----------------------------------------------------
 
@@ -646,8 +803,8 @@ class Arbiter(Loops):
         Everything announced (the rows, the SSE data, the metrics) is taken now, as of
         this batch: later batches of the group do not leak into its announcement.
         """
-        if self._staging is None:
-            raise RuntimeError("Arbiter.commit outside an operation (use _run or _stage)")
+        if not self.group.staging:
+            raise RuntimeError("Arbiter.commit outside an operation (use run or _stage)")
         touched: dict[str, Request] = {r.id: r for r in extra}
         for d in decisions:
             if d.id is not None and d.id in self.requests:
@@ -702,7 +859,7 @@ class Arbiter(Loops):
                 data["request"] = self._json_of(about)
             events.append(Event(d.event, data, user=about.user if about else None))
         ended = [rid for rid, req in touched.items() if req.state in TERMINAL]
-        self._staging.append(_Staged(snap, events, accounts, nodes_added, nodes_removed, ended))
+        self.group.stage(Staged(snap, events, accounts, nodes_added, nodes_removed, ended))
 
     def _json_of(self, req: Request) -> dict[str, Any]:
         """`request_json` of a live request as of the last staged batch (computed once)."""
@@ -725,7 +882,7 @@ class Arbiter(Loops):
             ttl = tenant.reservation_ttl if tenant and tenant.reservation_ttl is not None else None
             req.reason = expired_reason(self.config.policy.reservation_ttl if ttl is None else ttl)
 
-    def _announce(self, st: _Staged) -> None:
+    def _announce(self, st: Staged) -> None:
         """Committed: now the world may hear of it."""
         for name, flavor, gpus in st.nodes_added:
             self.scaler.node_ready(flavor, name, gpus)

@@ -51,8 +51,8 @@ from ..kubeapi.workloads import (
     eviction_words,
     waiting_words,
 )
+from .group_commit import Conflict
 from .leader import NotLeader
-from .loops import Conflict
 from .rows import RowError
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ class KueueEngine:
         standby) leaves memory stale, and the next change or tick reconciles."""
         assert self.arbiter is not None
         try:
-            await self.arbiter._run(functools.partial(self._record, changes, everything))
+            await self.arbiter.run(functools.partial(self._record, changes, everything))
         except NotLeader:
             self._stale = True
         except RowError as e:  # this Workload's row cannot be stored: it fails alone
@@ -270,7 +270,7 @@ class KueueEngine:
             for owner, node in (await self.watch.bound_nodes(ns, set(owners))).items():
                 found.append((owners[owner], node))
         if found and self.arbiter is not None:
-            await self.arbiter._run(functools.partial(self._record_nodes, found))
+            await self.arbiter.run(functools.partial(self._record_nodes, found))
 
     # --- on the arbiter's loop, inside its group commit ------------------------------
 

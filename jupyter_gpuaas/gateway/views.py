@@ -50,7 +50,7 @@ class CoreState:
 
 
 class MetricSnapshot(NamedTuple):
-    """The gauges' values (metrics.GatewayMetrics.set_snapshot's arguments)."""
+    """The gauges' values: metrics.GatewayMetrics.set_snapshot's arguments, in order."""
 
     tenants: list[TenantUsage]
     pending: list[PendingCount]

@@ -475,7 +475,7 @@ async def test_rows_refused_after_the_core_fail_that_operation_alone(
         return obj
 
     first = asyncio.ensure_future(submit("alice", "vision"))
-    bad = asyncio.ensure_future(arb._run(bad_op))
+    bad = asyncio.ensure_future(arb.run(bad_op))
     after = asyncio.ensure_future(submit("bob", "nlp"))
     results = await asyncio.gather(first, bad, after, return_exceptions=True)
     assert isinstance(results[1], RowError) and results[1].field == "event", results[1]
