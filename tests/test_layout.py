@@ -119,7 +119,12 @@ def test_the_admission_core_is_composed_not_stacked() -> None:
     its collaborators as fields, as Kueue's Scheduler does, not as a chain of mixins)."""
     trees = {p.stem: _parsed(p) for p in sorted(ADMISSION.glob("*.py"))}
     ours = {n.name for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.ClassDef)}
-    stacked = [
+    assert _built_on(trees, ours) == []
+
+
+def _built_on(trees: dict[str, ast.Module], ours: set[str]) -> list[str]:
+    """`module.Class(Base)` for each class of `trees` whose base is one named in `ours`."""
+    return [
         f"{mod}.{n.name}({ast.unparse(b)})"
         for mod, t in trees.items()
         for n in ast.walk(t)
@@ -127,7 +132,50 @@ def test_the_admission_core_is_composed_not_stacked() -> None:
         for b in n.bases
         if ast.unparse(b).split(".")[-1] in ours
     ]
-    assert stacked == []
+
+
+GATEWAY = PACKAGE / "gateway"
+# The gateway's driver: the arbiter (memory) and the collaborators it holds as fields.
+DRIVER = ("arbiter", "group_commit", "store_calls", "stalls", "views")
+
+
+def test_the_gateways_driver_is_composed_not_mixed() -> None:
+    """The arbiter holds its group commit, store calls and stalls as fields and calls the
+    views, functions of the core's state (issue 41): none of the driver's classes is
+    built on another class of the package, and the group commit is one object."""
+    package = [_parsed(p) for p in sorted(PACKAGE.rglob("*.py"))]
+    ours = {n.name for t in package for n in ast.walk(t) if isinstance(n, ast.ClassDef)}
+    trees = {mod: _parsed(GATEWAY / f"{mod}.py") for mod in DRIVER}
+    assert _built_on(trees, ours) == []
+    init = next(
+        n
+        for n in ast.walk(trees["arbiter"])
+        if isinstance(n, ast.FunctionDef) and n.name == "__init__"
+    )
+    fields = {
+        ast.unparse(a.targets[0]): ast.unparse(a.value.func)
+        for a in ast.walk(init)
+        if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+    }
+    assert fields.get("self.group") == "GroupCommit"
+
+
+def test_every_floor_has_its_modules_layered() -> None:
+    """import-linter: one `layers` contract per floor (package) over its own modules,
+    exhaustive, so no floor is a bag whose modules import one another freely; and no
+    line of any layers contract lets its parts import each other (`:`)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    layered = {
+        c["containers"][0]
+        for c in contracts
+        if c["type"] == "layers" and len(c.get("containers", [])) == 1 and c.get("exhaustive")
+    }
+    floors = {f"jupyter_gpuaas.{p.parent.name}" for p in PACKAGE.glob("*/__init__.py")}
+    assert floors - layered == set()
+    free = [line for c in contracts if c["type"] == "layers" for line in c["layers"] if ":" in line]
+    assert free == []
 
 
 LOADERS = {"import_item", "import_module", "__import__"}
