@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -66,11 +67,13 @@ async def wait_until(
 def wait_http(
     url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 30, *,
     headers: dict[str, str] | None = None, interval: float = 0.1,
+    context: ssl.SSLContext | None = None,
 ) -> None:  # fmt: skip
     """Wait until `proc`, which writes to `log`, answers a GET of `url` with a 2xx.
 
     RuntimeError with the log's tail when it exits first; when `timeout` seconds pass it is
-    stopped (nothing left running behind a failed start) and the same error says so."""
+    stopped (nothing left running behind a failed start) and the same error says so.
+    `context`: the TLS context of an https `url`."""
 
     def tail() -> str:
         try:
@@ -84,7 +87,7 @@ def wait_http(
             raise RuntimeError(f"{url} exited {proc.returncode}: {tail()}")
         try:
             req = urllib.request.Request(url, headers=headers or {})
-            with urllib.request.urlopen(req, timeout=1):
+            with urllib.request.urlopen(req, timeout=1, context=context):
                 return
         except OSError:
             if time.monotonic() > deadline:
