@@ -139,6 +139,7 @@ def pattern(shown: str, ids: dict[str, str]) -> str:
     return "".join(out)
 
 
+@pytest.mark.slow
 def test_the_gateway_tour_prints_what_the_page_shows(tmp_path: Path) -> None:
     """Every command of the page's curl tour, run against a real gateway started the way
     the page starts it (on a free port instead of 8765), prints what the page shows."""

@@ -13,9 +13,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from faultutil import Freezer
 from gwutil import GatewayProcess, call
 from helpers import wait_for
+
+pytestmark = pytest.mark.slow  # a process frozen for seconds, on purpose
 
 TTL = 4.0
 

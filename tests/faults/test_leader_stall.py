@@ -15,9 +15,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from faultutil import Freezer
 from gwutil import GatewayProcess, call, fresh_pg_database, store_rows
 from helpers import wait_for
+
+pytestmark = pytest.mark.slow  # a process frozen for seconds, on purpose
 
 
 def health(url: str) -> dict[str, Any]:

@@ -14,9 +14,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from faultutil import Freezer, postmaster_pid
 from gwutil import GatewayProcess, call, store_rows
 from helpers import wait_for
+
+pytestmark = pytest.mark.slow  # a process frozen for seconds, on purpose
 
 STORE_TIMEOUT = 2
 
