@@ -44,6 +44,15 @@ def _refresh_compiled_core() -> None:
 _refresh_compiled_core()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test on the real Kubernetes control plane (the `cluster` fixture of
+    tests/kubernetes/: about 40 s to start, then seconds a test) is `slow`, those written
+    later included, so that `pytest -m "not slow"` leaves every one of them out."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A real, empty PostgreSQL database for this test session (see tests/pg.py).

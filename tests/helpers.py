@@ -1,9 +1,10 @@
-"""Test helpers every test directory shares: waiting for a condition, stopping a process.
+"""Test helpers every test directory shares: a free port, waiting for a condition or for
+a process to answer HTTP, stopping a process, a full disk, and the browser.
 
-Imported as `helpers` (tests/ is on sys.path through tests/conftest.py). Per-directory
-helpers live in uniquely named modules (gwutil, srvutil, jobutil, hubutil): when several
-test directories run together, `from conftest import X` would find whichever conftest
-was imported first.
+Imported as `helpers` (tests/ is on sys.path through tests/conftest.py); the real JupyterHub
+every Hub test runs is tests/hubutil.py, beside it. Per-directory helpers live in uniquely
+named modules (gwutil, srvutil, jobutil): when several test directories run together,
+`from conftest import X` would find whichever conftest was imported first.
 """
 
 from __future__ import annotations
@@ -12,11 +13,21 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
+import ssl
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback address now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_for(
@@ -51,6 +62,38 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+def wait_http(
+    url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 30, *,
+    headers: dict[str, str] | None = None, interval: float = 0.1,
+    context: ssl.SSLContext | None = None,
+) -> None:  # fmt: skip
+    """Wait until `proc`, which writes to `log`, answers a GET of `url` with a 2xx.
+
+    RuntimeError with the log's tail when it exits first; when `timeout` seconds pass it is
+    stopped (nothing left running behind a failed start) and the same error says so.
+    `context`: the TLS context of an https `url`."""
+
+    def tail() -> str:
+        try:
+            return log.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited {proc.returncode}: {tail()}")
+        try:
+            req = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(req, timeout=1, context=context):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                stop(proc)
+                raise RuntimeError(f"{url} did not answer in {timeout} s: {tail()}") from None
+            time.sleep(interval)
 
 
 def stop(proc: subprocess.Popen[Any] | None, timeout: float = 10, *, group: bool = False) -> None:
@@ -148,3 +191,13 @@ def chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def browser_page(width: int = 1280, height: int = 900, timeout_ms: int = 60_000) -> Iterator[Any]:
+    """One page of a fresh `chromium()` browser, `width`×`height`, whose waits give up
+    after `timeout_ms`."""
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": width, "height": height}).new_page()
+        page.set_default_timeout(timeout_ms)
+        yield page

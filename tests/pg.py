@@ -16,11 +16,12 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from helpers import free_port
 
 DATABASE = "gpuaas_test"
 
@@ -47,13 +48,6 @@ def find_bin_dir() -> Path:
         "PostgreSQL binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql/*/bin;"
         " run scripts/ensure-system-deps.sh as root or install postgresql"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class PostgresServer:
@@ -102,7 +96,7 @@ class PostgresServer:
             raise RuntimeError(f"initdb failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
         last_error = ""
         for _ in range(3):  # the free port may be taken between probing and binding
-            self.port = _free_port()
+            self.port = free_port()
             opts = (
                 f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} "
                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"

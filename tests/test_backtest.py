@@ -14,6 +14,7 @@ from jupyter_gpuaas.sim.driver import run_scenario
 from jupyter_gpuaas.sim.scenario import load_scenario
 
 
+@pytest.mark.slow
 def test_a_small_scenario_estimated_at_submit(tmp_path: Path) -> None:
     # k1 is idle from 60 s and culled at 660 s (idle_timeout 600); j1 arrives at 100 s and
     # waits for that cull: the forward run knows it to the second. j2 comes after k1 has

@@ -95,6 +95,7 @@ def test_kueue_large_generator(tmp_path: Path) -> None:
     assert admitted == {r.id for r in scenario.requests}
 
 
+@pytest.mark.slow
 def test_gateway_replay_smoke() -> None:
     """The replay at a tiny scale through a real gateway: every request admitted and
     released by its holder (a behaviour check, not a timing one)."""

@@ -17,6 +17,8 @@ import sys
 from itertools import permutations
 from pathlib import Path
 
+import pytest
+
 from jupyter_gpuaas.admission.fairshare import bracket
 from jupyter_gpuaas.admission.ledger import Ledger
 from jupyter_gpuaas.sim.scenario import load_scenario
@@ -42,6 +44,7 @@ def admitted_at_one(seed: str) -> list[str]:
     return sorted(rid for rid, r in result["requests"].items() if r.get("admitted_at") == 1)
 
 
+@pytest.mark.slow
 def test_one_answer_under_every_hash_seed() -> None:
     answers = {seed: admitted_at_one(seed) for seed in SEEDS}
     assert len({tuple(a) for a in answers.values()}) == 1, answers

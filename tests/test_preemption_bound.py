@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_properties import _HUNT, PROFILE, scenarios, show
@@ -32,6 +33,7 @@ from jupyter_gpuaas.sim.scenario import parse_scenario
 EXAMPLES = settings(PROFILE, max_examples=_HUNT or 1000)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(scenarios(), st.integers(0, 200))
 def test_the_bound_keeps_every_preemption_the_search_finds(data: dict[str, Any], at: int) -> None:

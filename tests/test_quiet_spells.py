@@ -97,6 +97,7 @@ def benchmarks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(BENCHMARKS))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("benchmarks")
 @pytest.mark.parametrize("interactive", [False, True], ids=["month", "preempt-interactive"])
 def test_a_month_decides_the_same_with_every_spell_told(tmp_path: Path, interactive: bool) -> None:

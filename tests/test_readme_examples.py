@@ -139,20 +139,17 @@ def pattern(shown: str, ids: dict[str, str]) -> str:
     return "".join(out)
 
 
+@pytest.mark.slow
 def test_the_gateway_tour_prints_what_the_page_shows(tmp_path: Path) -> None:
     """Every command of the page's curl tour, run against a real gateway started the way
     the page starts it (on a free port instead of 8765), prints what the page shows."""
     import shutil
-    import socket
-    import time
 
-    from helpers import stop, wait_for
+    from helpers import free_port, stop, wait_for
 
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     ids: dict[str, str] = {}
     background: list[tuple[subprocess.Popen[bytes], Path, list[str]]] = []
     gateway: subprocess.Popen[bytes] | None = None
@@ -191,7 +188,10 @@ def test_the_gateway_tour_prints_what_the_page_shows(tmp_path: Path) -> None:
                     proc = subprocess.Popen(shlex.split(argv.replace("curl", "curl -s", 1)),
                                             cwd=tmp_path, stdout=sink)  # fmt: skip
                 background.append((proc, out, shown))
-                time.sleep(1)  # connected before the next command acts
+                # Connected (the gateway's first line, ": connected") before the next
+                # command acts.
+                wait_for(lambda out=out: out.stat().st_size > 0, timeout=30,
+                         what="the event stream to connect")  # fmt: skip
             else:
                 assert argv.startswith("curl "), command
                 done = subprocess.run(shlex.split(argv.replace("curl", "curl -s", 1)),

@@ -208,6 +208,7 @@ def test_main_without_a_command_prints_help(capsys: pytest.CaptureFixture[str]) 
 # --- against the real driver -----------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_driver
 @pytest.mark.parametrize("path", [*SCENARIOS, EXAMPLE], ids=lambda p: p.name)
 def test_real_simulate_json_and_events(tmp_path: Path, path: Path) -> None:

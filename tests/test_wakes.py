@@ -68,6 +68,7 @@ def test_the_kueue_baseline_decides_as_if_everyone_were_looked_at(tmp_path: Path
     assert problem is None, problem
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("benchmarks")
 @pytest.mark.parametrize("interactive", [False, True], ids=["month", "preempt-interactive"])
 def test_a_month_decides_as_if_everyone_were_looked_at(tmp_path: Path, interactive: bool) -> None:
@@ -80,6 +81,7 @@ def test_a_month_decides_as_if_everyone_were_looked_at(tmp_path: Path, interacti
     assert problem is None, problem
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("benchmarks")
 def test_the_whole_month_decides_as_if_everyone_were_looked_at(tmp_path: Path) -> None:
     """The 100,000-request month, whole (~90 s). It once parted from the reference at

@@ -18,7 +18,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 from gwutil import TOKENS, free_port, gateway_argv, wait_ready
-from helpers import stop
+from helpers import stop, wait_for
 
 CSP = "default-src 'none'; frame-ancestors 'none'"
 JOB = {"tenant": "vision", "kind": "job", "gpus": 1}
@@ -149,10 +148,8 @@ def test_a_4301_digit_last_event_id_is_a_400_and_keeps_no_listener(gw: Gw) -> No
             head += resp.read1(4096)
         assert b"list the requests again" in head
         assert gw.metric("gpuaas_event_streams") == 1
-    deadline = time.monotonic() + 10
-    while gw.metric("gpuaas_event_streams") != 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert gw.metric("gpuaas_event_streams") == 0
+    wait_for(lambda: gw.metric("gpuaas_event_streams") == 0, 10, "the stream to be let go",
+             interval=0.2)  # fmt: skip
 
 
 def test_duplicate_keys_are_a_400_naming_the_key(gw: Gw) -> None:

@@ -9,14 +9,13 @@ until the disk is full.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gwutil import GatewayProcess, call, store_rows
-from helpers import fill
+from helpers import fill, wait_for
 
 UNKNOWN = "may or may not"
 
@@ -68,10 +67,10 @@ def test_full_disk_is_failing_unambiguous_and_recovers(
 
     weight.unlink()
     rest.unlink()
-    deadline = time.monotonic() + 20
-    while call(gw.url, "GET", "api/health", who=None, timeout=1.0)[1]["store"] != "ok":
-        assert time.monotonic() < deadline, "the store stays failing with space again"
-        time.sleep(0.2)
+    wait_for(
+        lambda: call(gw.url, "GET", "api/health", who=None, timeout=1.0)[1]["store"] == "ok",
+        20, "the store to work again with space again", interval=0.2,
+    )  # fmt: skip
     # The refused ones, retried with their keys, are created now, each once.
     refused = [(k, s) for k, s, _ in answers if s == 503]
     for k, _ in refused:

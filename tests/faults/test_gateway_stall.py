@@ -13,9 +13,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from faultutil import Freezer
 from gwutil import GatewayProcess, call
 from helpers import wait_for
+
+pytestmark = pytest.mark.slow  # a process frozen for seconds, on purpose
 
 TTL = 4.0
 
@@ -49,12 +52,13 @@ def test_frozen_gateway_keeps_leases_of_holders_that_heartbeat(
     threads = [threading.Thread(target=holder, args=(rid,), daemon=True) for rid in live]
     for t in threads:
         t.start()
-    time.sleep(TTL / 2)
+    wait_for(lambda: all(answers[rid] for rid in live), TTL, "each holder's first heartbeat")
 
     freezer.stop(gw.proc.pid)
     time.sleep(2 * TTL)  # frozen past the TTL: every lease is "expired" by the wall clock
     freezer.resume()
 
+    # Half a TTL running again, its lease sweeps included: a duration, not a condition.
     time.sleep(TTL / 2)
     for rid in live:
         status, req, _ = call(gw.url, "GET", f"api/requests/{rid}")

@@ -15,9 +15,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from faultutil import Freezer
 from gwutil import GatewayProcess, call, fresh_pg_database, store_rows
 from helpers import wait_for
+
+pytestmark = pytest.mark.slow  # a process frozen for seconds, on purpose
 
 
 def health(url: str) -> dict[str, Any]:
@@ -62,14 +65,14 @@ def test_frozen_leader_is_fenced_and_replaced(
     threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(2)
+    wait_for(lambda: len(raw) >= 4, 20, "answers under load before the freeze")
 
     freezer.stop(a.proc.pid)
     wait_for(lambda: health(b.url).get("leader") is True, 15, "the standby takes over")
-    time.sleep(3)  # the new leader decides under load
+    time.sleep(3)  # the new leader decides under load (a duration: the point of the test)
     freezer.resume()
     wait_for(lambda: health(a.url).get("leader") is False, 15, "the old leader steps down")
-    time.sleep(2)
+    time.sleep(2)  # the old leader, running again, under load too (a duration)
     stop.set()
     for t in threads:
         t.join(90)

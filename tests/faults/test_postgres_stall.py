@@ -14,8 +14,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from faultutil import Freezer, postmaster_pid
 from gwutil import GatewayProcess, call, store_rows
+from helpers import wait_for
+
+pytestmark = pytest.mark.slow  # a process frozen for seconds, on purpose
 
 STORE_TIMEOUT = 2
 
@@ -44,12 +48,12 @@ def test_frozen_postgres_gets_fast_503s_and_loses_nothing(
     threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.5)
+    wait_for(lambda: len(answers) >= 4, 20, "answers under load before the freeze")
     before = len(answers)
 
     freezer.stop(postmaster_pid(own_postgres))
     try:
-        time.sleep(STORE_TIMEOUT + 1)
+        time.sleep(STORE_TIMEOUT + 1)  # frozen past the store deadline (a duration)
         healths = []
         for _ in range(3):
             # A one-second client timeout: no answer in a second is status 0.

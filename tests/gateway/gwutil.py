@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -23,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from helpers import stop
+from helpers import free_port, stop, wait_http
 from tornado.httpclient import AsyncHTTPClient
 
 from jupyter_gpuaas.client import GatewayClient
@@ -54,12 +52,6 @@ QUOTAS: dict[str, Any] = {
     },
 }
 DEVICES = "simulated:a100=1x4,t4=1x8"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fresh_pg_database(postgres_url: str) -> str:
@@ -159,16 +151,8 @@ def gateway_argv(
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited {proc.returncode}: {log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "api/openapi.json", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"gateway did not start: {log.read_text()[-3000:]}")
+    """The gateway at `url` answers (helpers.wait_http on its OpenAPI document)."""
+    wait_http(url + "api/openapi.json", proc, log, timeout)
 
 
 def launch_gateway(

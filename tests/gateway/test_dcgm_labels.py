@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import sys
-import time
 from typing import Any
 
 import pytest
 from gwutil import Gateway
+from helpers import wait_until
 from nvmlfake import mixed_host
 from prometheus_client.parser import text_string_to_metric_families
 from test_grant_uuids import MIXED_QUOTAS, T4
@@ -147,9 +146,11 @@ async def test_a_real_gateway_on_nvml_charges_uuids_to_tenants(
             dict(s.labels) for f in families for s in f.samples if s.name == "gpuaas_grant_info"
         ]
 
-    deadline = time.monotonic() + 10
-    while len(found := await grants()) < 2 and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)  # the first device sample
+    async def both() -> list[dict[str, str]] | None:
+        found = await grants()
+        return found if len(found) >= 2 else None
+
+    found = await wait_until(both, 10, "the first device sample", interval=0.2)
     host = socket.gethostname()
     assert sorted(found, key=lambda r: r["flavor"]) == [
         {"UUID": A100_1, "GPU_I_PROFILE": "1g.10gb", "Hostname": host, "tenant": "vision",

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from gwutil import TOKENS, GatewayProcess
+from helpers import wait_until
 
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.gateway.store import Store
@@ -79,13 +79,7 @@ async def _now(value: Any) -> Any:
 
 
 async def until(check: Callable[[], Any], timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
+    return await wait_until(check, timeout)
 
 
 @pytest.mark.asyncio

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from gwutil import TOKENS, free_port
-from helpers import stop
+from helpers import stop, wait_for
 from promutil import RULES, dashboard_exprs, label_values, rules, signal, substitute
 from promutil import variable_queries as variables
 
@@ -117,13 +117,7 @@ class Prometheus:
 
 
 def until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"waited {timeout} s for {what}")
+    return wait_for(check, timeout, what, interval=0.2)
 
 
 class Holders:

@@ -178,8 +178,7 @@ def test_prune_deletes_old_ended_rows_and_their_decisions(db_url: str) -> None:
 
 @pytest.mark.asyncio
 async def test_gateway_prunes_history_after_the_retention(make_gateway: Any) -> None:
-    import asyncio
-    import time
+    from helpers import wait_until
 
     gw = await make_gateway(history_retention=1.0)
     alice = gw.client("alice")
@@ -190,7 +189,7 @@ async def test_gateway_prunes_history_after_the_retention(make_gateway: Any) -> 
     )
     assert rejected == 422
     live = await alice.submit("vision", "job", 1)
-    deadline = time.monotonic() + 10
-    while {r.id for r in gw.arbiter.store.query()} != {live["id"]}:
-        assert time.monotonic() < deadline, "ended rows not pruned"
-        await asyncio.sleep(0.2)
+    await wait_until(
+        lambda: {r.id for r in gw.arbiter.store.query()} == {live["id"]}, 10,
+        "the ended rows to be pruned", interval=0.2,
+    )  # fmt: skip

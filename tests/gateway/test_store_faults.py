@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from gwutil import TOKENS, GatewayProcess, assert_memory_is_store, call, gateway_argv, store_rows
 from helpers import fill, tmpfs_mounts
+from helpers import wait_for as wait_until  # test_leader, test_metrics_leader: from here
 
 from jupyter_gpuaas.gateway.store import CommitUnknown
 
@@ -119,14 +120,6 @@ def restart_and_compare(
     again = spawn(db_url, port=int(proc.url.rsplit(":", 1)[1].strip("/")))
     assert_memory_is_store(again.url, db_url, ledger.accepted, ledger.refused)
     return again
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not in {timeout} s: {what}")
-        time.sleep(0.1)
 
 
 # --- bad values: each fails alone ----------------------------------------------------------
@@ -423,7 +416,7 @@ def test_postgres_stopped_under_load(
     for w in workers:
         w.start()
     try:
-        time.sleep(1.5)
+        wait_until(lambda: ledger.statuses.get(201, 0) >= 5, 20, "201s before PostgreSQL stops")
         before = dict(ledger.statuses)
         pg_ctl(own_postgres, "stop")
         wait_until(lambda: ledger.statuses.get(503, 0) >= 5, 20, "503s while PostgreSQL is down")

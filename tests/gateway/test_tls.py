@@ -17,8 +17,6 @@ import ipaddress
 import os
 import ssl
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from gwutil import TOKENS, free_port, gateway_argv
+from helpers import wait_http, wait_until
 
 from jupyter_gpuaas.client import (
     GatewayClient,
@@ -166,15 +165,7 @@ def tls_gateway(tmp_path: Path, pki: Pki) -> Iterator[str]:
     url = f"https://127.0.0.1:{port}/"
     probe = ssl_context(pki.client[0], pki.client[1], pki.ca)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                urllib.request.urlopen(url + "api/openapi.json", timeout=1, context=probe)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.1)
+        wait_http(url + "api/openapi.json", proc, log, 30, context=probe)
         yield url
     finally:
         proc.terminate()
@@ -227,16 +218,13 @@ async def test_async_client_and_event_stream_over_internal_ssl(
 
     task = asyncio.ensure_future(listen())
     try:
-        for _ in range(200):
-            if heard:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: heard, 10, "the stream's first line", interval=0.05)
         assert heard and heard[0]["comment"] == "connected", heard
         req = await alice.submit("vision", "kernel", 1)
-        for _ in range(200):
-            if any(e.get("event") == "admit" for e in heard):
-                break
-            await asyncio.sleep(0.05)
+        await wait_until(
+            lambda: any(e.get("event") == "admit" for e in heard), 10, "the admit event",
+            interval=0.05,
+        )  # fmt: skip
         admit = next(e for e in heard if e.get("event") == "admit")
         assert admit["data"]["id"] == req["id"]
     finally:

@@ -12,18 +12,17 @@ to the next request in line.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from gpuutil import BURNER, array_library, child_env, gpu_count, seen_by_child
+from helpers import free_port, wait_for, wait_http
 
 from jupyter_gpuaas.client import SyncGatewayClient
 from jupyter_gpuaas.devices import DeviceInfo, parse_devices_spec
@@ -69,7 +68,7 @@ def gateway(tmp_path: Path) -> Iterator[tuple[str, DeviceInfo]]:
         }
     }
     (tmp_path / "tokens.yaml").write_text(yaml.safe_dump(tokens))
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "gateway.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "JUPYTERHUB_"))}
     with open(log, "wb") as out:
@@ -92,7 +91,7 @@ def gateway(tmp_path: Path) -> Iterator[tuple[str, DeviceInfo]]:
         )
     url = f"http://127.0.0.1:{port}/"
     try:
-        _wait(lambda: _answers(url, proc, log), 60, "the gateway to start")
+        wait_http(url + "api/openapi.json", proc, log, 60)
         yield url, first
     finally:
         proc.terminate()
@@ -102,32 +101,6 @@ def gateway(tmp_path: Path) -> Iterator[tuple[str, DeviceInfo]]:
             proc.kill()
             proc.wait(10)
         print(log.read_text()[-4000:])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _answers(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"gateway exited {proc.returncode}: {log.read_text()[-3000:]}")
-    try:
-        with urllib.request.urlopen(url + "api/openapi.json", timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-def _wait(done: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = done()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"gave up waiting {timeout:g} s for {what}")
 
 
 def test_a_grant_names_a_device_of_this_host_and_its_process_sees_only_that(
@@ -159,7 +132,7 @@ def test_a_grant_names_a_device_of_this_host_and_its_process_sees_only_that(
     assert first.flavor in why["message"], why
 
     alice.cancel(held["id"])
-    after = _wait(lambda: _admitted(alice, waiting["id"]), 10, "the waiting request")
+    after = wait_for(lambda: _admitted(alice, waiting["id"]), 10, "the waiting request")
     assert after["grant"]["uuids"] == [uuid]  # the one device freed, granted again
 
 
@@ -248,7 +221,7 @@ def test_a_computing_kernel_keeps_its_gpu_and_an_idle_one_is_culled(
         culled = alice.get(kernel["id"])
         assert culled["state"] == "culled", culled
         assert time.monotonic() - t0 >= IDLE_TIMEOUT - 1
-        next_one = _wait(lambda: _admitted(alice, waiting["id"]), 10, "the next request")
+        next_one = wait_for(lambda: _admitted(alice, waiting["id"]), 10, "the next request")
         assert next_one["grant"]["uuids"] == grant["uuids"]
     finally:
         idler.kill()

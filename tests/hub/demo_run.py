@@ -11,29 +11,19 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 import requests
+from helpers import free_port, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 DEMO = Path(sys.executable).with_name("jupyter-gpuaas")
-CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 PASSWORD = "gpuaas-test-pw"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_free(port: int) -> bool:
@@ -45,11 +35,6 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def need_proxy() -> None:
-    if not CHP.exists() and not shutil.which("configurable-http-proxy"):
-        pytest.skip("configurable-http-proxy not installed: run `npm ci` (make test does)")
 
 
 class DemoRun:
@@ -103,14 +88,16 @@ class DemoRun:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # like a terminal's job: our signals are our own
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        proc = self.proc
+
+        def banner() -> bool:
             if "jupyter-gpuaas demo hub:" in self.log():
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the demo exited ({self.proc.returncode}):\n{self.log()}")
-            time.sleep(0.2)
-        raise RuntimeError(f"the demo printed no banner in {timeout} s:\n{self.log()}")
+                return True
+            if proc.poll() is not None:
+                raise RuntimeError(f"the demo exited ({proc.returncode}):\n{self.log()}")
+            return False
+
+        wait_for(banner, timeout, "the demo's banner", interval=0.2, detail=self.log)
 
     def log(self) -> str:
         try:
@@ -215,10 +202,11 @@ class DemoRun:
         return (model.get("servers") or {}).get("")
 
     def wait_ready(self, user: str, timeout: float = 90) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> dict[str, Any] | None:
             s = self.server(user)
-            if s and s.get("ready"):
-                return s
-            time.sleep(0.3)
-        raise AssertionError(f"{user}'s server was not ready in {timeout} s:\n{self.log()[-6000:]}")
+            return s if s and s.get("ready") else None
+
+        return wait_for(  # type: ignore[no-any-return]
+            ready, timeout, f"{user}'s server to be ready", interval=0.3,
+            detail=lambda: self.log()[-6000:],
+        )  # fmt: skip

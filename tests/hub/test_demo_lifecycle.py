@@ -17,13 +17,14 @@ import re
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 import requests
-from demo_run import DEMO, PASSWORD, DemoRun, free_port, need_proxy, port_free
+from demo_run import DEMO, PASSWORD, DemoRun, port_free
+from helpers import free_port, wait_for
+from hubutil import need_proxy
 
 pytestmark = pytest.mark.slow
 
@@ -63,10 +64,11 @@ def test_sigterm_stops_everything_and_releases_the_grant(demo) -> None:  # type:
         timeout=60,
     )
     assert resp.status_code == 201, resp.text
-    deadline = time.monotonic() + 60
-    while len([d for d in first.gateway("alice", "devices")["devices"] if d["holder"]]) < 4:
-        assert time.monotonic() < deadline, first.log()[-4000:]
-        time.sleep(0.3)
+    wait_for(
+        lambda: len([d for d in first.gateway("alice", "devices")["devices"] if d["holder"]]) >= 4,
+        60, "alice's kernel and servers to hold the four GPUs", interval=0.3,
+        detail=lambda: first.log()[-4000:],
+    )  # fmt: skip
     held = [d["holder"] for d in first.gateway("alice", "devices")["devices"]]
     assert (
         sorted((h["user"], h["kind"]) for h in held)

@@ -19,14 +19,15 @@ Screenshots go to test-artifacts/newcomer-*.png.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import hubutil
 import pytest
-from demo_run import PASSWORD, REPO, DemoRun, need_proxy
-from helpers import chromium
+from demo_run import PASSWORD, DemoRun
+from helpers import chromium, wait_for
+from hubutil import REPO, need_proxy
 
 pytestmark = pytest.mark.slow
 
@@ -101,10 +102,7 @@ def shot(page: Any, name: str) -> None:
 
 
 def log_in(page: Any, demo: DemoRun, user: str, password: str = PASSWORD) -> None:
-    page.goto(f"{demo.url}/hub/login")
-    page.fill("input[name=username]", user)
-    page.fill("input[name=password]", password)
-    page.click("input[type=submit], button[type=submit]")
+    hubutil.log_in(page, demo.url, user, password)
 
 
 def spawn_from_form(page: Any, gpus: int, tenant: str | None = None) -> None:
@@ -120,10 +118,8 @@ def stop_all(demo: DemoRun, *users: str) -> None:
     for user in users:
         if demo.server(user) is not None:
             demo.api(user, "DELETE", f"/users/{user}/server")
-    deadline = time.monotonic() + 60
-    while any(demo.server(u) is not None for u in users):
-        assert time.monotonic() < deadline, demo.log()[-4000:]
-        time.sleep(0.3)
+    wait_for(lambda: all(demo.server(u) is None for u in users), 60, "the servers to stop",
+             interval=0.3, detail=lambda: demo.log()[-4000:])  # fmt: skip
 
 
 def test_alice_runs_a_gpu_kernel_in_jupyterlab_and_bob_queues_behind_her(
@@ -284,10 +280,8 @@ def test_carol_over_her_share_is_reclaimed_within_the_grace(tmp_path: Path, brow
         shot(alice, "8-alice-after-reclaim")
         ended = run.gateway("carol", "requests?user=carol")
         assert [r["state"] for r in ended if r["kind"] == "server"] == ["preempted"]
-        deadline = time.monotonic() + 30
-        while run.server("carol") is not None:
-            assert time.monotonic() < deadline, run.log()[-4000:]
-            time.sleep(0.3)
+        wait_for(lambda: run.server("carol") is None, 30, "carol's server to stop",
+                 interval=0.3, detail=lambda: run.log()[-4000:])  # fmt: skip
     finally:
         run.kill_all()
         ARTIFACTS.mkdir(exist_ok=True)

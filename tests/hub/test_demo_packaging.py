@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from demo_run import CHP, REPO, DemoRun, need_proxy
+from demo_run import DemoRun
+from hubutil import CHP, REPO, need_proxy
 
 # A build (the sidebar is prebuilt in the checkout; mypyc compiles the core) and a venv
 # install take minutes, more on a busy machine.

@@ -8,12 +8,10 @@ under test-artifacts/.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from helpers import CHROMIUM
-from helpers import CHROMIUM_ARGS as ARGS
+from helpers import browser_page
 from hubutil import REPO, Hub
 
 pytestmark = pytest.mark.slow
@@ -21,18 +19,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def page():  # type: ignore[no-untyped-def]
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip("no /usr/bin/chromium: scripts/ensure-system-deps.sh installs it")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            context = browser.new_context(viewport={"width": 1200, "height": 900})
-            page = context.new_page()
-            page.set_default_timeout(30_000)
-            yield page
-        finally:
-            browser.close()
+    with browser_page(1200, 900, timeout_ms=30_000) as page:
+        yield page
 
 
 def test_spawn_form_and_pending_page_show_the_queue(clean_hub: Hub, page) -> None:  # type: ignore[no-untyped-def]
@@ -42,10 +30,7 @@ def test_spawn_form_and_pending_page_show_the_queue(clean_hub: Hub, page) -> Non
     assert hub.spawn("alice", {"tenant": "vision", "gpus": 3}).status_code in (201, 202)
     hub.wait_ready("alice")
 
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", "bob")
-    page.fill("input[name=password]", hub.password)
-    page.click("input[type=submit], button[type=submit]")
+    hub.log_in(page, "bob")
     page.wait_for_url("**/hub/spawn**")
     page.wait_for_selector("#gpuaas-tenant")
     tenants = page.eval_on_selector_all("#gpuaas-tenant option", "os => os.map(o => o.value)")
@@ -80,10 +65,7 @@ def test_spawn_form_shows_a_bad_gpus_value_as_the_apis_sentence(clean_hub: Hub, 
     assert api.json()["message"] == "gpus must be 0 or more"
     hub.wait_stopped("bob")
 
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", "bob")
-    page.fill("input[name=password]", hub.password)
-    page.click("input[type=submit], button[type=submit]")
+    hub.log_in(page, "bob")
     page.wait_for_url("**/hub/spawn**")
     page.fill("#gpuaas-gpus", "-1")
     page.click("#spawn_form button[type=submit]")

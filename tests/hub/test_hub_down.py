@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -24,8 +23,8 @@ from typing import Any
 
 import pytest
 import requests
-from helpers import stop
-from hubutil import CHP, QUOTAS, Hub, free_port
+from helpers import free_port, stop
+from hubutil import QUOTAS, Hub, need_proxy
 
 pytestmark = pytest.mark.slow
 
@@ -76,28 +75,17 @@ def start_gateway(hub: Hub, hub_port: int) -> subprocess.Popen[bytes]:
 
 @pytest.fixture
 def apart(tmp_path: Path) -> Iterator[tuple[Hub, subprocess.Popen[bytes]]]:
-    if not CHP.exists():
-        pytest.skip("configurable-http-proxy not installed: run `npm ci` (make test does)")
+    need_proxy()
     hub_port = free_port()
     hub = Hub(tmp_path, EXTRA.format(hub_port=hub_port))
     gateway = start_gateway(hub, hub_port)
-    pids: list[int] = []
-    hub.remember_pid = pids.append  # type: ignore[attr-defined]
     try:
-        hub.start()  # waits for the gateway to answer too
-        yield hub, gateway
+        # running() waits for the gateway to answer too; cleanup_servers is off, so it
+        # kills the servers named to remember_pid.
+        with hub.running():
+            yield hub, gateway
     finally:
-        try:
-            if hub.proc is not None and hub.proc.poll() is None:
-                hub.cleanup()
-        finally:
-            hub.stop()
-            stop(gateway, 10)
-            for pid in pids:  # cleanup_servers is off: never leave a server behind
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        stop(gateway, 10)
 
 
 def live(hub: Hub, user: str) -> list[tuple[str, str]]:
@@ -115,7 +103,7 @@ def test_servers_keep_their_gpus_through_a_hub_outage(apart: Any) -> None:
     assert hub.spawn("alice", {"tenant": "vision", "gpus": 1}).status_code in (201, 202)
     hub.wait_ready("alice")
     pid = hub.pid("alice")
-    hub.remember_pid(pid)  # type: ignore[attr-defined]
+    hub.remember_pid(pid)
     (req,) = [r for r in hub.requests_of("alice") if r["state"] == "admitted"]
     rid, devices = req["id"], req["grant"]["devices"]
     # The server has renewed its lease itself (its token is known to the gateway).

@@ -17,9 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from hubutil import CHP, Hub
+from hubutil import Hub
 
 pytestmark = pytest.mark.slow
 
@@ -32,25 +31,9 @@ c.QueuedSpawnerMixin.refresh_interval = 1.0
 
 @pytest.fixture
 def own_hub(tmp_path: Path) -> Iterator[Hub]:
-    if not CHP.exists():
-        pytest.skip("configurable-http-proxy not installed: run `npm ci` (make test does)")
-    hub = Hub(tmp_path, EXTRA)
-    hub.start()
-    pids: list[int] = []
-    hub.remember_pid = pids.append  # type: ignore[attr-defined]
-    try:
+    # cleanup_servers is off: running() kills the servers named to remember_pid.
+    with Hub(tmp_path, EXTRA).running() as hub:
         yield hub
-    finally:
-        try:
-            if hub.proc is not None and hub.proc.poll() is None:
-                hub.cleanup()
-        finally:
-            hub.stop()
-            for pid in pids:  # cleanup_servers is off: never leave a server behind
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 def live(hub: Hub, user: str) -> list[dict[str, Any]]:
@@ -62,7 +45,7 @@ def test_a_queued_spawn_survives_a_hub_restart(own_hub: Hub) -> None:
     # vision may hold 3: alice holds them, bob's spawn waits in the queue.
     assert hub.spawn("alice", {"tenant": "vision", "gpus": 3}).status_code in (201, 202)
     hub.wait_ready("alice")
-    hub.remember_pid(hub.pid("alice"))  # type: ignore[attr-defined]
+    hub.remember_pid(hub.pid("alice"))
     assert hub.spawn("bob", {"tenant": "vision", "gpus": 1}).status_code == 202
     (queued,) = hub.wait_for(lambda: live(hub, "bob"), 20, "bob's request to be queued")
     assert queued["state"] == "queued"
@@ -88,39 +71,27 @@ def test_a_queued_spawn_survives_a_hub_restart(own_hub: Hub) -> None:
     hub.stop_server("alice")
     hub.wait_stopped("alice")
     hub.wait_ready("bob", timeout=90)
-    hub.remember_pid(hub.pid("bob"))  # type: ignore[attr-defined]
+    hub.remember_pid(hub.pid("bob"))
     assert [(r["id"], r["state"]) for r in live(hub, "bob")] == [(rid, "admitted")]
     hub.stop_server("bob")
     hub.wait_stopped("bob")
     assert live(hub, "bob") == []
 
 
-def gateway_pid(hub: Hub) -> int | None:
-    assert hub.proc is not None
-    for child in psutil.Process(hub.proc.pid).children(recursive=True):
-        try:
-            cmd = child.cmdline()
-        except psutil.Error:
-            continue
-        if "jupyter_gpuaas.cli" in cmd and "gateway" in cmd:
-            return int(child.pid)
-    return None
-
-
 def test_a_queued_spawn_survives_kill_9_of_the_gateway(own_hub: Hub) -> None:
     hub = own_hub
     assert hub.spawn("alice", {"tenant": "vision", "gpus": 3}).status_code in (201, 202)
     hub.wait_ready("alice")
-    hub.remember_pid(hub.pid("alice"))  # type: ignore[attr-defined]
+    hub.remember_pid(hub.pid("alice"))
     assert hub.spawn("bob", {"tenant": "vision", "gpus": 1}).status_code == 202
     (queued,) = hub.wait_for(lambda: live(hub, "bob"), 20, "bob's request to be queued")
     rid = queued["id"]
 
-    old = gateway_pid(hub)
+    old = hub.gateway_pid()
     assert old is not None
     os.kill(old, signal.SIGKILL)
     # JupyterHub restarts a managed service that dies; the store brings the queue back.
-    hub.wait_for(lambda: gateway_pid(hub) not in (None, old), 60, "a new gateway process")
+    hub.wait_for(lambda: hub.gateway_pid() not in (None, old), 60, "a new gateway process")
     hub.wait_for(lambda: _answers(hub), 60, "the restarted gateway to answer")
     assert [r["id"] for r in live(hub, "bob")] == [rid]
     server = hub.server("bob")
@@ -129,7 +100,7 @@ def test_a_queued_spawn_survives_kill_9_of_the_gateway(own_hub: Hub) -> None:
     hub.stop_server("alice")
     hub.wait_stopped("alice")
     hub.wait_ready("bob", timeout=90)
-    hub.remember_pid(hub.pid("bob"))  # type: ignore[attr-defined]
+    hub.remember_pid(hub.pid("bob"))
     assert [(r["id"], r["state"]) for r in live(hub, "bob")] == [(rid, "admitted")]
     # No device is held by two requests.
     held = [

@@ -30,7 +30,7 @@ import hubutil
 import pytest
 import requests
 from helpers import stop
-from hubutil import CHP, Hub
+from hubutil import Hub
 
 pytestmark = pytest.mark.slow
 
@@ -40,28 +40,19 @@ COMPUTE = 45  # seconds the GPU kernel's cell computes: longer than the culler's
 
 @pytest.fixture(scope="module")
 def culled_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    import shutil
-
-    if not CHP.exists() and not shutil.which("configurable-http-proxy"):
-        pytest.skip("configurable-http-proxy not installed: run `npm ci` (make test does)")
     pytest.importorskip("jupyterhub_idle_culler")
-    hub = Hub(
-        tmp_path_factory.mktemp("culled-hub"),
-        extra_config='c.Spawner.environment["JUPYTERHUB_ACTIVITY_INTERVAL"] = "1"\n',
-    )
     # The session hub's quotas, plus a warning 5 s before the gateway culls.
     quotas = hubutil.QUOTAS.replace(
         "  reservation_ttl: 0\n", "  reservation_ttl: 0\n  cull_warning: 5\n"
     )
     assert quotas != hubutil.QUOTAS
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(hubutil, "QUOTAS", quotas)
-        hub.start()
-    try:
+    hub = Hub(
+        tmp_path_factory.mktemp("culled-hub"),
+        extra_config='c.Spawner.environment["JUPYTERHUB_ACTIVITY_INTERVAL"] = "1"\n',
+        quotas=quotas,
+    )
+    with hub.running():
         yield hub
-    finally:
-        hub.cleanup()
-        hub.stop()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ Screenshots go to test-artifacts/.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from collections.abc import Iterator
@@ -21,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CHROMIUM
-from helpers import CHROMIUM_ARGS as ARGS
+from helpers import browser_page
 from hubutil import REPO, Hub
 
 pytestmark = pytest.mark.slow
@@ -69,18 +67,8 @@ def gpu_kernelspec(hub: Hub) -> None:
 
 @pytest.fixture
 def page() -> Iterator[Any]:
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip("no /usr/bin/chromium: scripts/ensure-system-deps.sh installs it")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            context = browser.new_context(viewport={"width": 1280, "height": 900})
-            page = context.new_page()
-            page.set_default_timeout(60_000)
-            yield page
-        finally:
-            browser.close()
+    with browser_page(1280, 900) as page:
+        yield page
 
 
 def test_jupyterlab_with_the_gpu_kernel_its_wait_the_kernels_page_and_a_terminal(
@@ -92,10 +80,7 @@ def test_jupyterlab_with_the_gpu_kernel_its_wait_the_kernels_page_and_a_terminal
     assert hub.spawn("bob", {"tenant": "vision", "gpus": 3}).status_code in (201, 202)
     hub.wait_ready("bob")
 
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", hub.password)
-    page.click("input[type=submit], button[type=submit]")
+    hub.log_in(page, "alice")
     page.wait_for_url("**/hub/spawn**")
     page.fill("#gpuaas-gpus", "0")  # a CPU server: GPUs only for GPU kernels
     page.click("#spawn_form button[type=submit]")
@@ -154,10 +139,7 @@ def test_jupyterlab_with_the_gpu_kernel_its_wait_the_kernels_page_and_a_terminal
     fresh = page.context.browser.new_context()
     try:
         other = fresh.new_page()
-        other.goto(f"{hub.url}/hub/login?next=%2Fhub%2Fhome")
-        other.fill("input[name=username]", "alice")
-        other.fill("input[name=password]", hub.password)
-        other.click("input[type=submit], button[type=submit]")
+        hub.log_in(other, "alice", "%2Fhub%2Fhome")
         other.wait_for_url("**/hub/home**")
         resp = other.goto(f"{hub.url}/user/alice/gpuaas/kernels")
         assert resp is not None and resp.status == 200

@@ -18,11 +18,10 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import pytest
 import requests
 from helpers import chromium
-from hubutil import REPO, Hub
+from hubutil import REPO, Hub, log_in
 
 pytestmark = pytest.mark.slow
 
@@ -42,10 +41,7 @@ def open_landing(browser: Any, hub: Hub, user: str, password: str) -> Any:
     context = browser.new_context(viewport={"width": 1280, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(30_000)
-    page.goto(f"{hub.url}/hub/login?next=%2Fservices%2Fgpuaas%2F")
-    page.fill("input[name=username]", user)
-    page.fill("input[name=password]", password)
-    page.click("input[type=submit], button[type=submit]")
+    log_in(page, hub.url, user, password, "%2Fservices%2Fgpuaas%2F")
     page.wait_for_url(re.compile(r".*/services/gpuaas/(\?.*)?$"))
     page.locator("#whoami").wait_for()
     assert page.inner_text("#whoami") == user
@@ -63,15 +59,10 @@ def row(page: Any, rid: str) -> Any:
 
 
 def gateway_pid(hub: Hub) -> int:
-    assert hub.proc is not None
-    for child in psutil.Process(hub.proc.pid).children(recursive=True):
-        try:
-            cmd = child.cmdline()
-        except psutil.Error:
-            continue
-        if "jupyter_gpuaas.cli" in cmd and "gateway" in cmd:
-            return int(child.pid)
-    raise AssertionError(f"no gateway process under the hub\n{hub.log()}")
+    pid = hub.gateway_pid()
+    if pid is None:
+        raise AssertionError(f"no gateway process under the hub\n{hub.log()}")
+    return pid
 
 
 def submit_as(hub: Hub, user: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -208,10 +199,7 @@ def test_an_admins_cancel_ends_the_users_spawn_page_in_words(clean_hub: Hub, bro
     context = browser.new_context(viewport={"width": 1200, "height": 900})
     bob = context.new_page()
     bob.set_default_timeout(30_000)
-    bob.goto(f"{hub.url}/hub/login")
-    bob.fill("input[name=username]", "bob")
-    bob.fill("input[name=password]", hub.password)
-    bob.click("input[type=submit], button[type=submit]")
+    hub.log_in(bob, "bob")
     bob.wait_for_url("**/hub/spawn**")
     bob.fill("#gpuaas-gpus", "1")
     bob.click("#spawn_form button[type=submit]")

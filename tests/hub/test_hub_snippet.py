@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hubutil import CHP, REPO, Hub
+from hubutil import REPO, Hub
 from test_hub_landing import browser, open_landing  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
@@ -50,8 +50,6 @@ load_subconfig({kernels!r})
 
 @pytest.fixture
 def snippet_hub(tmp_path: Path) -> Iterator[Hub]:
-    if not CHP.exists():
-        pytest.skip("configurable-http-proxy not installed: run `npm ci` (make test does)")
     hub = Hub(tmp_path)
     state = tmp_path / "gateway-state"
     state.mkdir()
@@ -62,15 +60,8 @@ def snippet_hub(tmp_path: Path) -> Iterator[Hub]:
         snippet=str(SNIPPETS / "gpuaas_service_snippet.py"),
         kernels=str(SNIPPETS / "gpuaas_kernels.py"),
     )
-    hub.start()
-    try:
+    with hub.running():
         yield hub
-    finally:
-        try:
-            if hub.proc is not None and hub.proc.poll() is None:
-                hub.cleanup()
-        finally:
-            hub.stop()
 
 
 def run_in_server_env(env: dict[str, str], code: str) -> Any:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from hubutil import CHP, Hub
+from hubutil import Hub
 
 pytestmark = pytest.mark.slow
 
@@ -35,25 +34,9 @@ c.JupyterHub.load_roles.append(
 
 @pytest.fixture
 def own_hub(tmp_path: Path) -> Iterator[Hub]:
-    if not CHP.exists():
-        pytest.skip("configurable-http-proxy not installed: run `npm ci` (make test does)")
-    hub = Hub(tmp_path, EXTRA)
-    hub.start()
-    pids: list[int] = []
-    hub.remember_pid = pids.append  # type: ignore[attr-defined]
-    try:
+    # cleanup_servers is off: running() kills the servers named to remember_pid.
+    with Hub(tmp_path, EXTRA).running() as hub:
         yield hub
-    finally:
-        try:
-            if hub.proc is not None and hub.proc.poll() is None:
-                hub.cleanup()
-        finally:
-            hub.stop()
-            for pid in pids:  # cleanup_servers is off: never leave a server behind
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 def gpuaas_tokens(hub: Hub, user: str) -> dict[str, dict[str, Any]]:
@@ -81,7 +64,7 @@ def test_request_tokens_expire_rotate_survive_a_restart_and_die_on_stop(own_hub:
     hub = own_hub
     assert hub.spawn("alice", {"tenant": "vision", "gpus": 1}).status_code in (201, 202)
     hub.wait_ready("alice")
-    hub.remember_pid(hub.pid("alice"))  # type: ignore[attr-defined]
+    hub.remember_pid(hub.pid("alice"))
     (first,) = gpuaas_tokens(hub, "alice").values()
     assert first["expires_at"] is not None and 0 < seconds_left(first) <= LIFETIME
     assert set(first["scopes"]) >= {"custom:gpuaas:use", "access:services!service=gpuaas"}

@@ -15,29 +15,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from helpers import stop
+from helpers import free_port, stop, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TOKEN = "alice-jobs-token-0001"
 ADMIN = "root-jobs-token-00002"
 SERVER_TOKEN = "server-token-jobs-0003"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def clean_env() -> dict[str, str]:
@@ -69,19 +61,7 @@ class Proc:
 
 
 def _wait_up(p: Proc, probe: str, token: str = "") -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        if p.proc.poll() is not None:
-            raise RuntimeError(f"{p.url} exited {p.proc.returncode}: {p.tail()}")
-        try:
-            req = urllib.request.Request(p.url + probe, headers={"Authorization": f"token {token}"})
-            with urllib.request.urlopen(req, timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                p.stop()
-                raise RuntimeError(f"{p.url} did not start: {p.tail()}") from None
-            time.sleep(0.1)
+    wait_http(p.url + probe, p.proc, p.log, 60, headers={"Authorization": f"token {token}"})
 
 
 @dataclass

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from helpers import wait_for
+
 from jupyter_gpuaas.jobs.views import JobView, StatusView, format_jobs
 from jupyter_gpuaas.notebook.widgets import JobWidget
 
@@ -114,9 +116,8 @@ def test_job_widget_follows_the_job_and_stops_polling() -> None:
     done = {**running, "state": "succeeded", "ended": time.time()}
     client = FakeClient([running, done])
     w = JobWidget(client, job(), interval=0.05)
-    deadline = time.monotonic() + 5
-    while "succeeded" not in w.header.value and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: "succeeded" in w.header.value, 5, "the widget to show the job's end",
+             interval=0.02)  # fmt: skip
     assert "succeeded" in w.header.value and "executed notebook" in w.header.value
     assert "step 2" in w.log.value
     assert w.cancel_button.layout.display == "none"

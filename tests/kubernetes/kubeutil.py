@@ -18,13 +18,13 @@ when tests/hub runs in the same session; the fixtures built on these are in conf
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from helpers import free_port
 from kubefix import TOKEN_FILE, TOKENS, HubUser
 from kwok_kubelet import KwokKubelet
 from traitlets.config import Config
@@ -107,12 +107,6 @@ class KubeOnCluster:
         for name in self._nodes:
             self.cluster.kubectl("delete", "node", name, "--wait=false", check=False)
         self.cluster.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def start_gateway(

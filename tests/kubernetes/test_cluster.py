@@ -8,11 +8,11 @@ webhooks reached by URL on loopback. Pods here have no process: KWOK plays their
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import helpers
 import pytest
 
 T = TypeVar("T")
@@ -21,14 +21,7 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
     """Poll `probe` until it returns something; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen in {timeout:.0f} s")
-        time.sleep(0.25)
+    return helpers.wait_for(probe, timeout, what, interval=0.25)  # type: ignore[no-any-return]
 
 
 def get(cluster: Any, *args: str) -> Any:

@@ -144,6 +144,7 @@ def quota_files(draw: Draw) -> tuple[dict[str, Any], dict[str, str]]:
     return data, resources
 
 
+@pytest.mark.slow
 @settings(
     max_examples=_HUNT or 200,
     deadline=None,

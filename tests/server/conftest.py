@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from helpers import wait_http
 
 # pytest-jupyter's fixtures (jp_serverapp, jp_fetch, ...) and hooks, for this directory only:
 # enabling the plugin for the whole suite would hand every coroutine test to its loop.
@@ -87,18 +86,7 @@ def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GatewayP
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=gdir)
     gw = GatewayProc(proc, f"http://127.0.0.1:{port}/", log)
-    deadline = time.monotonic() + 30
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited {proc.returncode}: {log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(gw.url + "api/openapi.json", timeout=1):
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                gw.stop()
-                raise RuntimeError(f"gateway did not start: {log.read_text()[-3000:]}") from None
-            time.sleep(0.05)
+    wait_http(gw.url + "api/openapi.json", proc, log, 30, interval=0.05)
     yield gw
     gw.stop()
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from helpers import free_port as free_port  # the tests import it from here too
 from helpers import stop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,12 +28,6 @@ def server_app_config() -> dict[str, Any]:
 
 
 ADMIN_TOKEN = "admin-token-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import free_port, wait_http
 from helpers import wait_until as wait_for
-from srvutil import ADMIN_TOKEN, TOKEN, GatewayProc, free_port, gateway_command
+from srvutil import ADMIN_TOKEN, TOKEN, GatewayProc, gateway_command
 from test_gpu_kernels import ENV_CODE, gpu_kernels, kernel_ready, run_code, start_kernel
 from tornado.httpclient import HTTPClientError
 
@@ -69,15 +70,9 @@ class Restartable:
                 argv, stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"}
             )
         self.gw = GatewayProc(proc, f"http://127.0.0.1:{self.port}/", log)
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, self.gw.log.read_text()[-3000:]
-            try:
-                self.gw.call("GET", "api/health")
-                return self.gw
-            except OSError:
-                assert time.monotonic() < deadline, self.gw.log.read_text()[-3000:]
-                time.sleep(0.05)
+        auth = {"Authorization": f"token {ADMIN_TOKEN}"}
+        wait_http(self.gw.url + "api/health", proc, log, 30, headers=auth, interval=0.05)
+        return self.gw
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
 """A REAL JupyterHub for the hub tests: `jupyterhub -f <generated config>` as a subprocess.
 
+Every test that needs a Hub (tests/hub/, tests/ui/) starts it here: `Hub(root, extra_config)`
+then `with hub.running():` (the session's shared hub is tests/hub/conftest.py's fixture).
 The generated config loads the demo's own hub_config/local/jupyterhub_config.py (so these
 tests run the embedded default), on free loopback ports for the hub, the proxy's API and
 the gateway, with configurable-http-proxy from node_modules/ and the gateway as the
@@ -7,29 +9,32 @@ Hub-managed service on simulated devices. It adds a `tester` service whose API t
 administers users and servers, shortens the spawner's heartbeat and activity window, and
 uses a quota file where `nlp` servers are culled after 10 idle seconds.
 
-One hub serves the whole session (JupyterHub starts slowly on a small machine); each test
-leaves no server running behind it (`hub.cleanup()`). The fixtures are in conftest.py;
-tests import `Hub`, `REPO` and the rest from here (`hubutil`, a unique name: `conftest`
-is ambiguous when several test directories run together).
+One hub serves the whole session of tests/hub/ (JupyterHub starts slowly on a small
+machine); each test leaves no server running behind it (`hub.cleanup()`). Tests that need a
+differently configured hub start their own. Tests import `Hub`, `REPO` and the rest from
+here (`hubutil`, a unique name beside helpers.py: `conftest` is ambiguous when several test
+directories run together).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
-import socket
+import shutil
+import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
-from helpers import stop, wait_for
+from helpers import free_port, stop, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 USERS = ("alice", "bob", "carol")
 
@@ -78,18 +83,30 @@ c.Spawner.http_timeout = 60
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def need_proxy() -> None:
+    """Skip the test, saying why, where configurable-http-proxy is not installed."""
+    import pytest
+
+    if not CHP.exists() and not shutil.which("configurable-http-proxy"):
+        pytest.skip("configurable-http-proxy not installed: run `npm ci` (make test does)")
+
+
+def log_in(page: Any, url: str, user: str, password: str, next_path: str = "") -> None:
+    """Log `user` in on a browser `page` with the login form of the Hub at `url`; the Hub
+    then sends it to `next_path` (URL-encoded), or to its default (the spawn form)."""
+    page.goto(f"{url}/hub/login" + (f"?next={next_path}" if next_path else ""))
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", password)
+    page.click("input[type=submit], button[type=submit]")
 
 
 class Hub:
     """The running hub, and what the tests do with it."""
 
-    def __init__(self, root: Path, extra_config: str = "") -> None:
+    def __init__(self, root: Path, extra_config: str = "", *, quotas: str = QUOTAS) -> None:
         self.root = root
         self.extra_config = extra_config  # appended to the generated config
+        self.quotas = quotas  # the gateway's quota file
         self.port = free_port()
         self.gateway_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -101,11 +118,40 @@ class Hub:
         self.gateway = f"http://127.0.0.1:{self.gateway_port}/services/gpuaas/api"
         self.log_path = root / "jupyterhub.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._server_pids: list[int] = []  # killed at the end of running()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Hub]:
+        """Start the hub (skipping the test where configurable-http-proxy is missing) and,
+        at the end, stop every server still running (`cleanup`), the hub itself, and kill
+        every server process named to `remember_pid` (a hub with `cleanup_servers = False`
+        leaves them running)."""
+        need_proxy()
+        started = False
+        try:
+            self.start()
+            started = True
+            yield self
+        finally:
+            try:
+                if started and self.proc is not None and self.proc.poll() is None:
+                    self.cleanup()
+            finally:
+                self.stop()
+                for pid in self._server_pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+    def remember_pid(self, pid: int) -> None:
+        """A single-user server to kill at the end of `running()`, whatever happens."""
+        self._server_pids.append(pid)
 
     # --- process ---------------------------------------------------------------------
 
     def start(self) -> None:
-        (self.root / "quotas.yaml").write_text(QUOTAS)
+        (self.root / "quotas.yaml").write_text(self.quotas)
         config = self.root / "jupyterhub_config.py"
         demo_config = str(REPO / "hub_config" / "local" / "jupyterhub_config.py")
         text = EXTRA_CONFIG.format(demo_config=demo_config, token=self.token)
@@ -136,29 +182,45 @@ class Hub:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyterhub exited ({self.proc.returncode}):\n{self.log()}")
+        proc = self.proc
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"jupyterhub exited ({proc.returncode}):\n{self.log()}")
             try:
-                if (
+                return (
                     self.get("/").status_code == 200
                     and requests.get(f"{self.gateway}/devices", headers=self._gw, timeout=2).ok
-                ):
-                    return
+                )
             except requests.RequestException:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"jupyterhub did not come up in 90 s:\n{self.log()}")
+                return False
+
+        wait_for(up, 90, "jupyterhub and its gateway to answer", interval=0.3, detail=self.log)
 
     def stop(self) -> None:
         stop(self.proc, 30, group=True)
+
+    def gateway_pid(self) -> int | None:
+        """The process id of the Hub-managed gateway (None while there is none)."""
+        assert self.proc is not None
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                cmd = child.cmdline()
+            except psutil.Error:
+                continue
+            if "jupyter_gpuaas.cli" in cmd and "gateway" in cmd:
+                return int(child.pid)
+        return None
 
     def log(self, tail: int = 6000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-tail:]
         except OSError:
             return ""
+
+    def log_in(self, page: Any, user: str, next_path: str = "") -> None:
+        """`log_in` to this hub with the shared password."""
+        log_in(page, self.url, user, self.password, next_path)
 
     # --- Hub REST API ----------------------------------------------------------------
 
