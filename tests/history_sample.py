@@ -1,0 +1,93 @@
+"""A week of a gateway's store, for the what-if how-to (docs/how-to/what-if-from-history.md).
+
+A real week cannot be recorded in a test, so these rows are written straight into the
+store's own tables (rows.py, the schema its migrations create), with the values a gateway
+writes for such a week: each request's row, its admit and finish (or cancel) decisions,
+and a kernel's busy/idle transitions. tests/gateway/test_history_export.py checks that a
+real gateway writes rows of this shape.
+
+vision (quota a100: 2): alice sends six 4-hour jobs at once on two mornings; they queue
+behind the quota, two at a time. nlp (quota a100: 6): bob opens a kernel twice a day and
+keeps it 3 hours, busy for the first half hour only, never above 15% utilization. carol
+(vision) gives up on a queued kernel after an hour.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from jupyter_gpuaas.gateway.rows import ActivityRow, DecisionRow, RequestRow
+from jupyter_gpuaas.gateway.store import Store
+
+QUOTAS_YAML = """\
+flavors:
+  a100: {nodes: 1, gpus_per_node: 8}
+tenants:
+  vision: {quota: {a100: 2}}
+  nlp: {quota: {a100: 6}}
+"""
+
+H = 3600.0
+DAY = 86400.0
+
+
+def _requests() -> list[dict[str, Any]]:
+    """(id, tenant, user, kind, submit, admit, end, end event, peak, busy-until) offsets."""
+    out: list[dict[str, Any]] = []
+    n = 0
+    for day in (1, 3):
+        for i in range(6):
+            n += 1
+            submit = day * DAY + 9 * H
+            admit = submit + (i // 2) * 4 * H  # two at a time: vision's quota
+            out.append(dict(id=f"r-{n:04d}", tenant="vision", user="alice", kind="job",
+                            submit=submit, admit=admit, end=admit + 4 * H, event="finish",
+                            peak=0.92, idle_at=None))  # fmt: skip
+    for day in range(6):
+        for hour in (10, 15):
+            n += 1
+            submit = day * DAY + hour * H
+            out.append(dict(id=f"r-{n:04d}", tenant="nlp", user="bob", kind="kernel",
+                            submit=submit, admit=submit, end=submit + 3 * H, event="finish",
+                            peak=0.15, idle_at=submit + 0.5 * H))  # fmt: skip
+    n += 1
+    submit = 3 * DAY + 9 * H + 300
+    out.append(dict(id=f"r-{n:04d}", tenant="vision", user="carol", kind="kernel",
+                    submit=submit, admit=None, end=submit + H, event="cancel", peak=None,
+                    idle_at=None))  # fmt: skip
+    return out
+
+
+def write_sample_store(db_url: str, now: float | None = None) -> int:
+    """The week ending at `now` (whole seconds) into a new store; the number of requests."""
+    end_of_week = float(int(now if now is not None else time.time()))
+    base = end_of_week - 7 * DAY
+    store = Store.open(db_url)
+    try:
+        with Session(store.engine) as s, s.begin():
+            for r in _requests():
+                submit, end = base + r["submit"], base + r["end"]
+                admit = base + r["admit"] if r["admit"] is not None else None
+                state = "finished" if r["event"] == "finish" else "cancelled"
+                s.add(RequestRow(id=r["id"], tenant=r["tenant"], user=r["user"],
+                                 kind=r["kind"], gpus=1, flavor="a100", state=state,
+                                 submit_time=submit, queue_time=submit,
+                                 assigned_flavor="a100" if admit else None,
+                                 first_admit=admit, admit_time=admit,
+                                 peak_utilization=r["peak"], created=submit,
+                                 updated=end))  # fmt: skip
+                if admit is not None:
+                    fields = {"tenant": r["tenant"], "flavor": "a100", "gpus": 1}
+                    s.add(DecisionRow(t=admit, event="admit", request_id=r["id"],
+                                      fields=json.dumps(fields)))  # fmt: skip
+                s.add(DecisionRow(t=end, event=r["event"], request_id=r["id"], fields="{}"))
+                if r["idle_at"] is not None:
+                    s.add(ActivityRow(request_id=r["id"], t=base + r["idle_at"], busy=False,
+                                      utilization=0.0))  # fmt: skip
+    finally:
+        store.close()
+    return len(_requests())
