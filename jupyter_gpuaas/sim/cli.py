@@ -74,6 +74,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "with EVERY, only one arrival instant in EVERY is estimated (a sample)",
     )
     parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="show how far the clock has run on stderr even when stderr is not a terminal "
+        "(on a terminal it is shown anyway); never on stdout",
+    )
+    parser.add_argument(
         "--set",
         metavar="KEY=VALUE",
         action="append",
@@ -154,6 +160,16 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress(args: argparse.Namespace, scenario: Any, until: float | None) -> Any:
+    """A Progress on stderr when it is a terminal or --progress asks (else None)."""
+    terminal = sys.stderr.isatty()
+    if not (terminal or getattr(args, "progress", False)):
+        return None
+    from jupyter_gpuaas.sim.progress import Progress, expected_end
+
+    return Progress(expected_end(until, scenario.requests), sys.stderr, terminal=terminal)
+
+
 def _run(args: argparse.Namespace) -> int:
     from jupyter_gpuaas.sim.report import Tally, format_table
     from jupyter_gpuaas.sim.scenario import load_scenario, parse_override
@@ -187,7 +203,8 @@ def _run(args: argparse.Namespace) -> int:
     until = args.until if args.until is not None else scenario.until
     # The decisions go to the report (and the events file) as they are made, and are
     # not kept: a month's would take half the process's memory.
-    tally = Tally(scenario, events_file if plot_events is None else plot_events)
+    progress = _progress(args, scenario, until)
+    tally = Tally(scenario, events_file if plot_events is None else plot_events, progress)
     try:
         started = time.perf_counter()
         if backtest is None:
@@ -195,6 +212,8 @@ def _run(args: argparse.Namespace) -> int:
         else:
             sim = run_scenario(scenario, until=until, tally=tally, backtest=backtest)
         wall = time.perf_counter() - started
+        if progress is not None:
+            progress.finish(sim.end)
         tally.flush()
     finally:
         if events_file is not None:
