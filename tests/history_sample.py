@@ -23,53 +23,69 @@ from sqlalchemy.orm import Session
 from jupyter_gpuaas.gateway.rows import ActivityRow, DecisionRow, RequestRow
 from jupyter_gpuaas.gateway.store import Store
 
-QUOTAS_YAML = """\
-flavors:
-  a100: {nodes: 1, gpus_per_node: 8}
-tenants:
-  vision: {quota: {a100: 2}}
-  nlp: {quota: {a100: 6}}
-"""
+
+def quotas_yaml(scale: int = 1) -> str:
+    """The quota file of the sample: `scale` times the GPUs and quotas (benchmarks)."""
+    return (
+        f"flavors:\n  a100: {{nodes: {scale}, gpus_per_node: 8}}\n"
+        f"tenants:\n  vision: {{quota: {{a100: {2 * scale}}}}}\n"
+        f"  nlp: {{quota: {{a100: {6 * scale}}}}}\n"
+    )
+
+
+QUOTAS_YAML = quotas_yaml()
 
 H = 3600.0
 DAY = 86400.0
+WEEK = 7 * DAY
 
 
-def _requests() -> list[dict[str, Any]]:
-    """(id, tenant, user, kind, submit, admit, end, end event, peak, busy-until) offsets."""
+def _requests(weeks: int = 1, scale: int = 1) -> list[dict[str, Any]]:
+    """(id, tenant, user, kind, submit, admit, end, end event, peak, busy-until) offsets;
+    the week's pattern `weeks` times over, by `scale` copies of its three users."""
     out: list[dict[str, Any]] = []
     n = 0
-    for day in (1, 3):
-        for i in range(6):
-            n += 1
-            submit = day * DAY + 9 * H
-            admit = submit + (i // 2) * 4 * H  # two at a time: vision's quota
-            out.append(dict(id=f"r-{n:04d}", tenant="vision", user="alice", kind="job",
-                            submit=submit, admit=admit, end=admit + 4 * H, event="finish",
-                            peak=0.92, idle_at=None))  # fmt: skip
-    for day in range(6):
-        for hour in (10, 15):
-            n += 1
-            submit = day * DAY + hour * H
-            out.append(dict(id=f"r-{n:04d}", tenant="nlp", user="bob", kind="kernel",
-                            submit=submit, admit=submit, end=submit + 3 * H, event="finish",
-                            peak=0.15, idle_at=submit + 0.5 * H))  # fmt: skip
-    n += 1
-    submit = 3 * DAY + 9 * H + 300
-    out.append(dict(id=f"r-{n:04d}", tenant="vision", user="carol", kind="kernel",
-                    submit=submit, admit=None, end=submit + H, event="cancel", peak=None,
-                    idle_at=None))  # fmt: skip
+
+    def add(**r: Any) -> None:
+        nonlocal n
+        n += 1
+        out.append(dict(id=f"r-{n:04d}", **r))
+
+    for w in range(weeks):
+        for k in range(scale):
+            me = "" if k == 0 else str(k)
+            at = w * WEEK
+            for day in (1, 3):
+                for i in range(6):
+                    submit = at + day * DAY + 9 * H
+                    admit = submit + (i // 2) * 4 * H  # two at a time: vision's quota
+                    add(tenant="vision", user=f"alice{me}", kind="job", submit=submit,
+                        admit=admit, end=admit + 4 * H, event="finish", peak=0.92,
+                        idle_at=None)  # fmt: skip
+            for day in range(6):
+                for hour in (10, 15):
+                    submit = at + day * DAY + hour * H
+                    add(tenant="nlp", user=f"bob{me}", kind="kernel", submit=submit,
+                        admit=submit, end=submit + 3 * H, event="finish", peak=0.15,
+                        idle_at=submit + 0.5 * H)  # fmt: skip
+            submit = at + 3 * DAY + 9 * H + 300
+            add(tenant="vision", user=f"carol{me}", kind="kernel", submit=submit, admit=None,
+                end=submit + H, event="cancel", peak=None, idle_at=None)  # fmt: skip
     return out
 
 
-def write_sample_store(db_url: str, now: float | None = None) -> int:
-    """The week ending at `now` (whole seconds) into a new store; the number of requests."""
+def write_sample_store(
+    db_url: str, now: float | None = None, *, weeks: int = 1, scale: int = 1
+) -> int:
+    """The week (or `weeks` of them, by `scale` copies of its users) ending at `now` (whole
+    seconds) into a new store; the number of requests."""
     end_of_week = float(int(now if now is not None else time.time()))
-    base = end_of_week - 7 * DAY
+    base = end_of_week - weeks * WEEK
+    rows = _requests(weeks, scale)
     store = Store.open(db_url)
     try:
         with Session(store.engine) as s, s.begin():
-            for r in _requests():
+            for r in rows:
                 submit, end = base + r["submit"], base + r["end"]
                 admit = base + r["admit"] if r["admit"] is not None else None
                 state = "finished" if r["event"] == "finish" else "cancelled"
@@ -90,4 +106,4 @@ def write_sample_store(db_url: str, now: float | None = None) -> int:
                                       utilization=0.0))  # fmt: skip
     finally:
         store.close()
-    return len(_requests())
+    return len(rows)
