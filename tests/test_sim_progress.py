@@ -59,3 +59,20 @@ def test_a_terminal_gets_one_line_redrawn_then_erased() -> None:
     assert text.endswith("\r\x1b[K"), repr(text)  # erased: the report reads as without it
     assert "\n" not in text.replace("\r\n", "")
     assert without_wall_time(out) == without_wall_time(simulate().stdout)
+
+
+def test_compare_shows_each_run_apart() -> None:
+    both = subprocess.run(
+        [*COMMAND[:-1], "compare", str(SCENARIO), str(SCENARIO), "--json", "--progress",
+         "--set", "tenants.vision.quota.a100=8"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    assert json.loads(both.stdout)["b"].endswith("--set tenants.vision.quota.a100=8")
+    lines = both.stderr.splitlines()
+    assert lines[0].startswith("simulate compare A: ") and " of 10 h simulated (" in lines[0]
+    done_lines = [line for line in lines if ", done in " in line]
+    assert [line.split(":")[0] for line in done_lines] == [
+        "simulate compare A",
+        "simulate compare B",
+    ]

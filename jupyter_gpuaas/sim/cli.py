@@ -143,7 +143,15 @@ def _compare(args: argparse.Namespace) -> int:
         b = load_scenario(b_path, overrides)
     except SpecError as exc:
         return _error(str(exc))
-    runs = [simulate(s, args.until, keep_events=bool(args.plot)) for s in (a, b)]
+    runs = [
+        simulate(
+            s,
+            args.until,
+            keep_events=bool(args.plot),
+            progress=_progress(args, s, _until(args, s), f"simulate compare {name}"),
+        )
+        for name, s in (("A", a), ("B", b))
+    ]
     table = compare(*runs)
     b_name = b_path + "".join(f" --set {o}" for o in args.overrides)
     if args.plot:
@@ -160,14 +168,23 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(args: argparse.Namespace, scenario: Any, until: float | None) -> Any:
+def _until(args: argparse.Namespace, scenario: Any) -> float | None:
+    """Where the clock stops: --until, else the scenario's own `until`."""
+    until: float | None = args.until if args.until is not None else scenario.until
+    return until
+
+
+def _progress(
+    args: argparse.Namespace, scenario: Any, until: float | None, label: str = "simulate"
+) -> Any:
     """A Progress on stderr when it is a terminal or --progress asks (else None)."""
     terminal = sys.stderr.isatty()
     if not (terminal or getattr(args, "progress", False)):
         return None
     from jupyter_gpuaas.sim.progress import Progress, expected_end
 
-    return Progress(expected_end(until, scenario.requests), sys.stderr, terminal=terminal)
+    end = expected_end(until, scenario.requests)
+    return Progress(end, sys.stderr, terminal=terminal, label=label)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -200,7 +217,7 @@ def _run(args: argparse.Namespace) -> int:
         return _error(f"--estimates: must be a whole number at least 1, not {every}")
     backtest = Backtest(scenario, every) if every is not None else None
 
-    until = args.until if args.until is not None else scenario.until
+    until = _until(args, scenario)
     # The decisions go to the report (and the events file) as they are made, and are
     # not kept: a month's would take half the process's memory.
     progress = _progress(args, scenario, until)

@@ -38,9 +38,11 @@ class Progress:
         stream: TextIO,
         *,
         terminal: bool,
+        label: str = "simulate",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.end = end
+        self.label = label
         self.stream = stream
         self.terminal = terminal
         self.clock = clock
@@ -51,10 +53,10 @@ class Progress:
     def line(self, t: float, done: bool = False) -> str:
         elapsed = format_duration(self.clock() - self.started)
         if done:
-            return f"simulate: {format_duration(t)} simulated, done in {elapsed}"
+            return f"{self.label}: {format_duration(t)} simulated, done in {elapsed}"
         share = min(99, int(100 * t / self.end)) if self.end > 0 else 0
         return (
-            f"simulate: {format_duration(t)} of {format_duration(self.end)} simulated "
+            f"{self.label}: {format_duration(t)} of {format_duration(self.end)} simulated "
             f"({share}%), {elapsed} so far"
         )
 
