@@ -38,11 +38,11 @@ MAX_PERIODS = 16
 
 
 class AdviceLate(Exception):
-    """The period's first replay is still under way past the deadline (HTTP 503)."""
+    """The period's first replay is still under way past the deadline (HTTP 503); ask
+    again in `retry_after` seconds (how long it has run so far, from 1 to 60)."""
 
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.message = message
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"the replay is still under way; retry after {retry_after} s")
         self.retry_after = retry_after
 
 
@@ -86,11 +86,7 @@ class AdviceCache:
             if entry.answer is not None:
                 return entry.answer, True
             waited = time.monotonic() - entry.started
-            raise AdviceLate(
-                "the advice for this period is still being worked out from the store's "
-                f"history (a replay running for {waited:.0f} s); ask again in a little while",
-                retry_after=max(1, min(60, math.ceil(waited))),
-            ) from None
+            raise AdviceLate(max(1, min(60, math.ceil(waited)))) from None
         return answer, False
 
     def _start(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from jupyter_gpuaas.admission.config import SpecError
+from jupyter_gpuaas.words import format_duration
 
 from .advice import advise_from_store
 from .advice_cache import AdviceCache, AdviceLate
@@ -97,7 +98,11 @@ class AdviceHandler(BaseHandler):
             answer, stale = await cache.get(since, work)
         except AdviceLate as e:  # answered here: an error's answer drops set headers
             self.set_header("Retry-After", str(e.retry_after))
-            self.send({"error": e.message, "field": None}, 503)
+            sentence = (
+                f"the advice for the last {format_duration(since)} is still being worked "
+                f"out from the store's history; ask again in {e.retry_after} s"
+            )
+            self.send({"error": sentence, "field": None}, 503)
             return
         out = {**answer, "stale": stale}
         if not who.admin:  # a user's own work only: never another user's or a tenant's

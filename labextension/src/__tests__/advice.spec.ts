@@ -57,7 +57,7 @@ describe('GpuModel.setAdvice', () => {
   it('keeps the last answer when a read fails, and says why', () => {
     const m = new GpuModel();
     expect(m.setAdvice(answer({ advice: [SMALLER] }))).toEqual([{ section: 'advice', keys: [] }]);
-    const why = 'the advice for this period is still being worked out; ask again in a little while';
+    const why = "the advice for the last 30 d is still being worked out from the store's history; ask again in 1 s";
     m.setAdvice(null, why);
     expect(m.advice?.advice).toEqual([SMALLER]);
     expect(m.adviceError).toBe(why);
