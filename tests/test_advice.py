@@ -1,9 +1,15 @@
 """`advise`: evidenced advice, never on too few grants (pure parts; the store-backed CLI is
-tested in tests/gateway/test_history_export.py)."""
+tested in tests/gateway/test_history_export.py); and a bad argument of `advise` is one
+sentence naming the flag, exit 2, through the real command."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from jupyter_gpuaas.gateway.advice import move_quota_advice, smaller_gpu_advice
 
@@ -87,3 +93,44 @@ def test_idle_quota_is_moved_in_a_what_if_replayed_on_the_history() -> None:
     )
     # Fewer grants of nlp than the minimum: no advice.
     assert move_quota_advice(scenario(5), min_grants=10, min_wait=300, period=PERIOD) == []
+
+
+# (flag named, the arguments, words of the sentence): each answered before the store is read.
+BAD_ARGUMENTS = [
+    ("--min-grants", ["--min-grants", "0"], "must be a whole number of at least 1, not '0'"),
+    ("--min-grants", ["--min-grants=-3"], "at least 1, not '-3'"),
+    ("--min-grants", ["--min-grants", "abc"], "whole number of at least 1, not 'abc'"),
+    ("--min-grants", ["--min-grants", "1.5"], "whole number of at least 1, not '1.5'"),
+    ("--low-utilization", ["--low-utilization", "2"], "from 0 to 1, not '2'"),
+    ("--low-utilization", ["--low-utilization=-0.1"], "from 0 to 1, not '-0.1'"),
+    ("--low-utilization", ["--low-utilization", "nan"], "from 0 to 1, not 'nan'"),
+    ("--low-utilization", ["--low-utilization", "half"], "from 0 to 1, not 'half'"),
+    ("--since", ["--since", "0"], "longer than 0, not '0'"),
+    ("--since", ["--since=-5d"], "not a length of time: '-5d'"),
+    ("--since", ["--since", "soon"], "not a length of time: 'soon'"),
+    ("--quotas", ["--quotas", "/nonexistent/quotas.yaml"], "cannot read"),
+    ("--db-url", ["--db-url", "not a url"], "cannot read the store"),
+]
+
+
+@pytest.mark.parametrize(
+    ("flag", "argv", "words"), BAD_ARGUMENTS, ids=[" ".join(c[1]) for c in BAD_ARGUMENTS]
+)
+def test_a_bad_argument_is_one_sentence_naming_the_flag(
+    flag: str, argv: list[str], words: str, tmp_path: Path
+) -> None:
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text("flavors: {a100: {nodes: 1, gpus_per_node: 4}}\ntenants: {}\n")
+    store = f"sqlite:///{tmp_path / 'gpuaas.sqlite'}"
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter_gpuaas.cli", "advise", "--db-url", store,
+         "--quotas", str(quotas), *argv],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert done.stdout == "" and "Traceback" not in done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"jupyter-gpuaas advise: {flag}"), line
+    assert words in line, line
+    if flag != "--db-url":  # refused before the store is opened: no file made for it
+        assert not (tmp_path / "gpuaas.sqlite").exists()

@@ -310,17 +310,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(with the what-if replayed through the simulator).",
     )
     add_store_arguments(parser)
+    # Read as text and checked in run(), so that a bad value is one sentence naming the
+    # flag, like every other of this command's errors (argparse's own adds its usage).
     parser.add_argument(
         "--min-grants",
-        type=int,
-        default=10,
+        default="10",
         metavar="N",
         help="give no advice on fewer grants than this (default 10)",
     )
     parser.add_argument(
         "--low-utilization",
-        type=float,
-        default=0.3,
+        default="0.3",
         metavar="X",
         help="peak utilization (0..1) at or under which a grant counts as low (0.3)",
     )
@@ -340,10 +340,22 @@ def run(args: argparse.Namespace) -> int:
         span = parse_span(args.since)
     except ValueError as e:
         return error(f"--since: {e}")
-    if args.min_grants < 1:
-        return error("--min-grants must be at least 1")
-    if not 0 <= args.low_utilization <= 1:
-        return error("--low-utilization must be a number from 0 to 1")
+    if span <= 0:
+        return error(f"--since must be a length of time longer than 0, not {args.since!r}")
+    try:
+        min_grants = int(args.min_grants)
+    except ValueError:
+        min_grants = 0
+    if min_grants < 1:
+        return error(f"--min-grants must be a whole number of at least 1, not {args.min_grants!r}")
+    try:
+        low_utilization = float(args.low_utilization)
+    except ValueError:
+        low_utilization = math.nan
+    if not 0 <= low_utilization <= 1:  # NaN too
+        return error(
+            f"--low-utilization must be a number from 0 to 1, not {args.low_utilization!r}"
+        )
     try:
         quotas = read_quotas(args.quotas)
     except ValueError as e:
@@ -353,8 +365,8 @@ def run(args: argparse.Namespace) -> int:
             args.db_url,
             quotas,
             span,
-            min_grants=args.min_grants,
-            low_utilization=args.low_utilization,
+            min_grants=min_grants,
+            low_utilization=low_utilization,
         )
     except SQLAlchemyError as e:
         return error(f"--db-url: cannot read the store: {str(e).splitlines()[0]}")
@@ -363,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
     elif not out["advice"]:
         print(
             f"No advice: {out['requests']} requests in the last {args.since}, and nothing "
-            f"stands out on at least {args.min_grants} grants."
+            f"stands out on at least {min_grants} grants."
         )
     else:
         for a in out["advice"]:

@@ -344,6 +344,25 @@ class GatewayApp(GatewayStartup, Application):
         "admitted requests of a flavor for moving its idle quota.",
     ).tag(config=True)
 
+    advice_cache_seconds = Float(
+        300.0,
+        min=0.0,
+        max=86400.0,
+        help="Seconds `GET api/advice` reuses its answer for the same `since` before it "
+        "reads and replays the store's history again (one replay serves every caller; a "
+        "user is still shown only their own advice). 0: every call replays.",
+    ).tag(config=True)
+
+    advice_deadline = Float(
+        10.0,
+        min=0.1,
+        max=600.0,
+        help="Seconds a `GET api/advice` caller waits for a replay of the store's history. "
+        "Past it the caller gets the last answer for that `since`, marked `stale`, or, "
+        "when there is none yet, a 503 with Retry-After; the replay goes on and its answer "
+        "is kept for the next caller.",
+    ).tag(config=True)
+
     header_timeout = Float(
         60.0,
         min=1.0,

@@ -253,7 +253,10 @@ def build_openapi(base_url: str = "/", flavors: Iterable[str] | None = None) -> 
                 "get": {
                     "description": "Right-sizing advice from the gateway's own history, "
                     "each with its evidence (`jupyter-gpuaas advise`). An admin gets all of "
-                    "it; anyone else, the advice about their own work.",
+                    "it; anyone else, the advice about their own work. An answer is reused "
+                    "for `GatewayApp.advice_cache_seconds`; a replay that runs past "
+                    "`GatewayApp.advice_deadline` answers the last advice marked `stale`, "
+                    "or 503 with Retry-After when there is none yet.",
                     "parameters": [
                         {
                             "name": "since",

@@ -394,6 +394,12 @@ SCHEMAS: dict[str, Any] = {
             "until": {"type": "number"},
             "requests": {"type": "integer"},
             "min_grants": {"type": "integer"},
+            "stale": {
+                "type": "boolean",
+                "description": "true: the last answer for this `since`, given because a "
+                "new replay of the history ran past `GatewayApp.advice_deadline` (`until` "
+                "says when it was worked out)",
+            },
         },
     },
     "Me": {

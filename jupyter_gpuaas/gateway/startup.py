@@ -90,6 +90,8 @@ class GatewayStartup:
     advertise_url: str
     admission: str
     advice_min_grants: int
+    advice_cache_seconds: float
+    advice_deadline: float
     kueue_namespace: str
     kueue_interval: float
     log: logging.Logger | logging.LoggerAdapter[Any]
@@ -190,6 +192,7 @@ class GatewayStartup:
             raise StartupError(f"{flag} {path}: not valid YAML: {e}") from None
 
     def make_app(self) -> web.Application:
+        from .advice_cache import AdviceCache
         from .handlers import NotFoundHandler, routes
         from .pages import oauth_callback_handler
         from .pages import routes as page_routes
@@ -205,6 +208,7 @@ class GatewayStartup:
             "max_body_size": self.max_body_size,
             "max_queued_per_user": self.max_queued_per_user,
             "advice_min_grants": self.advice_min_grants,
+            "advice_cache": AdviceCache(self.advice_cache_seconds, self.advice_deadline),
             "forward_writes": self.forward_writes,
             "default_handler_class": NotFoundHandler,
             "log_function": log_request,

@@ -3,12 +3,13 @@ api/tenants, api/me)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from jupyter_gpuaas.admission.config import SpecError
+from jupyter_gpuaas.words import format_duration
 
 from .advice import advise_from_store
+from .advice_cache import AdviceCache, AdviceLate
 from .arbiter import Conflict
 from .handler_base import ApiError, BaseHandler, BodyHandler
 from .history import parse_span
@@ -69,8 +70,10 @@ ADVICE_SPAN_MAX = 366 * 86400.0
 
 
 class AdviceHandler(BaseHandler):
-    """`GET api/advice?since=30d`: advise.py over this gateway's own store, in a thread
-    (reading the history and replaying what-ifs never blocks the event loop)."""
+    """`GET api/advice?since=30d`: advise.py over this gateway's own store, on a thread
+    (reading the history and replaying what-ifs never blocks the event loop), bounded by
+    advice_cache.py: an answer per period reused for a while, and a deadline past which
+    the caller gets the last answer marked stale, or a 503 with Retry-After."""
 
     async def get(self) -> None:
         who = self.require()
@@ -86,11 +89,22 @@ class AdviceHandler(BaseHandler):
         arbiter = self.arbiter
         url = arbiter.store.engine.url.render_as_string(hide_password=False)
         quotas = dict(arbiter.quotas)
+        cache: AdviceCache = self.settings["advice_cache"]
 
         def work() -> dict[str, Any]:
             return advise_from_store(url, quotas, since, min_grants=min_grants)
 
-        out = await asyncio.get_running_loop().run_in_executor(None, work)
+        try:
+            answer, stale = await cache.get(since, work)
+        except AdviceLate as e:  # answered here: an error's answer drops set headers
+            self.set_header("Retry-After", str(e.retry_after))
+            sentence = (
+                f"the advice for the last {format_duration(since)} is still being worked "
+                f"out from the store's history; ask again in {e.retry_after} s"
+            )
+            self.send({"error": sentence, "field": None}, 503)
+            return
+        out = {**answer, "stale": stale}
         if not who.admin:  # a user's own work only: never another user's or a tenant's
             out["advice"] = [
                 a for a in out["advice"] if a["kind"] == "smaller_gpu" and a["subject"] == who.name

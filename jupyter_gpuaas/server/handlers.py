@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 AUTH_RESOURCE = "gpuaas"
 #: The gateway routes the sidebar may reach through `/gpuaas/api/` (decoded paths).
-PROXIED = re.compile(r"(?:requests|tenants|devices|me)(?:/[^/]+)?(?:/heartbeat)?")
+PROXIED = re.compile(r"(?:requests|tenants|devices|me)(?:/[^/]+)?(?:/heartbeat)?|advice")
 
 
 def gateway_path(path: str) -> str | None:
@@ -280,7 +280,7 @@ def kernels_page(kernels: list[GpuKernel], base_url: str) -> str:
 def routes() -> list[tuple[str, type[web.RequestHandler]]]:
     return [
         (r"/gpuaas/api/events", EventsHandler),
-        (r"/gpuaas/api/((?:requests|tenants|devices|me)(?:/[^/]+)?(?:/heartbeat)?)", ProxyHandler),
+        (rf"/gpuaas/api/({PROXIED.pattern})", ProxyHandler),
         (r"/gpuaas/kernels", KernelsHandler),
         (r"/gpuaas/notifications", NotificationsHandler),
     ]

@@ -74,6 +74,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "with EVERY, only one arrival instant in EVERY is estimated (a sample)",
     )
     parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="show how far the clock has run on stderr even when stderr is not a terminal "
+        "(on a terminal it is shown anyway); never on stdout",
+    )
+    parser.add_argument(
         "--set",
         metavar="KEY=VALUE",
         action="append",
@@ -137,7 +143,15 @@ def _compare(args: argparse.Namespace) -> int:
         b = load_scenario(b_path, overrides)
     except SpecError as exc:
         return _error(str(exc))
-    runs = [simulate(s, args.until, keep_events=bool(args.plot)) for s in (a, b)]
+    runs = [
+        simulate(
+            s,
+            args.until,
+            keep_events=bool(args.plot),
+            progress=_progress(args, s, _until(args, s), f"simulate compare {name}"),
+        )
+        for name, s in (("A", a), ("B", b))
+    ]
     table = compare(*runs)
     b_name = b_path + "".join(f" --set {o}" for o in args.overrides)
     if args.plot:
@@ -152,6 +166,25 @@ def _compare(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_compare(table, a_path, b_name))
     return 0
+
+
+def _until(args: argparse.Namespace, scenario: Any) -> float | None:
+    """Where the clock stops: --until, else the scenario's own `until`."""
+    until: float | None = args.until if args.until is not None else scenario.until
+    return until
+
+
+def _progress(
+    args: argparse.Namespace, scenario: Any, until: float | None, label: str = "simulate"
+) -> Any:
+    """A Progress on stderr when it is a terminal or --progress asks (else None)."""
+    terminal = sys.stderr.isatty()
+    if not (terminal or getattr(args, "progress", False)):
+        return None
+    from jupyter_gpuaas.sim.progress import Progress, expected_end
+
+    end = expected_end(until, scenario.requests)
+    return Progress(end, sys.stderr, terminal=terminal, label=label)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -184,10 +217,11 @@ def _run(args: argparse.Namespace) -> int:
         return _error(f"--estimates: must be a whole number at least 1, not {every}")
     backtest = Backtest(scenario, every) if every is not None else None
 
-    until = args.until if args.until is not None else scenario.until
+    until = _until(args, scenario)
     # The decisions go to the report (and the events file) as they are made, and are
     # not kept: a month's would take half the process's memory.
-    tally = Tally(scenario, events_file if plot_events is None else plot_events)
+    progress = _progress(args, scenario, until)
+    tally = Tally(scenario, events_file if plot_events is None else plot_events, progress)
     try:
         started = time.perf_counter()
         if backtest is None:
@@ -195,6 +229,8 @@ def _run(args: argparse.Namespace) -> int:
         else:
             sim = run_scenario(scenario, until=until, tally=tally, backtest=backtest)
         wall = time.perf_counter() - started
+        if progress is not None:
+            progress.finish(sim.end)
         tally.flush()
     finally:
         if events_file is not None:

@@ -19,10 +19,13 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_gpuaas.sim.scenario import Scenario
 from jupyter_gpuaas.words import format_duration
+
+if TYPE_CHECKING:
+    from jupyter_gpuaas.sim.progress import Progress
 
 #: Per-tenant rows of the comparison, in the order they print: (key, heading, kind).
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -46,16 +49,21 @@ class Run:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
-def simulate(scenario: Scenario, until: float | None, keep_events: bool) -> Run:
-    """Run a scenario through the core as `simulate` does; keep its events for plots."""
+def simulate(
+    scenario: Scenario, until: float | None, keep_events: bool, progress: Progress | None = None
+) -> Run:
+    """Run a scenario through the core as `simulate` does; keep its events for plots;
+    tell `progress` how far the clock has run (sim/progress.py)."""
     from jupyter_gpuaas.sim.driver import run_scenario
     from jupyter_gpuaas.sim.report import Tally
 
     sink = io.StringIO() if keep_events else None
-    tally = Tally(scenario, sink)
+    tally = Tally(scenario, sink, progress)
     started = time.perf_counter()
     sim = run_scenario(scenario, until=until if until is not None else scenario.until, tally=tally)
     wall = time.perf_counter() - started
+    if progress is not None:
+        progress.finish(sim.end)
     tally.flush()
     waiting_for = getattr(getattr(sim, "core", None), "waiting_for", None)
     result = tally.result(sim.end, wall, waiting_for)

@@ -125,16 +125,28 @@ def build_result(
     return tally.result(end, wall_seconds, waiting_for)
 
 
+#: Decisions between two calls of a Tally's `progress` (a month makes 680,000).
+PROGRESS_EVERY: Final = 2048
+
+
 class Tally:
     """The report's one pass over the decisions, fed as they are made (`add`), so a
     replay need not keep them: a month's 680,000 decisions held to the end took half the
     process's memory, and the pages they were written to ~5% of its time. `events`, when
     given, gets every decision as a JSON line too (`simulate --events`). `result` turns
-    what was seen into the result object once the clock has stopped."""
+    what was seen into the result object once the clock has stopped. `progress`, when
+    given, is told the virtual clock every `PROGRESS_EVERY` decisions (sim/progress.py)."""
 
-    def __init__(self, scenario: Scenario, events: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        events: IO[str] | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
         self.scenario = scenario
         self.events = events
+        self.progress = progress
+        self._progress_due = 0  # the decision count at which progress is told next
         self._lines: list[str] = []
         self._encode = json.JSONEncoder().encode
         self.count = 0  # decisions seen
@@ -163,6 +175,10 @@ class Tally:
         """Take in the next decisions, in the order they were made. A time past `end` is
         counted as `end` (a replay's decisions never are: its clock stops after them)."""
         self.count += len(decisions)
+        if self.progress is not None and decisions and self.count >= self._progress_due:
+            # Counted, not timed: a clock read per call would cost more than the drawing.
+            self._progress_due = self.count + PROGRESS_EVERY
+            self.progress(decisions[-1].t)
         if self.events is not None:
             encode = self._encode
             lines = self._lines

@@ -8,7 +8,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { errorSentence } from './format';
-import type { Device, GpuKernelInfo, GpuRequest, Job, Me, Tenant } from './types';
+import type { AdviceAnswer, Device, GpuKernelInfo, GpuRequest, Job, Me, Tenant } from './types';
 
 /** A refused or failed call, with one sentence for people and the field it names. */
 export class ApiError extends Error {
@@ -83,6 +83,11 @@ export class GpuApi {
 
   devices(): Promise<{ simulated: boolean; message?: string; devices: Device[] }> {
     return this.call('gpuaas/api/devices');
+  }
+
+  /** Right-sizing advice about my own work (`GET api/advice`). */
+  advice(since = '30d'): Promise<AdviceAnswer> {
+    return this.call<AdviceAnswer>(`gpuaas/api/advice?since=${encodeURIComponent(since)}`);
   }
 
   kernels(): Promise<GpuKernelInfo[]> {

@@ -7,6 +7,7 @@
 
 import { Poll } from '@lumino/polling';
 
+import { ADVICE_MAX_AGE_MS } from './advice';
 import { ApiError, GpuApi } from './api';
 import { EventConnection } from './connection';
 import { Change, GpuModel, Notice, Snapshot } from './model';
@@ -33,6 +34,8 @@ export class GpuController {
   private panelVisible = false;
   private reloading: Promise<void> | null = null;
   private tenantsTimer: number | null = null;
+  private adviceAt = 0;
+  private adviceReading = false;
 
   constructor(private readonly options: ControllerOptions) {
     this.api = options.api;
@@ -64,6 +67,29 @@ export class GpuController {
     this.panelVisible = visible;
     if (visible) {
       void this.fast.refresh();
+      void this.refreshAdvice();
+    }
+  }
+
+  /**
+   * My advice, read when the panel is shown and the last answer is older than
+   * ADVICE_MAX_AGE_MS: it changes over days, and each read replays the gateway's history
+   * (the gateway caches it, and answers a stale one or a 503 while it works).
+   */
+  async refreshAdvice(): Promise<void> {
+    const now = Date.now();
+    if (this.adviceReading || now - this.adviceAt < ADVICE_MAX_AGE_MS) {
+      return;
+    }
+    this.adviceReading = true;
+    try {
+      const answer = await this.api.advice();
+      this.adviceAt = answer.stale ? 0 : now; // a stale answer: ask again on the next show
+      this.emit(this.model.setAdvice(answer));
+    } catch (e) {
+      this.emit(this.model.setAdvice(null, e instanceof ApiError ? e.message : String(e)));
+    } finally {
+      this.adviceReading = false;
     }
   }
 

@@ -9,6 +9,7 @@
 
 import { duration, endedWords, gpuWords, isEnded, ordinal } from './format';
 import type {
+  AdviceAnswer,
   Device,
   GatewayEvent,
   GpuKernelInfo,
@@ -18,7 +19,7 @@ import type {
   Tenant
 } from './types';
 
-export type Section = 'work' | 'quota' | 'devices' | 'jobs' | 'connection';
+export type Section = 'work' | 'quota' | 'devices' | 'jobs' | 'connection' | 'advice';
 
 /** What changed: a section and the keys of its rows (empty: redraw the whole section). */
 export interface Change {
@@ -76,6 +77,9 @@ export class GpuModel {
   tenants: Tenant[] = [];
   devices: Device[] = [];
   simulated = false;
+  /** My advice (`GET api/advice`), the last one read; and why the last read failed. */
+  advice: AdviceAnswer | null = null;
+  adviceError = '';
   jobs = new Map<string, Job>();
   warnings = new Map<string, Warning>();
   /** My requests under a preemption warning, by request id. */
@@ -187,6 +191,13 @@ export class GpuModel {
       this.rememberTitle(k);
     }
     return changed.length ? [{ section: 'work', keys: changed }] : [];
+  }
+
+  /** `GET api/advice`'s answer, or why it could not be read (one sentence). */
+  setAdvice(answer: AdviceAnswer | null, error = ''): Change[] {
+    this.advice = answer ?? this.advice;
+    this.adviceError = error;
+    return [{ section: 'advice', keys: [] }];
   }
 
   setTenants(tenants: Tenant[], simulated = false): Change[] {

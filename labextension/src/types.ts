@@ -155,3 +155,24 @@ export interface GatewayEvent {
     [key: string]: unknown;
   };
 }
+
+/** One piece of `GET api/advice`: a sentence about whom, and why it is believed. */
+export interface Advice {
+  kind: 'smaller_gpu' | 'move_quota';
+  subject: string;
+  tenant: string;
+  flavor: string;
+  sentence: string;
+  evidence: Record<string, unknown>;
+}
+
+/** `GET api/advice`: a user sees only the advice about their own work. */
+export interface AdviceAnswer {
+  advice: Advice[];
+  since: number;
+  until: number;
+  requests: number;
+  min_grants: number;
+  /** The last answer, given while a fresher one is worked out (advice_deadline). */
+  stale?: boolean;
+}

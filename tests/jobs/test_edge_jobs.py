@@ -149,3 +149,9 @@ def test_the_proxy_checks_the_decoded_path(server: Server, gateway: Gateway) -> 
     assert status == 200 and body["name"] == "alice", body
     status, body = raw(server, "GET", "gpuaas/api/requests/r-0123456789abcdef")
     assert status == 404 and "no request" in body["error"], body
+    # The sidebar's advice (api/advice): the user's own, through the server's token.
+    status, body = raw(server, "GET", "gpuaas/api/advice?since=7d")
+    assert status == 200 and isinstance(body, dict), (status, body)
+    assert body["advice"] == [] and body["stale"] is False, body
+    status, body = raw(server, "GET", "gpuaas/api/advice/x")  # no such route: not forwarded
+    assert status == 404 and "api/advice/x" not in gateway.log.read_text(errors="replace")

@@ -1,9 +1,10 @@
-/** The left-area panel "GPUs": a connection banner and four sections (landmarks). */
+/** The left-area panel "GPUs": a connection banner and five sections (landmarks). */
 
 import { Widget } from '@lumino/widgets';
 
 import { Change, GpuModel } from '../model';
 import { Actions } from './actions';
+import { AdviceSection } from './advice';
 import { DevicesSection } from './devices';
 import { h } from './dom';
 import { JobsSection } from './jobs';
@@ -15,6 +16,7 @@ export class GpuPanel extends Widget {
   readonly quota: QuotaSection;
   readonly devices: DevicesSection;
   readonly jobs: JobsSection;
+  readonly advice: AdviceSection;
   private banner: HTMLElement;
   private ticker: number | null = null;
 
@@ -33,13 +35,15 @@ export class GpuPanel extends Widget {
     this.quota = new QuotaSection(model);
     this.devices = new DevicesSection(model);
     this.jobs = new JobsSection(model, actions);
+    this.advice = new AdviceSection(model);
     this.node.append(
       // A div, not a <header>: a banner landmark inside the panel's region is misplaced.
       h('div', { class: 'jp-gpuaas-header' }, h('h1', { class: 'jp-gpuaas-h1', text: 'GPUs' }), this.banner),
       this.work.root,
       this.quota.root,
       this.devices.root,
-      this.jobs.root
+      this.jobs.root,
+      this.advice.root
     );
     model.onChange(changes => this.apply(changes));
     this.apply([{ section: 'connection', keys: [] }]);
@@ -64,6 +68,9 @@ export class GpuPanel extends Widget {
           break;
         case 'connection':
           this.showConnection();
+          break;
+        case 'advice':
+          this.advice.update();
           break;
       }
     }

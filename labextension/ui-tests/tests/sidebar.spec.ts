@@ -118,13 +118,18 @@ test.afterEach(async ({ page }) => {
   await shutdownAll(page);
 });
 
-test('opens the GPUs panel with its four sections', async ({ page }) => {
+test('opens the GPUs panel with its five sections', async ({ page }) => {
   const tab = page.locator('.jp-SideBar [data-id="jp-gpuaas-panel"]');
   await expect(tab).toHaveAttribute('title', /GPUs/);
   const panel = await openPanel(page);
-  for (const name of ['My work', 'Team quota', 'Devices', 'Jobs']) {
+  for (const name of ['My work', 'Team quota', 'Devices', 'Jobs', 'Advice']) {
     await expect(panel.getByRole('region', { name })).toBeVisible();
   }
+  // My advice, read through the server's proxy from the gateway's api/advice: a fresh
+  // gateway has no history, so none, and the sentence says why.
+  await expect(panel.getByRole('region', { name: 'Advice' })).toContainText(
+    'No advice about your GPU use in the last 30 days: nothing stands out on at least 10 grants.'
+  );
   await expect(panel.locator('.jp-gpuaas-device')).toHaveCount(2);
   await expect(panel.locator('.jp-gpuaas-device').first()).toContainText('free');
   await expect(panel.getByText('Simulated devices')).toBeVisible();
