@@ -17,6 +17,9 @@ or `gpuaas-kubernetes`), once the extension is attached (`attach`):
   while it waits is refused in a sentence;
 - our own widgets' comm traffic on its iopub is not activity (activity.py).
 
+Every kernel's `history_request` (a notebook asks it at each connection: every page load,
+reload or restore) is not activity either (`untracked_message_types`).
+
 Only overridable methods are overridden (each says why), and no attribute of
 jupyter_client or jupyter_server that they keep private is read or written.
 
@@ -123,6 +126,18 @@ class GpuaasKernelManager(AsyncMappingKernelManager):
         kernels start as pending kernels whatever this says (unless
         GpuaasExtension.use_pending_kernels is off): they may wait long for their GPUs.""",
     ).tag(config=True)
+
+    @default("untracked_message_types")
+    def _untracked_with_history(self) -> list[str]:
+        # A notebook asks its kernel for its input history (`history_request`) each time
+        # it connects: every page load, reload or restore. jupyter_server counts that as
+        # activity (it is not among its untracked types), which made a reload reset the
+        # idle clock of every kernel (the gateway's, through decide_busy, and the Hub's).
+        # Opening a page is not work; configured values still win.
+        default_types = list(
+            AsyncMappingKernelManager.class_traits()["untracked_message_types"].default()
+        )
+        return [*default_types, "history_request", "history_reply"]
 
     #: The extension, once it attached itself; None: a plain AsyncMappingKernelManager.
     gpuaas: GpuaasExtension | None = None

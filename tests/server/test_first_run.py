@@ -13,6 +13,7 @@ Not marked `@pytest.mark.asyncio`, for the reason given in test_gpu_kernels.py.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -170,3 +171,46 @@ async def test_with_the_knob_off_and_for_api_kernels_the_gpu_is_asked_for_at_onc
 async def _with_request(jp_fetch: Any, kernel_id: str) -> dict[str, Any] | None:
     record = await gpu_kernel(jp_fetch, kernel_id)
     return record if record["request_id"] else None
+
+
+async def test_a_reload_is_no_activity_for_a_kernel_that_runs(
+    gpu_app: Any,
+    jp_fetch: Callable[..., Awaitable[Any]],
+    jp_ws_fetch: Any,
+    gateway: GatewayProc,
+) -> None:
+    """A reloaded page reconnects and asks kernel_info, comm_info and its notebook's input
+    history (JupyterLab's NotebookHistory, at every connection): none of it is work, so
+    the idle clock of a kernel idle on its GPU goes on."""
+    kid, nb = await reopen(jp_fetch, jp_ws_fetch, "idle-run.ipynb")
+    cell = nb.execute("x = 1")
+    await nb.next(of_type("execute_reply", cell), 60)
+    ext = gpu_extension(gpu_app)
+    record = ext.table.get(kid)
+    assert record is not None and record.state == "running"
+    ran = time.time()
+    await wait_for(
+        lambda: record.idle_since is not None and record.idle_since > ran,
+        30,
+        "the kernel judged idle after its run",
+    )
+    idle_since = record.idle_since
+    nb.ws.close()
+
+    nb = await open_notebook(jp_ws_fetch, kid)
+    for msg_type in ("kernel_info_request", "comm_info_request"):
+        ask(nb, msg_type)
+    history = nb.session.msg(
+        "history_request", {"output": False, "raw": True, "hist_access_type": "tail", "n": 10}
+    )
+    history.update(channel="shell", buffers=[])
+    nb.ws.write_message(json.dumps(history, default=str))
+    hid = history["header"]["msg_id"]
+    await nb.next(
+        lambda m: of_type("status", hid)(m) and m["content"]["execution_state"] == "idle", 30
+    )
+    await nb.next(of_type("history_reply", hid), 30)  # kept if it came first
+    await ext.heartbeat_once()
+    assert record.idle_since == idle_since
+    assert record.provisioner.lease is not None and record.provisioner.lease.busy is False
+    nb.ws.close()
