@@ -134,9 +134,8 @@ class GpuaasKernelManager(AsyncMappingKernelManager):
         # activity (it is not among its untracked types), which made a reload reset the
         # idle clock of every kernel (the gateway's, through decide_busy, and the Hub's).
         # Opening a page is not work; configured values still win.
-        default_types = list(
-            AsyncMappingKernelManager.class_traits()["untracked_message_types"].default()
-        )
+        trait = AsyncMappingKernelManager.class_traits()["untracked_message_types"]
+        default_types = [str(t) for t in trait.default() or []]
         return [*default_types, "history_request", "history_reply"]
 
     #: The extension, once it attached itself; None: a plain AsyncMappingKernelManager.
