@@ -13,7 +13,6 @@ Not marked `@pytest.mark.asyncio`, for the reason given in test_gpu_kernels.py.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -188,12 +187,14 @@ async def test_a_reload_is_no_activity_for_a_kernel_that_runs(
     ext = gpu_extension(gpu_app)
     record = ext.table.get(kid)
     assert record is not None and record.state == "running"
-    ran = time.time()
-    await wait_for(
-        lambda: record.idle_since is not None and record.idle_since > ran,
-        30,
-        "the kernel judged idle after its run",
-    )
+    # Two renewal rounds after the run: the later one judged the kernel after the run's
+    # last message, so its verdict (idle) stands until something new happens.
+    lease = record.provisioner.lease
+    assert lease is not None
+    for _ in range(2):
+        last = lease.renewed_at
+        await wait_for(lambda last=last: lease.renewed_at != last, 30, "a renewal round")
+    await wait_for(lambda: record.idle_since is not None, 30, "the kernel judged idle")
     idle_since = record.idle_since
     nb.ws.close()
 
