@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "DEFERRED_KERNEL",
     "Release",
     "about",
     "about_field",
@@ -467,3 +468,8 @@ def ending_sentence(req: Mapping[str, Any], viewer: str | None = None) -> str:
     if state == "cancelled":
         return "The GPU request was cancelled."
     return f"{yours.capitalize()} ended: {words}."
+
+
+#: A notebook's GPU kernel that asks for its GPU only when a cell runs (server/kernels.py's
+#: `deferred` state): the sidebar's row, the status bar and the kernel model say this.
+DEFERRED_KERNEL = "GPU kernel: takes a GPU when you run a cell"

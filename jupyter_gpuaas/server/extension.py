@@ -119,6 +119,18 @@ class GpuaasExtension(ExtensionApp):
         "granted. Off: jupyter_server holds the websocket until the kernel starts.",
     ).tag(config=True)
 
+    take_gpu_at_first_run = Bool(
+        True,
+        help="A notebook's GPU kernel asks for its GPUs when its first cell runs, not when "
+        "the notebook opens: JupyterLab starts the kernel of every notebook it opens, "
+        "reopens or restores (after a page reload or a new login), and such a kernel "
+        'waits with no GPU request, shown as "GPU kernel: takes a GPU when you run a '
+        'cell", until a cell runs; then it queues and runs the cell once admitted. '
+        "Kernels started through the REST API (POST api/kernels) ask at once. Needs "
+        "use_pending_kernels and tell_waiting. Off: every GPU kernel asks for its GPUs "
+        "as it starts.",
+    ).tag(config=True)
+
     submit_wait = Seconds(
         5.0,
         help="Seconds a kernel start waits for the gateway's first answer, so a request "

@@ -6,6 +6,9 @@ extension's enablement). Every kernel that is not a GPU kernel is managed exactl
 jupyter_server manages it. For a GPU kernel (a kernelspec whose provisioner is `gpuaas`
 or `gpuaas-kubernetes`), once the extension is attached (`attach`):
 
+- a notebook's GPU kernel (one JupyterLab starts through a session, also when it reopens
+  or restores a notebook) asks for its GPUs only when its first cell runs
+  (`GpuaasExtension.take_gpu_at_first_run`); until then it waits with no request;
 - it starts as a *pending* kernel, so the REST call that starts it returns while the
   kernel waits in the gateway's queue; the call waits only for the gateway's first
   answer (`GpuaasExtension.submit_wait`), so a request that can never be admitted fails
@@ -13,6 +16,9 @@ or `gpuaas-kubernetes`), once the extension is attached (`attach`):
 - shutting it down or interrupting it while it waits cancels its request; restarting it
   while it waits is refused in a sentence;
 - our own widgets' comm traffic on its iopub is not activity (activity.py).
+
+Every kernel's `history_request` (a notebook asks it at each connection: every page load,
+reload or restore) is not activity either (`untracked_message_types`).
 
 Only overridable methods are overridden (each says why), and no attribute of
 jupyter_client or jupyter_server that they keep private is read or written.
@@ -41,7 +47,7 @@ from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelMana
 from tornado import web
 from traitlets import Bool, default, observe
 
-from .kernels import is_gpu_spec
+from .kernels import DEFERRED, is_gpu_spec
 
 if TYPE_CHECKING:
     from .extension import GpuaasExtension
@@ -121,6 +127,17 @@ class GpuaasKernelManager(AsyncMappingKernelManager):
         GpuaasExtension.use_pending_kernels is off): they may wait long for their GPUs.""",
     ).tag(config=True)
 
+    @default("untracked_message_types")
+    def _untracked_with_history(self) -> list[str]:
+        # A notebook asks its kernel for its input history (`history_request`) each time
+        # it connects: every page load, reload or restore. jupyter_server counts that as
+        # activity (it is not among its untracked types), which made a reload reset the
+        # idle clock of every kernel (the gateway's, through decide_busy, and the Hub's).
+        # Opening a page is not work; configured values still win.
+        trait = AsyncMappingKernelManager.class_traits()["untracked_message_types"]
+        default_types = [str(t) for t in trait.default() or []]
+        return [*default_types, "history_request", "history_reply"]
+
     #: The extension, once it attached itself; None: a plain AsyncMappingKernelManager.
     gpuaas: GpuaasExtension | None = None
 
@@ -191,6 +208,10 @@ class GpuaasKernelManager(AsyncMappingKernelManager):
         token = None
         if ext.use_pending_kernels:
             token = _starting_gpu_kernel.set(_current_task())
+        deferred = None
+        if self._takes_gpu_at_first_run(ext, kwargs):
+            deferred = kwargs["kernel_id"] = kwargs.get("kernel_id") or self.new_kernel_id()
+            ext.table.deferrals.add(deferred)  # the provisioner's acquire() takes it
         try:
             kernel_id = await super().start_kernel(**kwargs)
         except GpuAdmissionError as e:  # not pending: the start itself failed
@@ -198,8 +219,32 @@ class GpuaasKernelManager(AsyncMappingKernelManager):
         finally:
             if token is not None:
                 _starting_gpu_kernel.reset(token)
+            if deferred is not None and deferred not in self:  # failed before it began
+                ext.table.deferrals.discard(deferred)
         await self._first_answer(ext, kernel_id)
         return kernel_id
+
+    @staticmethod
+    def _takes_gpu_at_first_run(ext: GpuaasExtension, kwargs: dict[str, Any]) -> bool:
+        """Whether this start is a notebook's (or a console's), whose kernel asks for its
+        GPUs only when its first cell runs (`GpuaasExtension.take_gpu_at_first_run`).
+
+        JupyterLab starts every kernel it opens, reopens or restores through a session
+        (`POST api/sessions`), and the session manager alone puts `JPY_SESSION_NAME` in
+        the kernel's environment: that is how such a start is told from a program's
+        `POST api/kernels`, which asked for a kernel to use now and keeps its GPU request
+        (and its immediate 422 when the request can never be admitted). The first run
+        reaches the kernel over its websocket, which only the waiting connection class
+        (`tell_waiting`) accepts before the kernel starts, and only a pending start
+        returns before it: without both, the start takes its GPU at once, as before.
+        """
+        env = kwargs.get("env") or {}
+        return bool(
+            ext.take_gpu_at_first_run
+            and ext.use_pending_kernels
+            and ext.tell_waiting
+            and "JPY_SESSION_NAME" in env
+        )
 
     async def _first_answer(self, ext: GpuaasExtension, kernel_id: str) -> None:
         """Wait (up to `submit_wait`) for the gateway's first answer; a refusal is a 422."""
@@ -230,6 +275,8 @@ class GpuaasKernelManager(AsyncMappingKernelManager):
         # Overridden: jupyter_client refuses to restart a pending kernel only while the
         # server's `use_pending_kernels` is on, and then in words about pending states.
         record = self.gpuaas.table.get(kernel_id) if self.gpuaas is not None else None
+        if record is not None and record.state == DEFERRED:
+            return None  # it has run nothing yet: it already is what a restart makes
         if record is not None and record.waiting:
             raise RuntimeError(
                 "the kernel is still waiting for a GPU: it cannot restart before it starts"
@@ -261,6 +308,8 @@ class GpuaasKernelManager(AsyncMappingKernelManager):
         # Overridden: jupyter_client refuses to interrupt a pending kernel; a notebook's
         # interrupt button is how a user stops waiting.
         record = self.gpuaas.table.get(kernel_id) if self.gpuaas is not None else None
+        if record is not None and record.state == DEFERRED:
+            return None  # nothing runs, nothing is asked for: nothing to interrupt
         if record is not None and record.waiting:
             record.abort_reason = "interrupted while waiting for a GPU"
             record.poke()

@@ -21,11 +21,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from jupyter_gpuaas.words import DEFERRED_KERNEL
+
 if TYPE_CHECKING:
     from jupyter_gpuaas.client import GatewayClient
 
 #: Kernel-side states (`GpuKernel.state`): what the kernel is doing about its GPUs.
-WAITING = ("submitting", "queued", "parked")
+#: `deferred`: a notebook's kernel that has asked for nothing yet and will at its first
+#: cell run (`GpuKernel.run`); it waits as the others do, only without a request.
+DEFERRED = "deferred"
+WAITING = (DEFERRED, "submitting", "queued", "parked")
 RUNNING = "running"
 ENDED = ("released", "culled", "preempted", "failed", "cancelled", "lost")
 
@@ -88,6 +93,15 @@ class GpuKernel:
             self.answered = asyncio.get_running_loop().create_future()
         return self.answered
 
+    def run(self) -> bool:
+        """A cell was run: a deferred kernel goes on to ask for its GPUs (True if it was
+        deferred; any other kernel is already on its way)."""
+        if self.state != DEFERRED or self.ended is not None:
+            return False
+        self.state = "submitting"
+        self.poke()
+        return True
+
     def poke(self) -> None:
         self.changed.set()
         for event in self.watchers:
@@ -106,6 +120,8 @@ class GpuKernel:
     def sentence(self) -> str:
         """Where this kernel stands, in words: `waiting for 1 a100 (position 2 in vision) …`."""
         what = gpu_words(self.gpus, self.flavor)
+        if self.state == DEFERRED:
+            return DEFERRED_KERNEL
         if self.state == "submitting":
             return f"asking the GPU gateway for {what} …"
         if self.state == "parked":
@@ -240,6 +256,9 @@ class KernelTable:
         self.on_notify: list[Callable[[Notification], None]] = []
         # Kernels shut down before their provisioner even made a record: why, by kernel id.
         self.aborts: dict[str, str] = {}
+        # Kernels whose first start asks for nothing until a cell runs (the kernel
+        # manager marks a notebook's; the provisioner takes the mark: `take_deferral`).
+        self.deferrals: set[str] = set()
         # First answers awaited (the kernel manager's start) before the record was made.
         self._answers: dict[str, asyncio.Future[None]] = {}
 
@@ -281,6 +300,19 @@ class KernelTable:
             if k.request_id == request_id:
                 return k
         return None
+
+    def take_deferral(self, kernel_id: str) -> bool:
+        """Whether this start of the kernel waits for its first cell run (asked once)."""
+        if kernel_id not in self.deferrals:
+            return False
+        self.deferrals.discard(kernel_id)
+        return True
+
+    def drop(self, kernel: GpuKernel) -> None:
+        """A deferred kernel shut down before it ran a cell leaves no history: it never
+        asked the gateway for anything."""
+        if self.live.get(kernel.kernel_id) is kernel:
+            del self.live[kernel.kernel_id]
 
     def retire(self, kernel: GpuKernel) -> None:
         """A kernel that ended leaves the live table; its record stays in the history."""

@@ -37,7 +37,7 @@ from jupyter_gpuaas.claim import Claim, ClaimError
 from jupyter_gpuaas.client import GatewayClient, GatewayError
 from jupyter_gpuaas.holder import Lease, Seconds, follower
 
-from .kernels import ENDED, GpuKernel, KernelTable, table_of
+from .kernels import DEFERRED, ENDED, GpuKernel, KernelTable, table_of
 
 
 class GpuAdmissionError(RuntimeError):
@@ -200,7 +200,12 @@ class GpuKernelHolder(GpuKernelKnobs):
         assert claim is not None
         # Shut down (or interrupted) before the provisioner even got here.
         record.abort_reason = table.aborts.pop(kernel_id, "") or record.abort_reason
+        deferred = not resume and table.take_deferral(kernel_id)
+        if deferred:
+            record.state = DEFERRED
         self.record = table.add(record)
+        if deferred:
+            await self._until_run(record)
         started = time.perf_counter()
         try:
             if not resume:
@@ -229,6 +234,34 @@ class GpuKernelHolder(GpuKernelKnobs):
             record.node,
         )
         return record
+
+    async def _until_run(self, record: GpuKernel) -> None:
+        """A notebook's kernel waits, asking the gateway for nothing, until its first cell
+        runs (the kernel websocket's first `execute_request`: waiting.py calls
+        `GpuKernel.run`); then `acquire` submits its request as for any other start.
+
+        Why here, inside the pending start, rather than a kernel manager state of its
+        own: the pending start already is "a kernel that exists and waits", with its
+        websocket held open, its cells told, and shutdown and interrupt wired to the
+        record; a deferred kernel is that same wait with no request yet. Shut down
+        meanwhile, it leaves nothing at the gateway and no row in the history.
+        """
+        table = self.kernel_table()
+        self._set_reason(record.sentence())
+        record.answer()  # the start's first answer: there is nothing to ask yet
+        watch = record.watch()
+        try:
+            while record.state == DEFERRED and not record.abort_reason:
+                await watch.wait()
+                watch.clear()
+        finally:
+            record.unwatch(watch)
+        if record.abort_reason:
+            record.end("cancelled", record.abort_reason)
+            table.drop(record)
+            self.record = None  # nothing to release, nothing for the history
+            raise GpuAdmissionError(record.abort_reason)
+        self.log.info("GPU kernel %s ran its first cell: asking for its GPUs", record.kernel_id)
 
     async def _submit(self, claim: Claim, record: GpuKernel) -> None:
         try:

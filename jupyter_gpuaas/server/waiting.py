@@ -7,6 +7,9 @@ class accepts the websocket of a *waiting GPU kernel* at once instead, and until
 kernel starts:
 
 - sends an iopub `status` of `starting`, so JupyterLab shows the kernel starting, not lost;
+- for a *deferred* kernel (a notebook's, which asks for its GPUs at its first run:
+  kernel_manager.py), sends `idle` instead, and the first `execute_request` is the run
+  that makes it ask (`GpuKernel.run`), then `starting`;
 - holds every message the notebook sends, in order, and hands them to the kernel once it
   runs (so a cell run while waiting runs on the GPUs, with its outputs in its cell);
 - answers each `execute_request` it holds with a `display_data` in that cell, "waiting
@@ -37,7 +40,7 @@ from jupyter_server.services.kernels.connection.base import (
 )
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 
-from .kernels import GpuKernel, gpu_words, table_of
+from .kernels import DEFERRED, GpuKernel, gpu_words, table_of
 
 V1 = "v1.kernel.websocket.jupyter.org"
 #: Seconds between looks at a waiting kernel's record when no change wakes us sooner.
@@ -63,10 +66,15 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
 
     def _waiting_gpu_kernel(self) -> bool:
         # A live record that waits: a kernel being shut down or restarted also has a
-        # pending `ready`, but its record has ended (or it holds its grant).
+        # pending `ready`, but its record has ended (or it holds its grant). A deferred
+        # kernel whose provisioner has not made its record yet waits too (its websocket
+        # held by jupyter_server, it would never see the run that starts it).
         record = self._live_record()
+        table = table_of(self.kernel_manager)
+        marked = table is not None and self.kernel_id in table.deferrals
         ready = getattr(self.kernel_manager, "ready", None)
-        return record is not None and record.waiting and ready is not None and not ready.done()
+        waits = marked or (record is not None and record.waiting)
+        return waits and ready is not None and not ready.done()
 
     async def prepare(self) -> None:
         if not self._waiting_gpu_kernel():
@@ -111,6 +119,7 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
             header = self._header_of(incoming_msg)
             if header is not None and header.get("msg_type") == "execute_request":
                 self._parents.append(header)
+                self._run_deferred()
                 self._send("display_data", self._display_content(), header)
             return
         super().handle_incoming_message(incoming_msg)
@@ -163,6 +172,15 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
         if self._phase == "joining":
             self._phase = "connected"
 
+    def _run_deferred(self) -> None:
+        """A cell was run: a deferred kernel (a notebook's, before its first run) goes on
+        to ask for its GPUs now. Nothing else the notebook sends (kernel_info, comm_info,
+        a widget's comm) wakes it: opening or reloading a page is no run."""
+        record = self._live_record()
+        if record is not None and self._parents and record.run():
+            self._text = record.sentence()
+            self._send("status", {"execution_state": "starting"}, {})
+
     def _fail(self, reason: str) -> None:
         text = f"The GPU kernel did not start: {reason}\n"
         for parent in self._parents:
@@ -178,7 +196,10 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
     # ------------------------------------------------------------------ telling
 
     async def _tell_while_waiting(self) -> None:
-        self._send("status", {"execution_state": "starting"}, {})
+        # A deferred kernel reads as idle: it is ready to take a cell, which starts it.
+        record = self._live_record()
+        state = "idle" if record is not None and record.state == DEFERRED else "starting"
+        self._send("status", {"execution_state": state}, {})
         watched = None
         event = None
         try:
@@ -189,6 +210,7 @@ class WaitingGpuKernelConnection(ZMQChannelsWebsocketConnection):
                         watched.unwatch(event)
                     watched, event = record, record.watch()
                     self._record = record
+                    self._run_deferred()  # a cell run before the record was made
                 if event is not None:
                     event.clear()
                 text = record.sentence() if record is not None else self._first_text()

@@ -274,6 +274,10 @@ export function statusText(
     return '';
   }
   const state = kernel.state;
+  if (state === 'deferred') {
+    // A notebook's kernel that asks for its GPU at its first cell run: the server's words.
+    return kernel.message ?? '';
+  }
   if (state === 'submitting') {
     return 'GPU: asking for a GPU…';
   }

@@ -264,9 +264,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (statusBar) {
       const status = new GpuStatus(model);
       status.node.addEventListener('click', () => app.shell.activateById(panel.id));
+      const asked = new Set<string>();
       const follow = (): void => {
         const ctx = notebooks?.currentWidget?.sessionContext;
-        status.setKernel(ctx?.session?.kernel?.id ?? null);
+        const id = ctx?.session?.kernel?.id ?? null;
+        status.setKernel(id);
+        // A kernel this page has not read yet: a notebook's GPU kernel waiting for its
+        // first run makes no gateway event, so ask the server once (then the poll
+        // follows it; a CPU kernel is asked about once, not at each of its runs).
+        if (id && !model.kernelById(id) && !asked.has(id)) {
+          asked.add(id);
+          void controller.refreshLocal().catch(() => undefined);
+        }
       };
       if (notebooks) {
         const followed = new WeakSet<NotebookPanel>();

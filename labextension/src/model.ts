@@ -596,6 +596,20 @@ export class GpuModel {
     return this.workRows().filter(r => isEnded(r.state));
   }
 
+  /**
+   * This server's notebook kernels that hold and ask for nothing until a cell runs
+   * (`deferred`): they have no request, so no card; "My work" lists them on a line each.
+   */
+  deferredKernels(): GpuKernelInfo[] {
+    return [...this.kernels.values()].filter(k => k.state === 'deferred' && k.ended === null);
+  }
+
+  /** A kernel's title: its notebook's file name, else the kernel's name. */
+  kernelTitle(k: GpuKernelInfo): string {
+    const path = this.notebooks.get(k.kernel_id);
+    return path ? (path.split('/').pop() ?? path) : k.kernel_name;
+  }
+
   kernelOf(requestId: string): GpuKernelInfo | undefined {
     return this.kernels.get(requestId);
   }

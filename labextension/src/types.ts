@@ -113,6 +113,8 @@ export interface GpuKernelInfo {
   node: string | null;
   devices: number[];
   reason: string | null;
+  /** Where it stands, in the server's words (a `deferred` kernel: it takes a GPU when a cell runs). */
+  message?: string;
   /** A cull warning (`cull_at`) or a preemption warning (`preempt_at`). */
   warning: { message: string; cull_at?: number | null; preempt_at?: number | null; t: number } | null;
   utilization: number | null;

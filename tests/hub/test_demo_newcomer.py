@@ -139,8 +139,9 @@ def test_alice_runs_a_gpu_kernel_in_jupyterlab_and_bob_queues_behind_her(
         shot(alice, "2-alice-jupyterlab-launcher")
         card.click()
 
-        # A cell on the GPU kernel: it starts on its own grant. Type once the kernel is
-        # idle (started on its GPUs), and check the cell has the text before running it.
+        # A cell on the GPU kernel: its first run takes a GPU and the kernel starts on
+        # its own grant. Type once the kernel is idle (connected, waiting for that run),
+        # and check the cell has the text before running it.
         alice.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(
             timeout=90_000
         )

@@ -95,10 +95,14 @@ def test_jupyterlab_with_the_gpu_kernel_its_wait_the_kernels_page_and_a_terminal
 
     # A notebook on the GPU kernel: the cell run while it waits says why.
     gpu_tile.click()
-    # The kernel's websocket opens while it waits and says "starting", where JupyterLab
-    # alone would say "Connecting" until the GPU came. (A cell run before the notebook
-    # has its kernel session is not run at all: JupyterLab's own rule.)
-    page.locator("#jp-main-statusbar").filter(has_text="Python 3 (1 GPU) | Starting").wait_for()
+    # A notebook's GPU kernel asks for its GPU when a cell runs: its websocket opens at
+    # once and says "idle" (where JupyterLab alone would say "Connecting"), and the status
+    # bar says what a run will do. (A cell run before the notebook has its kernel session
+    # is not run at all: JupyterLab's own rule.)
+    page.locator("#jp-main-statusbar").filter(has_text="Python 3 (1 GPU) | Idle").wait_for()
+    page.locator(".jp-gpuaas-status").filter(
+        has_text="GPU kernel: takes a GPU when you run a cell"
+    ).wait_for()
     editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
     editor.wait_for()
     editor.click()

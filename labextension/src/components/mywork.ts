@@ -26,6 +26,7 @@ export class MyWorkSection {
   private history: HTMLDetailsElement;
   private historySummary: HTMLElement;
   private historyRows: Rows<GpuRequest>;
+  private deferred: HTMLElement;
 
   constructor(
     private readonly model: GpuModel,
@@ -46,7 +47,10 @@ export class MyWorkSection {
     this.historySummary = h('summary', { class: 'jp-gpuaas-history-summary' });
     this.history = h('details', { class: 'jp-gpuaas-history' }, this.historySummary, historyList);
     this.history.open = true; // shown, one short line each; a click folds it
-    s.body.append(this.list, this.empty, this.history);
+    // Notebooks whose GPU kernel asks for a GPU only when a cell runs: no request, so no
+    // card, one line each ("train.ipynb · GPU kernel: takes a GPU when you run a cell").
+    this.deferred = h('ul', { class: 'jp-gpuaas-deferred-list', 'aria-label': 'GPU kernels not started yet' });
+    s.body.append(this.list, this.deferred, this.empty, this.history);
     this.rows = new Rows(this.list, (r, row) => this.renderRow(r, row));
     this.historyRows = new Rows(historyList, (r, row) => this.renderEnded(r, row));
   }
@@ -65,7 +69,20 @@ export class MyWorkSection {
     );
     this.history.hidden = ended.length === 0;
     this.historySummary.textContent = `Ended recently (${ended.length})`;
-    this.empty.hidden = items.length > 0;
+    const deferred = this.model.deferredKernels();
+    this.deferred.replaceChildren(
+      ...deferred.map(k => {
+        const title = this.model.kernelTitle(k);
+        return h('li', {
+          class: 'jp-gpuaas-deferred',
+          'data-kernel': k.kernel_id,
+          title,
+          text: `${title} · ${k.message ?? ''}`
+        });
+      })
+    );
+    this.deferred.hidden = deferred.length === 0;
+    this.empty.hidden = items.length > 0 || deferred.length > 0;
     const queued = items.filter(r => r.state === 'queued').length;
     const running = items.filter(r => r.state === 'admitted').length;
     this.summary.textContent = items.length ? ` · ${running} running, ${queued} queued` : '';

@@ -37,11 +37,20 @@ async function xsrf(page: IJupyterLabPageFixture): Promise<Record<string, string
   return token ? { 'X-XSRFToken': token } : {};
 }
 
-/** A notebook session on a GPU kernel, as JupyterLab would start it (REST, same origin). */
+/**
+ * A notebook session on a GPU kernel that asks for its GPU at once (REST, same origin):
+ * the kernel started by `POST api/kernels`, as a program starts one, then the notebook's
+ * session on it. A kernel JupyterLab starts for a session would wait for its first cell
+ * run (GpuaasExtension.take_gpu_at_first_run; the test after the first one).
+ */
 async function startSession(page: IJupyterLabPageFixture, name: string, kernel: string): Promise<string> {
+  const headers = await xsrf(page);
+  const started = await page.request.post('api/kernels', { headers, data: { name: kernel } });
+  expect(started.ok()).toBeTruthy();
+  const id = (await started.json()).id as string;
   const resp = await page.request.post('api/sessions', {
-    headers: await xsrf(page),
-    data: { path: name, name, type: 'notebook', kernel: { name: kernel } }
+    headers,
+    data: { path: name, name, type: 'notebook', kernel: { id, name: kernel } }
   });
   expect(resp.ok()).toBeTruthy();
   return (await resp.json()).kernel.id as string;
@@ -141,6 +150,120 @@ test('opens the GPUs panel with its five sections', async ({ page }) => {
   // Nothing in the panel is a raw JSON dump.
   expect(await panel.innerText()).not.toMatch(/[{[]"/);
   await panel.screenshot({ path: `${ARTIFACTS}/panel-empty.png` });
+});
+
+/** A notebook saved with a GPU kernel, as a user's is: JupyterLab starts that kernel. */
+function gpuNotebook(code: string): string {
+  return JSON.stringify({
+    cells: [{ cell_type: 'code', source: code, metadata: {}, outputs: [], execution_count: null }],
+    metadata: { kernelspec: { name: 'gpu1', display_name: 'GPU 1', language: 'python' } },
+    nbformat: 4,
+    nbformat_minor: 5
+  });
+}
+
+/** My live GPU requests at the gateway (queued or admitted). */
+async function liveRequests(request: APIRequestContext): Promise<any[]> {
+  const out: any[] = [];
+  for (const state of ['queued', 'admitted']) {
+    const resp = await request.get(`${GATEWAY}api/requests?user=alice&state=${state}`, {
+      headers: { Authorization: `token ${ADMIN}` }
+    });
+    out.push(...(await resp.json()));
+  }
+  return out;
+}
+
+/** The kernel of each open notebook's session, by path. */
+async function sessionKernels(page: IJupyterLabPageFixture, paths: string[]): Promise<string[]> {
+  const sessions = await (await page.request.get('api/sessions')).json();
+  return paths.map(p => sessions.find((s: any) => s.path === p)?.kernel?.id ?? '');
+}
+
+async function gpuRecords(page: IJupyterLabPageFixture, ids: string[]): Promise<any[]> {
+  const all = await (await page.request.get('gpuaas/kernels')).json();
+  return ids.map(id => all.find((k: any) => k.kernel_id === id && k.ended === null));
+}
+
+test('reopened GPU notebooks take no GPU until a cell runs; running one takes one', async ({ page, tmpPath }) => {
+  const names = ['train.ipynb', 'eval.ipynb', 'plot.ipynb'];
+  const paths = names.map(n => `${tmpPath}/${n}`);
+  for (const p of paths) {
+    await page.contents.uploadContent(gpuNotebook('print(6 * 7)'), 'text', p);
+  }
+  for (const p of paths) {
+    await page.notebook.openByPath(p); // JupyterLab starts each notebook's GPU kernel
+  }
+  const said = 'GPU kernel: takes a GPU when you run a cell';
+  const panel = await openPanel(page);
+  const deferredLines = panel.locator('.jp-gpuaas-deferred');
+
+  // Open, then reloaded (JupyterLab restores the three notebooks and reconnects their
+  // kernels): each time, three kernels wait with no GPU request, and the sidebar and the
+  // notebook say so.
+  for (const step of ['opened', 'reloaded']) {
+    let kernels: string[] = [];
+    await expect
+      .poll(async () => {
+        kernels = await sessionKernels(page, paths);
+        return (await gpuRecords(page, kernels)).map(k => k?.state ?? null);
+      }, { message: `the three kernels ${step}` })
+      .toEqual(['deferred', 'deferred', 'deferred']);
+    for (const k of await gpuRecords(page, kernels)) {
+      expect(k.request_id).toBeNull();
+      expect(k.message).toBe(said);
+    }
+    expect(await liveRequests(page.request)).toEqual([]);
+    await expect(deferredLines).toHaveCount(3);
+    for (const n of names) {
+      await expect(deferredLines.filter({ hasText: n })).toHaveText(`${n} · ${said}`);
+    }
+    if (step === 'opened') {
+      await expect(page.locator('.jp-gpuaas-status')).toHaveText(said); // the current notebook's
+      await expect(page.locator('#jp-main-statusbar')).toContainText('Idle');
+    }
+    await panel.screenshot({ path: `${ARTIFACTS}/panel-deferred-${step}.png` });
+    if (step === 'opened') {
+      // Galata's own readiness check waits for a Launcher, which a restored layout has not.
+      // (Galata's reload takes `waitForIsReady`; the fixture's type shows Playwright's.)
+      const galataPage = page as unknown as { reload(o: { waitForIsReady: boolean }): Promise<unknown> };
+      await galataPage.reload({ waitForIsReady: false });
+      await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
+      await page.evaluate(() => (window as any).jupyterapp.restored); // the layout restored
+      await openPanel(page);
+    }
+  }
+
+  // Running a cell of one notebook asks for one GPU, which is granted; its output comes.
+  // Which notebook is current after the restore is JupyterLab's choice: that one runs.
+  for (const p of paths) {
+    await page.evaluate(p => (window as any).jupyterapp.commands.execute('docmanager:open', { path: p }), p);
+  }
+  const current = (): Promise<string> =>
+    page.evaluate(() => (window as any).jupyterapp.shell.currentWidget?.context?.path ?? '');
+  const target = await current();
+  expect(paths).toContain(target);
+  await expect(page.locator('.jp-gpuaas-status')).toHaveText(said);
+  await expect(page.locator('#jp-main-statusbar')).toContainText('Idle');
+  await page.notebook.runCell(0);
+  expect(await current()).toBe(target);
+  expect(await page.notebook.getCellTextOutput(0)).toEqual(['42\n']);
+  const live = await liveRequests(page.request);
+  expect(live.map(r => r.state)).toEqual(['admitted']);
+  const [ran] = await gpuRecords(page, await sessionKernels(page, [target]));
+  expect(ran.request_id).toBe(live[0].id);
+  await expect(row(panel, live[0].id)).toHaveAttribute('data-state', 'admitted');
+  await expect(page.locator('.jp-gpuaas-status')).toContainText('a100 ×1');
+  // The two others still hold nothing.
+  await expect(deferredLines).toHaveCount(2);
+  await expect(deferredLines.filter({ hasText: path.basename(target) })).toHaveCount(0);
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-deferred-ran.png` });
+  for (const n of names) {
+    if (await page.notebook.isOpen(n)) {
+      await page.notebook.activate(n);
+      await page.notebook.close(true);
+    }
+  }
 });
 
 test('a second GPU kernel queues, then is admitted when the first is shut down', async ({ page, tmpPath }) => {
