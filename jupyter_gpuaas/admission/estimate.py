@@ -27,8 +27,12 @@ The budget: at most `max_events` ends per run, nothing beyond `horizon` seconds,
 when the driver passes its `clock`, at most `budget` seconds of that clock for the three
 runs together (a third each): a request not started by then has no estimate, and says so.
 The gateway runs them on its event loop, so a long queue must cost it a bounded pause,
-never seconds. Pure: no clock of its own, no I/O; the driver passes the time, the core,
-the history and (optionally) a clock to read in.
+never seconds: `estimate_steps` is the same computation in steps (a generator that
+yields every `STEP` events of a run and every `STEP` requests of a copy), which the
+gateway advances a few milliseconds at a time between its other work, on a copy taken
+at the start (`Snapshot`: the live core may change between steps). Pure: no clock of
+its own, no I/O; the driver passes the time, the core, the history and (optionally) a
+clock to read in.
 """
 
 from __future__ import annotations
@@ -37,11 +41,14 @@ import dataclasses
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from .core import AdmissionCore
 from .heap import heappop, heappush
 from .model import Config, Decision, Flavor, Request, State
+
+_T = TypeVar("_T")
 
 #: Past grants it takes to trust a distribution of hold times (fewer: the next wider one).
 MIN_SAMPLES = 5
@@ -50,6 +57,9 @@ THIN_HISTORY = 20
 #: The quantiles of hold times of the low, middle and high runs (calibrated by
 #: `simulate --estimates` on the month trace; benchmarks/RESULTS.md).
 QUANTILES = (0.25, 0.5, 0.75)
+#: Events of a run (or requests restored into a copy) between two steps of
+#: `estimate_steps`, and between two readings of the driver's clock.
+STEP = 32
 #: A grant younger than this, with no past grants to go by, has no known end: its age
 #: says nothing yet (a job that started a minute ago may run a minute or a day).
 MIN_AGE = 600.0
@@ -203,7 +213,7 @@ class _Run:
 
     def __init__(
         self,
-        core: AdmissionCore,
+        copy: AdmissionCore,
         now: float,
         history: History,
         q: float,
@@ -220,7 +230,7 @@ class _Run:
         self.ends = Ends()
         self.started: dict[str, float] = {}
         self.stuck = False  # some grant's end is unknown: it never ends in this run
-        self.copy = rebuild(core, now)
+        self.copy = copy  # a rebuilt copy of the core (`Snapshot.rebuild`), this run's own
         # (time, order, request id, its admission time): predicted ends of grants.
         self.heap: list[tuple[float, int, str, float]] = []
         self.order = 0
@@ -274,9 +284,9 @@ class _Run:
         max_events: int,
         clock: Callable[[], float] | None = None,
         stop_at: float = math.inf,
-    ) -> None:
+    ) -> Generator[None, None, None]:
         """Until every request of `waiting` started, or the budget is spent (`max_events`,
-        or `clock()` past `stop_at`, read every 32 steps)."""
+        or `clock()` past `stop_at`, read every `STEP` steps); yields every `STEP` steps."""
         copy = self.copy
         self.follow(copy.step(self.now), self.now)
         events = 0
@@ -294,8 +304,10 @@ class _Run:
             if t == math.inf or t > limit:
                 return
             steps += 1
-            if clock is not None and steps % 32 == 0 and clock() > stop_at:
-                return  # out of time: what has not started has no estimate
+            if steps % STEP == 0:
+                yield  # the driver's other work goes in between (the copy is ours alone)
+                if clock is not None and clock() > stop_at:
+                    return  # out of time: what has not started has no estimate
             decisions: list[Decision] = []
             while (
                 self.next_arrival < len(arrivals) and arrivals[self.next_arrival].submit_time <= t
@@ -335,23 +347,50 @@ def _submitted(r: Request) -> float:
     return r.submit_time
 
 
+class Snapshot:
+    """What a copy of the core is rebuilt from, taken at once: the config, the nodes and a
+    copy of each live request (the live core may change while copies are made from it)."""
+
+    def __init__(self, core: AdmissionCore) -> None:
+        self.config = core.config
+        self.nodes = [(n.flavor, n.name, n.gpus, n.autoscaled) for n in core.nodes()]
+        self.requests = [_clone(r) for r in sorted(core.live_requests(), key=_seq)]
+
+    def rebuild(self, now: float) -> Generator[None, None, AdmissionCore]:
+        """A copy of the core that shares nothing mutable with it: its nodes, and a copy of
+        each live request restored into it as a gateway restart restores them (yields
+        every `STEP` requests). Leases are off in the copy (its holders send no
+        heartbeats), and it takes over no parked reservation."""
+        config = self.config
+        flavors = {n: Flavor(f.name, 0, f.gpus_per_node) for n, f in config.flavors.items()}
+        policy = dataclasses.replace(config.policy, lease_ttl=0.0, take_over_parked=False)
+        copy = AdmissionCore(Config(flavors, config.tenants, policy, config.cohorts))
+        for flavor, name, gpus, autoscaled in self.nodes:
+            copy.add_node(flavor, name, gpus, now, autoscaled=autoscaled)
+        for i, req in enumerate(self.requests):
+            if i % STEP == STEP - 1:
+                yield
+            clone = _clone(req)
+            clone.lease_expires = None
+            if clone.state is State.QUEUED:
+                clone.busy = True  # held as long as past grants were, culls included
+            copy.restore(clone, now)
+        return copy
+
+
 def rebuild(core: AdmissionCore, now: float) -> AdmissionCore:
-    """A copy of `core` that shares nothing mutable with it: its nodes, and a copy of each
-    live request restored into it as a gateway restart restores them. Leases are off in
-    the copy (its holders send no heartbeats), and it takes over no parked reservation."""
-    config = core.config
-    flavors = {n: Flavor(f.name, 0, f.gpus_per_node) for n, f in config.flavors.items()}
-    policy = dataclasses.replace(config.policy, lease_ttl=0.0, take_over_parked=False)
-    copy = AdmissionCore(Config(flavors, config.tenants, policy, config.cohorts))
-    for node in core.nodes():
-        copy.add_node(node.flavor, node.name, node.gpus, now, autoscaled=node.autoscaled)
-    for req in sorted(core.live_requests(), key=_seq):
-        clone = _clone(req)
-        clone.lease_expires = None
-        if clone.state is State.QUEUED:
-            clone.busy = True  # held as long as past grants were, culls included
-        copy.restore(clone, now)
-    return copy
+    """A copy of `core` that shares nothing mutable with it (`Snapshot.rebuild`, at once)."""
+    return _finish(Snapshot(core).rebuild(now))
+
+
+def _finish(steps: Generator[None, None, _T]) -> _T:
+    """Run a generator of steps to its end: its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            value: _T = done.value
+            return value
 
 
 def _seq(req: Request) -> int:
@@ -394,7 +433,7 @@ def _clone(r: Request) -> Request:
     )
 
 
-def estimate_waits(
+def estimate_steps(
     core: AdmissionCore,
     now: float,
     history: History,
@@ -408,13 +447,18 @@ def estimate_waits(
     arrivals: Sequence[Request] = (),
     clock: Callable[[], float] | None = None,
     budget: float = math.inf,
-) -> dict[str, Estimate]:
+) -> Generator[None, None, dict[str, Estimate]]:
     """The estimated wait of every queued request of `core` (or of those in `only`), from
     three forward runs. `declared`: jobs' declared durations by request id; with
     `calibration`, scaled by how past estimates of the kind turned out; `arrivals`: the
     requests expected to arrive (a forecast: their submit times are in the future, their
     ids unused), submitted in the run as they come, so that those that will overtake a
-    queued request (higher priority, a tenant under its fair share) do."""
+    queued request (higher priority, a tenant under its fair share) do.
+
+    In steps: it yields now and then (every `STEP` events or restored requests) and
+    returns the estimates; `core` is read only before the first step and after the last
+    (the runs work on copies made from a `Snapshot` taken at once), so the driver may
+    change it in between. `estimate_waits` runs it to the end at once."""
     if only is None:
         waiting = {r.id for r in core.live_requests() if r.state is State.QUEUED}
     else:
@@ -426,13 +470,15 @@ def estimate_waits(
     out: dict[str, Estimate] = {}
     if not waiting:
         return out
+    snapshot = Snapshot(core)
     # The middle run first: with the clock's budget spent, the middle estimate matters most.
     order = [1, 0, 2] if len(quantiles) == 3 else list(range(len(quantiles)))
     by_q: dict[int, _Run] = {}
     for i in order:
-        run = _Run(core, now, history, quantiles[i], declared or {}, arrivals)
+        copy = yield from snapshot.rebuild(now)
+        run = _Run(copy, now, history, quantiles[i], declared or {}, arrivals)
         stop_at = math.inf if clock is None else clock() + budget / len(quantiles)
-        run.run(waiting, horizon, max_events, clock, stop_at)
+        yield from run.run(waiting, horizon, max_events, clock, stop_at)
         by_q[i] = run
     runs = [by_q[i] for i in range(len(quantiles))]
     low, middle, high = runs
@@ -458,14 +504,51 @@ def estimate_waits(
     return out
 
 
+def estimate_waits(
+    core: AdmissionCore,
+    now: float,
+    history: History,
+    *,
+    only: Iterable[str] | None = None,
+    declared: Mapping[str, float] | None = None,
+    horizon: float = 7 * 86400.0,
+    max_events: int = 20000,
+    quantiles: tuple[float, float, float] = QUANTILES,
+    calibration: Calibration | None = None,
+    arrivals: Sequence[Request] = (),
+    clock: Callable[[], float] | None = None,
+    budget: float = math.inf,
+) -> dict[str, Estimate]:
+    """The estimated wait of every queued request of `core` (`estimate_steps`, at once)."""
+    return _finish(
+        estimate_steps(
+            core,
+            now,
+            history,
+            only=only,
+            declared=declared,
+            horizon=horizon,
+            max_events=max_events,
+            quantiles=quantiles,
+            calibration=calibration,
+            arrivals=arrivals,
+            clock=clock,
+            budget=budget,
+        )
+    )
+
+
 __all__ = [
     "FORECAST",
     "QUANTILES",
+    "STEP",
     "THIN_HISTORY",
     "Calibration",
     "Ends",
     "Estimate",
     "History",
+    "Snapshot",
+    "estimate_steps",
     "estimate_waits",
     "forecast",
     "rebuild",

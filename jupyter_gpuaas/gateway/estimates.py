@@ -8,6 +8,14 @@ kept a while longer, `SHARE_INVERSE`), and a set older than `MAX_AGE` is made ag
 (busy holders age and idle ones go back to work without a decision); in between, a kept
 estimate counts down with the time since it was made.
 
+A set is made in steps (`admission/estimate.py` `estimate_steps`): the first `SLICE`
+seconds at once, where the view asked for it (a short queue's set is done by then, and
+the answer carries it), the rest in slices of the event loop, each followed by whatever
+else waits for the loop (a submission's 201, the event streams, the health probe), so a
+long queue's set never pauses the gateway for more than a slice. Until it is done, views
+answer from the set before it (counting down), or "no estimate yet". Its `BUDGET` counts
+only the slices' own time.
+
 The runs submit the arrivals forecast from those of a day earlier, kept from each
 submission (and read back from the store at a restart). Each request's first estimate
 is kept until it starts, and the calibration
@@ -20,8 +28,11 @@ the quarter and three-quarter runs), `basis` (how, or why there is none, in word
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from bisect import bisect_left
+from collections.abc import Generator
 from typing import Any
 
 from jupyter_gpuaas.admission.core import AdmissionCore
@@ -31,11 +42,27 @@ from jupyter_gpuaas.admission.estimate import (
     Calibration,
     Estimate,
     History,
-    estimate_waits,
+    estimate_steps,
     forecast,
 )
 from jupyter_gpuaas.admission.model import Request
 from jupyter_gpuaas.words import eta_phrase, format_duration, join_names, plural
+
+log = logging.getLogger("jupyter_gpuaas.gateway")
+
+
+class _WorkClock:
+    """Seconds spent in a set's slices (its budget's clock): time between slices, when
+    the loop does other work, does not count against it."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self.since: float | None = None  # perf_counter at the start of the slice running
+
+    def __call__(self) -> float:
+        since = self.since
+        return self.spent if since is None else self.spent + time.perf_counter() - since
+
 
 #: Seconds a set of estimates is kept without a decision.
 MAX_AGE = 30.0
@@ -48,10 +75,12 @@ COSTLY = 0.05
 #: The forward runs' budget per set: predicted ends, and how far ahead.
 MAX_EVENTS = 5000
 HORIZON = 7 * 86400.0
-#: Seconds of the event loop one set may take, its three runs together (a third each):
-#: the runs happen on the loop, and a long queue must not pause the gateway (its health
-#: answers within a second). What has not started when it runs out has no estimate yet.
+#: Seconds of the event loop one set may take, its three runs together (a third each),
+#: counted over its slices. What has not started when it runs out has no estimate yet.
 BUDGET = 0.3
+#: Seconds of the event loop one slice of a set takes, at most (about: a step is
+#: `STEP` events of a run): what a submission waits for it, at worst.
+SLICE = 0.004
 
 
 class Estimates:
@@ -71,6 +100,11 @@ class Estimates:
         # The requests submitted in the last forecast period, oldest first: what arrives
         # next is forecast from them (admission/estimate.py `forecast`).
         self.arrived: list[Request] = []
+        # The set being made (its steps, its clock, the time it is as of), if one is;
+        # `_forgotten`: a decision came while it was being made.
+        self._making: tuple[Generator[None, None, dict[str, Estimate]], _WorkClock, float] | None
+        self._making = None
+        self._forgotten = False
 
     def submitted(self, req: Request) -> None:
         """`req` was submitted (committed): kept for the arrival forecast."""
@@ -93,6 +127,8 @@ class Estimates:
     def forget(self) -> None:
         """A decision was committed: the set no longer says how the queue stands."""
         self._stale = True
+        if self._making is not None:
+            self._forgotten = True  # the set being made is as of before it
 
     def _fresh_enough(self, rid: str, now: float) -> bool:
         """Whether the kept set answers for `rid` now. After a decision, a costly set is
@@ -109,9 +145,9 @@ class Estimates:
 
     def of(self, rid: str, core: AdmissionCore, history: History, now: float) -> Estimate | None:
         """The estimate of a queued `rid` as of `now` (None: not queued in the core)."""
-        if not self._fresh_enough(rid, now):
-            started = time.perf_counter()
-            self._set = estimate_waits(
+        if self._making is None and not self._fresh_enough(rid, now):
+            clock = _WorkClock()
+            steps = estimate_steps(
                 core,
                 now,
                 history,
@@ -119,15 +155,16 @@ class Estimates:
                 max_events=MAX_EVENTS,
                 calibration=self.calibration,
                 arrivals=forecast(self.arrived, now),
-                clock=time.perf_counter,
+                clock=clock,
                 budget=BUDGET,
             )
-            self._made = now
-            self._made_at = time.perf_counter()
-            self._cost = self._made_at - started
-            self._stale = False
-            self.runs += 1
-        made = self._made if self._made is not None else now
+            self._making = (steps, clock, now)
+            self._forgotten = False
+            if not self._slice():  # not done in one slice: the rest between other work
+                self._schedule()
+        if self._made is None:
+            return None  # the first set is being made
+        made = self._made
         est = self._set.get(rid)
         if est is not None and est.raw is not None and rid not in self._told:
             req = core.get(rid)
@@ -143,6 +180,48 @@ class Estimates:
             est.ends,
             est.why,
         )
+
+    def _slice(self) -> bool:
+        """Advance the set being made by one slice; True when it is done (and kept)."""
+        making = self._making
+        if making is None:
+            return True
+        steps, clock, now = making
+        start = clock.since = time.perf_counter()
+        try:
+            next(steps)  # one step at least, however short the slice
+            while time.perf_counter() - start < SLICE:
+                next(steps)
+            return False
+        except StopIteration as done:
+            self._set = done.value
+            self._made = now
+            self._made_at = time.perf_counter()
+            self._making = None
+            self._stale = self._forgotten  # a decision came while it was made
+            self.runs += 1
+            return True
+        except Exception:  # a bug in the runs must not end the gateway's estimates
+            log.exception("a set of wait estimates failed")
+            self._making = None
+            return True
+        finally:
+            clock.spent += time.perf_counter() - start
+            clock.since = None
+            self._cost = clock.spent
+
+    def _schedule(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a script, a test): made at once
+            while not self._slice():
+                pass
+            return
+        loop.call_soon(self._next_slice)
+
+    def _next_slice(self) -> None:
+        if not self._slice():
+            asyncio.get_running_loop().call_soon(self._next_slice)
 
 
 def _submitted(req: Request) -> float:

@@ -332,6 +332,16 @@ class EventBus:
             self._rounds_of(listener).pending[listener] = None
             self._schedule()
 
+    def requeue(self, listener: Listener) -> None:
+        """A stream that could not be written in its round (a write was in flight) goes in
+        its class's next round. A reader needs no entry: every round writes the readers
+        behind the log."""
+        if listener.ended:
+            return
+        if listener.mark is None:
+            self._rounds_of(listener).pending[listener] = None
+        self._schedule()
+
     def _rounds_of(self, listener: Listener) -> _Rounds:
         return self._wide if listener.owner is None else self._owners
 

@@ -105,7 +105,11 @@ class EventsHandler(BaseHandler):
         if future.cancelled() or future.exception() is not None:
             listener.end()  # the client went away
         elif listener.behind:
-            self._deliver()
+            # What was published while this write was in flight goes in the stream's next
+            # round, not now: written at once, a fast client's stream would be written
+            # once per event (its write completes before the next event), a thousand of
+            # them taking the loop from the submissions the rounds are spaced for.
+            self.arbiter.bus.requeue(listener)
 
     def on_connection_close(self) -> None:
         if self._listener is not None:

@@ -37,3 +37,57 @@ def test_one_set_per_queue_state() -> None:
     }  # fmt: skip
     assert eta_of(wait) == "in about 28 min"
     assert cache.of("nope", core, History(), 120.0) is None
+
+
+def _long_queue(n: int) -> AdmissionCore:
+    """One busy a100 culled at 1800 s and `n` kernels queued behind it."""
+    core = AdmissionCore(parse_config({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 1800},
+    }))  # fmt: skip
+    core.submit(Request("a", "vision", "ann", "kernel", 1, 0.0), 0.0)
+    core.step(0.0)
+    core.activity("a", False, 0.0)
+    for i in range(n):
+        core.submit(Request(f"q{i:03}", "vision", "bob", "kernel", 1, 100.0), 100.0)
+    core.step(100.0)
+    return core
+
+
+def test_a_set_made_in_slices_answers_the_same_and_lets_the_loop_work(monkeypatch) -> None:
+    """A set that one slice does not finish is made between the loop's other work: the
+    view that started it answers at once ("no estimate yet"), the loop keeps turning while
+    it is made, a decision meanwhile changes nothing it is made from (a copy), and the
+    estimates it gives are those of the set made at once."""
+    import asyncio
+
+    from jupyter_gpuaas.admission.estimate import estimate_waits
+    from jupyter_gpuaas.gateway import estimates
+
+    core = _long_queue(200)
+    past = History()
+    for held in (600.0, 900.0, 1200.0) * 4:
+        past.add("kernel", "bob", held)
+    at_once = estimate_waits(core, 100.0, past)
+    monkeypatch.setattr(estimates, "SLICE", 0.0)  # one step a slice
+
+    async def main() -> tuple[int, object, object, int]:
+        cache = Estimates()
+        first = cache.of("q010", core, past, 100.0)
+        turns = 0
+        while cache.runs == 0:
+            turns += 1  # the loop runs other work between the slices
+            if turns == 3:  # a decision while the set is made: the core changes
+                core.submit(Request("late", "vision", "cy", "kernel", 1, 100.0), 100.0)
+                cache.forget()
+            await asyncio.sleep(0)
+        done = cache.of("q010", core, past, 100.0)
+        return turns, first, done, cache.runs
+
+    turns, first, done, runs = asyncio.run(main())
+    assert first is None  # nothing to answer from yet: "no estimate yet"
+    assert turns > 10  # made across many turns of the loop, not in one
+    assert at_once["q010"].seconds is not None
+    assert done is not None and done.seconds == at_once["q010"].seconds
+    assert runs == 1 or runs == 2  # the decision meanwhile makes it stale (costly or not)
