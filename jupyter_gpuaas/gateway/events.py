@@ -334,11 +334,11 @@ class EventBus:
 
     def requeue(self, listener: Listener) -> None:
         """A stream that could not be written in its round (a write was in flight) goes in
-        its class's next round. A reader needs no entry: every round writes the readers
-        behind the log."""
+        its class's next round. A reader behind the log alone needs no entry: every round
+        writes the readers behind the log (its own events, a replay, do)."""
         if listener.ended:
             return
-        if listener.mark is None:
+        if listener.mark is None or listener.pending:
             self._rounds_of(listener).pending[listener] = None
         self._schedule()
 
