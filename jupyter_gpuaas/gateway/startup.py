@@ -92,6 +92,7 @@ class GatewayStartup:
     advice_min_grants: int
     kueue_namespace: str
     kueue_interval: float
+    kueue_intent_timeout: float
     log: logging.Logger | logging.LoggerAdapter[Any]
     inventory: Inventory
 
@@ -155,7 +156,9 @@ class GatewayStartup:
             from .kueue_engine import KueueEngine
 
             watch = WorkloadWatch(namespace=self.kueue_namespace)
-            kueue = KueueEngine(watch, interval=self.kueue_interval)
+            kueue = KueueEngine(
+                watch, interval=self.kueue_interval, intent_timeout=self.kueue_intent_timeout
+            )
         try:
             self.arbiter = Arbiter(
                 quotas=quotas,

@@ -84,6 +84,10 @@ class Views(ArbiterState):
                 }
                 wait, why = self._wait(live, pos.overall_position)
                 out["estimated_wait"], out["waiting_for"] = wait, why
+            elif (before := self.engine.waiting_for(live.id)) and before[1].get("sentence"):
+                # In no queue yet (Kueue mode: a holder's request before its pod's
+                # Workload): the engine's sentence alone.
+                out["waiting_for"] = {"kind": before[0], "message": before[1]["sentence"]}
             out["scaling"] = self._scaling_for(live)
             reclaim = reclaim_wait(live, self.engine.reclaiming(live.id), time.time())
             if reclaim is not None:  # a preemptor waiting out its victims' grace
