@@ -360,10 +360,15 @@ def _kueue_config(
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         # Who submitted a job, and what it is, from its labels onto its Workload (the
-        # gateway's Kueue mode shows them: kubeapi/workloads.py).
+        # gateway's Kueue mode shows them: kubeapi/workloads.py); and the request of
+        # ours a holder's pod was made for (the gateway binds the two: kueue_engine.py).
         "integrations": {
             "frameworks": ["batch/job", "pod"],
-            "labelKeysToCopy": ["gpuaas.jupyter.org/user", "gpuaas.jupyter.org/kind"],
+            "labelKeysToCopy": [
+                "gpuaas.jupyter.org/user",
+                "gpuaas.jupyter.org/kind",
+                "gpuaas.jupyter.org/request",
+            ],
         },
         "managedJobsNamespaceSelector": SYSTEM_NAMESPACES_OUT,
         "visibilityServer": {"bindAddress": "127.0.0.1", "bindPort": visibility_port},

@@ -445,6 +445,13 @@ class GatewayApp(GatewayStartup, Application):
         "the positions of pending Workloads (also asked after every change).",
     ).tag(config=True)
 
+    kueue_intent_timeout = Float(
+        120.0,
+        min=1.0,
+        help="With --admission kueue: seconds a holder's request waits for the Workload of "
+        "its pod (labelled with the request's id) before it is cancelled.",
+    ).tag(config=True)
+
     # ------------------------------------------------------------------ lifecycle
 
     def initialize(self, argv: Any = None) -> None:

@@ -27,8 +27,20 @@ StrictFIFO does (priority, then creation time). `waiting_for` is Kueue's reason 
 reserving quota (the Workload's QuotaReserved=False condition), in our three kinds and in
 words (workloads.waiting_words).
 
-Submitting, cancelling and releasing through the API are refused with a sentence (409):
-Kueue admits what is created in its queues, and ends what is deleted.
+Our holders (the Hub's QueuedKubeSpawner, the `gpuaas-kubernetes` kernel provisioner) go
+through Kueue too, and keep their `Claim` (claim.py): a submission through the API is a
+holder's *intent*, recorded as a queued request ("waiting for its pod to reach Kueue's
+queue") whose id the holder puts on its pod as the `gpuaas.jupyter.org/request` label
+beside the LocalQueue's. Kueue copies the label onto the pod's Workload
+(`integrations.labelKeysToCopy`), and that Workload then drives the holder's request
+(bound, not a request of its own): Kueue's admission is the holder's grant. An intent
+whose pod never reaches Kueue (no Workload names it within `intent_timeout` seconds)
+is cancelled, as a lease that expires.
+
+A cancel or a release through the API ends the request at once (committed first), then
+ends its job: a pod of Kueue's pod integration is deleted, any other job's Workload is
+deactivated (`spec.active: false`; kubeapi/workloads.py `WorkloadWatch.stop`). A Workload
+naming a request of ours that has ended is not shown again.
 """
 
 from __future__ import annotations
@@ -60,11 +72,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jupyter_gpuaas.gateway.kueue")
 
-#: What the API says to a change Kueue decides instead of the gateway.
-KUEUE_DECIDES = (
-    "this gateway runs in Kueue mode: Kueue admits what is created in its queues (a pod "
-    "or Job with the kueue.x-k8s.io/queue-name label) and ends what is deleted"
-)
+#: Why a holder's request waits before Kueue has its pod.
+NO_POD_YET = "waiting for its pod to reach Kueue's queue"
 
 
 def request_id(uid: str) -> str:
@@ -76,9 +85,12 @@ def request_id(uid: str) -> str:
 class KueueEngine:
     """Kueue's decisions as the arbiter's engine (see the module docstring)."""
 
-    def __init__(self, watch: WorkloadWatch, *, interval: float = 2.0) -> None:
+    def __init__(
+        self, watch: WorkloadWatch, *, interval: float = 2.0, intent_timeout: float = 120.0
+    ) -> None:
         self.watch = watch
         self.interval = interval
+        self.intent_timeout = intent_timeout
         self.arbiter: Arbiter | None = None
         # The last Workload seen of each live request, by request id.
         self.views: dict[str, WorkloadView] = {}
@@ -88,17 +100,44 @@ class KueueEngine:
         self._cluster_queues: dict[tuple[str, str], str] = {}
         self._poke = asyncio.Event()
         self._stale = True  # memory may lag the Workloads: reconcile every one of them
+        self._stops: set[asyncio.Task[None]] = set()  # jobs being ended (cancel, release)
 
-    # --- the engine's face (engine.py): Kueue decides, so these decide nothing ---------
+    # --- the engine's face (engine.py): Kueue decides; a holder's intent waits for it --
 
     def submit(self, req: Request, now: float) -> list[Decision]:
-        raise Conflict(KUEUE_DECIDES)
+        """A holder's intent: queued until the Workload of its pod drives it."""
+        req.queue_time = now
+        fields = {"tenant": req.tenant, "kind": req.kind, "gpus": req.gpus}
+        return [Decision(now, "submit", req.id, fields)]
 
     def cancel(self, rid: str, now: float, reason: str = "") -> list[Decision]:
-        raise Conflict(KUEUE_DECIDES + f"; delete {self._owner(rid)} instead")
+        return self._give_back(rid, now, reason)
 
     def finish(self, rid: str, now: float, reason: str = "") -> list[Decision]:
-        raise Conflict(KUEUE_DECIDES + f"; delete {self._owner(rid)} instead")
+        return self._give_back(rid, now, reason)
+
+    def _give_back(self, rid: str, now: float, reason: str) -> list[Decision]:
+        """The request ends now (the arbiter commits it); its job is ended once that
+        is committed: its pod deleted, or its Workload deactivated."""
+        assert self.arbiter is not None
+        req = self.arbiter.requests.get(rid)
+        if req is None or req.state in TERMINAL:
+            raise Conflict(f"request {rid} has ended")
+        view = self.views.get(rid)
+        decisions, _, _ = self._end(req, now, reason)
+        if view is not None:
+            task = asyncio.get_running_loop().create_task(self._stop(view))
+            self._stops.add(task)
+            task.add_done_callback(self._stops.discard)
+        return decisions
+
+    async def _stop(self, view: WorkloadView) -> None:
+        assert self.arbiter is not None
+        try:
+            await self.arbiter.settled()  # the end is in the store before the job goes
+            await self.watch.stop(view)
+        except Exception as e:
+            log.warning("could not end %s in namespace %s: %s", view.owner, view.namespace, e)
 
     def heartbeat(self, rid: str, now: float, busy: bool | None = None) -> list[Decision]:
         return []  # Kueue has no leases: a heartbeat only records utilization
@@ -129,7 +168,12 @@ class KueueEngine:
 
     def waiting_for(self, rid: str) -> tuple[str, dict[str, Any]] | None:
         view = self.views.get(rid)
-        if view is None or view.state != "queued":
+        if view is None:
+            req = self.arbiter.requests.get(rid) if self.arbiter is not None else None
+            if req is None or req.state is not State.QUEUED:
+                return None
+            return "fifo", {"sentence": NO_POD_YET, "gpus": req.gpus, "tenant": req.tenant}
+        if view.state != "queued":
             return None
         if not (view.reason or view.message):
             kind, sentence = "fifo", "Kueue has not looked at it yet"
@@ -137,9 +181,24 @@ class KueueEngine:
             kind, sentence = waiting_words(view.queue, view.reason, view.message)
         return kind, {"sentence": sentence, "gpus": view.gpus, "tenant": view.queue}
 
-    def _owner(self, rid: str) -> str:
-        view = self.views.get(rid)
-        return f"its {view.owner} in namespace {view.namespace}" if view else "its job"
+    def _rid_of(self, view: WorkloadView) -> str | None:
+        """The request a Workload drives: the holder's that its pod names (None once that
+        one has ended: its pod is on its way out), else a request of its own."""
+        if view.request:
+            arb = self.arbiter
+            req = arb.requests.get(view.request) if arb is not None else None
+            return view.request if req is not None and req.state not in TERMINAL else None
+        return request_id(view.uid)
+
+    def _overdue(self, now: float) -> bool:
+        """Is an intent waiting for its pod longer than `intent_timeout`?"""
+        arb = self.arbiter
+        return arb is not None and any(
+            r.state is State.QUEUED
+            and rid not in self.views
+            and now - r.submit_time > self.intent_timeout
+            for rid, r in arb.requests.items()
+        )
 
     def _ordered_position(self, rid: str) -> Position | None:
         """Where the visibility API does not answer: the queue ordered as StrictFIFO."""
@@ -216,6 +275,8 @@ class KueueEngine:
                     await self._reconcile()
                 await self._refresh_positions()
                 await self.bind_nodes()
+                if self._overdue(time.time()):
+                    await self._apply([], everything=True)
             except Exception as e:
                 log.warning("positions from Kueue's visibility API failed: %s", e)
             self._poke.clear()
@@ -290,12 +351,26 @@ class KueueEngine:
         assert arb is not None
         now = time.time()
         for change in changes:
-            arb.commit(*self._decide(request_id(change.view.uid), change, now))
+            rid = self._rid_of(change.view)
+            if rid is not None:
+                arb.commit(*self._decide(rid, change, now))
         if everything:  # a request of a Workload that is no more: it ended meanwhile
-            seen = {request_id(uid) for uid in self.watch.seen}
+            seen = {self._rid_of(v) for v in self.watch.seen.values()}
             for rid, req in list(arb.requests.items()):
-                if rid not in seen and req.state not in TERMINAL:
-                    arb.commit(*self._end(req, now, "its Workload was deleted", gone=True))
+                if rid in seen or req.state in TERMINAL:
+                    continue
+                had = rid in self.views or req.first_admit is not None
+                if had or now - req.submit_time > self.intent_timeout:
+                    # Its Workload seen (or admitted: an intent is admitted only once
+                    # bound) and gone; or a holder's intent whose pod never came (a
+                    # restored queued request of a Workload gone meanwhile ends so too).
+                    why = (
+                        "its Workload was deleted"
+                        if had
+                        else "its pod did not reach Kueue's queue within "
+                        f"{self.intent_timeout:.0f} s"
+                    )
+                    arb.commit(*self._end(req, now, why, gone=True))
 
     def _decide(
         self, rid: str, change: WorkloadChange, now: float

@@ -94,6 +94,7 @@ class GatewayStartup:
     advice_deadline: float
     kueue_namespace: str
     kueue_interval: float
+    kueue_intent_timeout: float
     log: logging.Logger | logging.LoggerAdapter[Any]
     inventory: Inventory
 
@@ -157,7 +158,9 @@ class GatewayStartup:
             from .kueue_engine import KueueEngine
 
             watch = WorkloadWatch(namespace=self.kueue_namespace)
-            kueue = KueueEngine(watch, interval=self.kueue_interval)
+            kueue = KueueEngine(
+                watch, interval=self.kueue_interval, intent_timeout=self.kueue_intent_timeout
+            )
         try:
             self.arbiter = Arbiter(
                 quotas=quotas,

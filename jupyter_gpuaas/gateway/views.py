@@ -116,6 +116,10 @@ def request_json(state: CoreState, req: Request | RequestRow) -> dict[str, Any]:
             }
             wait, why = _wait(state, live, pos.overall_position)
             out["estimated_wait"], out["waiting_for"] = wait, why
+        elif (before := state.engine.waiting_for(live.id)) and before[1].get("sentence"):
+            # In no queue yet (Kueue mode: a holder's request before its pod's
+            # Workload): the engine's sentence alone.
+            out["waiting_for"] = {"kind": before[0], "message": before[1]["sentence"]}
         out["scaling"] = _scaling_for(state, live)
         reclaim = reclaim_wait(live, state.engine.reclaiming(live.id), time.time())
         if reclaim is not None:  # a preemptor waiting out its victims' grace

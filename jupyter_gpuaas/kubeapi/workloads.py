@@ -40,6 +40,9 @@ PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 #: Workload's own labels or annotations.
 USER_KEY = "gpuaas.jupyter.org/user"
 KIND_KEY = "gpuaas.jupyter.org/kind"
+#: The request of ours a holder's pod was made for (its id, a label Kueue copies onto the
+#: Workload): the gateway's Kueue mode binds that request to the Workload.
+REQUEST_KEY = "gpuaas.jupyter.org/request"
 OUTSIDE = "outside jupyter-gpuaas"
 
 
@@ -64,6 +67,7 @@ class WorkloadView:
     message: str = ""  # ... and its message
     evicted: str = ""  # Evicted=True: why, in Kueue's words ("Preempted: ...")
     finished: str = ""  # Finished=True: how it ended ("Succeeded: ...")
+    request: str = ""  # the request of a holder of ours it was made for (REQUEST_KEY)
 
 
 def _time(stamp: str | None) -> float:
@@ -169,6 +173,7 @@ def workload_view(obj: Mapping[str, Any], resources: Sequence[str] = ()) -> Work
         message=str(reserved.get("message") or "") if reserved and not _true(reserved) else "",
         evicted=_said(evicted) if _true(evicted) else "",
         finished=_said(finished) if _true(finished) or state == "finished" else "",
+        request=str(said.get(REQUEST_KEY) or ""),
     )
 
 
@@ -390,6 +395,36 @@ class WorkloadWatch:
                 len(items),
             )
         return out
+
+    async def stop(self, view: WorkloadView) -> None:
+        """End a Workload's job, for a cancel or a release through the gateway's API: a
+        pod of Kueue's pod integration is deleted (the pod is the job: it gets its
+        termination grace, and Kueue finishes the Workload once it is gone); any other
+        job's Workload is deactivated (`spec.active: false`: Kueue evicts and stops the
+        job, a Job is suspended, and admits it no more), its job left for its owner to
+        delete. Gone already: nothing to do."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        api = await self.client()
+        kind, _, name = view.owner.partition(" ")
+        try:
+            if kind == "Pod":
+                await client.CoreV1Api(api).delete_namespaced_pod(name, view.namespace)
+            else:
+                objects: Any = client.CustomObjectsApi(api)  # untyped: _content_type
+                await objects.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    view.namespace,
+                    PLURAL,
+                    view.name,
+                    {"spec": {"active": False}},
+                    _content_type="application/merge-patch+json",
+                )
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
     async def bound_nodes(self, namespace: str, owners: set[str]) -> dict[str, str]:
         """{owner uid: node} for the pods bound to a node whose owner (a Job) or whose own

@@ -109,8 +109,9 @@ def kernel_pod_manifest(
     priority_class: str = "",
 ) -> dict[str, Any]:
     """The Pod of an admitted GPU kernel (API JSON form); `request` is the gateway's
-    admitted request object. `automount_token`: mount the service account's API token
-    (a kernel needs no API access, so by default it gets no credentials to leak).
+    admitted request object (in Kueue mode its queued one: Kueue admits the pod).
+    `automount_token`: mount the service account's API token (a kernel needs no API
+    access, so by default it gets no credentials to leak).
     `queue`: Kueue mode, the tenant's LocalQueue (and `priority_class` its
     WorkloadPriorityClass): Kueue's pod integration gates the pod until it admits it."""
     labels = {
@@ -119,7 +120,13 @@ def kernel_pod_manifest(
         "kernel_id": kernel_id,
         "app.kubernetes.io/name": "jupyter-gpuaas",
         "app.kubernetes.io/component": COMPONENT,
-        **kueue_labels(queue, user=user, kind="kernel", priority_class=priority_class),
+        **kueue_labels(
+            queue,
+            user=user,
+            kind="kernel",
+            priority_class=priority_class,
+            request=str(request.get("id") or ""),
+        ),
     }
     container: dict[str, Any] = {
         "name": CONTAINER,

@@ -168,6 +168,23 @@ class GpuaasKubernetesProvisioner(GpuKernelHolder, KubernetesProvisioner):  # ty
         config=True
     )
 
+    kueue_queue = Unicode(
+        "",
+        help="""Kueue mode (the gateway's --admission kueue): the LocalQueue of the kernel
+        pods, `{tenant}` replaced by the request's tenant (`jupyter-gpuaas kueue
+        manifests` names each tenant's LocalQueue after it: `{tenant}`). The pod is then
+        created as soon as the request is submitted, labelled with its LocalQueue and the
+        request's id, and Kueue's pod integration holds it (scheduling gate) until Kueue
+        admits it: that admission is the kernel's grant. A restart deletes the pod, so
+        the new pod asks Kueue again. Empty: the gateway's grant first, then the pod.""",
+    ).tag(config=True)
+
+    kueue_priority_class = Unicode(
+        "",
+        help="Kueue mode: the WorkloadPriorityClass of the kernel pods "
+        "(`kueue.x-k8s.io/priority-class`). Empty: Kueue's default.",
+    ).tag(config=True)
+
     automount_service_account_token = Bool(
         False,
         help="""Mount the service account's API token in the kernel pods. Off: a kernel
@@ -252,8 +269,8 @@ class GpuaasKubernetesProvisioner(GpuKernelHolder, KubernetesProvisioner):  # ty
     # ------------------------------------------------------------------ provisioner API
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        if not self.holds_grant():
-            await self.acquire()  # a restart keeps its grant
+        if not self.holds_grant() and not self.kueue_queue:
+            await self.acquire()  # a restart keeps its grant (Kueue mode: launch_kernel)
         env = dict(kwargs.pop("env", None) or os.environ)
         # The pod's name and KERNEL_USERNAME: the Hub's user, not the image's (jovyan).
         env.setdefault("KERNEL_USERNAME", os.environ.get("JUPYTERHUB_USER") or getpass.getuser())
@@ -277,35 +294,48 @@ class GpuaasKubernetesProvisioner(GpuKernelHolder, KubernetesProvisioner):  # ty
                 "(the server's own is read from $JUPYTER_IMAGE_SPEC)"
             )
         volumes, mounts = await self._server_volumes()
-        manifest = kernel_pod_manifest(
-            name=self.kernel_pod_name,
-            kernel_id=str(self.kernel_id),
-            user=str(self.kernel_username),
-            command=cmd,
-            image=str(self.image_name),
-            request=self.granted_request(),
-            flavors=self.flavors,
-            env=kernel_env(kwargs.get("env") or {}, self.env_exclude, self.extra_env),
-            cwd=kwargs.get("cwd"),
-            volumes=volumes,
-            volume_mounts=mounts,
-            node_label=self.pin_node_label,
-            service_account=self.service_account,
-            automount_token=self.automount_service_account_token,
-        )
-        core = await self._core()
-        resp = await core.create_namespaced_pod(
-            self.kernel_namespace, manifest, _preload_content=False
-        )
-        created = await resp.json()
-        if resp.status >= 400:
-            await self.release("released", "the kernel pod could not be created")
-            raise RuntimeError(
-                f"the kernel pod could not be created: {created.get('message') or resp.status}"
+
+        def manifest(request: dict[str, Any], queue: str = "") -> dict[str, Any]:
+            return kernel_pod_manifest(
+                name=self.kernel_pod_name,
+                kernel_id=str(self.kernel_id),
+                user=str(self.kernel_username),
+                command=cmd,
+                image=str(self.image_name),
+                request=request,
+                flavors=self.flavors,
+                env=kernel_env(kwargs.get("env") or {}, self.env_exclude, self.extra_env),
+                cwd=kwargs.get("cwd"),
+                volumes=volumes,
+                volume_mounts=mounts,
+                node_label=self.pin_node_label,
+                service_account=self.service_account,
+                automount_token=self.automount_service_account_token,
+                queue=queue,
+                priority_class=self.kueue_priority_class if queue else "",
             )
-        self._pod = created
+
+        if self.kueue_queue:
+            # Kueue mode: the pod is the request's Workload, created gated; Kueue's
+            # admission is the grant (pre_launch asked for none).
+            async def create(claim: Any) -> None:
+                queue = self.kueue_queue.replace("{tenant}", str(claim.tenant or ""))
+                await self._create_pod(manifest(dict(claim.request or {}), queue))
+
+            try:
+                await self.acquire(before_wait=create)
+            except BaseException:
+                await self._delete_pod()
+                raise
+        else:
+            try:
+                await self._create_pod(manifest(self.granted_request()))
+            except RuntimeError:
+                await self.release("released", "the kernel pod could not be created")
+                raise
         self._deleting = False
         self.container_name = self.kernel_pod_name
+        assert self._pod is not None
         self._follow = asyncio.ensure_future(self._follow_pod(self._pod))
         self.log_kernel_launch(cmd)
         try:
@@ -315,6 +345,19 @@ class GpuaasKubernetesProvisioner(GpuKernelHolder, KubernetesProvisioner):  # ty
             await self.release("released", f"the kernel pod did not start: {e}")
             raise
         return self.connection_info
+
+    async def _create_pod(self, manifest: dict[str, Any]) -> None:
+        core = await self._core()
+        resp = await core.create_namespaced_pod(
+            self.kernel_namespace, manifest, _preload_content=False
+        )
+        created = await resp.json()
+        if resp.status >= 400:
+            raise RuntimeError(
+                f"the kernel pod could not be created: {created.get('message') or resp.status}"
+            )
+        self._pod = created
+        self.container_name = self.kernel_pod_name
 
     def get_container_status(self, iteration: str | None) -> str:
         """The kernel pod's phase (lowercase) as last read; '' once it is gone."""
@@ -361,6 +404,10 @@ class GpuaasKubernetesProvisioner(GpuKernelHolder, KubernetesProvisioner):  # ty
         name = self.container_name
         if not name:
             return
+        if self.kueue_queue and self.holds_grant():
+            # Kueue mode: the pod is the grant's Workload, which ends with it: given
+            # back first, so that its end is no lost grant (a restart asks again).
+            await self.release("released", "the kernel pod was deleted")
         self._deleting = True
         if self._follow is not None:
             self._follow.cancel()

@@ -68,8 +68,10 @@ def rules(
     patches its Deployments' replicas through the scale subresource. KEDA scales the
     placeholders itself: the gateway then needs nothing in the namespace. In Kueue mode
     (`admission` kueue) the gateway watches the namespace's Workloads, reads a LocalQueue's
-    ClusterQueue and lists pods (the node a job's pod is bound to), and asks the visibility
-    API for a ClusterQueue's pending Workloads (cluster-scoped).
+    ClusterQueue and lists pods (the node a job's pod is bound to), asks the visibility
+    API for a ClusterQueue's pending Workloads (cluster-scoped), and ends a job for a
+    cancel or release through its API: it deletes a pod of Kueue's pod integration and
+    deactivates any other job's Workload (patch).
     """
     cluster = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
     namespaced: list[dict[str, Any]] = []
@@ -108,10 +110,10 @@ def rules(
             {
                 "apiGroups": ["kueue.x-k8s.io"],
                 "resources": ["workloads"],
-                "verbs": ["get", "list", "watch"],
+                "verbs": ["get", "list", "watch", "patch"],
             },
             {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
         ]
     return cluster, namespaced
 

@@ -28,7 +28,13 @@ from typing import Any
 
 from jupyter_gpuaas.client import grant_names
 from jupyter_gpuaas.kubeapi.meta import DEFAULT_RESOURCE
-from jupyter_gpuaas.kubeapi.workloads import KIND_KEY, PRIORITY_CLASS_LABEL, QUEUE_LABEL, USER_KEY
+from jupyter_gpuaas.kubeapi.workloads import (
+    KIND_KEY,
+    PRIORITY_CLASS_LABEL,
+    QUEUE_LABEL,
+    REQUEST_KEY,
+    USER_KEY,
+)
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: Annotations that name the gateway request a pod holds (read by people and the inventory).
@@ -49,12 +55,13 @@ _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
 
 def kueue_labels(
-    queue: str, *, user: str = "", kind: str = "", priority_class: str = ""
+    queue: str, *, user: str = "", kind: str = "", priority_class: str = "", request: str = ""
 ) -> dict[str, str]:
     """The labels that hand a pod or Job to Kueue in Kueue mode (none without `queue`):
     its LocalQueue, its WorkloadPriorityClass when one is named, and who and what it is
     (copied by Kueue onto the Workload, where the gateway reads them; a user name that is
-    no valid label value stays in the `gpuaas.jupyter.org/user` annotation only)."""
+    no valid label value stays in the `gpuaas.jupyter.org/user` annotation only), and the
+    id of the holder's request (`request`), to which the gateway binds the Workload."""
     if not queue:
         return {}
     out = {QUEUE_LABEL: queue}
@@ -64,6 +71,8 @@ def kueue_labels(
         out[KIND_KEY] = kind
     if user and _LABEL_VALUE.fullmatch(user):
         out[USER_KEY] = user
+    if request:
+        out[REQUEST_KEY] = request
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
@@ -170,8 +170,12 @@ class GpuKernelHolder(GpuKernelKnobs):
             request_id=request_id,
         )
 
-    async def acquire(self) -> GpuKernel:
-        """Submit a `kernel` request and wait until it is admitted."""
+    async def acquire(
+        self, before_wait: Callable[[Claim], Awaitable[None]] | None = None
+    ) -> GpuKernel:
+        """Submit a `kernel` request and wait until it is admitted. `before_wait(claim)`
+        runs once the request is submitted (Kueue mode: the kernel's pod is created, and
+        Kueue admits it); if it raises, the request is given back and the kernel fails."""
         if self._release_task is not None:
             await asyncio.shield(self._release_task)  # a death's release goes first
         table = self.kernel_table()
@@ -210,6 +214,12 @@ class GpuKernelHolder(GpuKernelKnobs):
         try:
             if not resume:
                 await self._submit(claim, record)
+                if before_wait is not None:
+                    try:
+                        await before_wait(claim)
+                    except Exception as e:
+                        await claim.release()
+                        raise GpuAdmissionError(str(e)) from None
             record.answer()
             await self._wait_admitted(claim, record)
         except GpuAdmissionError as e:

@@ -219,9 +219,10 @@ class KernelCluster:
         self.flavors = dict(flavors)
         self.root = GatewayClient(gateway_url, TOKENS["root"])
 
-    def kernel_manager(self) -> Any:
+    def kernel_manager(self, kernel_name: str = "gpu-pod", **traits: Any) -> Any:
         """jupyter_client's own AsyncKernelManager for the `gpu-pod` kernelspec (1 a100,
-        provisioner gpuaas-kubernetes), configured as a server's config would."""
+        provisioner gpuaas-kubernetes), or `kernel_name`'s, configured as a server's
+        config would, with `traits` over the provisioner's."""
         from jupyter_client.kernelspec import KernelSpecManager
         from jupyter_client.manager import AsyncKernelManager
 
@@ -236,11 +237,12 @@ class KernelCluster:
                     "pod_poll_interval": 0.1,
                     "launch_timeout": 60,
                     "tenant": "vision",
+                    **traits,
                 }
             }
         )
         ksm = KernelSpecManager(kernel_dirs=[str(self.home.parent / "kernels")])
-        return AsyncKernelManager(kernel_name="gpu-pod", kernel_spec_manager=ksm, config=config)
+        return AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=ksm, config=config)
 
     def get(self, name: str) -> dict[str, Any] | None:
         out = self.kube.cluster.kubectl(

@@ -28,10 +28,18 @@ import pytest
 import yaml
 from helpers import wait_until
 from kubefix import TOKENS
-from kubeutil import KubeOnCluster, service_account_kubeconfig, start_gateway
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from kubeutil import (
+    KubeOnCluster,
+    connect,
+    kernel_cluster,
+    run_cell,
+    service_account_kubeconfig,
+    start_gateway,
+)
+from tornado.httpclient import AsyncHTTPClient
 from traitlets.config import Config
 
+from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.kubernetes.kernel_pods import kernel_pod_manifest
 from jupyter_gpuaas.kubernetes.manifests import rules
 
@@ -47,8 +55,9 @@ def job(name: str, queue: str, *, user: str | None = None, seconds: int | None =
     if user is not None:
         labels["gpuaas.jupyter.org/user"] = user
     pod_notes = {}
-    if seconds is not None:
+    if seconds is not None:  # KWOK completes it between the delay and the jitter-delay
         pod_notes["pod-complete.stage.kwok.x-k8s.io/delay"] = f"{seconds}s"
+        pod_notes["pod-complete.stage.kwok.x-k8s.io/jitter-delay"] = f"{seconds}s"
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -88,9 +97,11 @@ class KueueQuota:
     jobs fit there), a tenant of one GPU, and the objects `jupyter-gpuaas kueue manifests`
     prints for them, applied to the real API server."""
 
-    def __init__(self, kube: KubeOnCluster, tmp_path: Path, **tenant: Any) -> None:
+    def __init__(
+        self, kube: KubeOnCluster, tmp_path: Path, name: str | None = None, **tenant: Any
+    ) -> None:
         self.kube, self.tag = kube, uuid.uuid4().hex[:6]
-        self.flavor, self.tenant = f"kq-gpu-{self.tag}", f"kq-team-{self.tag}"
+        self.flavor, self.tenant = f"kq-gpu-{self.tag}", name or f"kq-team-{self.tag}"
         self.node = f"kq-node-{self.tag}"
         kube.add_node(
             self.node,
@@ -113,12 +124,15 @@ class KueueQuota:
         assert [o["kind"] for o in objects] == ["ResourceFlavor", "ClusterQueue", "LocalQueue"]
         kube.cluster.apply(objects)
 
-    async def gateway(self, tmp_path: Path, db_url: str | None = None) -> Any:
+    async def gateway(
+        self, tmp_path: Path, db_url: str | None = None, intent_timeout: float = 120.0
+    ) -> Any:
         """The real gateway in Kueue mode, following the test's namespace."""
         config = Config()
         config.GatewayApp.admission = "kueue"
         config.GatewayApp.kueue_namespace = self.kube.namespace
         config.GatewayApp.kueue_interval = 0.3
+        config.GatewayApp.kueue_intent_timeout = intent_timeout
         return await start_gateway(
             tmp_path,
             quotas=self.quotas,
@@ -240,12 +254,6 @@ async def test_a_job_from_outside_queues_and_runs_by_kueues_decisions(
             )
 
         await wait_until(counted, what="the pending Job in the metrics")
-        # What Kueue decides, the API does not: a cancel is refused in words.
-        with pytest.raises(HTTPClientError) as refused:
-            await AsyncHTTPClient().fetch(
-                gw.url + f"api/requests/{second['id']}", method="DELETE", headers=HEADERS
-            )
-        assert refused.value.code == 409
 
         # The first Job deleted: its request ends, and the real Kueue admits the second.
         kube.cluster.kubectl("delete", "job", "first", "-n", kube.namespace, "--wait=false")
@@ -453,3 +461,163 @@ async def test_the_kueue_mode_manifests_apply_to_the_real_api_server(
                 kube.cluster.kubectl(
                     "delete", d["kind"].lower(), d["metadata"]["name"], "--wait=false", check=False
                 )
+
+
+async def test_a_gpu_kernel_goes_through_kueue_and_the_api_cancels_through_it(
+    kube: KubeOnCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our holder in Kueue mode: the real `gpuaas-kubernetes` provisioner (under
+    jupyter_client's AsyncKernelManager, as kubeutil's kernel_cluster runs it) submits its
+    request, creates its pod at once with the tenant's LocalQueue and the request's id,
+    Kueue's pod integration gates it, and the request the kernel holds (not a second one
+    of the Workload's) waits with Kueue's reason and position, is admitted by Kueue once
+    a Job outside jupyter-gpuaas goes, and runs a cell in the pod the scheduler bound;
+    shutdown ends it. Then cancels through the API: a queued kernel's request (its pod is
+    deleted, its start fails with the reason) and a Job's (its Workload deactivated)."""
+    from jupyter_gpuaas.server.kernelspec_cli import write_spec
+
+    quota = KueueQuota(kube, tmp_path, name="vision")
+    tenant, flavor, node = quota.tenant, quota.flavor, quota.node
+    flavors = {
+        flavor: {
+            "node_selector": {"gpuaas.jupyter.org/flavor": flavor},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        }
+    }
+    mine = {"gpuaas-test": kube.namespace}
+    kube.add_node(f"kq-cpu-{quota.tag}", mine)
+    gw = await quota.gateway(tmp_path)
+    root = GatewayClient(gw.url, TOKENS["root"])
+    try:
+        quota.run(job("blocker", tenant, seconds=3600))
+        blocker = await wait_until(
+            lambda: admitted(gw.url, "blocker"), timeout=60, what="the blocker admitted"
+        )
+        async with kernel_cluster(kube, gw.url, tmp_path, monkeypatch, flavors, mine) as cl:
+            write_spec(tmp_path / "kernels" / "gpu-kueue", 1, flavor, kubernetes=True)
+            km = cl.kernel_manager("gpu-kueue", tenant=tenant, kueue_queue="{tenant}")
+            start = asyncio.ensure_future(km.start_kernel(cwd=str(cl.home / "proj")))
+            try:
+                record = await wait_until(
+                    lambda: (
+                        (r := getattr(km.provisioner, "record", None))
+                        and r.state == "queued"
+                        and r.position
+                        and r
+                    ),
+                    timeout=60,
+                    what="the kernel queued with a position",
+                )
+                rid = record.request_id
+                assert record.position["tenant"] == 1  # from Kueue's visibility API
+                # The pod exists, gated by Kueue's pod integration, in the tenant's queue.
+                pod = cl.pod(km)
+                assert pod is not None
+                labels = pod["metadata"]["labels"]
+                assert labels["kueue.x-k8s.io/queue-name"] == tenant
+                assert labels["gpuaas.jupyter.org/request"] == rid
+                assert labels["kueue.x-k8s.io/managed"] == "true"
+                assert {"name": "kueue.x-k8s.io/admission"} in pod["spec"]["schedulingGates"]
+                # The kernel's own request shows Kueue's reason, in words.
+                queued = await wait_until(
+                    lambda: field_is_id(gw.url, rid, lambda r: r.get("waiting_for")),
+                    timeout=60,
+                    what="the kernel's reason from Kueue",
+                )
+                assert queued["waiting_for"]["kind"] == "quota", queued
+                assert (
+                    f"all of {tenant}'s {flavor} quota is in use"
+                    in (queued["waiting_for"]["message"])
+                )
+                # The blocker goes: Kueue admits the kernel's pod, the kernel starts.
+                await root.cancel(blocker["id"])  # its Workload deactivated, through us
+                await asyncio.wait_for(start, 120)
+                pod = cl.pod(km)
+                assert pod is not None and pod["spec"]["nodeName"] == node
+                assert not pod["spec"].get("schedulingGates")
+                request = await root.get(rid)
+                assert request["state"] == "admitted"
+                assert request["grant"]["flavor"] == flavor
+                # One request: the Workload drove the kernel's, made none of its own.
+                names = await requests_of(gw.url)
+                assert not any(n.startswith(f"Pod alice-{km.kernel_id}") for n in names)
+                client = await connect(km)
+                assert (await run_cell(client, "print(6 * 7)"))["out"] == "42\n"
+                client.stop_channels()
+                # The blocker's Workload was deactivated: Kueue suspended the Job.
+                got = kube.cluster.kubectl("get", "job/blocker", "-n", kube.namespace, "-o=yaml")
+                job_now = yaml.safe_load(got)
+                assert job_now["spec"]["suspend"] is True
+                assert (await root.get(blocker["id"]))["state"] == "finished"
+
+                # A second kernel waits behind the first; the admin cancels its request.
+                km2 = cl.kernel_manager("gpu-kueue", tenant=tenant, kueue_queue="{tenant}")
+                start2 = asyncio.ensure_future(km2.start_kernel(cwd=str(cl.home / "proj")))
+                try:
+                    second = await wait_until(
+                        lambda: (
+                            (r := getattr(km2.provisioner, "record", None))
+                            and r.state == "queued"
+                            and cl.pod(km2) is not None
+                            and r
+                        ),
+                        timeout=60,
+                        what="the second kernel queued, its pod made",
+                    )
+                    await root.cancel(second.request_id)
+                    with pytest.raises(Exception, match="cancelled"):
+                        await asyncio.wait_for(start2, 60)
+                    await wait_until(lambda: cl.pod(km2) is None, timeout=60, what="pod 2 gone")
+                    assert (await root.get(second.request_id))["state"] == "cancelled"
+                finally:
+                    if not start2.done():
+                        start2.cancel()
+
+                # Shutdown: the pod goes, and with it the Workload; the request ends.
+                await km.shutdown_kernel()
+                assert cl.pod(km) is None
+                assert (await root.get(rid))["state"] == "finished"
+                assert record.state == "released"
+            finally:
+                if not start.done():
+                    start.cancel()
+                if km.has_kernel:
+                    await km.shutdown_kernel(now=True)
+    finally:
+        await gw.stop_server()
+        kube.cluster.kubectl("delete", "job", "blocker", "-n", kube.namespace, check=False)
+        quota.close()
+
+
+async def field_is_id(url: str, rid: str, test: Any) -> dict[str, Any] | None:
+    """The request `rid` (read through the API) when `test` holds."""
+    resp = await AsyncHTTPClient().fetch(url + f"api/requests/{rid}", headers=HEADERS)
+    found = json.loads(resp.body)
+    return found if test(found) else None
+
+
+async def test_a_holders_request_whose_pod_never_comes_is_cancelled(
+    kube: KubeOnCluster, tmp_path: Path
+) -> None:
+    """A request submitted through the API in Kueue mode waits for its pod's Workload, in
+    words; when no pod labelled with its id reaches Kueue in time, it is cancelled (as a
+    lease that expires), and the reason says why."""
+    quota = KueueQuota(kube, tmp_path, name="vision")
+    gw = await quota.gateway(tmp_path, intent_timeout=3)
+    try:
+        alice = GatewayClient(gw.url, TOKENS["alice"])
+        req = await alice.submit("vision", "kernel", 1, name="a kernel whose pod never came")
+        assert req["state"] == "queued"
+        waiting = (await alice.get(req["id"]))["waiting_for"]
+        assert waiting["message"] == "waiting for its pod to reach Kueue's queue", waiting
+        ended = await wait_until(
+            lambda: field_is_id(gw.url, req["id"], lambda r: r["state"] == "cancelled"),
+            timeout=30,
+            what="the intent cancelled",
+        )
+        assert ended["reason"] == "its pod did not reach Kueue's queue within 3 s"
+        logged = [d.event for d in gw.arbiter.store.decisions(req["id"])]
+        assert logged == ["submit", "cancel"], logged
+    finally:
+        await gw.stop_server()
+        quota.close()
