@@ -40,7 +40,8 @@ is cancelled, as a lease that expires.
 A cancel or a release through the API ends the request at once (committed first), then
 ends its job: a pod of Kueue's pod integration is deleted, any other job's Workload is
 deactivated (`spec.active: false`; kubeapi/workloads.py `WorkloadWatch.stop`). A Workload
-naming a request of ours that has ended is not shown again.
+naming a request of ours that has ended is not shown again, and its job is ended too
+(a holder whose request was cancelled before its pod reached Kueue leaves no gated pod).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class KueueEngine:
         self._poke = asyncio.Event()
         self._stale = True  # memory may lag the Workloads: reconcile every one of them
         self._stops: set[asyncio.Task[None]] = set()  # jobs being ended (cancel, release)
+        self._stopped: set[str] = set()  # uids of the Workloads whose job was ended
 
     # --- the engine's face (engine.py): Kueue decides; a holder's intent waits for it --
 
@@ -126,10 +128,18 @@ class KueueEngine:
         view = self.views.get(rid)
         decisions, _, _ = self._end(req, now, reason)
         if view is not None:
-            task = asyncio.get_running_loop().create_task(self._stop(view))
-            self._stops.add(task)
-            task.add_done_callback(self._stops.discard)
+            self._stop_later(view)
         return decisions
+
+    def _stop_later(self, view: WorkloadView) -> None:
+        """End a Workload's job once what ended its request is committed (once per
+        Workload: its later changes while it goes ask for nothing more)."""
+        if view.uid in self._stopped:
+            return
+        self._stopped.add(view.uid)
+        task = asyncio.get_running_loop().create_task(self._stop(view))
+        self._stops.add(task)
+        task.add_done_callback(self._stops.discard)
 
     async def _stop(self, view: WorkloadView) -> None:
         assert self.arbiter is not None
@@ -138,6 +148,7 @@ class KueueEngine:
             await self.watch.stop(view)
         except Exception as e:
             log.warning("could not end %s in namespace %s: %s", view.owner, view.namespace, e)
+            self._stopped.discard(view.uid)  # its next change tries again
 
     def heartbeat(self, rid: str, now: float, busy: bool | None = None) -> list[Decision]:
         return []  # Kueue has no leases: a heartbeat only records utilization
@@ -351,9 +362,13 @@ class KueueEngine:
         assert arb is not None
         now = time.time()
         for change in changes:
+            if change.gone:
+                self._stopped.discard(change.view.uid)
             rid = self._rid_of(change.view)
             if rid is not None:
                 arb.commit(*self._decide(rid, change, now))
+            elif not change.gone and change.view.state != "finished":
+                self._stop_later(change.view)  # its request has ended: so does its job
         if everything:  # a request of a Workload that is no more: it ended meanwhile
             seen = {self._rid_of(v) for v in self.watch.seen.values()}
             for rid, req in list(arb.requests.items()):

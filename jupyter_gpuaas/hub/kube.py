@@ -26,7 +26,8 @@ from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Unicode, default
 
-from jupyter_gpuaas.claim import Grant
+from jupyter_gpuaas.claim import Claim, Grant
+from jupyter_gpuaas.kubeapi.workloads import QUEUE_LABEL
 from jupyter_gpuaas.kubernetes.pods import HOSTNAME_LABEL, grant_pod, kueue_labels
 
 from .options import GpuOptions, OptionsError, options_from_form, parse_options
@@ -69,13 +70,18 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
     ).tag(config=True)
 
     _grant: Grant | None = None  # this start's grant (apply_grant)
+    _queued: dict[str, Any] | None = None  # Kueue mode: the request the pod waits for
+    _pod_made: bool = False  # Kueue mode: this start's pod exists (before_gpu_wait)
     _profile_gpus: dict[str, Any] | None = None  # the chosen profile's `gpuaas` block
     kueue_queue = Unicode(
         "",
         help="""Kueue mode (the gateway's --admission kueue): the LocalQueue a GPU server's
         pod goes to, `{tenant}` replaced by the spawn's tenant (`jupyter-gpuaas kueue
         manifests` names each tenant's LocalQueue after it: `{tenant}`). Empty: no Kueue
-        labels. A server without GPUs never goes to Kueue.""",
+        labels. A server without GPUs never goes to Kueue. The pod is then created as
+        soon as the request is submitted, labelled with its LocalQueue and the request's
+        id, and Kueue's pod integration holds it (scheduling gate) until Kueue admits it:
+        that admission is the grant, and start() adopts the pod.""",
     ).tag(config=True)
 
     kueue_priority_class = Unicode(
@@ -90,6 +96,46 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
         """The pod is built from the configuration and this start's grant (None: a pod
         that holds no GPU), on every start: see `get_pod_manifest`."""
         self._grant = grant
+        self._queued = None
+        if grant is None:  # no GPU: no pod of a queue to adopt
+            self._pod_made = False
+
+    async def before_gpu_wait(self, claim: Claim) -> None:
+        """Kueue mode: the server's pod now, from the queued request (its GPUs, flavor
+        and tenant; no node yet), gated by Kueue until it admits it. The wait that
+        follows is the claim's, with the queue's progress on the spawn page."""
+        self._pod_made = False
+        if not self.kueue_queue:
+            return
+        self._grant, self._queued = None, dict(claim.request or {})
+        pod = await self.get_pod_manifest()
+        if self.modify_pod_hook:
+            pod = await maybe_future(self.modify_pod_hook(self, pod))
+        await self.api.create_namespaced_pod(self.namespace, pod)
+        self._pod_made = True
+        self.log.info(
+            "gpuaas request %s of %s: pod %s created for Kueue's queue %s",
+            claim.request_id,
+            self._log_name,
+            self.pod_name,
+            pod.metadata.labels.get(QUEUE_LABEL),
+        )
+
+    async def stop(self, now: bool = False) -> None:
+        if self.kueue_queue:
+            # Kueue mode: the pod's end ends its Workload, and so the request, before
+            # release_gpus gives it back: an end this stop made, not the gateway's.
+            self._stopping_request = self._rid
+        await super().stop(now=now)
+
+    async def _make_create_pod_request(self, pod: Any, request_timeout: int) -> bool:
+        """KubeSpawner's pod creation; in Kueue mode the pod made in the queue (and
+        admitted since) is this start's: adopted, not made again."""
+        if self._pod_made:
+            self._pod_made = False
+            return True
+        made: bool = await super()._make_create_pod_request(pod, request_timeout)
+        return made
 
     async def get_pod_manifest(self) -> Any:
         """KubeSpawner's pod from the configuration, then this start's grant on top."""
@@ -97,12 +143,12 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
         api = self.api.api_client
         built = grant_pod(
             api.sanitize_for_serialization(pod),
-            request=None if self._grant is None else self._grant.request,
+            request=self._queued if self._grant is None else self._grant.request,
             flavors=self.flavors,
             node_label=self.pin_node_label,
             hide_devices=self.hide_devices_without_grant,
         )
-        grant = None if self._grant is None else self._grant.request
+        grant = self._queued if self._grant is None else self._grant.request
         if self.kueue_queue and grant and int(grant.get("gpus") or 0) > 0:
             queue = self.kueue_queue.replace("{tenant}", str(grant.get("tenant") or ""))
             meta = built.setdefault("metadata", {})
@@ -113,6 +159,7 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
                     user=self.user.name,
                     kind="server",
                     priority_class=self.kueue_priority_class,
+                    request=str(grant.get("id") or ""),
                 ),
             }
         return api.deserialize(_JSONBody(built), "V1Pod")

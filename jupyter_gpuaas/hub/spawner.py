@@ -373,6 +373,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
 
         try:
             try:
+                await self.before_gpu_wait(claim)
                 grant = await claim.admitted(
                     poll=self.refresh_interval, timeout=self.queue_timeout or None, on_turn=show
                 )
@@ -441,6 +442,12 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
                 break
         async for event in super().progress():  # type: ignore[misc]
             yield event
+
+    async def before_gpu_wait(self, claim: Claim) -> None:
+        """Called once the request is submitted, before the wait for its admission: a
+        spawner kind whose admission needs its server to exist already (kube.py in
+        Kueue mode: the pod is what Kueue admits) makes it here. If it raises, the spawn
+        fails and the request is given back."""
 
     async def apply_grant(self, grant: Grant | None) -> None:
         """Hand this start's grant to the wrapped spawner before it starts the server.

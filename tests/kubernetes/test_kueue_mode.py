@@ -32,6 +32,7 @@ from kubeutil import (
     KubeOnCluster,
     connect,
     kernel_cluster,
+    kube_spawner,
     run_cell,
     service_account_kubeconfig,
     start_gateway,
@@ -620,4 +621,101 @@ async def test_a_holders_request_whose_pod_never_comes_is_cancelled(
         assert logged == ["submit", "cancel"], logged
     finally:
         await gw.stop_server()
+        quota.close()
+
+
+async def test_a_gpu_server_goes_through_kueue(kube: KubeOnCluster, tmp_path: Path) -> None:
+    """The Hub's QueuedKubeSpawner in Kueue mode (`kueue_queue`), its start played as the
+    Hub's User.spawn does (the pre-spawn hook, then start()): the request is submitted, the
+    server's pod is created at once in the tenant's LocalQueue, labelled with the request's
+    id and gated by Kueue; the spawn page's progress says it is queued, with Kueue's reason;
+    once a Job outside jupyter-gpuaas goes, Kueue admits the pod, start() adopts it (not a
+    second pod), the scheduler binds it; stop() deletes it and the request ends."""
+    quota = KueueQuota(kube, tmp_path, name="vision")
+    tenant, flavor, node = quota.tenant, quota.flavor, quota.node
+    flavors = {
+        flavor: {
+            "node_selector": {"gpuaas.jupyter.org/flavor": flavor},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        }
+    }
+    gw = await quota.gateway(tmp_path)
+    root = GatewayClient(gw.url, TOKENS["root"])
+    spawner = kube_spawner(
+        kube.url,
+        gw.url,
+        namespace=kube.namespace,
+        flavors=flavors,
+        kueue_queue="{tenant}",
+        start_timeout=60,
+    )
+    spawner.user_options = {"tenant": tenant, "flavor": flavor, "gpus": 1}
+    messages: list[str] = []
+
+    async def follow() -> None:
+        async for event in spawner.progress():
+            messages.append(event.get("message", ""))
+
+    async def spawn() -> Any:
+        await spawner.run_pre_spawn_hook()
+        return await asyncio.wait_for(spawner.start(), spawner.start_timeout + 5)
+
+    def server_pod() -> dict[str, Any] | None:
+        out = kube.cluster.kubectl(
+            "get", "pod", "jupyter-alice", "-n", kube.namespace, "-o=json", "--ignore-not-found"
+        )
+        return json.loads(out) if out.strip() else None
+
+    try:
+        quota.run(job("blocker", tenant, seconds=3600))
+        blocker = await wait_until(
+            lambda: admitted(gw.url, "blocker"), timeout=60, what="the blocker admitted"
+        )
+        starting = asyncio.ensure_future(spawn())
+        following = asyncio.ensure_future(follow())
+        await wait_until(lambda: spawner._rid and server_pod(), timeout=60, what="the pod")
+        rid = spawner._rid
+        pod = server_pod()
+        assert pod is not None
+        labels = pod["metadata"]["labels"]
+        assert labels["kueue.x-k8s.io/queue-name"] == tenant
+        assert labels["gpuaas.jupyter.org/request"] == rid
+        assert {"name": "kueue.x-k8s.io/admission"} in pod["spec"]["schedulingGates"]
+        queued = await wait_until(
+            lambda: field_is_id(
+                gw.url,
+                rid,
+                lambda r: r.get("position") and (r.get("waiting_for") or {}).get("kind") == "quota",
+            ),
+            timeout=60,
+            what="the server's request with Kueue's position and reason",
+        )
+        assert queued["position"]["tenant"] == 1
+        await wait_until(
+            lambda: any("quota is in use" in m for m in messages),
+            timeout=30,
+            what="the spawn page saying why it waits",
+        )
+        assert not starting.done()
+
+        await root.cancel(blocker["id"])
+        await asyncio.wait_for(starting, 120)
+        pod = server_pod()
+        assert pod is not None and pod["spec"]["nodeName"] == node
+        assert pod["metadata"]["labels"]["gpuaas.jupyter.org/request"] == rid  # adopted
+        request = await root.get(rid)
+        assert request["state"] == "admitted" and request["grant"]["flavor"] == flavor
+        names = await requests_of(gw.url)
+        assert not any(n.startswith("Pod jupyter-alice") for n in names)  # one request
+        await asyncio.wait_for(following, 10)
+        await spawner.stop()
+        await wait_until(lambda: server_pod() is None, timeout=60, what="the pod gone")
+        await wait_until(
+            lambda: field_is_id(gw.url, rid, lambda r: r["state"] == "finished"),
+            timeout=60,
+            what="the server's request finished",
+        )
+    finally:
+        await gw.stop_server()
+        kube.cluster.kubectl("delete", "job", "blocker", "-n", kube.namespace, check=False)
         quota.close()
