@@ -21,33 +21,50 @@ Engines (each a column):
   clock: the condition's own timestamps have whole seconds).
 - `core`: `jupyter-gpuaas simulate` on the same scenario: the simulated clock gives the
   makespan and the waits, the process's wall time what it cost.
-- `kueue_mode`: our gateway in Kueue mode: a hook (`ENGINES`), not run yet (issue 42
-  item 2 is being built beside this).
+- `kueue_mode`: our gateway in Kueue mode (`jupyter-gpuaas gateway --admission kueue`,
+  a process of its own, SQLite store) on the same cluster, fed as our holders feed it: per
+  request, at its submit time, the holder's intent (`POST api/requests` through
+  `GatewayClient`), then the same suspended Job labelled with the tenant's LocalQueue and
+  the request's id (`kueue_labels`, as the holders label their pods): Kueue copies the
+  label onto the Workload and the gateway binds that Workload to the intent. Time to
+  admission: from the submit to the gateway's `admit` event for the request on its event
+  stream (what a holder waits for); finished: its `finish` event. Also reported: the
+  gateway's own store at the end (requests that reached `admitted`, and `finished`, read
+  back through the API) and the gateway process's CPU seconds.
 
 Reported per engine: makespan (first submit to last finish) against the quota-bound floor
 (max of the last submit plus its runtime, and the GPU-seconds over the quota), time to
 admission p50/p95 per class, and lost workloads (never finished by the deadline).
 
+The Kueue columns run one after the other on one cluster (each in a namespace and with
+ClusterQueues of its own), so they do not compete for the control plane.
+
     .venv/bin/python benchmarks/kueue_side_by_side.py [--cohorts 2] [--tenants 3]
-        [--scale 0.1] [--cluster-dir .cluster] [--json]
+        [--scale 0.1] [--cluster-dir .cluster] [--only kueue,kueue_mode,core] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import _bench
 import kueue_baseline
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 RESOURCE = "nvidia.com/gpu"
@@ -149,7 +166,11 @@ def _objects(data: dict[str, Any], ns: str, kwok_node: Callable[..., Any]) -> li
     return docs
 
 
-def _job(ns: str, index: int, req: dict[str, Any]) -> dict[str, Any]:
+def _job(
+    ns: str, index: int, req: dict[str, Any], labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The request's suspended Job in its tenant's LocalQueue; `labels` instead of the
+    plain queue and priority labels (kueue_mode: `kueue_labels`, with the request's id)."""
     from jupyter_gpuaas.kubeapi.meta import FLAVOR_LABEL
 
     run = f"{int(req['duration'] * 1000)}ms"
@@ -159,7 +180,8 @@ def _job(ns: str, index: int, req: dict[str, Any]) -> dict[str, Any]:
         "metadata": {
             "name": f"j{index}",
             "namespace": ns,
-            "labels": {
+            "labels": labels
+            or {
                 "kueue.x-k8s.io/queue-name": req["tenant"],
                 "kueue.x-k8s.io/priority-class": f"sbs-p{req['priority']}",
             },
@@ -254,7 +276,13 @@ async def _replay(
     return summarize(waits, end - start, lost, time.monotonic() - start, data)
 
 
-def run_kueue(data: dict[str, Any], cluster_dir: Path | None, deadline: float) -> dict[str, Any]:
+@contextlib.contextmanager
+def _on_cluster(
+    data: dict[str, Any], cluster_dir: Path | None
+) -> Iterator[tuple[Any, str, dict[str, Any]]]:
+    """(the cluster, a namespace of this run's own, the scenario with its names) with the
+    scenario's quota applied, KWOK nodes and all; everything removed afterwards (and the
+    cluster stopped if it was started here)."""
     module = _cluster_module()
     own = cluster_dir is None or not (cluster_dir / "kubeconfig").exists()
     root = Path(tempfile.mkdtemp(prefix="sbs-cluster-")) if cluster_dir is None else cluster_dir
@@ -271,7 +299,7 @@ def run_kueue(data: dict[str, Any], cluster_dir: Path | None, deadline: float) -
     }
     try:
         cluster.apply(_objects(data, ns, module.kwok_node))
-        return asyncio.run(_replay(cluster.kubeconfig, ns, data, deadline))
+        yield cluster, ns, data
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         names = [t for t in data["tenants"]]
@@ -286,13 +314,189 @@ def run_kueue(data: dict[str, Any], cluster_dir: Path | None, deadline: float) -
             module.down(root)
 
 
+def run_kueue(data: dict[str, Any], cluster_dir: Path | None, deadline: float) -> dict[str, Any]:
+    with _on_cluster(data, cluster_dir) as (cluster, ns, named):
+        return asyncio.run(_replay(cluster.kubeconfig, ns, named, deadline))
+
+
+# ---------------------------------------------------------------------------------------
+# Our gateway in Kueue mode
+
+#: The benchmark's users: one per tenant (its holder), and a viewer who follows every
+#: request on the event stream.
+VIEWER = "sbs-viewer"
+
+
+def _token(user: str) -> str:
+    return f"tok-{user}-0123456789"
+
+
+def _start_gateway(
+    tmp: Path, kubeconfig: Path, ns: str, data: dict[str, Any]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`jupyter-gpuaas gateway --admission kueue` in a process of its own (inheriting this
+    one's niceness), following `ns`; (the process, its base URL)."""
+    from gateway_load import free_port
+
+    quotas = {k: data[k] for k in ("flavors", "tenants")}
+    tokens: dict[str, Any] = {_token(VIEWER): {"user": VIEWER, "groups": [], "view": True}}
+    for tenant in data["tenants"]:
+        tokens[_token(tenant)] = {"user": tenant, "groups": [tenant]}
+    (tmp / "quotas.yaml").write_text(yaml.safe_dump(quotas))
+    (tmp / "tokens.yaml").write_text(yaml.safe_dump({"tokens": tokens}))
+    port = free_port()
+    flavor = data["flavors"][FLAVOR]
+    argv = [
+        sys.executable, "-m", "jupyter_gpuaas.gateway.app",
+        "--ip=127.0.0.1", f"--port={port}",
+        f"--quotas={tmp / 'quotas.yaml'}", f"--tokens={tmp / 'tokens.yaml'}",
+        f"--devices=simulated:{FLAVOR}={flavor['nodes']}x{flavor['gpus_per_node']}",
+        f"--db-url=sqlite:///{tmp / 'gpuaas.sqlite'}",
+        "--admission=kueue", f"--kueue-namespace={ns}",
+        "--GatewayApp.max_queued_per_user=0",
+    ]  # fmt: skip
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+    for k in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_SERVICE_NAME"):
+        env.pop(k, None)
+    log = tmp / "gateway.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp)
+    url = f"http://127.0.0.1:{port}/"
+    until = time.monotonic() + 120
+    while time.monotonic() < until:
+        if proc.poll() is not None:
+            raise SystemExit(f"gateway exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "api/openapi.json", timeout=1):
+                return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"gateway did not start:\n{log.read_text()[-3000:]}")
+
+
+async def _replay_gateway(
+    kubeconfig: Path, url: str, ns: str, data: dict[str, Any], deadline: float, pid: int
+) -> dict[str, Any]:
+    from gateway_load import cpu_seconds
+    from kubernetes_asyncio import client, config
+
+    from jupyter_gpuaas.client import GatewayClient
+    from jupyter_gpuaas.kubernetes.pods import kueue_labels
+
+    await config.load_kube_config(config_file=str(kubeconfig))
+    api = client.ApiClient()
+    batch = client.BatchV1Api(api)
+    requests = data["requests"]
+    holders = {t: GatewayClient(url, _token(t)) for t in data["tenants"]}
+    viewer = GatewayClient(url, _token(VIEWER))
+    submitted: dict[str, float] = {}  # request id -> when its holder submitted
+    ids: dict[int, str] = {}  # index in the scenario -> request id
+    admitted: dict[str, float] = {}
+    finished: dict[str, float] = {}
+    ended: dict[str, str] = {}  # request id -> the event that ended it
+    errors: list[str] = []
+    done = asyncio.Event()
+    listening = asyncio.Event()
+
+    async def follow() -> None:
+        async for ev in viewer.events(comments=True):
+            if "comment" in ev:
+                listening.set()
+                continue
+            rid, now = (ev.get("data") or {}).get("id"), time.monotonic()
+            if ev["event"] == "admit":
+                admitted.setdefault(rid, now)
+            elif ev["event"] in ("finish", "cancel", "expire"):
+                finished.setdefault(rid, now)
+                ended.setdefault(rid, ev["event"])
+            if len(finished) >= len(requests) and len(submitted) >= len(requests):
+                done.set()
+
+    follower = asyncio.ensure_future(follow())
+    await asyncio.wait_for(listening.wait(), 30)
+    cpu0 = cpu_seconds(pid)
+    start = time.monotonic()
+
+    async def one(i: int, req: dict[str, Any]) -> None:
+        await asyncio.sleep(max(0.0, start + req["submit"] - time.monotonic()))
+        async with sem:
+            at = time.monotonic()
+            try:
+                made = await holders[req["tenant"]].submit(
+                    req["tenant"], "job", req["gpus"], FLAVOR, req["priority"], name=req["id"]
+                )
+                submitted[made["id"]], ids[i] = at, made["id"]
+                labels = kueue_labels(
+                    req["tenant"],
+                    user=req["tenant"],
+                    kind="job",
+                    priority_class=f"sbs-p{req['priority']}",
+                    request=made["id"],
+                )
+                await batch.create_namespaced_job(ns, _job(ns, i, req, labels))
+            except Exception as e:  # one bad request fails alone; counted as lost
+                errors.append(f"{req['id']}: {e}")
+
+    sem = asyncio.Semaphore(16)
+    try:
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        if len(finished) < len(requests):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), max(0.0, start + deadline - time.monotonic()))
+        wall = time.monotonic() - start
+        cpu = cpu_seconds(pid) - cpu0
+        # The gateway's own view: every request read back from its store.
+        store = await asyncio.gather(*(viewer.get(rid) for rid in ids.values()))
+    finally:
+        follower.cancel()
+        await api.close()
+    waits: dict[str, list[float]] = {cls: [] for cls, *_ in kueue_baseline.CLASSES}
+    for i, req in enumerate(requests):
+        rid = ids.get(i)
+        if rid in admitted:
+            waits[kueue_baseline.class_of(req["id"])].append(admitted[rid] - submitted[rid])
+    end = max(finished.values(), default=time.monotonic())
+    lost = len(requests) - sum(1 for e in ended.values() if e == "finish")
+    out = summarize(waits, end - start, lost, wall, data)
+    out["gateway"] = {
+        "requests": len(requests),
+        "submitted": len(ids),
+        "reached_admitted": sum(1 for r in store if r.get("admitted_at") is not None),
+        "finished": sum(1 for r in store if r["state"] == "finished"),
+        "states": dict(Counter(r["state"] for r in store)),
+        "cpu_s": round(cpu, 1),
+        "errors": errors[:5],
+    }
+    return out
+
+
+def run_kueue_mode(
+    data: dict[str, Any], cluster_dir: Path | None, deadline: float
+) -> dict[str, Any]:
+    with (
+        _on_cluster(data, cluster_dir) as (cluster, ns, named),
+        tempfile.TemporaryDirectory(prefix="sbs-gateway-") as tmp,
+    ):
+        proc, url = _start_gateway(Path(tmp), cluster.kubeconfig, ns, named)
+        try:
+            return asyncio.run(
+                _replay_gateway(cluster.kubeconfig, url, ns, named, deadline, proc.pid)
+            )
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 # ---------------------------------------------------------------------------------------
 
-#: The columns. `kueue_mode` is the hook for our gateway in Kueue mode (issue 42 item 2):
-#: a function (scenario data, args) -> summarize(...)'s dict, None until it exists.
+#: The columns: a function (scenario data, args) -> summarize(...)'s dict each.
 ENGINES: dict[str, Callable[[dict[str, Any], argparse.Namespace], dict[str, Any]] | None] = {
     "kueue": lambda data, a: run_kueue(data, a.cluster_dir, a.deadline),
-    "kueue_mode": None,
+    "kueue_mode": lambda data, a: run_kueue_mode(data, a.cluster_dir, a.deadline),
     "core": lambda data, a: run_core(data),
 }
 
