@@ -523,6 +523,14 @@ def text(r: dict[str, Any]) -> str:
             p95 = "-" if c["wait_p95"] is None else f"{c['wait_p95']:.2f}s"
             lines.append(f"{head}  {cls:<7} {c['admitted']:>8}  {p50:>8}  {p95:>8}")
             first = False
+    gw = (r["engines"].get("kueue_mode") or {}).get("gateway")
+    if gw:
+        lines.append(
+            f"  kueue_mode, the gateway's store: {gw['reached_admitted']} of {gw['requests']}"
+            f" reached admitted, {gw['finished']} finished ({gw['states']});"
+            f" gateway CPU {gw['cpu_s']} s"
+        )
+        lines += [f"  error: {e}" for e in gw["errors"]]
     return "\n".join(lines) + "\n"
 
 
@@ -539,8 +547,11 @@ def main(argv: list[str] | None = None) -> int:
     data = scenario(args.cohorts, args.tenants, args.scale)
     only = set(args.only.split(",")) if args.only else set(ENGINES)
     engines: dict[str, Any] = {}
+    load: dict[str, list[float]] = {}  # the machine's load average around each engine
     for name, run in ENGINES.items():
+        before = os.getloadavg()[0]
         engines[name] = run(data, args) if run is not None and name in only else None
+        load[name] = [round(before, 2), round(os.getloadavg()[0], 2)]
     r = {
         "benchmark": "kueue_side_by_side",
         "scale": args.scale,
@@ -549,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         "requests": len(data["requests"]),
         "floor_s": floor(data),
         "machine": _bench.machine(),
+        "load_average_1m": load,
         "engines": engines,
     }
     _bench.emit(r, args.json, text(r))
