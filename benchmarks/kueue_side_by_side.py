@@ -30,7 +30,9 @@ Engines (each a column):
   admission: from the submit to the gateway's `admit` event for the request on its event
   stream (what a holder waits for); finished: its `finish` event. Also reported: the
   gateway's own store at the end (requests that reached `admitted`, and `finished`, read
-  back through the API) and the gateway process's CPU seconds.
+  back through the API), the gateway process's CPU seconds, and how far its `admit` and
+  `finish` events lag behind Kueue's own conditions (a watch of the Workloads, as the
+  `kueue` column's).
 
 Reported per engine: makespan (first submit to last finish) against the quota-bound floor
 (max of the last submit plus its runtime, and the GPU-seconds over the quota), time to
@@ -213,10 +215,45 @@ def _job(
     }
 
 
+async def _observe(
+    custom: Any,
+    ns: str,
+    admitted: dict[str, float],
+    finished: dict[str, float],
+    count: int,
+    until: float,
+) -> None:
+    """Watch the Workloads of `ns` until `count` have finished or the clock passes `until`:
+    when each Job's (by name) had its quota reserved, and when it finished, first seen."""
+    from kubernetes_asyncio import watch
+
+    w = watch.Watch()
+    while len(finished) < count and time.monotonic() < until:
+        try:
+            async for ev in w.stream(
+                custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2", ns,
+                "workloads", timeout_seconds=30,
+            ):  # fmt: skip
+                wl = ev["object"]
+                owner = (wl["metadata"].get("ownerReferences") or [{}])[0].get("name")
+                now = time.monotonic()
+                for c in (wl.get("status") or {}).get("conditions") or []:
+                    if c["status"] != "True":
+                        continue
+                    if c["type"] == "QuotaReserved":
+                        admitted.setdefault(owner, now)
+                    elif c["type"] == "Finished":
+                        finished.setdefault(owner, now)
+                if len(finished) >= count or now > until:
+                    break
+        except asyncio.TimeoutError:
+            continue
+
+
 async def _replay(
     kubeconfig: Path, ns: str, data: dict[str, Any], deadline: float
 ) -> dict[str, Any]:
-    from kubernetes_asyncio import client, config, watch
+    from kubernetes_asyncio import client, config
 
     await config.load_kube_config(config_file=str(kubeconfig))
     api = client.ApiClient()
@@ -239,31 +276,10 @@ async def _replay(
 
         await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
 
-    async def observe() -> None:
-        w = watch.Watch()
-        while len(finished) < len(requests) and time.monotonic() < start + deadline:
-            try:
-                async for ev in w.stream(
-                    custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2", ns,
-                    "workloads", timeout_seconds=30,
-                ):  # fmt: skip
-                    wl = ev["object"]
-                    owner = (wl["metadata"].get("ownerReferences") or [{}])[0].get("name")
-                    now = time.monotonic()
-                    for c in (wl.get("status") or {}).get("conditions") or []:
-                        if c["status"] != "True":
-                            continue
-                        if c["type"] == "QuotaReserved":
-                            admitted.setdefault(owner, now)
-                        elif c["type"] == "Finished":
-                            finished.setdefault(owner, now)
-                    if len(finished) >= len(requests) or now > start + deadline:
-                        break
-            except asyncio.TimeoutError:
-                continue
-
     try:
-        await asyncio.gather(create(), observe())
+        await asyncio.gather(
+            create(), _observe(custom, ns, admitted, finished, len(requests), start + deadline)
+        )
     finally:
         await api.close()
     waits: dict[str, list[float]] = {cls: [] for cls, *_ in kueue_baseline.CLASSES}
@@ -417,6 +433,14 @@ async def _replay_gateway(
     await asyncio.wait_for(listening.wait(), 30)
     cpu0 = cpu_seconds(pid)
     start = time.monotonic()
+    # Kueue's own decisions, watched as the `kueue` column watches them: how far the
+    # gateway's events lag behind them.
+    reserved: dict[str, float] = {}
+    kueue_finished: dict[str, float] = {}
+    custom = client.CustomObjectsApi(api)
+    watcher = asyncio.ensure_future(
+        _observe(custom, ns, reserved, kueue_finished, len(requests), start + deadline)
+    )
 
     async def one(i: int, req: dict[str, Any]) -> None:
         await asyncio.sleep(max(0.0, start + req["submit"] - time.monotonic()))
@@ -450,12 +474,19 @@ async def _replay_gateway(
         store = await asyncio.gather(*(viewer.get(rid) for rid in ids.values()))
     finally:
         follower.cancel()
+        watcher.cancel()
         await api.close()
     waits: dict[str, list[float]] = {cls: [] for cls, *_ in kueue_baseline.CLASSES}
+    lag_admit: list[float] = []
+    lag_finish: list[float] = []
     for i, req in enumerate(requests):
         rid = ids.get(i)
         if rid in admitted:
             waits[kueue_baseline.class_of(req["id"])].append(admitted[rid] - submitted[rid])
+            if f"j{i}" in reserved:
+                lag_admit.append(admitted[rid] - reserved[f"j{i}"])
+        if rid in finished and f"j{i}" in kueue_finished:
+            lag_finish.append(finished[rid] - kueue_finished[f"j{i}"])
     end = max(finished.values(), default=time.monotonic())
     lost = len(requests) - sum(1 for e in ended.values() if e == "finish")
     out = summarize(waits, end - start, lost, wall, data)
@@ -466,9 +497,19 @@ async def _replay_gateway(
         "finished": sum(1 for r in store if r["state"] == "finished"),
         "states": dict(Counter(r["state"] for r in store)),
         "cpu_s": round(cpu, 1),
+        # Seconds from Kueue's decision (its Workload's condition, seen by a watch of
+        # this process) to the gateway's event: p50, p95, max.
+        "admit_lag_s": _spread(lag_admit),
+        "finish_lag_s": _spread(lag_finish),
         "errors": errors[:5],
     }
     return out
+
+
+def _spread(values: list[float]) -> list[float] | None:
+    if not values:
+        return None
+    return [round(_bench.percentile(values, q), 3) for q in (50, 95, 100)]
 
 
 def run_kueue_mode(
@@ -528,7 +569,8 @@ def text(r: dict[str, Any]) -> str:
         lines.append(
             f"  kueue_mode, the gateway's store: {gw['reached_admitted']} of {gw['requests']}"
             f" reached admitted, {gw['finished']} finished ({gw['states']});"
-            f" gateway CPU {gw['cpu_s']} s"
+            f" gateway CPU {gw['cpu_s']} s; its events after Kueue's decisions (p50/p95/max):"
+            f" admit {gw['admit_lag_s']} s, finish {gw['finish_lag_s']} s"
         )
         lines += [f"  error: {e}" for e in gw["errors"]]
     return "\n".join(lines) + "\n"
