@@ -78,6 +78,8 @@ class Outcome:
     #: Kueue's word for each request still pending after the last wave (not compared:
     #: what a failure shows).
     pending: dict[str, str] = field(default_factory=dict)
+    #: The requests the core rejected at submit (Kueue rejects none: they stay pending).
+    rejected: set[str] = field(default_factory=set)
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,6 +127,32 @@ def fit_for_kueue(name: str, data: Mapping[str, Any], *, split: float | None = N
     if not waves[0] and not waves[1]:
         return None
     return Case(name, quota, [w for w in waves if w])
+
+
+def may_keep_room(case: Case) -> bool:
+    """Can docs/KUEUE.md's known difference "a head that fits its nominal quota but cannot
+    preempt keeps its room" show in `case`? Kueue holds such a head's room for the rest of
+    the scheduling cycle unless its ClusterQueue reclaims `Any`
+    (`reserveCapacityForUnreclaimablePreempt`, `preemption.CanAlwaysReclaim`), and only a
+    StrictFIFO head is looked at again every cycle; without a cohort no other queue could
+    have taken that room. So: a StrictFIFO tenant in a cohort that does not reclaim Any."""
+    return any(
+        t.get("queueing") == "StrictFIFO"
+        and t.get("cohort")
+        and (t.get("preemption") or {}).get("reclaim_within_cohort", "Never") != "Any"
+        for t in case.quota["tenants"].values()
+    )
+
+
+def never_fitting_head_may_block(case: Case) -> bool:
+    """Can docs/KUEUE.md's known difference "a request that can never fit is rejected, not
+    left to block a StrictFIFO queue" show in `case`? Only where the core rejects a request
+    of a StrictFIFO tenant at submit (Kueue keeps it pending, ExceedsMaxQuota, at the head
+    of its queue)."""
+    tenants = case.quota["tenants"]
+    strict = {t for t, spec in tenants.items() if spec.get("queueing") == "StrictFIFO"}
+    tenant_of = {r["id"]: r["tenant"] for r in case.requests}
+    return any(tenant_of[rid] in strict for rid in run_core(case).rejected)
 
 
 def keyed(case: Case, key: str) -> Case:
@@ -204,6 +232,8 @@ def run_core(case: Case) -> Outcome:
                 continue
             if e["event"] == "admit":
                 admitted[e["id"]] = e["flavor"]
+            elif e["event"] == "reject":
+                out.rejected.add(e["id"])
             elif e["event"] in ("preempt", "finish", "cancel"):
                 admitted.pop(e["id"], None)
                 if e["event"] == "preempt":

@@ -9,23 +9,35 @@ docs/KUEUE.md "Known differences" says why they cannot: there the test expects t
 documented outcome, so it still fails when either side changes.
 
 The cases: shipped scenarios that fit (requests compressed into one or two waves; what
-Kueue has no counterpart for left out, kueue_diff.fit_for_kueue), and RANDOM ones drawn as
-tests/test_properties.py draws them, with a fixed seed. Every case runs side by side on the
-cluster, so the whole module costs one set of waits.
+Kueue has no counterpart for left out, kueue_diff.fit_for_kueue), RANDOM ones drawn as
+tests/test_properties.py draws them once and kept (data/differential_random.yaml), and
+FRESH ones drawn anew at every run from a seed of the run's own: a failure names the seed
+(`GPUAAS_DIFF_SEED=<seed>` draws the same cases again) and shows the case. Every case runs
+side by side on the cluster, so the whole module costs one set of waits.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, Phase, given, settings
-from kueue_diff import Case, KueueRun, Outcome, fit_for_kueue, keyed, run_core
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from kueue_diff import (
+    Case,
+    KueueRun,
+    Outcome,
+    fit_for_kueue,
+    keyed,
+    may_keep_room,
+    never_fitting_head_may_block,
+    run_core,
+)
 from test_properties import scenarios
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,11 +84,23 @@ WRITTEN: dict[str, dict[str, Any]] = {
             {"id": "b2", "tenant": "beta", "gpus": 1, "submit": 10},
         ],
     },
+    # docs/KUEUE.md "A request that can never fit is rejected, not left to block a
+    # StrictFIFO queue" (found by a fresh draw, seed 123).
+    "never-fitting-head-blocks-strict-fifo": {
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 8}},
+        "tenants": {"alpha": {"quota": {"a100": 4}, "queueing": "StrictFIFO"}},
+        "requests": [
+            {"id": "a1", "tenant": "alpha", "gpus": 1, "submit": 0},
+            {"id": "a2", "tenant": "alpha", "gpus": 5, "submit": 0},
+            {"id": "a3", "tenant": "alpha", "gpus": 2, "submit": 0},
+        ],
+    },
 }
 #: docs/KUEUE.md "Known differences", as the test expects them: {case: (the first wave
 #: where it shows, the requests the core admits there and Kueue leaves pending)}.
 KNOWN: dict[str, tuple[int, set[str]]] = {
     "unreclaimable-preemptor-keeps-room": (1, {"b2"}),
+    "never-fitting-head-blocks-strict-fifo": (0, {"a3"}),
     "random-9": (1, {"r8"}),
 }
 #: How many random cases, and from how many draws they are picked (those with at least
@@ -143,12 +167,70 @@ def random_cases() -> list[Case]:
     return out
 
 
-CASES = [(f"s{i:02d}", c) for i, c in enumerate(shared_cases())] + [
-    (f"r{i:02d}", c) for i, c in enumerate(random_cases())
-]
-# GPUAAS_DIFF_ONLY=random-9,04-strict-fifo: only those cases (to look at one closely).
+#: Fresh random cases per run: the first FRESH of at most FRESH_DRAWS draws that Kueue can
+#: run with two or more requests, from the seed SEED (a new one each run, or
+#: GPUAAS_DIFF_SEED's), no two alike. They leave out the cases where a known difference
+#: can show (kueue_diff.may_keep_room, never_fitting_head_may_block): the kept and
+#: hand-written cases pin those.
+FRESH = 6
+FRESH_DRAWS = 60
+SEED = int(os.environ.get("GPUAAS_DIFF_SEED") or random.SystemRandom().randrange(2**32))
+
+
+def fresh_cases(draw_seed: int) -> list[Case]:
+    """This run's fresh random cases (see FRESH), drawn by hypothesis from `draw_seed`, the
+    second wave from submit 75 on. The same seed draws the same cases when this module runs
+    alone; in a larger session hypothesis may mix in other constants of the loaded modules,
+    which is why a failure also shows the case itself."""
+    drawn: list[dict[str, Any]] = []
+
+    @seed(draw_seed)
+    @settings(
+        max_examples=FRESH_DRAWS,
+        derandomize=False,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(scenarios())
+    def collect(data: dict[str, Any]) -> None:
+        drawn.append(data)
+
+    collect()
+    out: list[Case] = []
+    seen: list[Any] = []
+    for i, data in enumerate(drawn):
+        case = fit_for_kueue(f"fresh-{draw_seed}-{i}", data, split=75)
+        if (
+            case is None
+            or len(case.requests) < 2
+            or [case.quota, case.waves] in seen
+            or may_keep_room(case)
+            or never_fitting_head_may_block(case)
+        ):
+            continue
+        seen.append([case.quota, case.waves])
+        out.append(case)
+        if len(out) == FRESH:
+            break
+    return out
+
+
+CASES = (
+    [(f"s{i:02d}", c) for i, c in enumerate(shared_cases())]
+    + [(f"r{i:02d}", c) for i, c in enumerate(random_cases())]
+    + [(f"f{i:02d}", c) for i, c in enumerate(fresh_cases(SEED))]
+)
+# GPUAAS_DIFF_ONLY=random-9,04-strict-fifo: only those cases (to look at one closely);
+# "fresh": this run's fresh cases only.
 if os.environ.get("GPUAAS_DIFF_ONLY"):
-    CASES = [(k, c) for k, c in CASES if c.name in os.environ["GPUAAS_DIFF_ONLY"].split(",")]
+    ONLY = os.environ["GPUAAS_DIFF_ONLY"].split(",")
+    CASES = [
+        (k, c)
+        for k, c in CASES
+        if c.name in ONLY or ("fresh" in ONLY and c.name.startswith("fresh-"))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -186,8 +268,10 @@ def test_core_decides_as_kueue(name: str, kueue_outcomes: dict[str, tuple[Case, 
         for later in core.admitted[wave:]:
             for rid in pending:
                 later.pop(rid, None)
+    fresh = f"(a fresh case of seed {SEED}: GPUAAS_DIFF_SEED={SEED} draws it again)\n"
     assert interchangeable(case, core) == interchangeable(case, real), (
-        show(case)
+        (fresh if name.startswith("fresh-") else "")
+        + show(case)
         + f"core: {core.admitted} preempted {core.preempted}\n"
         + f"Kueue: {real.admitted} preempted {real.preempted}\n"
         + "Kueue's pending: "
