@@ -35,6 +35,7 @@ from kueue_diff import (
     fit_for_kueue,
     keyed,
     may_keep_room,
+    may_stop_on_borrowing,
     never_fitting_head_may_block,
     run_core,
 )
@@ -95,6 +96,22 @@ WRITTEN: dict[str, dict[str, Any]] = {
             {"id": "a3", "tenant": "alpha", "gpus": 2, "submit": 0},
         ],
     },
+    # docs/KUEUE.md "A flavor that fits by borrowing, or a later one within nominal
+    # quota" (found by a fresh draw, seed 2).
+    "borrowing-flavor-or-nominal-flavor": {
+        "flavors": {
+            "a100": {"nodes": 1, "gpus_per_node": 8},
+            "t4": {"nodes": 1, "gpus_per_node": 8},
+        },
+        "tenants": {
+            "alpha": {"cohort": "c", "quota": {"t4": 1, "a100": 2}},
+            "beta": {"cohort": "c", "quota": {"t4": 4}},
+        },
+        "requests": [
+            {"id": "a1", "tenant": "alpha", "gpus": 1, "flavor": "t4", "submit": 0},
+            {"id": "a2", "tenant": "alpha", "gpus": 1, "submit": 0},
+        ],
+    },
 }
 #: docs/KUEUE.md "Known differences", as the test expects them: {case: (the first wave
 #: where it shows, the requests the core admits there and Kueue leaves pending)}.
@@ -102,6 +119,10 @@ KNOWN: dict[str, tuple[int, set[str]]] = {
     "unreclaimable-preemptor-keeps-room": (1, {"b2"}),
     "never-fitting-head-blocks-strict-fifo": (0, {"a3"}),
     "random-9": (1, {"r8"}),
+}
+#: The same, for a flavor: {case: (the wave, {request: (the core's flavor, Kueue's)})}.
+KNOWN_FLAVOR: dict[str, tuple[int, dict[str, tuple[str, str]]]] = {
+    "borrowing-flavor-or-nominal-flavor": (0, {"a2": ("a100", "t4")}),
 }
 #: How many random cases, and from how many draws they are picked (those with at least
 #: two requests left once fitted).
@@ -207,6 +228,7 @@ def fresh_cases(draw_seed: int) -> list[Case]:
             or len(case.requests) < 2
             or [case.quota, case.waves] in seen
             or may_keep_room(case)
+            or may_stop_on_borrowing(case)
             or never_fitting_head_may_block(case)
         ):
             continue
@@ -268,6 +290,14 @@ def test_core_decides_as_kueue(name: str, kueue_outcomes: dict[str, tuple[Case, 
         for later in core.admitted[wave:]:
             for rid in pending:
                 later.pop(rid, None)
+    if name in KNOWN_FLAVOR:
+        wave, flavors = KNOWN_FLAVOR[name]
+        for rid, (ours, kueues) in flavors.items():
+            ours, kueues = f"{case.key}-{ours}", f"{case.key}-{kueues}"
+            assert core.admitted[wave].get(rid) == ours, "the core chooses otherwise now"
+            for later in core.admitted[wave:]:
+                if later.get(rid) == ours:
+                    later[rid] = kueues
     fresh = f"(a fresh case of seed {SEED}: GPUAAS_DIFF_SEED={SEED} draws it again)\n"
     assert interchangeable(case, core) == interchangeable(case, real), (
         (fresh if name.startswith("fresh-") else "")
