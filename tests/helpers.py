@@ -1,10 +1,12 @@
 """Test helpers every test directory shares: a free port, waiting for a condition or for
 a process to answer HTTP, stopping a process, a full disk, and the browser.
 
-Imported as `helpers` (tests/ is on sys.path through tests/conftest.py); the real JupyterHub
-every Hub test runs is tests/hubutil.py, beside it. Per-directory helpers live in uniquely
-named modules (gwutil, srvutil, jobutil): when several test directories run together,
-`from conftest import X` would find whichever conftest was imported first.
+Imported as `helpers` (tests/ is on sys.path through tests/conftest.py). Beside it, shared
+the same way: tests/gwutil.py, the one way every directory starts a gateway (a process or
+in-process), and tests/hubutil.py, the real JupyterHub every Hub test runs. Per-directory
+helpers live in uniquely named modules (srvutil, jobutil, kubeutil): when several test
+directories run together, `from conftest import X` would find whichever conftest was
+imported first.
 """
 
 from __future__ import annotations

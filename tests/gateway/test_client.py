@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gwutil import ROOT, TOKENS, free_port, gateway_argv
+from gwutil import ROOT, TOKENS, free_port, gateway_argv, launch_gateway
 
 from jupyter_gpuaas.client import GatewayError, SyncGatewayClient, gateway_from_env
 
@@ -155,18 +155,12 @@ def test_gateway_command_bad_config(tmp_path: Path, sqlite_url: str) -> None:
 
 def test_gateway_command_serves(tmp_path: Path, sqlite_url: str) -> None:
     """`jupyter-gpuaas gateway --port N --quotas q.yaml ...`: the real console script."""
-    from gwutil import wait_ready
-
-    port = free_port()
-    argv = gateway_argv(tmp_path, sqlite_url, port, "--base-url=/services/gpuaas/")[3:]
     cmd = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "jupyter_gpuaas.cli"]
-    log = tmp_path / "gw.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen([*cmd, "gateway", *argv], stdout=f, stderr=subprocess.STDOUT)
+    gp = launch_gateway(
+        tmp_path, sqlite_url, command=[*cmd, "gateway"], base_url="/services/gpuaas/"
+    )
     try:
-        url = f"http://127.0.0.1:{port}/services/gpuaas/"
-        wait_ready(url, proc, log)
-        assert SyncGatewayClient(url, TOKENS["bob"]).me()["name"] == "bob"
+        assert gp.url.endswith("/services/gpuaas/")
+        assert SyncGatewayClient(gp.url, TOKENS["bob"]).me()["name"] == "bob"
     finally:
-        proc.terminate()
-        proc.wait(10)
+        gp.stop()
