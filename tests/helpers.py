@@ -195,11 +195,21 @@ def chromium() -> Iterator[Any]:
             browser.close()
 
 
+def new_page(
+    browser: Any, width: int = 1280, height: int = 900, timeout_ms: int = 60_000,
+    **context: Any,
+) -> Any:  # fmt: skip
+    """A page in a new context (its own cookies: one person) of `browser`, `width`×`height`,
+    whose waits give up after `timeout_ms`; `context`: more of Playwright's new_context
+    options (extra_http_headers, say). The `browser` fixture closes it after the test."""
+    page = browser.new_context(viewport={"width": width, "height": height}, **context).new_page()
+    page.set_default_timeout(timeout_ms)
+    return page
+
+
 @contextlib.contextmanager
 def browser_page(width: int = 1280, height: int = 900, timeout_ms: int = 60_000) -> Iterator[Any]:
     """One page of a fresh `chromium()` browser, `width`×`height`, whose waits give up
-    after `timeout_ms`."""
+    after `timeout_ms` (outside pytest; tests take the `browser` fixture's `new_page`)."""
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": width, "height": height}).new_page()
-        page.set_default_timeout(timeout_ms)
-        yield page
+        yield new_page(browser, width, height, timeout_ms)

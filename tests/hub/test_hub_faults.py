@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,10 +28,12 @@ c.QueuedSpawnerMixin.refresh_interval = 1.0
 """
 
 
-@pytest.fixture
-def own_hub(tmp_path: Path) -> Iterator[Hub]:
-    # cleanup_servers is off: running() kills the servers named to remember_pid.
-    with Hub(tmp_path, EXTRA).running() as hub:
+@pytest.fixture(scope="module")
+def own_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    """One Hub for this module's tests (a start costs seconds): each test ends with every
+    server stopped, as it began. cleanup_servers is off: running() kills the servers
+    named to remember_pid."""
+    with Hub(tmp_path_factory.mktemp("own-hub"), EXTRA).running() as hub:
         yield hub
 
 

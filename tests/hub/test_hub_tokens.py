@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,10 +31,12 @@ c.JupyterHub.load_roles.append(
 """
 
 
-@pytest.fixture
-def own_hub(tmp_path: Path) -> Iterator[Hub]:
-    # cleanup_servers is off: running() kills the servers named to remember_pid.
-    with Hub(tmp_path, EXTRA).running() as hub:
+@pytest.fixture(scope="module")
+def own_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    """One Hub for this module's tests (a start costs seconds): each test ends with every
+    server stopped, as it began. cleanup_servers is off: running() kills the servers
+    named to remember_pid."""
+    with Hub(tmp_path_factory.mktemp("own-hub"), EXTRA).running() as hub:
         yield hub
 
 
