@@ -45,12 +45,35 @@ def _refresh_compiled_core() -> None:
 _refresh_compiled_core()
 
 
+#: Fixtures that start something that takes seconds: the Kubernetes control plane
+#: (tests/kubernetes/, about 40 s, then seconds a test), a JupyterHub, Chromium, PostgreSQL,
+#: a gateway or Jupyter server as a process (jobs, server, faults and the gateway tests'
+#: `spawn_gateway`), or pytest-jupyter's server with our extension.
+SLOW_FIXTURES = frozenset(
+    {
+        "cluster",
+        "hub",
+        "clean_hub",
+        "chromium_browser",
+        "postgres_url",
+        "own_postgres",
+        "spawn_gateway",
+        "spawn",
+        "gateway",
+        "server",
+        "jp_serverapp",
+    }
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test on the real Kubernetes control plane (the `cluster` fixture of
-    tests/kubernetes/: about 40 s to start, then seconds a test) is `slow`, those written
-    later included, so that `pytest -m "not slow"` leaves every one of them out."""
+    """A test that takes a fixture of SLOW_FIXTURES, or runs once on PostgreSQL (`db_url`
+    parametrized), is `slow`, those written later included, so that `pytest -m "not slow"`
+    (the fast part, under a minute) leaves every one of them out."""
     for item in items:
-        if "cluster" in getattr(item, "fixturenames", ()):
+        names = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if names & SLOW_FIXTURES or params.get("db_url") == "postgres":
             item.add_marker(pytest.mark.slow)
 
 

@@ -61,13 +61,13 @@ QUOTAS: dict[str, Any] = {
 DEVICES = "simulated:a100=1x4,t4=1x8"
 
 
-def fresh_pg_database(postgres_url: str) -> str:
-    """A new empty database on the session's PostgreSQL server."""
+def fresh_pg_database(postgres_url: str, prefix: str = "gw_") -> str:
+    """A new empty database on the session's PostgreSQL server (named `prefix` + hex)."""
     import psycopg
     from sqlalchemy.engine import make_url
 
     url = make_url(postgres_url)
-    name = "gw_" + uuid.uuid4().hex[:12]
+    name = prefix + uuid.uuid4().hex[:12]
     with psycopg.connect(
         host=url.host, port=url.port, user=url.username, dbname="postgres", autocommit=True
     ) as conn:

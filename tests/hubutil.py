@@ -83,6 +83,21 @@ c.Spawner.http_timeout = 60
 """
 
 
+def module_hub(extra_config: str) -> Any:
+    """A module-scoped fixture: one Hub of its own (`Hub(root, extra_config)`) for a module
+    whose tests need another configuration than the session's (a start costs seconds);
+    each of its tests ends with every server stopped, as it began. Used as
+    `own_hub = module_hub(EXTRA)` in the test module."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def own_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+        with Hub(tmp_path_factory.mktemp("own-hub"), extra_config).running() as hub:
+            yield hub
+
+    return own_hub
+
+
 def need_proxy() -> None:
     """Skip the test, saying why, where configurable-http-proxy is not installed."""
     import pytest

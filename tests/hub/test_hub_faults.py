@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hubutil import Hub
+from hubutil import Hub, module_hub
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +27,8 @@ c.QueuedSpawnerMixin.refresh_interval = 1.0
 """
 
 
-@pytest.fixture(scope="module")
-def own_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    """One Hub for this module's tests (a start costs seconds): each test ends with every
-    server stopped, as it began. cleanup_servers is off: running() kills the servers
-    named to remember_pid."""
-    with Hub(tmp_path_factory.mktemp("own-hub"), EXTRA).running() as hub:
-        yield hub
+# cleanup_servers is off: running() kills the servers named to remember_pid.
+own_hub = module_hub(EXTRA)
 
 
 def live(hub: Hub, user: str) -> list[dict[str, Any]]:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import requests
-from hubutil import Hub
+from hubutil import Hub, module_hub
 
 pytestmark = pytest.mark.slow
 
@@ -31,13 +30,8 @@ c.JupyterHub.load_roles.append(
 """
 
 
-@pytest.fixture(scope="module")
-def own_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    """One Hub for this module's tests (a start costs seconds): each test ends with every
-    server stopped, as it began. cleanup_servers is off: running() kills the servers
-    named to remember_pid."""
-    with Hub(tmp_path_factory.mktemp("own-hub"), EXTRA).running() as hub:
-        yield hub
+# cleanup_servers is off: running() kills the servers named to remember_pid.
+own_hub = module_hub(EXTRA)
 
 
 def gpuaas_tokens(hub: Hub, user: str) -> dict[str, dict[str, Any]]:

@@ -44,3 +44,20 @@ def gateway_command() -> list[str]:
 
 def gpu_extension(app: Any) -> Any:
     return app.web_app.settings["gpuaas"]
+
+
+def on_a_fake_gpu(ext: Any, record: Any) -> tuple[int, Any]:
+    """(pid, FakeGpu): the process of the kernel of `record` on an A100 that a fake NVML
+    (tests/nvmlfake.py: per-process utilization on cue, which no GPU-less host has) shows
+    to the extension's GPU-activity reader; the simulated gateway's grant names no UUID,
+    so the kernel's grant is given that device's, as a real one is."""
+    from nvmlfake import FakeGpu, FakeNvml, GiB
+
+    from jupyter_gpuaas.devices import NvmlInventory
+
+    pid = int(record.provisioner.pid)
+    uuid = "GPU-a1000000-0000-0000-0000-00000000beef"
+    gpu = FakeGpu("NVIDIA A100-SXM4-80GB", uuid, 80 * GiB, pids=[pid])
+    ext.gpu_usage._tried, ext.gpu_usage._inventory = True, NvmlInventory(nvml=FakeNvml([gpu]))
+    record.grant = {**(record.grant or {}), "uuids": [uuid]}
+    return pid, gpu
