@@ -134,8 +134,9 @@ class Pki:
     stranger: tuple[str, str]  # a client certificate from a CA the gateway does not trust
 
 
-@pytest.fixture
-def pki(tmp_path: Path) -> Pki:
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    tmp_path = tmp_path_factory.mktemp("pki")
     ca_key, ca_cert, ca = make_ca(tmp_path / "internal-ca", "gpuaas test internal CA")
     other_key, other_cert, _ = make_ca(tmp_path / "other-ca", "somebody else's CA")
     return Pki(
@@ -146,9 +147,11 @@ def pki(tmp_path: Path) -> Pki:
     )
 
 
-@pytest.fixture
-def tls_gateway(tmp_path: Path, pki: Pki) -> Iterator[str]:
-    """A gateway process given JupyterHub's internal-SSL environment; its https URL."""
+@pytest.fixture(scope="module")
+def tls_gateway(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[str]:
+    """A gateway process given JupyterHub's internal-SSL environment; its https URL. One
+    for the module (a start costs seconds): no test here needs it empty."""
+    tmp_path = tmp_path_factory.mktemp("tls-gateway")
     env = gateway_env(
         JUPYTERHUB_SSL_KEYFILE=pki.server[0],
         JUPYTERHUB_SSL_CERTFILE=pki.server[1],
