@@ -1,7 +1,8 @@
 """A REAL JupyterHub for the hub tests: `jupyterhub -f <generated config>` as a subprocess.
 
 Every test that needs a Hub (tests/hub/, tests/ui/) starts it here: `Hub(root, extra_config)`
-then `with hub.running():` (the session's shared hub is tests/hub/conftest.py's fixture).
+then `with hub.running():` (the session's shared hub is tests/conftest.py's `hub` fixture;
+`module_hub` gives a module a Hub of its own).
 The generated config loads the demo's own hub_config/local/jupyterhub_config.py (so these
 tests run the embedded default), on free loopback ports for the hub, the proxy's API and
 the gateway, with configurable-http-proxy from node_modules/ and the gateway as the
@@ -9,7 +10,7 @@ Hub-managed service on simulated devices. It adds a `tester` service whose API t
 administers users and servers, shortens the spawner's heartbeat and activity window, and
 uses a quota file where `nlp` servers are culled after 10 idle seconds.
 
-One hub serves the whole session of tests/hub/ (JupyterHub starts slowly on a small
+One hub serves the whole session of tests/hub/ and tests/ui/ (JupyterHub starts slowly on a small
 machine); each test leaves no server running behind it (`hub.cleanup()`). Tests that need a
 differently configured hub start their own. Tests import `Hub`, `REPO` and the rest from
 here (`hubutil`, a unique name beside helpers.py: `conftest` is ambiguous when several test

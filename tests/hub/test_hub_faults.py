@@ -1,5 +1,5 @@
 """Faults of the Hub around the gateway, against real processes: a REAL JupyterHub (its own
-hub, `cleanup_servers = False`, see conftest.py), its managed gateway, and single-user
+hub, `cleanup_servers = False`, hubutil.module_hub), its managed gateway, and single-user
 servers.
 
 - A Hub restarted while a spawn waits in the queue: the spawn resumes with the same

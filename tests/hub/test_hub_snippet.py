@@ -1,5 +1,5 @@
 """The production snippets, hub_config/gpuaas_service_snippet.py and gpuaas_kernels.py, run
-as-is in a REAL JupyterHub (its own hub, see conftest.py), with no GPUAAS_URL anywhere
+as-is in a REAL JupyterHub (its own hub, hubutil.Hub), with no GPUAAS_URL anywhere
 for the single-user servers.
 
 The hub's base is the demo config (proxy, ports, logins, groups, the queued spawner), but

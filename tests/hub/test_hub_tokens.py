@@ -1,4 +1,4 @@
-"""The spawner's per-request user tokens in a REAL JupyterHub (its own hub, see conftest.py):
+"""The spawner's per-request user tokens in a REAL JupyterHub (its own hub, hubutil.module_hub):
 they expire, are replaced before they do, are revoked on stop, and a Hub restart (with
 `cleanup_servers = False`, so the server outlives it) revokes the token the old Hub
 minted, since the spawner state carries its id.
