@@ -58,6 +58,7 @@ SLOW_FIXTURES = frozenset(
         "postgres_url",
         "own_postgres",
         "spawn_gateway",
+        "tls_gateway",
         "spawn",
         "gateway",
         "server",

@@ -25,6 +25,8 @@ import pytest
 from gwutil import TOKENS, launch_gateway
 from helpers import wait_for
 
+pytestmark = pytest.mark.slow  # a gateway process for the module
+
 CSP = "default-src 'none'; frame-ancestors 'none'"
 JOB = {"tenant": "vision", "kind": "job", "gpus": 1}
 QUOTAS: dict[str, Any] = {

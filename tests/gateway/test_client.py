@@ -113,6 +113,7 @@ def test_sync_client_against_subprocess(spawn_gateway: Any, sqlite_url: str) -> 
     assert out.returncode == 1 and "not a member" in out.stderr
 
 
+@pytest.mark.slow
 def test_cli_bad_input_and_no_gateway() -> None:
     for argv in (
         ["submit", "--tenant", "vision", "--gpus", "0"],
@@ -127,6 +128,7 @@ def test_cli_bad_input_and_no_gateway() -> None:
     assert out.returncode == 1 and "GPUAAS_URL" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_gateway_command_bad_config(tmp_path: Path, sqlite_url: str) -> None:
     argv = gateway_argv(tmp_path, sqlite_url, free_port())[3:]  # the flags only
     cases = [
@@ -153,6 +155,7 @@ def test_gateway_command_bad_config(tmp_path: Path, sqlite_url: str) -> None:
         assert text in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_gateway_command_serves(tmp_path: Path, sqlite_url: str) -> None:
     """`jupyter-gpuaas gateway --port N --quotas q.yaml ...`: the real console script."""
     cmd = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "jupyter_gpuaas.cli"]

@@ -193,6 +193,7 @@ async def stream_status(url: str, headers: dict[str, str]) -> int:
 
 
 @pytest.mark.asyncio
+@pytest.mark.slow
 async def test_every_route_by_every_caller(
     make_gateway: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
