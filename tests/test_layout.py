@@ -86,6 +86,7 @@ def _parsed(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
+@pytest.mark.slow
 def test_every_module_says_what_it_is() -> None:
     """A module holds one concept, however long: its docstring names it."""
     missing = [

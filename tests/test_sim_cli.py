@@ -267,6 +267,7 @@ def test_real_rejections_in_table_and_json() -> None:
 
 
 @needs_driver
+@pytest.mark.slow
 def test_real_csv_and_json_scenarios(tmp_path: Path) -> None:
     path = csv_scenario(
         tmp_path, 'r1,vision,ann,kernel,2,,,0,3600,"[[0,600]]",\nr2,nlp,bob,job,4,a100,,10,600,,\n'

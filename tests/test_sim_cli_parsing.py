@@ -186,6 +186,7 @@ def test_csv_requests_file(tmp_path: Path) -> None:
     assert scenario.name == "scenario"
 
 
+@pytest.mark.slow
 def test_csv_relative_to_the_scenario_file(tmp_path: Path) -> None:
     path = csv_scenario(tmp_path, "r1,vision,ann,job,1,,,0,10,,\n")
     elsewhere = tmp_path / "elsewhere"
