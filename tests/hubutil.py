@@ -84,6 +84,35 @@ c.Spawner.http_timeout = 60
 """
 
 
+async def execute_until_busy(
+    ws_url: str, token: str, code: str, user: str = "alice", timeout: float = 30
+) -> None:
+    """Send one execute_request of `code` on a kernel's websocket behind the Hub (`ws_url`,
+    `token`: the server's), as JupyterLab would for `user`; return once the kernel says it
+    is busy, leaving it computing."""
+    import asyncio
+    import uuid
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
+    header = {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": user,
+              "session": uuid.uuid4().hex, "date": "", "version": "5.3"}  # fmt: skip
+    content = {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+               "allow_stdin": False, "stop_on_error": True}  # fmt: skip
+    message = {"header": header, "parent_header": {}, "metadata": {}, "content": content,
+               "channel": "shell", "buffers": []}  # fmt: skip
+    conn.write_message(json.dumps(message))
+    while True:
+        raw = await asyncio.wait_for(conn.read_message(), timeout)
+        assert raw is not None, "the kernel's websocket closed"
+        msg = json.loads(raw)
+        if msg.get("msg_type") == "status" and msg["content"]["execution_state"] == "busy":
+            break
+    conn.close()
+
+
 def module_hub(extra_config: str) -> Any:
     """A module-scoped fixture: one Hub of its own (`Hub(root, extra_config)`) for a module
     whose tests need another configuration than the session's (a start costs seconds);
