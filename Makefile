@@ -131,7 +131,7 @@ cluster-down: $(STAMP)
 	$(BIN)/python scripts/cluster.py down --dir $(CLUSTER_DIR)
 
 pytest: setup core cluster-bin
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test: lint contracts typecheck docs lowest pytest uitest
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -44,12 +45,36 @@ def _refresh_compiled_core() -> None:
 _refresh_compiled_core()
 
 
+#: Fixtures that start something that takes seconds: the Kubernetes control plane
+#: (tests/kubernetes/, about 40 s, then seconds a test), a JupyterHub, Chromium, PostgreSQL,
+#: a gateway or Jupyter server as a process (jobs, server, faults and the gateway tests'
+#: `spawn_gateway`), or pytest-jupyter's server with our extension.
+SLOW_FIXTURES = frozenset(
+    {
+        "cluster",
+        "hub",
+        "clean_hub",
+        "chromium_browser",
+        "postgres_url",
+        "own_postgres",
+        "spawn_gateway",
+        "tls_gateway",
+        "spawn",
+        "gateway",
+        "server",
+        "jp_serverapp",
+    }
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test on the real Kubernetes control plane (the `cluster` fixture of
-    tests/kubernetes/: about 40 s to start, then seconds a test) is `slow`, those written
-    later included, so that `pytest -m "not slow"` leaves every one of them out."""
+    """A test that takes a fixture of SLOW_FIXTURES, or runs once on PostgreSQL (`db_url`
+    parametrized), is `slow`, those written later included, so that `pytest -m "not slow"`
+    (the fast part, under a minute) leaves every one of them out."""
     for item in items:
-        if "cluster" in getattr(item, "fixturenames", ()):
+        names = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if names & SLOW_FIXTURES or params.get("db_url") == "postgres":
             item.add_marker(pytest.mark.slow)
 
 
@@ -79,3 +104,56 @@ def postgres_url() -> Iterator[str]:
         yield server.start()
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def chromium_browser() -> Iterator[Any]:
+    """One Chromium for a module's tests (a launch costs seconds); tests take `browser`.
+
+    Not one for the session: Playwright's sync API holds an event loop of its own in this
+    thread while its browser lives, and an asyncio test in a later module could not run
+    its own (a module's tests are either the browser's or asyncio's)."""
+    from helpers import chromium
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def browser(chromium_browser: Any) -> Iterator[Any]:
+    """The session's Chromium (Playwright, helpers.chromium: skipped, saying why, where it
+    is missing). Each person a test plays is a context of their own
+    (`helpers.new_page(browser)`); every context the test opened is closed after it."""
+    before = set(chromium_browser.contexts)
+    yield chromium_browser
+    for context in chromium_browser.contexts:
+        if context not in before:
+            context.close()
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One REAL JupyterHub (tests/hubutil.py) for every test of the session that takes it
+    (tests/hub/, tests/ui/): JupyterHub starts slowly on a small machine. Its log is kept
+    in test-artifacts/."""
+    import shutil
+
+    from hubutil import REPO, Hub
+
+    h = Hub(tmp_path_factory.mktemp("hub"))
+    try:
+        with h.running():
+            yield h
+    finally:
+        if h.log_path.exists():  # not where the test was skipped before the hub started
+            artifacts = REPO / "test-artifacts"
+            artifacts.mkdir(exist_ok=True)
+            shutil.copy(h.log_path, artifacts / "hub-tests-jupyterhub.log")
+
+
+@pytest.fixture
+def clean_hub(hub: Any) -> Iterator[Any]:
+    """The session's hub, with no server running before and after the test."""
+    hub.cleanup()
+    yield hub
+    hub.cleanup()

@@ -1,10 +1,12 @@
 """Test helpers every test directory shares: a free port, waiting for a condition or for
 a process to answer HTTP, stopping a process, a full disk, and the browser.
 
-Imported as `helpers` (tests/ is on sys.path through tests/conftest.py); the real JupyterHub
-every Hub test runs is tests/hubutil.py, beside it. Per-directory helpers live in uniquely
-named modules (gwutil, srvutil, jobutil): when several test directories run together,
-`from conftest import X` would find whichever conftest was imported first.
+Imported as `helpers` (tests/ is on sys.path through tests/conftest.py). Beside it, shared
+the same way: tests/gwutil.py, the one way every directory starts a gateway (a process or
+in-process), and tests/hubutil.py, the real JupyterHub every Hub test runs. Per-directory
+helpers live in uniquely named modules (srvutil, jobutil, kubeutil): when several test
+directories run together, `from conftest import X` would find whichever conftest was
+imported first.
 """
 
 from __future__ import annotations
@@ -193,11 +195,21 @@ def chromium() -> Iterator[Any]:
             browser.close()
 
 
+def new_page(
+    browser: Any, width: int = 1280, height: int = 900, timeout_ms: int = 60_000,
+    **context: Any,
+) -> Any:  # fmt: skip
+    """A page in a new context (its own cookies: one person) of `browser`, `width`×`height`,
+    whose waits give up after `timeout_ms`; `context`: more of Playwright's new_context
+    options (extra_http_headers, say). The `browser` fixture closes it after the test."""
+    page = browser.new_context(viewport={"width": width, "height": height}, **context).new_page()
+    page.set_default_timeout(timeout_ms)
+    return page
+
+
 @contextlib.contextmanager
 def browser_page(width: int = 1280, height: int = 900, timeout_ms: int = 60_000) -> Iterator[Any]:
     """One page of a fresh `chromium()` browser, `width`×`height`, whose waits give up
-    after `timeout_ms`."""
+    after `timeout_ms` (outside pytest; tests take the `browser` fixture's `new_page`)."""
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": width, "height": height}).new_page()
-        page.set_default_timeout(timeout_ms)
-        yield page
+        yield new_page(browser, width, height, timeout_ms)

@@ -1,7 +1,8 @@
 """A REAL JupyterHub for the hub tests: `jupyterhub -f <generated config>` as a subprocess.
 
 Every test that needs a Hub (tests/hub/, tests/ui/) starts it here: `Hub(root, extra_config)`
-then `with hub.running():` (the session's shared hub is tests/hub/conftest.py's fixture).
+then `with hub.running():` (the session's shared hub is tests/conftest.py's `hub` fixture;
+`module_hub` gives a module a Hub of its own).
 The generated config loads the demo's own hub_config/local/jupyterhub_config.py (so these
 tests run the embedded default), on free loopback ports for the hub, the proxy's API and
 the gateway, with configurable-http-proxy from node_modules/ and the gateway as the
@@ -9,7 +10,7 @@ Hub-managed service on simulated devices. It adds a `tester` service whose API t
 administers users and servers, shortens the spawner's heartbeat and activity window, and
 uses a quota file where `nlp` servers are culled after 10 idle seconds.
 
-One hub serves the whole session of tests/hub/ (JupyterHub starts slowly on a small
+One hub serves the whole session of tests/hub/ and tests/ui/ (JupyterHub starts slowly on a small
 machine); each test leaves no server running behind it (`hub.cleanup()`). Tests that need a
 differently configured hub start their own. Tests import `Hub`, `REPO` and the rest from
 here (`hubutil`, a unique name beside helpers.py: `conftest` is ambiguous when several test
@@ -81,6 +82,50 @@ c.Spawner.start_timeout = 60
 c.Spawner.poll_interval = 2
 c.Spawner.http_timeout = 60
 """
+
+
+async def execute_until_busy(
+    ws_url: str, token: str, code: str, user: str = "alice", timeout: float = 30
+) -> None:
+    """Send one execute_request of `code` on a kernel's websocket behind the Hub (`ws_url`,
+    `token`: the server's), as JupyterLab would for `user`; return once the kernel says it
+    is busy, leaving it computing."""
+    import asyncio
+    import uuid
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
+    header = {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": user,
+              "session": uuid.uuid4().hex, "date": "", "version": "5.3"}  # fmt: skip
+    content = {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+               "allow_stdin": False, "stop_on_error": True}  # fmt: skip
+    message = {"header": header, "parent_header": {}, "metadata": {}, "content": content,
+               "channel": "shell", "buffers": []}  # fmt: skip
+    conn.write_message(json.dumps(message))
+    while True:
+        raw = await asyncio.wait_for(conn.read_message(), timeout)
+        assert raw is not None, "the kernel's websocket closed"
+        msg = json.loads(raw)
+        if msg.get("msg_type") == "status" and msg["content"]["execution_state"] == "busy":
+            break
+    conn.close()
+
+
+def module_hub(extra_config: str) -> Any:
+    """A module-scoped fixture: one Hub of its own (`Hub(root, extra_config)`) for a module
+    whose tests need another configuration than the session's (a start costs seconds);
+    each of its tests ends with every server stopped, as it began. Used as
+    `own_hub = module_hub(EXTRA)` in the test module."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def own_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+        with Hub(tmp_path_factory.mktemp("own-hub"), extra_config).running() as hub:
+            yield hub
+
+    return own_hub
 
 
 def need_proxy() -> None:

@@ -116,6 +116,7 @@ BAD_ARGUMENTS = [
 @pytest.mark.parametrize(
     ("flag", "argv", "words"), BAD_ARGUMENTS, ids=[" ".join(c[1]) for c in BAD_ARGUMENTS]
 )
+@pytest.mark.slow
 def test_a_bad_argument_is_one_sentence_naming_the_flag(
     flag: str, argv: list[str], words: str, tmp_path: Path
 ) -> None:

@@ -63,6 +63,7 @@ def test_month_trace_generator(tmp_path: Path) -> None:
     run_scenario(scenario, until=7 * 86400)
 
 
+@pytest.mark.slow
 def test_cycle_rate_runs() -> None:
     import cycle_rate
 

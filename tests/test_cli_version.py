@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import jupyter_gpuaas
 import jupyter_gpuaas.admission.core as admission_core
 from jupyter_gpuaas._version import __version__
@@ -29,6 +31,7 @@ def version(pythonpath: str) -> list[str]:
     return done.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_the_version_says_which_core_runs(tmp_path: Path) -> None:
     compiled = not admission_core.__file__.endswith(".py")
     first, core = version(os.environ.get("PYTHONPATH", str(PACKAGE.parent)))

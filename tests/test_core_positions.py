@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
+
 from jupyter_gpuaas.admission import views
 from jupyter_gpuaas.admission.config import parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
@@ -45,6 +47,7 @@ def check(core: AdmissionCore) -> int:
     return queued
 
 
+@pytest.mark.slow
 def test_positions_grants_and_parked_follow_the_core_under_random_load() -> None:
     core = make_core()
     rng = random.Random(11)

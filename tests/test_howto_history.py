@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from history_sample import QUOTAS_YAML, write_sample_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +67,7 @@ def test_the_matcher_needs_every_shown_line() -> None:
     assert not matches(["a"], ["a", "b"])  # without `...`, nothing may be left out
 
 
+@pytest.mark.slow
 def test_the_page_walks_from_export_to_advice(tmp_path: Path) -> None:
     commands = transcripts(PAGE.read_text(encoding="utf-8"))
     words = [shlex.split(c)[:3] for c, _ in commands]

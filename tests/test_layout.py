@@ -57,6 +57,7 @@ def test_simulate_pays_for_no_service_at_start_up() -> None:
     assert not {m for m in mods if m.split(".")[0] in heavy or m in heavy}
 
 
+@pytest.mark.slow
 def test_the_magics_still_load_by_the_package_name() -> None:
     mods = _imported_after(
         "from IPython.testing.globalipapp import start_ipython\n"
@@ -85,6 +86,7 @@ def _parsed(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
+@pytest.mark.slow
 def test_every_module_says_what_it_is() -> None:
     """A module holds one concept, however long: its docstring names it."""
     missing = [
@@ -139,6 +141,7 @@ GATEWAY = PACKAGE / "gateway"
 DRIVER = ("arbiter", "group_commit", "store_calls", "stalls", "views")
 
 
+@pytest.mark.slow
 def test_the_gateways_driver_is_composed_not_mixed() -> None:
     """The arbiter holds its group commit, store calls and stalls as fields and calls the
     views, functions of the core's state (issue 41): none of the driver's classes is
@@ -190,6 +193,7 @@ def _calls(tree: ast.Module) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_no_module_loads_a_class_of_the_package_by_name() -> None:
     """import-linter sees every arrow: a module that loads classes by a dotted name (a
     deployment's config may name one) never names one of the package's own in a string

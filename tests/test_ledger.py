@@ -3,6 +3,7 @@ without GPUs taken away first (the preemption bound relies on it)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +39,7 @@ def ledgers(draw: st.DrawFn) -> tuple[Ledger, str, dict[str, int], bool]:
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(ledgers())
+@pytest.mark.slow
 def test_room_is_the_largest_fit(case: tuple[Ledger, str, dict[str, int], bool]) -> None:
     ledger, tenant, removed, allow_borrow = case
     for rm in ({}, removed):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -166,6 +167,7 @@ def show(data: dict[str, Any]) -> str:
 
 @PROFILE
 @given(scenarios())
+@pytest.mark.slow
 def test_random_scenarios_keep_invariants(data: dict[str, Any]) -> None:
     """All invariants, BestEffortFIFO's no-fitting-request-left-behind and legal lives hold;
     the run is deterministic; the result reports every request in a legal state."""
@@ -192,6 +194,7 @@ def test_random_scenarios_keep_invariants(data: dict[str, Any]) -> None:
 
 @PROFILE
 @given(scenarios())
+@pytest.mark.slow
 def test_flat_cohorts_declared_as_roots_decide_the_same(data: dict[str, Any]) -> None:
     """A flat cohort is a tree of one level: declaring every flat cohort as a root of
     `cohorts:` (no quota, no parent) must not change a single decision. This pins the tree

@@ -111,6 +111,7 @@ def test_a_month_decides_the_same_with_every_spell_told(tmp_path: Path, interact
 
 @PROFILE
 @given(scenarios(), st.data())
+@pytest.mark.slow
 def test_random_scenarios_decide_the_same_with_every_spell_told(
     data: dict[str, Any], draw: st.DataObject
 ) -> None:

@@ -224,6 +224,7 @@ def test_real_simulate_json_and_events(tmp_path: Path, path: Path) -> None:
 
 
 @needs_driver
+@pytest.mark.slow
 def test_real_example_table_and_until(tmp_path: Path) -> None:
     proc = simulate(EXAMPLE)
     assert proc.returncode == 0, proc.stderr
@@ -247,6 +248,7 @@ def test_real_example_table_and_until(tmp_path: Path) -> None:
 
 
 @needs_driver
+@pytest.mark.slow
 def test_real_rejections_in_table_and_json() -> None:
     path = ROOT / "tests" / "scenarios" / "27-rejection-reasons.yaml"
     proc = simulate(path)
@@ -265,6 +267,7 @@ def test_real_rejections_in_table_and_json() -> None:
 
 
 @needs_driver
+@pytest.mark.slow
 def test_real_csv_and_json_scenarios(tmp_path: Path) -> None:
     path = csv_scenario(
         tmp_path, 'r1,vision,ann,kernel,2,,,0,3600,"[[0,600]]",\nr2,nlp,bob,job,4,a100,,10,600,,\n'
@@ -294,6 +297,7 @@ FULL = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_cli_until_says_why_the_queued_wait(tmp_path: Path) -> None:
     path = write(tmp_path, FULL)
     proc = simulate(path, "--json", "--until", "50")
@@ -342,6 +346,7 @@ def test_cli_set_errors_name_the_key(tmp_path: Path, setting: str, key: str, wor
 
 
 @needs_driver
+@pytest.mark.slow
 def test_a_replay_leaves_no_growing_reference_cycles(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -384,6 +389,7 @@ def test_a_replay_leaves_no_growing_reference_cycles(
 
 @needs_driver
 @pytest.mark.parametrize("trace", ["month", "kueue-baseline"])
+@pytest.mark.slow
 def test_a_tally_fed_as_it_goes_reports_what_the_kept_decisions_do(
     tmp_path: Path, trace: str
 ) -> None:

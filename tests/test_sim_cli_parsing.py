@@ -73,6 +73,7 @@ def _request_doc(path: str, value: Any) -> dict[str, Any]:
     [c[1:] for c in CONFIG_CASES],
     ids=[c[0] for c in CONFIG_CASES],
 )
+@pytest.mark.slow
 def test_cli_config_error(tmp_path: Path, path: str, value: Any, key: str, words: str) -> None:
     assert_one_line_error(
         simulate(write(tmp_path, mutate(base_scenario(), path, value))), key, words
@@ -84,6 +85,7 @@ def test_cli_config_error(tmp_path: Path, path: str, value: Any, key: str, words
     [c[1:] for c in REQUEST_CASES],
     ids=[c[0] for c in REQUEST_CASES],
 )
+@pytest.mark.slow
 def test_cli_request_error(tmp_path: Path, path: str, value: Any, key: str, words: str) -> None:
     assert_one_line_error(simulate(write(tmp_path, _request_doc(path, value))), key, words)
 
@@ -152,6 +154,7 @@ def test_cli_bad_until_option(tmp_path: Path) -> None:
     assert "non-negative" in proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_unwritable_events_file(tmp_path: Path) -> None:
     events = tmp_path / "no-such-dir" / "events.jsonl"
     proc = simulate(write(tmp_path, base_scenario()), "--events", events)
@@ -183,6 +186,7 @@ def test_csv_requests_file(tmp_path: Path) -> None:
     assert scenario.name == "scenario"
 
 
+@pytest.mark.slow
 def test_csv_relative_to_the_scenario_file(tmp_path: Path) -> None:
     path = csv_scenario(tmp_path, "r1,vision,ann,job,1,,,0,10,,\n")
     elsewhere = tmp_path / "elsewhere"
@@ -220,6 +224,7 @@ def test_cli_csv_errors(tmp_path: Path, rows: str, key: str, words: str) -> None
     assert_one_line_error(simulate(csv_scenario(tmp_path, rows)), key, words)
 
 
+@pytest.mark.slow
 def test_cli_csv_unknown_column_and_missing_file(tmp_path: Path) -> None:
     path = csv_scenario(tmp_path, "")
     (tmp_path / "trace.csv").write_text("id,tenant,user,kind,gpus,submit,duration,colour\n")
@@ -228,6 +233,7 @@ def test_cli_csv_unknown_column_and_missing_file(tmp_path: Path) -> None:
     assert_one_line_error(simulate(path), "requests_file", "cannot read 'trace.csv'")
 
 
+@pytest.mark.slow
 def test_csv_loads_100k_rows(tmp_path: Path) -> None:
     # How long this takes is measured in benchmarks/, not asserted here (a timed test fails
     # on a loaded machine and proves nothing on a quiet one).

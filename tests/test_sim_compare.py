@@ -80,6 +80,7 @@ def test_a_what_if_prints_each_tenants_difference(
     )
 
 
+@pytest.mark.slow
 def test_plots_are_drawn_into_png_files(scenario: Path, tmp_path: Path) -> None:
     one = tmp_path / "one.png"
     events = tmp_path / "events.jsonl"

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "hub_config" / "examples" / "two-teams.yaml"  # its clock stops at 10 h
 COMMAND = [sys.executable, "-m", "jupyter_gpuaas.cli", "simulate", str(SCENARIO)]
@@ -24,6 +26,7 @@ def without_wall_time(report: str) -> list[str]:
     return [line for line in report.splitlines() if not line.startswith("simulated ")]
 
 
+@pytest.mark.slow
 def test_into_a_pipe_only_when_asked_and_never_on_stdout() -> None:
     quiet = simulate("--json")
     assert quiet.returncode == 0 and quiet.stderr == ""
@@ -36,6 +39,7 @@ def test_into_a_pipe_only_when_asked_and_never_on_stdout() -> None:
     assert "\r" not in shown.stderr and "\x1b" not in shown.stderr  # not a terminal
 
 
+@pytest.mark.slow
 def test_a_terminal_gets_one_line_redrawn_then_erased() -> None:
     master, slave = pty.openpty()
     try:
@@ -61,6 +65,7 @@ def test_a_terminal_gets_one_line_redrawn_then_erased() -> None:
     assert without_wall_time(out) == without_wall_time(simulate().stdout)
 
 
+@pytest.mark.slow
 def test_compare_shows_each_run_apart() -> None:
     both = subprocess.run(
         [*COMMAND[:-1], "compare", str(SCENARIO), str(SCENARIO), "--json", "--progress",

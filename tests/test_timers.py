@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,6 +63,7 @@ _op = st.one_of(
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_op, max_size=120))
+@pytest.mark.slow
 def test_deadlines_fire_in_the_order_of_one_heap(ops: list[tuple[str, str, int, int]]) -> None:
     timers, ref = Timers(), _OneHeap()
     now = 0.0

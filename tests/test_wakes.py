@@ -59,6 +59,7 @@ def benchmarks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("benchmarks")
+@pytest.mark.slow
 def test_the_kueue_baseline_decides_as_if_everyone_were_looked_at(tmp_path: Path) -> None:
     """15,000 jobs in 5 cohorts of 6 tenants, reclaim Any: the shape on which a preemptor
     waiting for a node's devices once slept through the release that freed them."""
@@ -96,6 +97,7 @@ def test_the_whole_month_decides_as_if_everyone_were_looked_at(tmp_path: Path) -
 
 @PROFILE
 @given(scenarios())
+@pytest.mark.slow
 def test_random_scenarios_decide_as_if_everyone_were_looked_at(data: dict[str, Any]) -> None:
     problem = first_difference(parse_scenario(data, name="random"))
     assert problem is None, f"{problem}\n--- scenario:\n{show(data)}"

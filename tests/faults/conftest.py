@@ -1,7 +1,7 @@
 """Fixtures of the fault suite: real gateway processes, a PostgreSQL server of the test's
 own (it is frozen), small filesystems, and real signals (SIGSTOP/SIGCONT).
 
-The launchers are tests/gateway/gwutil.py's (the same argv, readiness check and calls);
+The launchers are tests/gwutil.py's (the same argv, readiness check and calls);
 PostgreSQL is tests/pg.py's server. Every frozen process is resumed in teardown, whatever
 the test did, so a failing test never leaves a stopped process behind.
 """
@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
-
 from faultutil import Freezer
 from gwutil import GatewayProcess, launch_gateway
 from helpers import tmpfs_mounts

@@ -11,20 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import socket
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
-from gwutil import TOKENS, free_port, gateway_argv, wait_ready
-from helpers import stop, wait_until
+from gwutil import TOKENS, launch_gateway
+from helpers import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
 
@@ -76,22 +71,11 @@ def metric(url: str, name: str) -> float:
 
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    argv = gateway_argv(
-        tmp_path,
-        f"sqlite:///{tmp_path / 'gpuaas.sqlite'}",
-        port,
-        "--GatewayApp.max_queued_per_user=0",
-        "--GatewayApp.keepalive_interval=5",
+    gp = launch_gateway(
+        tmp_path, None, "--GatewayApp.max_queued_per_user=0", "--GatewayApp.keepalive_interval=5"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
-    log = tmp_path / "gateway.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-    url = f"http://127.0.0.1:{port}/"
-    wait_ready(url, proc, log)
-    yield url
-    stop(proc, 10)
+    yield gp.url
+    gp.stop()
 
 
 async def open_stream(port: int, client: Client, rcvbuf: int | None = None) -> None:

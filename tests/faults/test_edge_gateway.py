@@ -14,21 +14,18 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from gwutil import TOKENS, launch_gateway
+from helpers import wait_for
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
-from gwutil import TOKENS, free_port, gateway_argv, wait_ready
-from helpers import stop, wait_for
+pytestmark = pytest.mark.slow  # a gateway process for the module
 
 CSP = "default-src 'none'; frame-ancestors 'none'"
 JOB = {"tenant": "vision", "kind": "job", "gpus": 1}
@@ -92,24 +89,15 @@ class Gw:
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gw]:
-    tmp = tmp_path_factory.mktemp("edge-gateway")
-    port = free_port()
-    argv = gateway_argv(
-        tmp,
-        f"sqlite:///{tmp / 'gpuaas.sqlite'}",
-        port,
+    gp = launch_gateway(
+        tmp_path_factory.mktemp("edge-gateway"),
+        None,
         "--GatewayApp.max_queued_per_user=3",
         "--GatewayApp.keepalive_interval=0.5",
         quotas=QUOTAS,
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
-    log = tmp / "gateway.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp)
-    url = f"http://127.0.0.1:{port}/"
-    wait_ready(url, proc, log)
-    yield Gw(url, proc)
-    stop(proc, 10)
+    yield Gw(gp.url, gp.proc)
+    gp.stop()
 
 
 def _clear(gw: Gw) -> None:

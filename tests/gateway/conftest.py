@@ -2,7 +2,8 @@
 
 `make_gateway` starts the gateway in-process (tornado on a loopback port, the same app the
 CLI runs) with simulated devices, a temp quota file and token file; `spawn_gateway` starts
-`jupyter-gpuaas gateway` as a subprocess (restart and kill -9 tests). `db_url` is
+`jupyter-gpuaas gateway` as a subprocess (restart and kill -9 tests); both through
+tests/gwutil.py, the one launcher of every test directory. `db_url` is
 parametrized over SQLite and PostgreSQL (a fresh database per test on the session server
 of tests/pg.py).
 """
@@ -16,12 +17,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from gwutil import (
-    DEVICES,
     Gateway,
     GatewayProcess,
     fresh_pg_database,
     launch_gateway,
-    write_files,
+    start_gateway_app,
 )
 
 
@@ -39,31 +39,14 @@ def sqlite_url(tmp_path: Path) -> str:
 
 @pytest_asyncio.fixture
 async def make_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
-    from jupyter_gpuaas.gateway.app import GatewayApp
-
     started: list[Any] = []
 
     async def make(
         db_url: str | None = None, quotas: dict[str, Any] | None = None, **traits: Any
     ) -> Gateway:
-        q, t = write_files(tmp_path, quotas)
-        kw: dict[str, Any] = dict(
-            ip="127.0.0.1",
-            port=0,
-            quotas=str(q),
-            tokens=str(t),
-            devices=DEVICES,
-            db_url=db_url or f"sqlite:///{tmp_path / 'gpuaas.sqlite'}",
-            keepalive_interval=0.3,
-            tick_interval=0.1,
-            sample_interval=0.5,
-            hub_service=False,
-        )
-        kw.update(traits)
-        app = GatewayApp(**kw)
-        port = await app.start_server()
+        app = await start_gateway_app(tmp_path, db_url, quotas=quotas, **traits)
         started.append(app)
-        return Gateway(app, f"http://127.0.0.1:{port}{app.base_url}")
+        return Gateway(app, app.url)
 
     yield make
     for app in started:

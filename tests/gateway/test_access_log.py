@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from gwutil import call, launch_gateway
 
 
+@pytest.mark.slow
 def test_routine_reads_are_quiet_and_changes_and_refusals_are_logged(tmp_path: Path) -> None:
     gw = launch_gateway(tmp_path, f"sqlite:///{tmp_path / 'gpuaas.sqlite'}")
     try:

@@ -152,6 +152,7 @@ async def test_heartbeat(make_gateway: Any, db_url: str) -> None:
     assert e.value.status == 409
 
 
+@pytest.mark.slow
 async def test_lease_expiry_releases_to_next(make_gateway: Any) -> None:
     gw: Gateway = await make_gateway(lease_ttl=1.0)
     alice = gw.client("alice")

@@ -416,6 +416,7 @@ def test_cookie_secret_file_is_made_0600_and_kept(tmp_path: Any) -> None:
         load_cookie_secret(path)
 
 
+@pytest.mark.slow
 def test_gateway_refuses_an_open_cookie_secret_file(tmp_path: Any) -> None:
     import os
     import subprocess
@@ -441,6 +442,7 @@ def test_gateway_refuses_an_open_cookie_secret_file(tmp_path: Any) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.slow
 async def test_cookie_login_needs_xsrf_and_tokens_do_not(
     make_gateway: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gwutil import ROOT, TOKENS, free_port, gateway_argv
+from gwutil import ROOT, TOKENS, free_port, gateway_argv, launch_gateway
 
 from jupyter_gpuaas.client import GatewayError, SyncGatewayClient, gateway_from_env
 
@@ -113,6 +113,7 @@ def test_sync_client_against_subprocess(spawn_gateway: Any, sqlite_url: str) -> 
     assert out.returncode == 1 and "not a member" in out.stderr
 
 
+@pytest.mark.slow
 def test_cli_bad_input_and_no_gateway() -> None:
     for argv in (
         ["submit", "--tenant", "vision", "--gpus", "0"],
@@ -127,6 +128,7 @@ def test_cli_bad_input_and_no_gateway() -> None:
     assert out.returncode == 1 and "GPUAAS_URL" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_gateway_command_bad_config(tmp_path: Path, sqlite_url: str) -> None:
     argv = gateway_argv(tmp_path, sqlite_url, free_port())[3:]  # the flags only
     cases = [
@@ -153,20 +155,15 @@ def test_gateway_command_bad_config(tmp_path: Path, sqlite_url: str) -> None:
         assert text in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_gateway_command_serves(tmp_path: Path, sqlite_url: str) -> None:
     """`jupyter-gpuaas gateway --port N --quotas q.yaml ...`: the real console script."""
-    from gwutil import wait_ready
-
-    port = free_port()
-    argv = gateway_argv(tmp_path, sqlite_url, port, "--base-url=/services/gpuaas/")[3:]
     cmd = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "jupyter_gpuaas.cli"]
-    log = tmp_path / "gw.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen([*cmd, "gateway", *argv], stdout=f, stderr=subprocess.STDOUT)
+    gp = launch_gateway(
+        tmp_path, sqlite_url, command=[*cmd, "gateway"], base_url="/services/gpuaas/"
+    )
     try:
-        url = f"http://127.0.0.1:{port}/services/gpuaas/"
-        wait_ready(url, proc, log)
-        assert SyncGatewayClient(url, TOKENS["bob"]).me()["name"] == "bob"
+        assert gp.url.endswith("/services/gpuaas/")
+        assert SyncGatewayClient(gp.url, TOKENS["bob"]).me()["name"] == "bob"
     finally:
-        proc.terminate()
-        proc.wait(10)
+        gp.stop()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from gwutil import TOKENS
-from helpers import chromium
+from helpers import new_page
 
 pytestmark = pytest.mark.slow
 
@@ -59,19 +59,9 @@ def grafana() -> Iterator[Grafana]:
     g.close()
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    with chromium() as b:
-        yield b
-
-
 def landing(browser: Any, url: str, who: str) -> Any:
-    context = browser.new_context(
-        extra_http_headers={"Authorization": f"token {TOKENS[who]}"},
-        viewport={"width": 1280, "height": 1000},
-    )
-    page = context.new_page()
-    page.set_default_timeout(20_000)
+    auth = {"Authorization": f"token {TOKENS[who]}"}
+    page = new_page(browser, 1280, 1000, 20_000, extra_http_headers=auth)
     page.goto(url)
     page.locator("#whoami").wait_for()
     assert page.inner_text("#whoami") == who

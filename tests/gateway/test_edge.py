@@ -198,6 +198,7 @@ def test_openapi_document_matches_the_code() -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.slow
 async def test_slow_headers_and_bodies_are_cut_off(make_gateway: Any) -> None:
     gw = await make_gateway(header_timeout=1.0, body_timeout=1.0)
     host, port = gw.url.split("//")[1].split("/")[0].split(":")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from gwutil import TOKENS, call
 
@@ -119,6 +120,7 @@ def test_a_gateways_history_replays_as_a_scenario(
     assert status == 400 and bad["field"] == "since", bad
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_one_sentence(tmp_path: Path) -> None:
     done = cli("history", "export", "--db-url=sqlite://", "--quotas=/nope.yaml")
     assert done.returncode == 2

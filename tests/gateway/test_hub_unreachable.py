@@ -76,6 +76,7 @@ async def call(gw: Gateway, path: str, token: str, body: Any = None) -> tuple[in
 
 
 @pytest.mark.asyncio
+@pytest.mark.slow
 async def test_known_tokens_outlive_a_hub_outage_and_unknown_ones_get_503(
     make_gateway: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

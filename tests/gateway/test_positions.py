@@ -30,6 +30,7 @@ def check(gw: Gateway) -> int:
     return queued
 
 
+@pytest.mark.slow
 async def test_positions_match_a_scan_under_random_load(make_gateway: Any) -> None:
     # Higher priority preempts lower within a tenant: victims are requeued.
     preempt = {"within_tenant": "LowerPriority", "reclaim_within_cohort": "Any"}

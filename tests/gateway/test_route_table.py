@@ -193,6 +193,7 @@ async def stream_status(url: str, headers: dict[str, str]) -> int:
 
 
 @pytest.mark.asyncio
+@pytest.mark.slow
 async def test_every_route_by_every_caller(
     make_gateway: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
@@ -262,6 +263,7 @@ async def test_every_route_by_every_caller(
 
 
 @pytest.mark.asyncio
+@pytest.mark.slow
 async def test_a_token_that_expires_stops_working_within_the_cache_age(
     make_gateway: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:

@@ -144,6 +144,7 @@ async def test_bus_batches_delivery_and_drops_a_listener_that_falls_behind() -> 
     assert Event("x", {"t": 1.0}).wire == b'event: x\ndata: {"t": 1.0}\n\n'
 
 
+@pytest.mark.slow
 async def test_bus_sends_a_lone_event_at_once_and_batches_the_rest_of_its_period() -> None:
     """After a quiet period an event goes out on the loop's next turn, not a period later
     (a holder hears of its admission at once); events in the period after it wait for

@@ -16,6 +16,7 @@ KERNEL = {"tenant": "vision", "kind": "kernel", "gpus": 1}
 
 
 @pytest.mark.asyncio
+@pytest.mark.slow
 async def test_a_stalled_loop_extends_every_lease_and_commits_it(
     make_gateway: Any, sqlite_url: str
 ) -> None:

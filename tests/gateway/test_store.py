@@ -177,6 +177,7 @@ def test_prune_deletes_old_ended_rows_and_their_decisions(db_url: str) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.slow
 async def test_gateway_prunes_history_after_the_retention(make_gateway: Any) -> None:
     from helpers import wait_until
 

@@ -16,7 +16,6 @@ import datetime
 import ipaddress
 import os
 import ssl
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from gwutil import TOKENS, free_port, gateway_argv
-from helpers import wait_http, wait_until
+from gwutil import TOKENS, gateway_env, launch_gateway
+from helpers import wait_until
 
 from jupyter_gpuaas.client import (
     GatewayClient,
@@ -135,8 +134,9 @@ class Pki:
     stranger: tuple[str, str]  # a client certificate from a CA the gateway does not trust
 
 
-@pytest.fixture
-def pki(tmp_path: Path) -> Pki:
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    tmp_path = tmp_path_factory.mktemp("pki")
     ca_key, ca_cert, ca = make_ca(tmp_path / "internal-ca", "gpuaas test internal CA")
     other_key, other_cert, _ = make_ca(tmp_path / "other-ca", "somebody else's CA")
     return Pki(
@@ -147,29 +147,22 @@ def pki(tmp_path: Path) -> Pki:
     )
 
 
-@pytest.fixture
-def tls_gateway(tmp_path: Path, pki: Pki) -> Iterator[str]:
-    """A gateway process given JupyterHub's internal-SSL environment; its https URL."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
-    env.update(
-        PYTHONUNBUFFERED="1",
+@pytest.fixture(scope="module")
+def tls_gateway(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[str]:
+    """A gateway process given JupyterHub's internal-SSL environment; its https URL. One
+    for the module (a start costs seconds): no test here needs it empty."""
+    tmp_path = tmp_path_factory.mktemp("tls-gateway")
+    env = gateway_env(
         JUPYTERHUB_SSL_KEYFILE=pki.server[0],
         JUPYTERHUB_SSL_CERTFILE=pki.server[1],
         JUPYTERHUB_SSL_CLIENT_CA=pki.ca,
     )
-    log = tmp_path / "gateway.log"
-    argv = gateway_argv(tmp_path, f"sqlite:///{tmp_path / 'g.sqlite'}", port)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-    url = f"https://127.0.0.1:{port}/"
     probe = ssl_context(pki.client[0], pki.client[1], pki.ca)
+    gp = launch_gateway(tmp_path, f"sqlite:///{tmp_path / 'g.sqlite'}", env=env, context=probe)
     try:
-        wait_http(url + "api/openapi.json", proc, log, 30, context=probe)
-        yield url
+        yield gp.url
     finally:
-        proc.terminate()
-        proc.wait(10)
+        gp.stop()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ to the next request in line.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -20,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from gpuutil import BURNER, array_library, child_env, gpu_count, seen_by_child
-from helpers import free_port, wait_for, wait_http
+from gwutil import gateway_env, launch_gateway
+from helpers import wait_for
 
 from jupyter_gpuaas.client import SyncGatewayClient
 from jupyter_gpuaas.devices import DeviceInfo, parse_devices_spec
@@ -60,47 +59,22 @@ def gateway(tmp_path: Path) -> Iterator[tuple[str, DeviceInfo]]:
         "tenants": {"vision": {"quota": {f: v["gpus_per_node"] for f, v in flavors.items()}}},
         "policy": {"idle_timeout": IDLE_TIMEOUT},
     }
-    (tmp_path / "quotas.yaml").write_text(yaml.safe_dump(quotas))
     tokens = {
         "tokens": {
             TOKEN: {"user": "alice", "groups": ["vision"]},
             ROOT: {"user": "root", "admin": True},
         }
     }
-    (tmp_path / "tokens.yaml").write_text(yaml.safe_dump(tokens))
-    port = free_port()
-    log = tmp_path / "gateway.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "JUPYTERHUB_"))}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyter_gpuaas.gateway.app",
-                "--ip=127.0.0.1",
-                f"--port={port}",
-                f"--quotas={tmp_path / 'quotas.yaml'}",
-                f"--tokens={tmp_path / 'tokens.yaml'}",
-                "--devices=nvml",
-                f"--db-url=sqlite:///{tmp_path / 'gpuaas.db'}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**env, "PYTHONUNBUFFERED": "1"},
-            cwd=tmp_path,
-        )
-    url = f"http://127.0.0.1:{port}/"
+    gp = launch_gateway(
+        tmp_path, f"sqlite:///{tmp_path / 'gpuaas.db'}", quotas=quotas, tokens=tokens,
+        devices="nvml", env=gateway_env(drop=("CUDA_", "JUPYTERHUB_")),
+        log=tmp_path / "gateway.log", timeout=60,
+    )  # fmt: skip
     try:
-        wait_http(url + "api/openapi.json", proc, log, 60)
-        yield url, first
+        yield gp.url, first
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        print(log.read_text()[-4000:])
+        gp.stop()
+        print(gp.tail())
 
 
 def test_a_grant_names_a_device_of_this_host_and_its_process_sees_only_that(

@@ -26,7 +26,7 @@ from typing import Any
 import hubutil
 import pytest
 from demo_run import PASSWORD, DemoRun
-from helpers import chromium, wait_for
+from helpers import new_page, wait_for
 from hubutil import REPO, need_proxy
 
 pytestmark = pytest.mark.slow
@@ -81,19 +81,6 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
         run.kill_all()
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "newcomer-demo.log").write_text(run.log())
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as b:
-        yield b
-
-
-def new_page(browser: Any) -> Any:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    return page
 
 
 def shot(page: Any, name: str) -> None:

@@ -10,14 +10,12 @@ own token (read from its environment).
 from __future__ import annotations
 
 import asyncio
-import json
-import uuid
 from datetime import datetime
 from typing import Any
 
 import pytest
 import requests
-from hubutil import Hub
+from hubutil import Hub, execute_until_busy
 
 pytestmark = pytest.mark.slow
 
@@ -32,41 +30,6 @@ def _last_activity(hub: Hub, token: str) -> datetime:
     )
     resp.raise_for_status()
     return datetime.fromisoformat(resp.json()["last_activity"].replace("Z", "+00:00"))
-
-
-async def _execute(ws_url: str, token: str, code: str) -> None:
-    """Send one execute_request on the kernel's websocket; return once it is sent."""
-    from tornado.httpclient import HTTPRequest
-    from tornado.websocket import websocket_connect
-
-    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
-    header = {
-        "msg_id": uuid.uuid4().hex,
-        "msg_type": "execute_request",
-        "username": "alice",
-        "session": uuid.uuid4().hex,
-        "date": "",
-        "version": "5.3",
-    }
-    content = {
-        "code": code,
-        "silent": False,
-        "store_history": False,
-        "user_expressions": {},
-        "allow_stdin": False,
-        "stop_on_error": True,
-    }
-    message = {"header": header, "parent_header": {}, "metadata": {}, "content": content,
-               "channel": "shell", "buffers": []}  # fmt: skip
-    conn.write_message(json.dumps(message))
-    # Wait for the kernel to say busy, then leave it computing.
-    while True:
-        raw = await asyncio.wait_for(conn.read_message(), 30)
-        assert raw is not None, "the kernel's websocket closed"
-        msg = json.loads(raw)
-        if msg.get("msg_type") == "status" and msg["content"]["execution_state"] == "busy":
-            break
-    conn.close()
 
 
 def test_the_server_reports_its_own_idleness_and_busyness(clean_hub: Hub) -> None:
@@ -87,7 +50,7 @@ def test_the_server_reports_its_own_idleness_and_busyness(clean_hub: Hub) -> Non
     kid = resp.json()["id"]
     hub.wait_for(lambda: busy() is False, 20, "idle after the kernel started")
     ws_url = f"ws://127.0.0.1:{hub.port}/user/alice/api/kernels/{kid}/channels"
-    asyncio.run(_execute(ws_url, token, "import time; time.sleep(60)"))
+    asyncio.run(execute_until_busy(ws_url, token, "import time; time.sleep(60)"))
     hub.wait_for(busy, 10, "the server's busy heartbeat while its kernel computes")
     # What jupyterhub-singleuser reports to the Hub moves while the kernel's iopub is
     # silent (jupyter_server alone saw only the execution's start).

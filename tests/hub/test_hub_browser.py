@@ -9,18 +9,18 @@ under test-artifacts/.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import browser_page
+from helpers import new_page
 from hubutil import REPO, Hub
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def page():  # type: ignore[no-untyped-def]
-    with browser_page(1200, 900, timeout_ms=30_000) as page:
-        yield page
+def page(browser: Any) -> Any:
+    return new_page(browser, 1200, 900, 30_000)
 
 
 def test_spawn_form_and_pending_page_show_the_queue(clean_hub: Hub, page) -> None:  # type: ignore[no-untyped-def]

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import requests
+from gwutil import launch_gateway
 from helpers import free_port, stop
 from hubutil import QUOTAS, Hub, need_proxy
 
@@ -47,7 +48,6 @@ def start_gateway(hub: Hub, hub_port: int) -> subprocess.Popen[bytes]:
     session: stopping the Hub (its process group) leaves it running."""
     state = hub.root / "state"
     state.mkdir(exist_ok=True)
-    (hub.root / "quotas.yaml").write_text(QUOTAS)
     env = dict(
         os.environ,
         JUPYTERHUB_API_URL=f"http://127.0.0.1:{hub_port}/hub/api",
@@ -58,19 +58,24 @@ def start_gateway(hub: Hub, hub_port: int) -> subprocess.Popen[bytes]:
         JUPYTERHUB_OAUTH_CALLBACK_URL="/services/gpuaas/oauth_callback",
         PYTHONUNBUFFERED="1",
     )
-    argv = [
-        sys.executable, "-m", "jupyter_gpuaas.cli", "gateway", "--ip=127.0.0.1",
-        f"--port={hub.gateway_port}", f"--quotas={hub.root / 'quotas.yaml'}",
-        "--devices=simulated:a100=1x4", f"--db-url=sqlite:///{state / 'gpuaas.sqlite'}",
-        f"--cookie-secret-file={state / 'gpuaas_cookie_secret'}", f"--lease-ttl={TTL}",
+    # Not waited for here: the Hub's running() waits for it through the proxy.
+    return launch_gateway(
+        hub.root,
+        f"sqlite:///{state / 'gpuaas.sqlite'}",
+        f"--cookie-secret-file={state / 'gpuaas_cookie_secret'}",
+        f"--lease-ttl={TTL}",
         # Ask the Hub about each token every second, so the outage is felt at once.
         "--GatewayApp.hub_auth_cache_max_age=1",
-    ]  # fmt: skip
-    with open(hub.root / "gateway.log", "wb") as log:
-        return subprocess.Popen(
-            argv, env=env, cwd=hub.root, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+        port=hub.gateway_port,
+        quotas=QUOTAS,
+        tokens=False,
+        devices="simulated:a100=1x4",
+        command=(sys.executable, "-m", "jupyter_gpuaas.cli", "gateway"),
+        env=env,
+        log=hub.root / "gateway.log",
+        wait=False,
+        new_session=True,
+    ).proc
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Faults of the Hub around the gateway, against real processes: a REAL JupyterHub (its own
-hub, `cleanup_servers = False`, see conftest.py), its managed gateway, and single-user
+hub, `cleanup_servers = False`, hubutil.module_hub), its managed gateway, and single-user
 servers.
 
 - A Hub restarted while a spawn waits in the queue: the spawn resumes with the same
@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hubutil import Hub
+from hubutil import Hub, module_hub
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +27,8 @@ c.QueuedSpawnerMixin.refresh_interval = 1.0
 """
 
 
-@pytest.fixture
-def own_hub(tmp_path: Path) -> Iterator[Hub]:
-    # cleanup_servers is off: running() kills the servers named to remember_pid.
-    with Hub(tmp_path, EXTRA).running() as hub:
-        yield hub
+# cleanup_servers is off: running() kills the servers named to remember_pid.
+own_hub = module_hub(EXTRA)
 
 
 def live(hub: Hub, user: str) -> list[dict[str, Any]]:

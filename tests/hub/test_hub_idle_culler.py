@@ -18,11 +18,9 @@ the proxy would be activity of its own.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +28,7 @@ import hubutil
 import pytest
 import requests
 from helpers import stop
-from hubutil import Hub
+from hubutil import Hub, execute_until_busy
 
 pytestmark = pytest.mark.slow
 
@@ -79,29 +77,6 @@ def culler(culled_hub: Hub) -> Iterator[subprocess.Popen[bytes]]:
         log.close()
 
 
-async def _compute(ws_url: str, token: str, seconds: int) -> None:
-    """Start a cell that computes `seconds` with iopub silent; return once it is busy."""
-    from tornado.httpclient import HTTPRequest
-    from tornado.websocket import websocket_connect
-
-    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
-    header = {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": "carol",
-              "session": uuid.uuid4().hex, "date": "", "version": "5.3"}  # fmt: skip
-    content = {"code": f"import time; time.sleep({seconds})", "silent": False,
-               "store_history": False, "user_expressions": {}, "allow_stdin": False,
-               "stop_on_error": True}  # fmt: skip
-    message = {"header": header, "parent_header": {}, "metadata": {}, "content": content,
-               "channel": "shell", "buffers": []}  # fmt: skip
-    conn.write_message(json.dumps(message))
-    while True:
-        raw = await asyncio.wait_for(conn.read_message(), 120)
-        assert raw is not None, "the kernel's websocket closed"
-        msg = json.loads(raw)
-        if msg.get("msg_type") == "status" and msg["content"]["execution_state"] == "busy":
-            break
-    conn.close()
-
-
 def _kernel_request(hub: Hub) -> dict[str, Any] | None:
     return next((r for r in hub.requests_of("carol") if r["kind"] == "kernel"), None)
 
@@ -129,7 +104,9 @@ def test_a_computing_gpu_kernel_keeps_its_server_and_the_gateway_culls_it_once_i
         lambda: (_kernel_request(hub) or {}).get("state") == "admitted", 60, "the GPU kernel"
     )
     ws_url = f"ws://127.0.0.1:{hub.port}/user/carol/api/kernels/{kid}/channels"
-    asyncio.run(_compute(ws_url, token, COMPUTE))
+    # A cell that computes COMPUTE seconds with iopub silent, running once it is busy.
+    code = f"import time; time.sleep({COMPUTE})"
+    asyncio.run(execute_until_busy(ws_url, token, code, "carol", 120))
 
     # The culler stops alice's idle server (spawned before carol's computation began)...
     hub.wait_for(lambda: hub.server("alice") is None, 3 * CULLER_TIMEOUT, "alice culled")

@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import browser_page
+from helpers import new_page
 from hubutil import REPO, Hub
 
 pytestmark = pytest.mark.slow
@@ -66,9 +65,8 @@ def gpu_kernelspec(hub: Hub) -> None:
 
 
 @pytest.fixture
-def page() -> Iterator[Any]:
-    with browser_page(1280, 900) as page:
-        yield page
+def page(browser: Any) -> Any:
+    return new_page(browser, 1280, 900)
 
 
 def test_jupyterlab_with_the_gpu_kernel_its_wait_the_kernels_page_and_a_terminal(

@@ -15,12 +15,11 @@ import os
 import re
 import signal
 import stat
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import requests
-from helpers import chromium
+from helpers import new_page
 from hubutil import REPO, Hub, log_in
 
 pytestmark = pytest.mark.slow
@@ -29,18 +28,10 @@ ARTIFACTS = REPO / "test-artifacts"
 SCRIPT_NAME = "<script>document.title='pwned'</script>"
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    ARTIFACTS.mkdir(exist_ok=True)
-    with chromium() as b:
-        yield b
-
-
 def open_landing(browser: Any, hub: Hub, user: str, password: str) -> Any:
     """A fresh browser that logs in to the Hub as `user` and lands on the GPU page."""
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = new_page(browser, 1280, 1000, 30_000)
     log_in(page, hub.url, user, password, "%2Fservices%2Fgpuaas%2F")
     page.wait_for_url(re.compile(r".*/services/gpuaas/(\?.*)?$"))
     page.locator("#whoami").wait_for()

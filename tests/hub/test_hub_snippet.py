@@ -1,5 +1,5 @@
 """The production snippets, hub_config/gpuaas_service_snippet.py and gpuaas_kernels.py, run
-as-is in a REAL JupyterHub (its own hub, see conftest.py), with no GPUAAS_URL anywhere
+as-is in a REAL JupyterHub (its own hub, hubutil.Hub), with no GPUAAS_URL anywhere
 for the single-user servers.
 
 The hub's base is the demo config (proxy, ports, logins, groups, the queued spawner), but
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from hubutil import REPO, Hub
-from test_hub_landing import browser, open_landing  # noqa: F401 (fixture)
+from test_hub_landing import open_landing
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,7 @@ def run_in_server_env(env: dict[str, str], code: str) -> Any:
     return json.loads(done.stdout)
 
 
-def test_the_snippets_run_in_a_hub(snippet_hub: Hub, browser: Any) -> None:  # noqa: F811
+def test_the_snippets_run_in_a_hub(snippet_hub: Hub, browser: Any) -> None:
     hub = snippet_hub
     # The service came up with the snippet's cookie secret file, private.
     secret = Path(hub.root / "gateway-state" / "cookie_secret")

@@ -1,4 +1,4 @@
-"""Queued GPU spawns through a real JupyterHub, proxy and gateway (see conftest.py).
+"""Queued GPU spawns through a real JupyterHub, proxy and gateway (tests/conftest.py).
 
 The devices are simulated (one node of four a100s); what is real is everything else: the
 Hub's REST API and spawn machinery, configurable-http-proxy, the gateway service and its

@@ -1,4 +1,4 @@
-"""The spawner's per-request user tokens in a REAL JupyterHub (its own hub, see conftest.py):
+"""The spawner's per-request user tokens in a REAL JupyterHub (its own hub, hubutil.module_hub):
 they expire, are replaced before they do, are revoked on stop, and a Hub restart (with
 `cleanup_servers = False`, so the server outlives it) revokes the token the old Hub
 minted, since the spawner state carries its id.
@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from hubutil import Hub
+from hubutil import Hub, module_hub
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +30,8 @@ c.JupyterHub.load_roles.append(
 """
 
 
-@pytest.fixture
-def own_hub(tmp_path: Path) -> Iterator[Hub]:
-    # cleanup_servers is off: running() kills the servers named to remember_pid.
-    with Hub(tmp_path, EXTRA).running() as hub:
-        yield hub
+# cleanup_servers is off: running() kills the servers named to remember_pid.
+own_hub = module_hub(EXTRA)
 
 
 def gpuaas_tokens(hub: Hub, user: str) -> dict[str, dict[str, Any]]:

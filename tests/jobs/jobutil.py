@@ -1,7 +1,8 @@
 """Helpers of the batch job tests (fixtures in conftest.py): everything real, as a user
 would run it.
 
-- a gateway subprocess (`jupyter-gpuaas gateway`, one simulated a100: one job at a time);
+- a gateway subprocess (`jupyter-gpuaas gateway` through tests/gwutil.py, one simulated
+  a100: one job at a time);
 - a `jupyter server` subprocess with the `jupyter_gpuaas` extension and short intervals,
   whose root is a temp directory of notebooks;
 - an in-process IPython shell with `%load_ext jupyter_gpuaas`, pointed at that server
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gwutil import CONSOLE, GatewayProcess, launch_gateway
 from helpers import free_port, stop, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,14 +65,13 @@ def _wait_up(p: Proc, probe: str, token: str = "") -> None:
     wait_http(p.url + probe, p.proc, p.log, 60, headers={"Authorization": f"token {token}"})
 
 
-@dataclass
-class Gateway(Proc):
-    def call(self, method: str, path: str, body: Any = None, token: str = ADMIN) -> Any:
-        return http(method, self.url + path, token, body)
+class Gateway(GatewayProcess):
+    """The jobs' gateway (tests/gwutil.py's launcher); `call` as root."""
 
-    def request(self, rid: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("GET", f"api/requests/{rid}")
-        return result
+    admin_token = ADMIN
+
+    def stop(self, timeout: float = 20) -> None:
+        super().stop(timeout)
 
     def free_gpus(self) -> int:
         return sum(int(n["free"]) for n in self.call("GET", "api/devices")["nodes"])
@@ -79,42 +79,34 @@ class Gateway(Proc):
 
 def start_gateway(gdir: Path) -> Gateway:
     """`jupyter-gpuaas gateway` with one simulated a100; tenants vision (alice) and nlp."""
-    (gdir / "quotas.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
-                "tenants": {
-                    "vision": {
-                        "quota": {"a100": 1},
-                        "preemption": {"within_tenant": "LowerPriority"},
-                    },
-                    "nlp": {"quota": {"a100": 1}},
+    gw = launch_gateway(
+        gdir,
+        None,
+        "--lease-ttl=20",
+        quotas={
+            "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+            "tenants": {
+                "vision": {
+                    "quota": {"a100": 1},
+                    "preemption": {"within_tenant": "LowerPriority"},
                 },
+                "nlp": {"quota": {"a100": 1}},
+            },
+        },
+        tokens={
+            "tokens": {
+                TOKEN: {"user": "alice", "groups": ["vision"]},
+                ADMIN: {"user": "root", "groups": [], "admin": True},
             }
-        )
+        },
+        devices="simulated:a100=1x1",
+        command=CONSOLE,
+        env={**clean_env(), "PYTHONUNBUFFERED": "1"},
+        log=gdir / "gateway.log",
+        timeout=60,
+        kind=Gateway,
     )
-    (gdir / "tokens.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "tokens": {
-                    TOKEN: {"user": "alice", "groups": ["vision"]},
-                    ADMIN: {"user": "root", "groups": [], "admin": True},
-                }
-            }
-        )
-    )
-    port = free_port()
-    argv = [
-        str(BIN / "jupyter-gpuaas"), "gateway", "--ip=127.0.0.1", f"--port={port}",
-        f"--db-url=sqlite:///{gdir / 'gpuaas.sqlite'}", f"--quotas={gdir / 'quotas.yaml'}",
-        f"--tokens={gdir / 'tokens.yaml'}", "--devices=simulated:a100=1x1", "--lease-ttl=20",
-    ]  # fmt: skip
-    log = gdir / "gateway.log"
-    env = {**clean_env(), "PYTHONUNBUFFERED": "1"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=gdir)
-    gw = Gateway(proc, f"http://127.0.0.1:{port}/", log)
-    _wait_up(gw, "api/openapi.json")
+    assert isinstance(gw, Gateway)
     return gw
 
 

@@ -28,6 +28,7 @@ import pytest_asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gwutil import fresh_pg_database
 from kubefix import DEVICES, FLAVORS, QUOTAS
 from kubeutil import KubeOnCluster, kube_spawner, start_gateway
 
@@ -85,18 +86,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     the store of the cluster mode (the manifests take its URL from a Secret)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'gpuaas.sqlite'}"
-    import uuid
-
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    url = make_url(request.getfixturevalue("postgres_url"))
-    name = "k8s_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(
-        host=url.host, port=url.port, user=url.username, dbname="postgres", autocommit=True
-    ) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return url.set(database=name).render_as_string(hide_password=False)
+    return fresh_pg_database(request.getfixturevalue("postgres_url"), "k8s_")
 
 
 @pytest_asyncio.fixture

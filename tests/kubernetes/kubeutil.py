@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from gwutil import start_gateway_app
 from helpers import free_port
 from kubefix import TOKEN_FILE, TOKENS, HubUser
 from kwok_kubelet import KwokKubelet
@@ -118,34 +119,14 @@ async def start_gateway(
     scaler: str | None = None,
     db_url: str | None = None,
 ) -> Any:
-    """The real gateway (GatewayApp) on a free loopback port; `app.url` is its base URL.
-    Stop it with `await app.stop_server()`."""
-    from jupyter_gpuaas.gateway.app import GatewayApp
-
-    q = tmp_path / "quotas.yaml"
-    q.write_text(yaml.safe_dump(dict(quotas)))
-    t = tmp_path / "tokens.yaml"
-    t.write_text(yaml.safe_dump(TOKEN_FILE))
-    kw: dict[str, Any] = {}
-    if scaler is not None:
-        kw["scaler"] = scaler
-    app = GatewayApp(
-        config=config or Config(),
-        ip="127.0.0.1",
-        port=0,
-        quotas=str(q),
-        tokens=str(t),
-        devices=devices,
-        db_url=db_url or f"sqlite:///{tmp_path / 'gpuaas.sqlite'}",
-        keepalive_interval=0.3,
-        tick_interval=0.1,
-        sample_interval=0.5,
-        hub_service=False,
-        **kw,
-    )
-    port = await app.start_server()
-    app.url = f"http://127.0.0.1:{port}{app.base_url}"
-    return app
+    """The real gateway (GatewayApp) on a free loopback port (tests/gwutil.py's
+    `start_gateway_app`, with this directory's tokens); `app.url` is its base URL. Stop it
+    with `await app.stop_server()`."""
+    kw: dict[str, Any] = {} if scaler is None else {"scaler": scaler}
+    return await start_gateway_app(
+        tmp_path, db_url, quotas=quotas, tokens=TOKEN_FILE, devices=devices,
+        config=config or Config(), **kw,
+    )  # fmt: skip
 
 
 def kube_spawner(k8s_url: str, gateway_url: str, user: str = "alice", **traits: Any) -> Any:

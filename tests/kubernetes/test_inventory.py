@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import yaml
+from gwutil import launch_gateway
 from helpers import wait_until
 from kubefix import TOKEN_FILE, TOKENS
 from kubeutil import KubeOnCluster, start_gateway
@@ -389,8 +390,6 @@ async def test_the_gateway_command_with_the_manifests_config(
     import contextlib
     import io
     import os
-    import socket
-    import sys
 
     from jupyter_gpuaas.cli import main
 
@@ -398,8 +397,6 @@ async def test_the_gateway_command_with_the_manifests_config(
     kube.add_node("gpu-a", labels=mine, allocatable={"nvidia.com/gpu": "2"})
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text(yaml.safe_dump(QUOTAS))
-    tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump(TOKEN_FILE))
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert (
@@ -422,31 +419,17 @@ async def test_the_gateway_command_with_the_manifests_config(
     ]
     config = tmp_path / "gpuaas_config.json"
     config.write_text(cm["data"]["gpuaas_config.json"])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path / "gateway.log"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "jupyter_gpuaas.gateway.app",
-        "--ip=127.0.0.1",
-        f"--port={port}",
-        f"--quotas={quotas}",
-        f"--tokens={tokens}",
-        "--devices=kubernetes",
-        f"--config={config}",
-        f"--db-url=sqlite:///{tmp_path / 'g.sqlite'}",
-        stdout=log.open("wb"),
-        stderr=asyncio.subprocess.STDOUT,
-        env=dict(os.environ),
-    )
+    # Not waited for here: `listed` below waits on the event loop, for the cluster's node.
+    gp = launch_gateway(
+        tmp_path, f"sqlite:///{tmp_path / 'g.sqlite'}", f"--config={config}", quotas=QUOTAS,
+        tokens=TOKEN_FILE, devices="kubernetes", env=os.environ, wait=False,
+    )  # fmt: skip
     try:
-        client = GatewayClient(f"http://127.0.0.1:{port}/", TOKENS["alice"])
+        client = GatewayClient(gp.url, TOKENS["alice"])
 
         async def listed() -> Any:
-            if proc.returncode is not None:
-                raise AssertionError(log.read_text())
+            if gp.proc.poll() is not None:
+                raise AssertionError(gp.tail())
             try:
                 return (await client.devices())["nodes"]
             except Exception:
@@ -455,5 +438,4 @@ async def test_the_gateway_command_with_the_manifests_config(
         (only,) = await wait_until(listed, timeout=60)
         assert (only["name"], only["flavor"], only["gpus"], only["free"]) == ("gpu-a", "a100", 2, 2)
     finally:
-        proc.terminate()
-        await proc.wait()
+        gp.stop()

@@ -58,6 +58,7 @@ def run_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Any:
 
 
 @pytest.mark.parametrize("scale_up", ["keda", "provisioning-request", "placeholders", "none"])
+@pytest.mark.slow
 def test_every_document_validates(run_cli: Any, scale_up: str) -> None:
     code, out, err = run_cli(
         "--namespace",
@@ -299,6 +300,7 @@ def test_rbac_holds_only_the_verbs_used() -> None:
 
 
 @pytest.mark.parametrize("access", ["kernels", "kernels-and-jobs", "none"])
+@pytest.mark.slow
 def test_the_users_servers_get_only_what_their_kernel_pods_and_jobs_use(
     run_cli: Any, access: str
 ) -> None:

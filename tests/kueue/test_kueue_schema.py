@@ -38,6 +38,7 @@ def test_the_scenarios_are_found() -> None:
 
 
 @pytest.mark.parametrize("name,data", CONFIGS, ids=[n for n, _ in CONFIGS])
+@pytest.mark.slow
 def test_every_object_validates(
     crds: dict[tuple[str, str], Any], name: str, data: dict[str, Any]
 ) -> None:

@@ -10,15 +10,12 @@ shut down) before the gateway, so releases reach a live gateway.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from helpers import wait_http
+from gwutil import launch_gateway
 
 # pytest-jupyter's fixtures (jp_serverapp, jp_fetch, ...) and hooks, for this directory only:
 # enabling the plugin for the whole suite would hand every coroutine test to its loop.
@@ -27,7 +24,6 @@ from srvutil import (
     ADMIN_TOKEN,
     TOKEN,
     GatewayProc,
-    free_port,
     gateway_command,
     gpu_extension,
     server_app_config,
@@ -48,45 +44,26 @@ def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GatewayP
         policy.update(marker.kwargs)
     gdir = tmp_path / "gateway"
     gdir.mkdir()
-    quotas = gdir / "quotas.yaml"
-    quotas.write_text(
-        yaml.safe_dump(
-            {
-                "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
-                "tenants": {"vision": {"quota": {"a100": 1}}},
-                "policy": policy,
-            }
-        )
-    )
-    tokens = gdir / "tokens.yaml"
-    tokens.write_text(
-        yaml.safe_dump(
-            {
-                "tokens": {
-                    TOKEN: {"user": "alice", "groups": ["vision"], "admin": False},
-                    ADMIN_TOKEN: {"user": "root", "groups": [], "admin": True},
-                }
-            }
-        )
-    )
-    port = free_port()
-    log = gdir / "gateway.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    argv = [
-        *gateway_command(),
-        "--ip=127.0.0.1",
-        f"--port={port}",
-        f"--db-url=sqlite:///{gdir / 'gpuaas.sqlite'}",
-        f"--quotas={quotas}",
-        f"--tokens={tokens}",
-        "--devices=simulated:a100=1x1",
+    gw = launch_gateway(
+        gdir,
+        None,
         "--lease-ttl=5",
-    ]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=gdir)
-    gw = GatewayProc(proc, f"http://127.0.0.1:{port}/", log)
-    wait_http(gw.url + "api/openapi.json", proc, log, 30, interval=0.05)
+        quotas={
+            "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+            "tenants": {"vision": {"quota": {"a100": 1}}},
+            "policy": policy,
+        },
+        tokens={
+            "tokens": {
+                TOKEN: {"user": "alice", "groups": ["vision"], "admin": False},
+                ADMIN_TOKEN: {"user": "root", "groups": [], "admin": True},
+            }
+        },
+        devices="simulated:a100=1x1",
+        command=gateway_command(),
+        log=gdir / "gateway.log",
+        kind=GatewayProc,
+    )
     yield gw
     gw.stop()
 

@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gwutil import GatewayProcess
 from helpers import free_port as free_port  # the tests import it from here too
-from helpers import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "alice-token-0123456789"
@@ -30,29 +26,10 @@ def server_app_config() -> dict[str, Any]:
 ADMIN_TOKEN = "admin-token-0123456789"
 
 
-@dataclass
-class GatewayProc:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
+class GatewayProc(GatewayProcess):
+    """A gateway process of these tests (tests/gwutil.py's launcher); `call` as root."""
 
-    def call(self, method: str, path: str, body: Any = None, token: str = ADMIN_TOKEN) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read() or b"null")
-
-    def request(self, rid: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("GET", f"api/requests/{rid}")
-        return result
-
-    def stop(self) -> None:
-        stop(self.proc, 10)
+    admin_token = ADMIN_TOKEN
 
 
 def gateway_command() -> list[str]:
@@ -67,3 +44,20 @@ def gateway_command() -> list[str]:
 
 def gpu_extension(app: Any) -> Any:
     return app.web_app.settings["gpuaas"]
+
+
+def on_a_fake_gpu(ext: Any, record: Any) -> tuple[int, Any]:
+    """(pid, FakeGpu): the process of the kernel of `record` on an A100 that a fake NVML
+    (tests/nvmlfake.py: per-process utilization on cue, which no GPU-less host has) shows
+    to the extension's GPU-activity reader; the simulated gateway's grant names no UUID,
+    so the kernel's grant is given that device's, as a real one is."""
+    from nvmlfake import FakeGpu, FakeNvml, GiB
+
+    from jupyter_gpuaas.devices import NvmlInventory
+
+    pid = int(record.provisioner.pid)
+    uuid = "GPU-a1000000-0000-0000-0000-00000000beef"
+    gpu = FakeGpu("NVIDIA A100-SXM4-80GB", uuid, 80 * GiB, pids=[pid])
+    ext.gpu_usage._tried, ext.gpu_usage._inventory = True, NvmlInventory(nvml=FakeNvml([gpu]))
+    record.grant = {**(record.grant or {}), "uuids": [uuid]}
+    return pid, gpu

@@ -19,8 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from nvmlfake import FakeGpu, FakeNvml, GiB
-from srvutil import TOKEN, GatewayProc, gpu_extension
+from srvutil import TOKEN, GatewayProc, gpu_extension, on_a_fake_gpu
 from test_gpu_kernels import kernel_ready, start_kernel, wait_for
 
 from jupyter_gpuaas.server.idle import SETTING
@@ -65,14 +64,7 @@ async def test_gpu_use_of_a_silent_kernel_is_activity_and_idleness_is_not(
     kid = await start_kernel(jp_fetch, "gpu1")
     await wait_for(kernel_ready(gpu_app, kid), 30, "the kernel")
     record = ext.table.get(kid)
-    pid = int(record.provisioner.pid)
-    uuid = "GPU-a1000000-0000-0000-0000-00000000beef"
-    gpu = FakeGpu("NVIDIA A100-SXM4-80GB", uuid, 80 * GiB, pids=[pid])
-    from jupyter_gpuaas.devices import NvmlInventory
-
-    ext.gpu_usage._tried, ext.gpu_usage._inventory = True, NvmlInventory(nvml=FakeNvml([gpu]))
-    # The simulated gateway's grant names no UUID: name this host's device, as a real one does.
-    record.grant = {**(record.grant or {}), "uuids": [uuid]}
+    pid, gpu = on_a_fake_gpu(ext, record)
 
     # A kernel that just started has just been active; then it is idle: no execution,
     # 0 % on the GPU, and it stays so.

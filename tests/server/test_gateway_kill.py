@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from helpers import free_port, wait_http
+from gwutil import launch_gateway
+from helpers import free_port
 from helpers import wait_until as wait_for
 from srvutil import ADMIN_TOKEN, TOKEN, GatewayProc, gateway_command
 from test_gpu_kernels import ENV_CODE, gpu_kernels, kernel_ready, run_code, start_kernel
@@ -44,34 +42,33 @@ class Restartable:
 
     def __init__(self, root: Path) -> None:
         self.root, self.port, self.starts = root, free_port(), 0
-        (root / "quotas.yaml").write_text(yaml.safe_dump({
-            "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
-            "tenants": {"vision": {"quota": {"a100": 2}}},
-            "policy": {"idle_timeout": 0, "reservation_ttl": 0, "cull_warning": 0},
-        }))  # fmt: skip
-        (root / "tokens.yaml").write_text(yaml.safe_dump({"tokens": {
-            TOKEN: {"user": "alice", "groups": ["vision"]},
-            ADMIN_TOKEN: {"user": "root", "groups": [], "admin": True},
-        }}))  # fmt: skip
         self.gw: GatewayProc | None = None
 
     def start(self) -> GatewayProc:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
-        argv = [
-            *gateway_command(), "--ip=127.0.0.1", f"--port={self.port}",
-            f"--db-url=sqlite:///{self.root / 'gpuaas.sqlite'}",
-            f"--quotas={self.root / 'quotas.yaml'}", f"--tokens={self.root / 'tokens.yaml'}",
-            "--devices=simulated:a100=1x2", "--lease-ttl=15",
-        ]  # fmt: skip
         self.starts += 1
-        log = self.root / f"gateway-{self.starts}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"}
-            )
-        self.gw = GatewayProc(proc, f"http://127.0.0.1:{self.port}/", log)
-        auth = {"Authorization": f"token {ADMIN_TOKEN}"}
-        wait_http(self.gw.url + "api/health", proc, log, 30, headers=auth, interval=0.05)
+        gw = launch_gateway(
+            self.root,
+            None,
+            "--lease-ttl=15",
+            port=self.port,
+            quotas={
+                "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
+                "tenants": {"vision": {"quota": {"a100": 2}}},
+                "policy": {"idle_timeout": 0, "reservation_ttl": 0, "cull_warning": 0},
+            },
+            tokens={
+                "tokens": {
+                    TOKEN: {"user": "alice", "groups": ["vision"]},
+                    ADMIN_TOKEN: {"user": "root", "groups": [], "admin": True},
+                }
+            },
+            devices="simulated:a100=1x2",
+            command=gateway_command(),
+            log=self.root / f"gateway-{self.starts}.log",
+            kind=GatewayProc,
+        )
+        assert isinstance(gw, GatewayProc)
+        self.gw = gw
         return self.gw
 
 

@@ -27,6 +27,9 @@ import pytest
 
 from jupyter_gpuaas.server.kernel_manager import GpuaasKernelManager
 
+# Each case is a child process that waits for a hang it may not see (seconds).
+pytestmark = pytest.mark.slow
+
 CHILD = r"""
 import gc, importlib, sys
 import zmq

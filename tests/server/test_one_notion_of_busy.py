@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 from helpers import wait_until as wait_for
-from nvmlfake import FakeGpu, FakeNvml, GiB
-from srvutil import GatewayProc, gpu_extension
+from srvutil import GatewayProc, gpu_extension, on_a_fake_gpu
 from test_gpu_kernels import gpu_kernel, kernel_ready, start_kernel
 
 pytestmark = pytest.mark.slow
@@ -52,13 +51,7 @@ async def test_a_gpu_kernel_busy_in_a_thread_is_kept_and_culled_by_the_gateway_o
     kid = await start_kernel(jp_fetch, "gpu1")
     await wait_for(kernel_ready(gpu_app, kid), 30, "the GPU kernel")
     record = ext.table.get(kid)
-    pid = int(record.provisioner.pid)
-    uuid = "GPU-a1000000-0000-0000-0000-00000000beef"
-    gpu = FakeGpu("NVIDIA A100-SXM4-80GB", uuid, 80 * GiB, pids=[pid])
-    from jupyter_gpuaas.devices import NvmlInventory
-
-    ext.gpu_usage._tried, ext.gpu_usage._inventory = True, NvmlInventory(nvml=FakeNvml([gpu]))
-    record.grant = {**(record.grant or {}), "uuids": [uuid]}  # this host's device, by UUID
+    pid, gpu = on_a_fake_gpu(ext, record)  # this host's device, by UUID
     gpu.process_utilization = {pid: 90}  # a training thread: iopub silent, GPU busy
     await wait_for(lambda: ext.current_activity(), 10, "the GPU use seen as activity")
     started = json.loads((await jp_fetch("api", "kernels", kid)).body)

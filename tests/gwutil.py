@@ -1,10 +1,16 @@
-"""Helpers of the gateway tests (the fixtures are in conftest.py).
+"""The gateway as the tests start it, one way for every test directory, and the gateway
+tests' helpers (their fixtures are in tests/gateway/conftest.py).
 
-`make_gateway` starts the gateway in-process (tornado on a loopback port, the same app the
-CLI runs) with simulated devices, a temp quota file and token file; `spawn_gateway` starts
-`jupyter-gpuaas gateway` as a subprocess (restart and kill -9 tests). `db_url` is
-parametrized over SQLite and PostgreSQL (a fresh database per test on the session server
-of tests/pg.py).
+- `launch_gateway`: a real `jupyter-gpuaas gateway` process on a free loopback port (or a
+  given one, for a restart), its quota and token files written, its output in a log, ready
+  once it answers; `GatewayProcess` is what it returns (`stop`, `kill`, `call`).
+- `start_gateway_app`: the same app in-process (tornado on a loopback port, the app the
+  CLI runs), with short intervals; stop it with `await app.stop_server()`.
+
+Both default to the gateway tests' simulated devices, quota file and tokens; other
+directories (jobs, server, kubernetes, gpu, faults, hub) pass their own. `db_url` is a
+SQLite file in the directory unless given (`fresh_pg_database`: a new database on the
+session server of tests/pg.py).
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import sys
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import yaml
 from helpers import free_port, stop, wait_http
@@ -26,7 +33,7 @@ from tornado.httpclient import AsyncHTTPClient
 
 from jupyter_gpuaas.client import GatewayClient
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 TOKENS = {
     "alice": "alice-token-0001",  # vision member
@@ -54,13 +61,13 @@ QUOTAS: dict[str, Any] = {
 DEVICES = "simulated:a100=1x4,t4=1x8"
 
 
-def fresh_pg_database(postgres_url: str) -> str:
-    """A new empty database on the session's PostgreSQL server."""
+def fresh_pg_database(postgres_url: str, prefix: str = "gw_") -> str:
+    """A new empty database on the session's PostgreSQL server (named `prefix` + hex)."""
     import psycopg
     from sqlalchemy.engine import make_url
 
     url = make_url(postgres_url)
-    name = "gw_" + uuid.uuid4().hex[:12]
+    name = prefix + uuid.uuid4().hex[:12]
     with psycopg.connect(
         host=url.host, port=url.port, user=url.username, dbname="postgres", autocommit=True
     ) as conn:
@@ -68,11 +75,19 @@ def fresh_pg_database(postgres_url: str) -> str:
     return url.set(database=name).render_as_string(hide_password=False)
 
 
-def write_files(tmp_path: Path, quotas: dict[str, Any] | None = None) -> tuple[Path, Path]:
+def write_files(
+    tmp_path: Path, quotas: Mapping[str, Any] | str | None = None,
+    tokens: Mapping[str, Any] | None = None,
+) -> tuple[Path, Path]:  # fmt: skip
+    """`tmp_path/quotas.yaml` and `tmp_path/tokens.yaml` (the gateway tests' own unless
+    given; `quotas` may be the file's text)."""
     q = tmp_path / "quotas.yaml"
-    q.write_text(yaml.safe_dump(quotas or QUOTAS, sort_keys=False))
+    if isinstance(quotas, str):
+        q.write_text(quotas)
+    else:
+        q.write_text(yaml.safe_dump(dict(quotas or QUOTAS), sort_keys=False))
     t = tmp_path / "tokens.yaml"
-    t.write_text(yaml.safe_dump(TOKEN_FILE))
+    t.write_text(yaml.safe_dump(dict(tokens or TOKEN_FILE)))
     return q, t
 
 
@@ -118,33 +133,68 @@ class Gateway:
 
 @dataclass
 class GatewayProcess:
+    """A gateway process `launch_gateway` started: its Popen, base URL and log."""
+
     proc: subprocess.Popen[bytes]
     url: str
     log: Path
+    #: The token `call` sends unless told another (an administrator of the token file).
+    admin_token: ClassVar[str] = TOKENS["root"]
 
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(10)
 
-    def stop(self) -> None:
-        stop(self.proc, 10)
+    def stop(self, timeout: float = 10) -> None:
+        stop(self.proc, timeout)
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def call(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
+        """The parsed JSON answer of one call (urllib's HTTPError for a 4xx or 5xx)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={
+                "Authorization": f"token {token or self.admin_token}",
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def request(self, rid: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.call("GET", f"api/requests/{rid}")
+        return result
+
+
+#: The gateway module itself (what `jupyter-gpuaas gateway` hands its argv to), so tests
+#: do not depend on every other subcommand importing; tests/gateway/test_client.py and the
+#: jobs tests run the real console script (`command=CONSOLE`).
+MODULE = (sys.executable, "-m", "jupyter_gpuaas.gateway.app")
+CONSOLE = (str(Path(sys.executable).with_name("jupyter-gpuaas")), "gateway")
 
 
 def gateway_argv(
-    tmp_path: Path, db_url: str, port: int, *extra: str, quotas: dict[str, Any] | None = None
-) -> list[str]:
-    q, t = write_files(tmp_path, quotas)
-    # The gateway module itself (what `jupyter-gpuaas gateway` hands its argv to), so
-    # these tests do not depend on every other subcommand importing; test_client.py runs
-    # the real console script.
-    head = [sys.executable, "-m", "jupyter_gpuaas.gateway.app"]
+    tmp_path: Path, db_url: str | None, port: int, *extra: str,
+    quotas: Mapping[str, Any] | str | None = None,
+    tokens: Mapping[str, Any] | Literal[False] | None = None,
+    devices: str = DEVICES, command: Sequence[str] = MODULE,
+) -> list[str]:  # fmt: skip
+    """The command line of a gateway on 127.0.0.1:`port` (its files written first);
+    `tokens=False`: no token file (a gateway that asks the Hub about every token)."""
+    q, t = write_files(tmp_path, quotas, tokens or None)
+    db_url = db_url or f"sqlite:///{tmp_path / 'gpuaas.sqlite'}"
     return [
-        *head,
+        *command,
         "--ip=127.0.0.1",
         f"--port={port}",
         f"--quotas={q}",
-        f"--tokens={t}",
-        f"--devices={DEVICES}",
+        *([f"--tokens={t}"] if tokens is not False else []),
+        f"--devices={devices}",
         f"--db-url={db_url}",
         *extra,
     ]
@@ -152,31 +202,100 @@ def gateway_argv(
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:
     """The gateway at `url` answers (helpers.wait_http on its OpenAPI document)."""
-    wait_http(url + "api/openapi.json", proc, log, timeout)
+    wait_http(url + "api/openapi.json", proc, log, timeout, interval=0.05)
+
+
+def gateway_env(drop: Sequence[str] = ("JUPYTERHUB_",), **extra: str) -> dict[str, str]:
+    """This environment without the variables named by a prefix in `drop` (by default the
+    Hub's: a gateway outside any Hub), unbuffered, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(tuple(drop))}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
 def launch_gateway(
-    tmp_path: Path, db_url: str, *extra: str, port: int | None = None, **kw: Any
+    tmp_path: Path,
+    db_url: str | None = None,
+    *extra: str,
+    port: int | None = None,
+    quotas: Mapping[str, Any] | str | None = None,
+    tokens: Mapping[str, Any] | Literal[False] | None = None,
+    devices: str = DEVICES,
+    command: Sequence[str] = MODULE,
+    env: Mapping[str, str] | None = None,
+    log: Path | None = None,
+    wait: bool = True,
+    timeout: float = 30,
+    context: Any = None,
+    new_session: bool = False,
+    base_url: str = "/",
+    kind: type[GatewayProcess] = GatewayProcess,
 ) -> GatewayProcess:
-    """A real `jupyter-gpuaas gateway` process on a free loopback port, ready; its output
-    in `tmp_path/gateway-N.log`. Outside any Hub: the Hub's variables are left out."""
+    """A real `jupyter-gpuaas gateway` process on `port` (a free loopback port unless
+    given), with its quota and token files in `tmp_path` (`tokens=False`: none) and its
+    output in `log` (`tmp_path/gateway-N.log` unless given); ready (it answers) unless
+    `wait` is False.
+
+    `env`: its whole environment (`gateway_env()`: this one outside any Hub); `context`:
+    the TLS context that checks an https gateway; `new_session`: its own process group;
+    `base_url`: its prefix (the URL returned includes it); `kind`: a subclass of
+    GatewayProcess to return (another admin token, more calls)."""
     port = port or free_port()
-    n = len(list(tmp_path.glob("gateway-*.log")))
-    log = tmp_path / f"gateway-{n}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for k in ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_SERVICE_NAME"):
-        env.pop(k, None)
+    if log is None:
+        log = tmp_path / f"gateway-{len(list(tmp_path.glob('gateway-*.log')))}.log"
+    if base_url != "/":
+        extra = (f"--base-url={base_url}", *extra)
+    argv = gateway_argv(
+        tmp_path, db_url, port, *extra, quotas=quotas, tokens=tokens, devices=devices,
+        command=command,
+    )  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            gateway_argv(tmp_path, db_url, port, *extra, **kw),
+            argv,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=dict(env) if env is not None else gateway_env(),
             cwd=tmp_path,
+            start_new_session=new_session,
         )
-    gp = GatewayProcess(proc, f"http://127.0.0.1:{port}/", log)
-    wait_ready(gp.url, proc, log)
+    scheme = "https" if context is not None else "http"
+    gp = kind(proc, f"{scheme}://127.0.0.1:{port}{base_url}", log)
+    if wait:
+        wait_http(gp.url + "api/openapi.json", proc, log, timeout, interval=0.05, context=context)
     return gp
+
+
+async def start_gateway_app(
+    tmp_path: Path,
+    db_url: str | None = None,
+    *,
+    quotas: Mapping[str, Any] | str | None = None,
+    tokens: Mapping[str, Any] | None = None,
+    devices: str = DEVICES,
+    **traits: Any,
+) -> Any:
+    """The real gateway (GatewayApp) in-process on a free loopback port, with short
+    keepalive, tick and sample intervals unless `traits` say otherwise; `app.url` is its
+    base URL. Stop it with `await app.stop_server()`."""
+    from jupyter_gpuaas.gateway.app import GatewayApp
+
+    q, t = write_files(tmp_path, quotas, tokens)
+    kw: dict[str, Any] = {
+        "ip": "127.0.0.1",
+        "port": 0,
+        "quotas": str(q),
+        "tokens": str(t),
+        "devices": devices,
+        "db_url": db_url or f"sqlite:///{tmp_path / 'gpuaas.sqlite'}",
+        "keepalive_interval": 0.3,
+        "tick_interval": 0.1,
+        "sample_interval": 0.5,
+        "hub_service": False,
+        **traits,
+    }
+    app = GatewayApp(**kw)
+    port = await app.start_server()
+    app.url = f"http://127.0.0.1:{port}{app.base_url}"
+    return app
 
 
 # --- raw calls and the store-is-the-truth checks (test_store_faults.py) ------------------
