@@ -24,7 +24,7 @@ import pytest
 from helpers import wait_until
 from kubefix import TOKENS
 from kubeutil import KubeOnCluster, home_claim, job_manager, release_home
-from test_kueue_mode import KueueQuota, admitted, field_is_id, job, requests_of
+from test_kueue_mode import KueueQuota, admitted, field_is_id, gone, job, requests_of
 
 from jupyter_gpuaas.client import GatewayClient
 from jupyter_gpuaas.kubernetes.jobs import job_name
@@ -51,16 +51,6 @@ def job_pod(kube: KubeOnCluster, name: str) -> dict[str, Any] | None:
                                "-o", "json")  # fmt: skip
     items = json.loads(out)["items"]
     return items[-1] if items else None
-
-
-async def gone(kube: KubeOnCluster, *what: str) -> None:
-    """Wait until a cluster-scoped object another test deleted without waiting is gone
-    (a ClusterQueue keeps Kueue's finalizer while it has Workloads)."""
-
-    def absent() -> bool:
-        return not kube.cluster.kubectl("get", *what, "--ignore-not-found").strip()
-
-    await wait_until(absent, timeout=60, what=f"{' '.join(what)} gone")
 
 
 def priority_class(kube: KubeOnCluster, name: str, value: int) -> None:
