@@ -17,6 +17,7 @@ same story. That gateway reaches the API server as a ServiceAccount with only th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -888,4 +889,73 @@ async def test_an_idle_holder_is_culled_and_its_workload_finishes(
     finally:
         await gw.stop_server()
         kube.cluster.kubectl("delete", "job", "next", "-n", kube.namespace, check=False)
+        quota.close()
+
+
+async def test_a_gpu_server_kueue_preempts_is_warned_then_ends_preempted(
+    kube: KubeOnCluster, tmp_path: Path
+) -> None:
+    """Item 4 for a server: the Hub's QueuedKubeSpawner in Kueue mode, its server pod
+    admitted by Kueue, is preempted by a Job of a higher WorkloadPriorityClass from outside
+    jupyter-gpuaas: the spawner hears the warning and words it for the user ("your server
+    will be stopped in …: a higher-priority request of vision needs the GPU"), then the
+    request ends as preempted once Kueue's deletion of the pod is through."""
+    await gone(kube, "clusterqueue", "vision")  # an earlier test's, deleted without waiting
+    quota = KueueQuota(kube, tmp_path, name="vision", preemption={"within_tenant": "LowerPriority"})
+    tenant, flavor = quota.tenant, quota.flavor
+    high = f"kq-high-{quota.tag}"
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": high},
+                "value": 1000,
+            }
+        ]
+    )
+    flavors = {
+        flavor: {
+            "node_selector": {"gpuaas.jupyter.org/flavor": flavor},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        }
+    }
+    gw = await quota.gateway(tmp_path)
+    spawner = kube_spawner(
+        kube.url,
+        gw.url,
+        namespace=kube.namespace,
+        flavors=flavors,
+        kueue_queue="{tenant}",
+        start_timeout=60,
+    )
+    spawner.user_options = {"tenant": tenant, "flavor": flavor, "gpus": 1}
+    try:
+        await spawner.run_pre_spawn_hook()
+        await asyncio.wait_for(spawner.start(), spawner.start_timeout + 5)
+        rid = spawner._rid
+        assert (await GatewayClient(gw.url, TOKENS["root"]).get(rid))["state"] == "admitted"
+
+        urgent = job("urgent", tenant, seconds=3600)
+        urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
+        quota.run(urgent)
+        warned = await wait_until(
+            lambda: spawner._preempt_warning, timeout=90, what="the spawner warned"
+        )
+        assert warned["rid"] == rid and warned["at"]
+        assert warned["why"] == f"a higher-priority request of {tenant} needs the GPU"
+        ended = await wait_until(
+            lambda: field_is_id(gw.url, rid, lambda r: r["state"] == "preempted"),
+            timeout=120,
+            what="the server's request preempted",
+        )
+        assert ended["reason"] == f"preempted: a higher-priority request of {tenant} needed its GPU"
+        logged = [d.event for d in gw.arbiter.store.decisions(rid)]
+        assert logged == ["submit", "admit", "preempt_warning", "preempt"], logged
+    finally:
+        with contextlib.suppress(Exception):
+            await spawner.stop()
+        await gw.stop_server()
+        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
+        kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
         quota.close()
