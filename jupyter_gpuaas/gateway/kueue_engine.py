@@ -83,6 +83,16 @@ def request_id(uid: str) -> str:
     return "r-" + uid.replace("-", "")[:16]
 
 
+def _over(req: Request) -> bool:
+    """Has the request ended? Culled counts: Kueue mode parks nothing (docs/KUEUE.md)."""
+    return req.state in TERMINAL or req.state is State.CULLED
+
+
+def _pod_preempted(view: WorkloadView) -> bool:
+    """Did Kueue preempt this Workload of a pod of its pod integration?"""
+    return view.owner.startswith("Pod ") and view.evicted.startswith("Preempted")
+
+
 class KueueEngine:
     """Kueue's decisions as the arbiter's engine (see the module docstring)."""
 
@@ -103,6 +113,7 @@ class KueueEngine:
         self._stale = True  # memory may lag the Workloads: reconcile every one of them
         self._stops: set[asyncio.Task[None]] = set()  # jobs being ended (cancel, release)
         self._stopped: set[str] = set()  # uids of the Workloads whose job was ended
+        self._cull_warned: set[str] = set()  # requests warned of their cull
 
     # --- the engine's face (engine.py): Kueue decides; a holder's intent waits for it --
 
@@ -123,7 +134,7 @@ class KueueEngine:
         is committed: its pod deleted, or its Workload deactivated."""
         assert self.arbiter is not None
         req = self.arbiter.requests.get(rid)
-        if req is None or req.state in TERMINAL:
+        if req is None or _over(req):
             raise Conflict(f"request {rid} has ended")
         view = self.views.get(rid)
         decisions, _, _ = self._end(req, now, reason)
@@ -151,16 +162,76 @@ class KueueEngine:
             self._stopped.discard(view.uid)  # its next change tries again
 
     def heartbeat(self, rid: str, now: float, busy: bool | None = None) -> list[Decision]:
-        return []  # Kueue has no leases: a heartbeat only records utilization
+        """Kueue has no leases: a heartbeat records utilization, and whether the holder
+        is busy, for our idle culling (`step`)."""
+        req = self.arbiter.requests.get(rid) if self.arbiter is not None else None
+        if req is None or busy is None:
+            return []
+        req.busy = busy
+        if busy:
+            req.idle_since = None
+            self._cull_warned.discard(rid)
+        elif req.idle_since is None:
+            req.idle_since = now
+        return []
 
     def restore(self, req: Request, now: float) -> list[Decision]:
         return []  # the stored request stays as it was until its Workload is seen again
 
     def step(self, now: float) -> list[Decision]:
-        return []
+        """Our idle culling on top of Kueue: a holder's kernel or server idle for its
+        tenant's `idle_timeout` is culled (its pod deleted once that is committed, and
+        Kueue finishes its Workload), warned `cull_warning` seconds before. Kueue keeps
+        no reservation without a pod, so nothing is parked (docs/KUEUE.md)."""
+        out: list[Decision] = []
+        for req, cull_at, warn_at in self._idle():
+            if now >= cull_at:
+                view = self.views.get(req.id)
+                req.state = State.CULLED
+                req.culls += 1
+                req.idle_since = None
+                self._cull_warned.discard(req.id)
+                out.append(Decision(now, "cull", req.id, {"parked": False}))
+                self.views.pop(req.id, None)
+                if view is not None:
+                    self._stop_later(view)
+            elif warn_at is not None and now >= warn_at and req.id not in self._cull_warned:
+                self._cull_warned.add(req.id)
+                out.append(Decision(now, "cull_warning", req.id, {"cull_at": cull_at}))
+        return out
 
     def next_deadline(self) -> float | None:
-        return None
+        times = [
+            t
+            for req, cull_at, warn_at in self._idle()
+            for t in (cull_at, warn_at if req.id not in self._cull_warned else None)
+            if t is not None
+        ]
+        return min(times, default=None)
+
+    def _idle(self) -> list[tuple[Request, float, float | None]]:
+        """(request, cull time, warning time or None) of every idle holder we may cull:
+        a kernel or server of ours (a Workload a holder's label bound), admitted."""
+        arb = self.arbiter
+        if arb is None:
+            return []
+        out = []
+        policy = arb.config.policy
+        for rid, view in self.views.items():
+            req = arb.requests.get(rid)
+            if req is None or req.state is not State.ADMITTED or req.idle_since is None:
+                continue
+            if not view.request or req.kind == "job" or req.preempt_at is not None:
+                continue
+            tenant = arb.config.tenants.get(req.tenant)
+            own = tenant.idle_timeout if tenant is not None else None
+            timeout = float(policy.idle_timeout if own is None else own)
+            if timeout <= 0:
+                continue
+            cull_at = req.idle_since + timeout
+            lead = policy.cull_warning
+            out.append((req, cull_at, cull_at - lead if 0 < lead < timeout else None))
+        return out
 
     def reclaiming(self, rid: str) -> list[Request]:
         return []
@@ -198,7 +269,7 @@ class KueueEngine:
         if view.request:
             arb = self.arbiter
             req = arb.requests.get(view.request) if arb is not None else None
-            return view.request if req is not None and req.state not in TERMINAL else None
+            return view.request if req is not None and not _over(req) else None
         return request_id(view.uid)
 
     def _overdue(self, now: float) -> bool:
@@ -367,12 +438,12 @@ class KueueEngine:
             rid = self._rid_of(change.view)
             if rid is not None:
                 arb.commit(*self._decide(rid, change, now))
-            elif not change.gone and change.view.state != "finished":
+            elif not change.gone and change.view.state != "finished" and not change.view.evicted:
                 self._stop_later(change.view)  # its request has ended: so does its job
         if everything:  # a request of a Workload that is no more: it ended meanwhile
             seen = {self._rid_of(v) for v in self.watch.seen.values()}
             for rid, req in list(arb.requests.items()):
-                if rid in seen or req.state in TERMINAL:
+                if rid in seen or _over(req):
                     continue
                 had = rid in self.views or req.first_admit is not None
                 if had or now - req.submit_time > self.intent_timeout:
@@ -395,6 +466,10 @@ class KueueEngine:
         view = change.view
         req = arb.requests.get(rid)
         out: list[Decision] = []
+        if req is not None and req.state is State.PREEMPTED and _pod_preempted(view):
+            return [], now, []  # its pod, preempted, is on its way out
+        if req is not None and req.state is State.CULLED:
+            return [], now, []  # culled: its pod is on its way out (no parking here)
         if req is None or req.state in TERMINAL:
             if change.gone or view.state == "finished":
                 return [], now, []  # ended before this gateway saw it, or already recorded
@@ -415,6 +490,8 @@ class KueueEngine:
             fields = {"tenant": req.tenant, "kind": req.kind, "gpus": req.gpus}
             out.append(Decision(now, "submit", rid, fields))
         self.views[rid] = view
+        if req.preempt_at is not None and (change.gone or view.state != "admitted"):
+            return self._preempted(req, now, out)  # its evicted pod has stopped
         if change.gone:
             return self._end(req, now, f"its {view.owner} was deleted", gone=True, out=out)
         if view.state == "finished":
@@ -426,6 +503,9 @@ class KueueEngine:
             if req.first_admit is None:
                 req.first_admit = now
             req.reason = ""
+            # A holder is idle from its admission until it says it is busy (as the core
+            # has it), so that one that never works is culled too.
+            req.idle_since = None if req.busy else now
             fields = {
                 "tenant": req.tenant,
                 "flavor": view.flavor,
@@ -435,6 +515,21 @@ class KueueEngine:
                 "by": "kueue",
             }
             out.append(Decision(now, "admit", rid, fields))
+        elif (
+            view.state == "admitted"
+            and _pod_preempted(view)
+            and req.state is State.ADMITTED
+            and req.preempt_at is None
+        ):
+            # Kueue preempted a pod of its pod integration (a kernel's, a server's): it
+            # deletes the pod, which keeps running through its termination grace, and
+            # holds the quota until the pod stops. The user is warned now, with the time.
+            req.preempt_at = (view.evicted_at or now) + view.grace
+            req.preempted_by = self._preemptor(view)
+            fields = {"by": req.preempted_by, "at": req.preempt_at}
+            out.append(Decision(now, "preempt_warning", rid, fields))
+        elif view.state == "queued" and req.state is State.ADMITTED and _pod_preempted(view):
+            return self._preempted(req, now, out)  # the pod stopped before we warned
         elif view.state == "queued" and req.state is State.ADMITTED:
             # Kueue took the quota back (Evicted: Preempted, a lost node, ...) and
             # requeued the Workload: the job starts again once admitted again.
@@ -447,6 +542,27 @@ class KueueEngine:
             req.admit_time = None
             req.reason = why
             out.append(Decision(now, "requeue", rid))
+        return out, now, [req]
+
+    def _preemptor(self, view: WorkloadView) -> str | None:
+        """The request of the Workload Kueue preempted `view` for, when it is one of ours
+        (a Workload in a namespace we watch)."""
+        by = self.watch.seen.get(view.preemptor) if view.preemptor else None
+        return self._rid_of(by) if by is not None else None
+
+    def _preempted(
+        self, req: Request, now: float, out: list[Decision]
+    ) -> tuple[list[Decision], float, list[Request]]:
+        """A pod Kueue preempted has stopped: its request ends as preempted (Kueue's pod
+        integration does not requeue a pod it deleted; nobody makes it again). The
+        arbiter words the reason from `by` (words.preempted_reason)."""
+        req.state = State.PREEMPTED
+        req.preemptions += 1
+        by = req.preempted_by or "kueue"
+        req.preempt_at = None
+        out.append(Decision(now, "preempt", req.id, {"by": by}))
+        self.views.pop(req.id, None)
+        self.positions.pop(req.id, None)
         return out, now, [req]
 
     def _end(

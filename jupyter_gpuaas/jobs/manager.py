@@ -348,6 +348,18 @@ class JobManager(LoggingConfigurable):
         except OSError as e:
             await self._release(job)
             raise JobError(400, f"cannot write the job's outputs: {e}", "path") from None
+        if self.runner.queues_itself:
+            # Kueue mode: the job goes to the cluster's queue now; its admission there is
+            # the request's (the gateway follows the Workload the job's label names).
+            loop = asyncio.get_running_loop()
+            try:
+                await loop.run_in_executor(None, self.runner.enqueue, job, answer)
+            except Exception as e:
+                self.log.warning("gpuaas: job %s could not be queued: %s", job.id, e)
+                job.end(model.FAILED, f"could not be queued: {e}")
+                job.save()
+                await self._release(job)
+                raise JobError(502, f"the job could not be queued in the cluster: {e}") from None
         self.jobs[job.id] = job
         self.log.info("gpuaas: job %s (%s %s) submitted to %s", job.id, kind, name, tenant)
         # Registered first, asked second: an admit that came before registration is seen
@@ -437,15 +449,32 @@ class JobManager(LoggingConfigurable):
         # Ended at the gateway (cancelled by an admin, rejected, lease expired, ...).
         # Finished or cancelled by someone else: the owner or an admin ended it at the
         # gateway (`jupyter-gpuaas cancel ID`), which is a cancel of the job.
+        if self.runner.queues_itself and job.state == model.RUNNING and await self._settled(job):
+            return  # the run ended by itself, and the cluster's queue said so first
         reason = str(request.get("reason") or f"GPU request {state}")
         cancelled = state in (State.CANCELLED, State.FINISHED)
         end_state = model.CANCELLED if cancelled else model.FAILED
         if job.state == model.QUEUED:
             job.end(end_state, reason)
             job.save()
+            await self._withdraw(job)
         else:
             reason = reason if cancelled else f"GPU grant lost: {reason}"
             await self._kill(job, end_state, reason, release=False)
+
+    async def _settled(self, job: Job) -> bool:
+        """Kueue mode: a request ends when its job's Workload finishes, which it does
+        when the job itself ends; the job's own end, read afresh, is then its outcome
+        (finished with its exit status: True), else it was stopped from outside."""
+        self._busy.add(job.id)
+        try:
+            status = await asyncio.get_running_loop().run_in_executor(None, self.runner.settle, job)
+        finally:
+            self._busy.discard(job.id)
+        if status is None or not job.live:
+            return False
+        await self._finish(job, status)
+        return True
 
     async def _launch(self, job: Job, grant: Grant) -> None:
         self._busy.add(job.id)
@@ -473,13 +502,19 @@ class JobManager(LoggingConfigurable):
 
     async def _requeue(self, job: Job, request: Mapping[str, Any]) -> None:
         """Preempted: the GPUs are gone, so is the run; the gateway queues the job again
-        (SCENARIO.md) and it starts afresh when admitted again."""
+        (SCENARIO.md) and it starts afresh when admitted again. A runner that queues
+        itself (Kueue mode) was stopped and requeued by the cluster: nothing to stop."""
         if job.state != model.QUEUED:
-            await self._stop_process(job)
+            if not self.runner.queues_itself:
+                await self._stop_process(job)
             with open(job.log_path, "a") as log:
                 log.write("\n[gpuaas] preempted: stopped, queued again\n")
         job.state = model.QUEUED
-        job.reason = "preempted; queued again"
+        job.reason = (
+            f"{request['reason']}; queued again"
+            if self.runner.queues_itself and request.get("reason")
+            else "preempted; queued again"
+        )
         job.grant = None
         job.pid = None
         job.started = None
@@ -494,6 +529,12 @@ class JobManager(LoggingConfigurable):
             )
         finally:
             self._busy.discard(job.id)
+
+    async def _withdraw(self, job: Job) -> None:
+        """A queued job that ended: a runner that queues itself (Kueue mode) has made it
+        already, waiting in the cluster's queue, and deletes it."""
+        if self.runner.queues_itself:
+            await self._stop_process(job)
 
     async def _kill(self, job: Job, state: str, reason: str, release: bool = True) -> None:
         if job.state in (model.RUNNING, model.STARTING):
@@ -512,6 +553,7 @@ class JobManager(LoggingConfigurable):
             job.end(model.CANCELLED, "cancelled while queued")
             job.save()
             await self._release(job)
+            await self._withdraw(job)
         else:
             await self._kill(job, model.CANCELLED, "cancelled while running")
         self.log.info("gpuaas: job %s cancelled", job.id)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
@@ -48,6 +49,22 @@ class JobRunner(ABC):
     @abstractmethod
     def alive(self, job: Job) -> bool:
         """Whether a job recorded earlier (maybe by another server process) still runs."""
+
+    #: Whether the runner hands its job to the cluster's own queue at submit (Kueue mode):
+    #: the job then exists while it is queued (`enqueue`), a preemption requeues it in
+    #: place (the cluster stops and restarts it; the manager stops nothing), `start`
+    #: follows the run the cluster began, and ending a queued job `cancel`s it too.
+    queues_itself: bool = False
+
+    def settle(self, job: Job) -> int | None:
+        """`poll`, from a fresh look where `poll` answers from a cache. May block."""
+        return self.poll(job)
+
+    def enqueue(self, job: Job, request: Mapping[str, Any]) -> None:
+        """Only when `queues_itself`: hand `job` to the cluster's queue, right after its
+        request (the gateway's object, queued) was submitted. May block (the manager
+        calls it off the event loop); raises when the cluster refuses it."""
+        raise NotImplementedError
 
 
 UNKNOWN_STATUS = 255

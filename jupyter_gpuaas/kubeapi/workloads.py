@@ -44,6 +44,11 @@ KIND_KEY = "gpuaas.jupyter.org/kind"
 #: Workload): the gateway's Kueue mode binds that request to the Workload.
 REQUEST_KEY = "gpuaas.jupyter.org/request"
 OUTSIDE = "outside jupyter-gpuaas"
+#: A pod's termination grace when its spec names none (Kubernetes' default).
+DEFAULT_GRACE = 30.0
+# Kueue's preemption message names the preemptor (pkg/scheduler/preemption/preemption.go):
+# "Preempted to accommodate a workload (UID: <uid>, JobUID: <uid>) due to ...".
+_PREEMPTOR = re.compile(r"accommodate a workload \(UID: ([^,)\s]+)")
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,9 @@ class WorkloadView:
     evicted: str = ""  # Evicted=True: why, in Kueue's words ("Preempted: ...")
     finished: str = ""  # Finished=True: how it ended ("Succeeded: ...")
     request: str = ""  # the request of a holder of ours it was made for (REQUEST_KEY)
+    evicted_at: float = 0.0  # when Kueue evicted it (the Evicted condition's transition)
+    preemptor: str = ""  # Preempted: the uid of the Workload it was preempted for
+    grace: float = DEFAULT_GRACE  # its pods' termination grace (seconds)
 
 
 def _time(stamp: str | None) -> float:
@@ -120,6 +128,15 @@ def _said(c: Mapping[str, Any] | None) -> str:
     return f"{reason}: {message}" if reason and message else reason or message
 
 
+def _grace(spec: Mapping[str, Any]) -> float:
+    """The longest termination grace of the Workload's pods (what an eviction gives them)."""
+    graces = [
+        ((ps.get("template") or {}).get("spec") or {}).get("terminationGracePeriodSeconds")
+        for ps in spec.get("podSets") or []
+    ]
+    return max((float(g) for g in graces if g is not None), default=DEFAULT_GRACE)
+
+
 def _flavor(status: Mapping[str, Any], resources: Sequence[str]) -> str | None:
     """The flavor Kueue assigned the GPUs (any resource's, when no GPU is asked for)."""
     anyone = None
@@ -152,6 +169,7 @@ def workload_view(obj: Mapping[str, Any], resources: Sequence[str] = ()) -> Work
         state = "finished"  # deactivated: Kueue will not admit it again
     else:
         state = "queued"
+    ev: Mapping[str, Any] = evicted if evicted is not None and _true(evicted) else {}
     kind = said.get(KIND_KEY, "")
     if kind not in KINDS:  # unsaid, or not one of ours: what its owner is
         kind = "job" if owner_kind != "Pod" else "kernel"
@@ -174,6 +192,9 @@ def workload_view(obj: Mapping[str, Any], resources: Sequence[str] = ()) -> Work
         evicted=_said(evicted) if _true(evicted) else "",
         finished=_said(finished) if _true(finished) or state == "finished" else "",
         request=str(said.get(REQUEST_KEY) or ""),
+        evicted_at=_time(ev.get("lastTransitionTime")),
+        preemptor=m.group(1) if (m := _PREEMPTOR.search(str(ev.get("message") or ""))) else "",
+        grace=_grace(spec),
     )
 
 

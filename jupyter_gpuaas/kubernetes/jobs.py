@@ -64,11 +64,14 @@ def job_manifest(
     service_account: str = "",
     queue: str = "",
     priority_class: str = "",
+    pod_annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The batch/v1 Job of an admitted job request (the gateway's request object).
     `queue`: Kueue mode, the tenant's LocalQueue (and `priority_class` its
-    WorkloadPriorityClass), on the Job itself, which Kueue's batch/job integration
-    suspends until it admits it (its pods carry no queue: they are the Job's)."""
+    WorkloadPriorityClass), on the Job itself, with the request's id: the Job is made
+    suspended at submit (`request` is then the queued request), and Kueue's batch/job
+    integration unsuspends it once it admits it (its pods carry no queue: they are the
+    Job's). `pod_annotations`: the configured annotations of its pods."""
     labels = {
         "app.kubernetes.io/name": "jupyter-gpuaas",
         "app.kubernetes.io/component": COMPONENT,
@@ -90,7 +93,10 @@ def job_manifest(
         "volumeMounts": [dict(m) for m in volume_mounts],
     }
     pod: dict[str, Any] = {
-        "metadata": {"labels": dict(labels), "annotations": {"gpuaas.jupyter.org/user": user}},
+        "metadata": {
+            "labels": dict(labels),
+            "annotations": {**(pod_annotations or {}), "gpuaas.jupyter.org/user": user},
+        },
         "spec": {
             "restartPolicy": "Never",
             "containers": [container],
@@ -100,6 +106,9 @@ def job_manifest(
     if service_account:
         pod["spec"]["serviceAccountName"] = service_account
     pod = grant_pod(pod, request=request, flavors=flavors, node_label=node_label, container="job")
+    spec: dict[str, Any] = {"backoffLimit": 0, "template": pod}
+    if queue:
+        spec["suspend"] = True  # until Kueue admits it
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -107,13 +116,16 @@ def job_manifest(
             "name": job_name(job_id),
             "labels": {
                 **labels,
-                **kueue_labels(queue, user=user, kind="job", priority_class=priority_class),
+                **kueue_labels(
+                    queue,
+                    user=user,
+                    kind="job",
+                    priority_class=priority_class,
+                    request=job_id,
+                ),
             },
         },
-        "spec": {
-            "backoffLimit": 0,
-            "template": pod,
-        },
+        "spec": spec,
     }
 
 
@@ -189,6 +201,31 @@ class KubernetesJobRunner(LoggingConfigurable, JobRunner, metaclass=_RunnerMeta)
 
     request_timeout = Float(30.0, min=1.0, help="Seconds one API call may take.").tag(config=True)
 
+    pod_annotations = Dict(
+        Unicode(), help="Annotations of the jobs' pods (a service mesh's, a cost label, ...)."
+    ).tag(config=True)
+
+    kueue_queue = Unicode(
+        "",
+        help="""Kueue mode (the gateway's --admission kueue): the LocalQueue of the Jobs,
+        `{tenant}` replaced by the request's tenant (`jupyter-gpuaas kueue manifests` names
+        each tenant's LocalQueue after it: `{tenant}`). The Job is then created suspended
+        as soon as the request is submitted, labelled with its LocalQueue and the
+        request's id; Kueue's batch/job integration unsuspends it when Kueue admits it
+        (that admission is the job's grant), suspends it again when Kueue preempts it,
+        and requeues it. Empty: the gateway's grant first, then the Job.""",
+    ).tag(config=True)
+
+    kueue_priority_class = Unicode(
+        "",
+        help="Kueue mode: the WorkloadPriorityClass of the Jobs "
+        "(`kueue.x-k8s.io/priority-class`). Empty: Kueue's default.",
+    ).tag(config=True)
+
+    @property
+    def queues_itself(self) -> bool:  # type: ignore[override]
+        return bool(self.kueue_queue)
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._local = LocalProcessRunner(env={})  # its command line, nothing else
@@ -251,11 +288,10 @@ class KubernetesJobRunner(LoggingConfigurable, JobRunner, metaclass=_RunnerMeta)
 
     # ----------------------------------------------------------------- JobRunner
 
-    def start(self, job: Job, grant: Grant) -> None:
+    def _manifest(self, job: Job, request: Mapping[str, Any], queue: str = "") -> dict[str, Any]:
         if not self.image:
             raise OSError("no image for the job: set KubernetesJobRunner.image")
-        request = grant.request  # the gateway's admitted request object
-        manifest = job_manifest(
+        return job_manifest(
             job_id=job.id,
             user=job.user,
             command=self._local.command(job),
@@ -267,7 +303,34 @@ class KubernetesJobRunner(LoggingConfigurable, JobRunner, metaclass=_RunnerMeta)
             volume_mounts=self.volume_mounts,
             node_label=self.pin_node_label,
             service_account=self.service_account,
+            queue=queue,
+            priority_class=self.kueue_priority_class if queue else "",
+            pod_annotations=self.pod_annotations,
         )
+
+    def enqueue(self, job: Job, request: Mapping[str, Any]) -> None:
+        """Kueue mode: the Job, suspended, in the tenant's LocalQueue (blocks: the
+        manager calls it off its event loop)."""
+        queue = self.kueue_queue.replace("{tenant}", str(request.get("tenant") or job.tenant))
+        manifest = self._manifest(job, request, queue)
+        job.log_path.parent.mkdir(parents=True, exist_ok=True)
+
+        async def create() -> None:
+            batch, _ = await self._apis()
+            await batch.create_namespaced_job(self.namespace, manifest)
+            self._created[job.id] = time.time()
+
+        self._call(create())
+
+    def start(self, job: Job, grant: Grant) -> None:
+        if self.queues_itself:
+            # Kueue admitted the Job made at submit and unsuspended it (again, after a
+            # preemption): its new pod's log is followed.
+            self._creating[job.id] = asyncio.run_coroutine_threadsafe(
+                self._follow_log(job), self._loop
+            )
+            return
+        manifest = self._manifest(job, grant.request)  # the gateway's admitted request
         job.log_path.parent.mkdir(parents=True, exist_ok=True)
 
         async def create() -> None:
@@ -325,6 +388,11 @@ class KubernetesJobRunner(LoggingConfigurable, JobRunner, metaclass=_RunnerMeta)
         if name not in self._jobs and job.id not in self._created:
             return UNKNOWN_STATUS
         return exit_status(self._jobs.get(name), self._pods.get(name))
+
+    def settle(self, job: Job) -> int | None:
+        """`poll` after reading the Jobs afresh (blocks: called off the event loop)."""
+        self._call(self._refresh())
+        return self.poll(job)
 
     def alive(self, job: Job) -> bool:
         name = job_name(job.id)

@@ -84,6 +84,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
           // Once per warning (the model tells it once), and until dismissed: the work
           // in the notebook is lost at that time.
           Notification.warning(n.message, { autoClose: false });
+          // Save the open notebooks and files now (issue 42 item 4): a preempted server
+          // takes the unsaved edits with it.
+          if (app.commands.hasCommand('docmanager:save-all')) {
+            void app.commands.execute('docmanager:save-all');
+          }
           break;
         case 'preempt_withdrawn':
           Notification.info(n.message, { autoClose: 8000 });

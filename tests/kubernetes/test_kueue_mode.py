@@ -17,6 +17,7 @@ same story. That gateway reaches the API server as a ServiceAccount with only th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -590,6 +591,16 @@ async def test_a_gpu_kernel_goes_through_kueue_and_the_api_cancels_through_it(
         quota.close()
 
 
+async def gone(kube: KubeOnCluster, *what: str) -> None:
+    """Wait until a cluster-scoped object another test deleted without waiting is gone
+    (a ClusterQueue keeps Kueue's finalizer while it has Workloads)."""
+
+    def absent() -> bool:
+        return not kube.cluster.kubectl("get", *what, "--ignore-not-found").strip()
+
+    await wait_until(absent, timeout=60, what=f"{' '.join(what)} gone")
+
+
 async def field_is_id(url: str, rid: str, test: Any) -> dict[str, Any] | None:
     """The request `rid` (read through the API) when `test` holds."""
     resp = await AsyncHTTPClient().fetch(url + f"api/requests/{rid}", headers=HEADERS)
@@ -718,4 +729,233 @@ async def test_a_gpu_server_goes_through_kueue(kube: KubeOnCluster, tmp_path: Pa
     finally:
         await gw.stop_server()
         kube.cluster.kubectl("delete", "job", "blocker", "-n", kube.namespace, check=False)
+        quota.close()
+
+
+async def test_a_kernel_kueue_preempts_is_warned_then_ends_preempted(
+    kube: KubeOnCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 4, a Kueue eviction is humane: a GPU kernel of the real `gpuaas-kubernetes`
+    provisioner, admitted by Kueue, is preempted by a Job of a higher WorkloadPriorityClass
+    from outside jupyter-gpuaas. Kueue deletes the kernel's pod, which keeps its quota
+    through its termination grace: the gateway warns first (`preempt_warning`, with the
+    time the grace ends and the sentence our holders show after "will be stopped in N
+    min: "), and once the pod has stopped the request ends as preempted, in words, and no
+    second request appears for the pod's Workload."""
+    from jupyter_gpuaas.server.kernelspec_cli import write_spec
+
+    await gone(kube, "clusterqueue", "vision")  # an earlier test's, deleted without waiting
+    quota = KueueQuota(kube, tmp_path, name="vision", preemption={"within_tenant": "LowerPriority"})
+    tenant, flavor = quota.tenant, quota.flavor
+    high = f"kq-high-{quota.tag}"
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": high},
+                "value": 1000,
+            }
+        ]
+    )
+    flavors = {
+        flavor: {
+            "node_selector": {"gpuaas.jupyter.org/flavor": flavor},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        }
+    }
+    mine = {"gpuaas-test": kube.namespace}
+    kube.add_node(f"kq-cpu-{quota.tag}", mine)
+    gw = await quota.gateway(tmp_path)
+    root = GatewayClient(gw.url, TOKENS["root"])
+    events: list[dict[str, Any]] = []
+    listening = asyncio.get_running_loop().create_task(listen(gw.url, events))
+    try:
+        async with kernel_cluster(kube, gw.url, tmp_path, monkeypatch, flavors, mine) as cl:
+            write_spec(tmp_path / "kernels" / "gpu-kueue", 1, flavor, kubernetes=True)
+            km = cl.kernel_manager("gpu-kueue", tenant=tenant, kueue_queue="{tenant}")
+            await asyncio.wait_for(km.start_kernel(cwd=str(cl.home / "proj")), 120)
+            try:
+                rid = km.provisioner.record.request_id
+                assert (await root.get(rid))["state"] == "admitted"
+
+                urgent = job("urgent", tenant, seconds=3600)
+                urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
+                quota.run(urgent)
+                ended = await wait_until(
+                    lambda: field_is_id(gw.url, rid, lambda r: r["state"] == "preempted"),
+                    timeout=90,
+                    what="the kernel's request preempted",
+                )
+                assert (
+                    ended["reason"]
+                    == f"preempted: a higher-priority request of {tenant} needed its GPU"
+                )
+                logged = [d.event for d in gw.arbiter.store.decisions(rid)]
+                assert logged == ["submit", "admit", "preempt_warning", "preempt"], logged
+                # The warning came first, on the stream, with the time the pod's grace ends
+                # and who it is for (the urgent Job's request).
+                await wait_until(
+                    lambda: [e["event"] for e in events if e.get("id") == rid][-1:] == ["preempt"],
+                    what="the stream's preempt",
+                )
+                (warning,) = [
+                    e for e in events if e.get("id") == rid and e["event"] == "preempt_warning"
+                ]
+                told = warning["request"]
+                assert told["state"] == "admitted"  # still running, through its grace
+                assert told["preempt_at"] == warning["at"]
+                assert (
+                    told["preempt_reason"] == f"a higher-priority request of {tenant} needs the GPU"
+                )
+                urgent_request = await wait_until(
+                    lambda: admitted(gw.url, "urgent"), timeout=60, what="urgent admitted"
+                )
+                assert told["preempted_by"] == urgent_request["id"] == warning["by"]
+                # One request for the pod: its Workload, going, made none of its own.
+                names = await requests_of(gw.url)
+                assert not any(n.startswith(f"Pod alice-{km.kernel_id}") for n in names)
+                await wait_until(lambda: cl.pod(km) is None, timeout=90, what="the pod gone")
+            finally:
+                if km.has_kernel:
+                    await km.shutdown_kernel(now=True)
+    finally:
+        listening.cancel()
+        await gw.stop_server()
+        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
+        kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
+        quota.close()
+
+
+async def test_an_idle_holder_is_culled_and_its_workload_finishes(
+    kube: KubeOnCluster, tmp_path: Path
+) -> None:
+    """Item 3, culling under Kueue: a holder's GPU kernel (its request submitted through
+    the API, its pod labelled with the request's id, as the provisioner makes it),
+    admitted by Kueue, says it is idle; after its tenant's `idle_timeout` the gateway warns
+    and then culls it (our idle clock on top of Kueue, which has none): the request is
+    culled, in words,
+    its pod deleted, and Kueue finishes its Workload, so the quota is free at once (Kueue
+    keeps no reservation without a pod: nothing is parked)."""
+    await gone(kube, "clusterqueue", "vision")  # an earlier test's, deleted without waiting
+    quota = KueueQuota(kube, tmp_path, name="vision", idle_timeout=3)
+    quota.quotas["policy"]["cull_warning"] = 1  # the gateway's own: warned 1 s before
+    tenant, flavor, tag = quota.tenant, quota.flavor, quota.tag
+    gw = await quota.gateway(tmp_path)
+    try:
+        alice = GatewayClient(gw.url, TOKENS["alice"])
+        req = await alice.submit(tenant, "kernel", 1, name="an idle kernel")
+        rid = req["id"]
+        pod = kernel_pod_manifest(
+            name=f"kernel-{tag}",
+            kernel_id=tag,
+            user="alice",
+            command=["python", "-m", "ipykernel_launcher"],
+            image="quay.io/jupyter/pytorch-notebook",
+            request={"id": rid, "gpus": 1, "tenant": tenant, "flavor": flavor, "grant": None},
+            flavors={flavor: {"node_selector": {"gpuaas.jupyter.org/flavor": flavor}}},
+            queue=tenant,
+        )
+        pod["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+        quota.run(pod)
+        await wait_until(
+            lambda: field_is_id(gw.url, rid, lambda r: r["state"] == "admitted"),
+            timeout=60,
+            what="the kernel admitted by Kueue",
+        )
+        await alice.heartbeat(rid, busy=False)
+        culled = await wait_until(
+            lambda: field_is_id(gw.url, rid, lambda r: r["state"] == "culled"),
+            timeout=60,
+            what="the idle kernel culled",
+        )
+        assert culled["reason"] == "culled: idle on its GPU for 3 s"
+        assert "parked" not in culled and culled["grant"] is None
+        logged = [d.event for d in gw.arbiter.store.decisions(rid)]
+        assert logged == ["submit", "admit", "cull_warning", "cull"], logged
+
+        def pod_and_workloads() -> str:
+            ns = kube.namespace
+            pods = kube.cluster.kubectl("get", "pods", "-n", ns, "-o", "name").split()
+            workloads = kube.cluster.kubectl("get", "workloads", "-n", ns, "-o", "name").split()
+            return " ".join([p for p in pods if p == f"pod/kernel-{tag}"] + workloads)
+
+        # The pod goes, and with it its Workload (Kueue's pod integration owns it by
+        # the pod): the tenant's quota is free.
+        await wait_until(lambda: pod_and_workloads() == "", timeout=60, what="pod, Workload gone")
+        assert (await alice.get(rid))["state"] == "culled"  # no later end overwrote it
+        quota.run(job("next", tenant, seconds=3600))
+        await wait_until(lambda: admitted(gw.url, "next"), timeout=60, what="the quota free")
+    finally:
+        await gw.stop_server()
+        kube.cluster.kubectl("delete", "job", "next", "-n", kube.namespace, check=False)
+        quota.close()
+
+
+async def test_a_gpu_server_kueue_preempts_is_warned_then_ends_preempted(
+    kube: KubeOnCluster, tmp_path: Path
+) -> None:
+    """Item 4 for a server: the Hub's QueuedKubeSpawner in Kueue mode, its server pod
+    admitted by Kueue, is preempted by a Job of a higher WorkloadPriorityClass from outside
+    jupyter-gpuaas: the spawner hears the warning and words it for the user ("your server
+    will be stopped in …: a higher-priority request of vision needs the GPU"), then the
+    request ends as preempted once Kueue's deletion of the pod is through."""
+    await gone(kube, "clusterqueue", "vision")  # an earlier test's, deleted without waiting
+    quota = KueueQuota(kube, tmp_path, name="vision", preemption={"within_tenant": "LowerPriority"})
+    tenant, flavor = quota.tenant, quota.flavor
+    high = f"kq-high-{quota.tag}"
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": high},
+                "value": 1000,
+            }
+        ]
+    )
+    flavors = {
+        flavor: {
+            "node_selector": {"gpuaas.jupyter.org/flavor": flavor},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        }
+    }
+    gw = await quota.gateway(tmp_path)
+    spawner = kube_spawner(
+        kube.url,
+        gw.url,
+        namespace=kube.namespace,
+        flavors=flavors,
+        kueue_queue="{tenant}",
+        start_timeout=60,
+    )
+    spawner.user_options = {"tenant": tenant, "flavor": flavor, "gpus": 1}
+    try:
+        await spawner.run_pre_spawn_hook()
+        await asyncio.wait_for(spawner.start(), spawner.start_timeout + 5)
+        rid = spawner._rid
+        assert (await GatewayClient(gw.url, TOKENS["root"]).get(rid))["state"] == "admitted"
+
+        urgent = job("urgent", tenant, seconds=3600)
+        urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
+        quota.run(urgent)
+        warned = await wait_until(
+            lambda: spawner._preempt_warning, timeout=90, what="the spawner warned"
+        )
+        assert warned["rid"] == rid and warned["at"]
+        assert warned["why"] == f"a higher-priority request of {tenant} needs the GPU"
+        ended = await wait_until(
+            lambda: field_is_id(gw.url, rid, lambda r: r["state"] == "preempted"),
+            timeout=120,
+            what="the server's request preempted",
+        )
+        assert ended["reason"] == f"preempted: a higher-priority request of {tenant} needed its GPU"
+        logged = [d.event for d in gw.arbiter.store.decisions(rid)]
+        assert logged == ["submit", "admit", "preempt_warning", "preempt"], logged
+    finally:
+        with contextlib.suppress(Exception):
+            await spawner.stop()
+        await gw.stop_server()
+        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
+        kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
         quota.close()

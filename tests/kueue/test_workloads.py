@@ -133,6 +133,41 @@ def test_admitted_evicted_and_finished() -> None:
     assert workload_view(inactive).state == "finished"
 
 
+def test_a_preempted_pod_says_when_and_for_whom() -> None:
+    """A pod's Workload that Kueue preempted while it still holds its quota: the eviction's
+    time, the preemptor's uid (from Kueue's message) and the pods' termination grace, from
+    which the gateway dates its warning (gateway/kueue_engine.py)."""
+    obj = copy.deepcopy(PENDING)
+    obj["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": "alice-k1", "uid": "p-1", "controller": True}
+    ]
+    obj["spec"]["podSets"][0]["template"]["spec"]["terminationGracePeriodSeconds"] = 45
+    obj["status"] = {
+        "conditions": [
+            {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+            {
+                "type": "Evicted",
+                "status": "True",
+                "reason": "Preempted",
+                "lastTransitionTime": "2026-12-06T10:05:00Z",
+                "message": "Preempted to accommodate a workload (UID: 9c1d, JobUID: 77aa) due "
+                "to prioritization in the ClusterQueue; preemptor path: /vision; "
+                "preemptee path: /vision",
+            },
+        ],
+        "admission": {
+            "clusterQueue": "vision",
+            "podSetAssignments": [{"name": "main", "flavors": {"nvidia.com/gpu": "a100"}}],
+        },
+    }
+    view = workload_view(obj)
+    assert (view.state, view.owner, view.flavor) == ("admitted", "Pod alice-k1", "a100")
+    assert (view.evicted_at, view.preemptor, view.grace) == (1796551500.0, "9c1d", 45.0)
+    # No eviction: none of them; no grace in the pod spec: Kubernetes' 30 s.
+    plain = workload_view(PENDING)
+    assert (plain.evicted_at, plain.preemptor, plain.grace) == (0.0, "", 30.0)
+
+
 def test_who_and_what_without_our_labels() -> None:
     bare = copy.deepcopy(PENDING)
     del bare["metadata"]["labels"]
