@@ -349,6 +349,31 @@ test('cancel a queued GPU kernel', async ({ page, tmpPath }) => {
   expect((await gateway(page.request, rh)).state).toBe('admitted'); // the other one stays
 });
 
+test('an admin cancels a queued GPU kernel: its row says who, in words', async ({ page, tmpPath }) => {
+  await shutdownAll(page); // the GPU the test before kept
+  const panel = await openPanel(page);
+  const holder = await startSession(page, `${tmpPath}/busy.ipynb`, 'gpu1');
+  const rh = (await kernelRecord(page.request, holder)).request_id;
+  await expect(row(panel, rh)).toHaveAttribute('data-state', 'admitted');
+  const name = 'queued-behind.ipynb';
+  const waiting = await startSession(page, `${tmpPath}/${name}`, 'gpu1');
+  const rw = (await kernelRecord(page.request, waiting)).request_id;
+  await expect(row(panel, rw)).toHaveAttribute('data-state', 'queued');
+  // The admin (root) cancels it through the gateway's API, as the admin page does.
+  const resp = await page.request.delete(`${GATEWAY}api/requests/${rw}`, {
+    headers: { Authorization: `token ${ADMIN}` }
+  });
+  expect(resp.ok()).toBeTruthy();
+  await expect(row(panel, rw)).toHaveClass(/jp-gpuaas-history-row/);
+  await expect(row(panel, rw).locator('.jp-gpuaas-title')).toHaveText(`${name} · GPU kernel`);
+  await expect(row(panel, rw).locator('.jp-gpuaas-reason')).toHaveText('Cancelled by an admin (root).');
+  const text = await row(panel, rw).innerText();
+  expect(text).not.toMatch(/HTTP\s*\d{3}|\b[45]\d\d\b/);
+  expect(text).not.toContain(rw);
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-ending-admin-cancel.png` });
+  await shutdownAll(page);
+});
+
 test('an idle GPU kernel culled, then its parked GPU expired: each ending in words', async ({ page, tmpPath }) => {
   const panel = await openPanel(page);
   const name = 'left-idle.ipynb';
