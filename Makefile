@@ -76,26 +76,35 @@ docs: $(STAMP)
 # test extra), the package installed editable into it, and a smoke subset run against it:
 # a gateway (its REST API), Hub spawns through the queue, a GPU kernel through the
 # provisioner, and the kubernetes extra (every kubernetes_asyncio name our code calls, the
-# KubeSpawner and provisioner subclasses, the pure pod and manifest builders; no cluster).
-# The sidebar is not rebuilt here: its build takes minutes, and what it builds with comes
-# from labextension/'s lockfile, not from these pins. A failure here means a pin in pyproject.toml must move up. Run once per
-# change of pyproject.toml (the stamp), since the install costs minutes; `make lowest`
-# after `rm .venv-lowest/.passed` runs it again.
+# KubeSpawner and provisioner subclasses, the pure pod and manifest builders; no cluster),
+# and the sidebar. The editable install builds it (hatch-jupyter-builder's `build:prod`,
+# with labextension/'s lockfile) into the venv's share/jupyter/labextensions, where the
+# oldest JupyterLab the pins allow must list it enabled and compatible and show its GPUs
+# panel behind the Hub in Chromium (Playwright, a test tool, comes at its newest); and
+# scripts/lowest_sidebar_types.py type-checks its sources against that JupyterLab's own
+# packages (from npm), the floor of the ranges in labextension/package.json.
+# A failure here means a pin in pyproject.toml (or a range in labextension/package.json)
+# must move up. Run once per change of pyproject.toml or of the sidebar's build (the
+# stamp), since the install costs minutes; `make lowest` after `rm .venv-lowest/.passed`
+# runs it again.
 LOWEST := .venv-lowest
 LOWEST_STAMP := $(LOWEST)/.passed
 LOWEST_SMOKE := tests/gateway/test_api.py \
 	tests/hub/test_hub_spawn.py::test_free_gpu_spawn_sees_exactly_its_devices \
 	tests/hub/test_hub_spawn.py::test_second_spawn_queues_then_starts_when_the_first_stops \
 	tests/server/test_gpu_kernels.py::test_second_kernel_waits_for_the_gpu_then_starts_on_it \
-	tests/test_kubernetes_extra.py tests/kubernetes/test_pods.py
-$(LOWEST_STAMP): pyproject.toml | setup core
+	tests/test_kubernetes_extra.py tests/kubernetes/test_pods.py \
+	tests/ui/test_sidebar_installed.py tests/ui/test_lab_in_hub.py
+$(LOWEST_STAMP): pyproject.toml $(LABEXT_STAMP) | setup core
 	rm -rf $(LOWEST)
 	$(BIN)/uv venv -q --python $(BIN)/python $(LOWEST)
 	$(BIN)/uv pip install -q --python $(LOWEST)/bin/python --resolution lowest-direct \
 		-e ".[postgres,kubernetes]" "pytest>=8.0" "pytest-asyncio>=0.23" "pytest-timeout>=2.3" \
 		"pytest-jupyter[server]>=0.9"
+	$(BIN)/uv pip install -q --python $(LOWEST)/bin/python "playwright>=1.40"
 	@echo "lowest: $$($(BIN)/uv pip list --python $(LOWEST)/bin/python 2>/dev/null \
-		| grep -E '^(jupyterhub|jupyter-server|jupyter-client|tornado|traitlets|kubernetes-asyncio|jupyterhub-kubespawner|gateway-provisioners) ' | tr -s ' ' | paste -sd,)"
+		| grep -E '^(jupyterhub|jupyter-server|jupyterlab|jupyter-client|tornado|traitlets|kubernetes-asyncio|jupyterhub-kubespawner|gateway-provisioners) ' | tr -s ' ' | paste -sd,)"
+	$(LOWEST)/bin/python scripts/lowest_sidebar_types.py $(LOWEST)/sidebar-types
 	PATH="$(CURDIR)/$(LOWEST)/bin:$$PATH" $(LOWEST)/bin/python -m pytest -q -p no:cacheprovider \
 		$(LOWEST_SMOKE)
 	touch $@

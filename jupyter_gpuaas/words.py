@@ -146,7 +146,7 @@ def usage_phrase(
     else:
         text = f"uses {used} of its {quota} {flavor}"
     if parked:
-        text += f" ({parked} of them parked for a culled server)"
+        text += f" ({parked} of them parked for a culled kernel or server)"
     return text
 
 

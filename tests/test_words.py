@@ -91,7 +91,13 @@ def test_join_names(names: list[str], text: str) -> None:
         (1, 2, [], 0, "vision uses 1 of its 2 a100"),
         (2, 2, [], 0, "vision uses all 2 of its a100"),
         (1, 1, [], 0, "vision uses its only a100"),
-        (2, 4, [], 1, "vision uses 2 of its 4 a100 (1 of them parked for a culled server)"),
+        (
+            2,
+            4,
+            [],
+            1,
+            "vision uses 2 of its 4 a100 (1 of them parked for a culled kernel or server)",
+        ),
     ],
 )
 def test_usage_sentence(used: int, quota: int, lenders: list[str], parked: int, text: str) -> None:
@@ -105,7 +111,7 @@ def test_usage_from_the_gateways_json() -> None:
              "borrowed_from": ["nlp"]}  # fmt: skip
     assert usage_sentence_of("vision", entry) == (
         "vision uses 4 a100: 2 of its own and 2 borrowed from nlp "
-        "(1 of them parked for a culled server)"
+        "(1 of them parked for a culled kernel or server)"
     )
     assert usage_phrase_of({"flavor": "t4", "quota": 8, "admitted": 0}) == "uses none of its 8 t4"
 

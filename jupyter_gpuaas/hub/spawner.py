@@ -240,10 +240,18 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
             state["gpuaas"] = {"request": rid, "grant": self._granted(), "tokens": ids}
             if pending:  # not started yet: the next Hub resumes it (resume.py)
                 state["gpuaas"].update(request=pending, pending=True)
+        if self._ended_sentence:
+            # The Hub drops a stopped server's Spawner and makes a new one for the next
+            # form: the sentence goes with the state it saves at the stop (and survives a
+            # Hub restart), until the next start clears it.
+            state["gpuaas_ended"] = self._ended_sentence
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)  # type: ignore[misc]
+        ended = state.get("gpuaas_ended")
+        if isinstance(ended, str) and ended:
+            self._ended_sentence = ended  # how the last server ended, for the next form
         saved = state.get("gpuaas") or {}
         if saved.get("pending"):
             self._resume_request = saved.get("request")

@@ -99,7 +99,7 @@ def test_form_lists_only_the_users_tenants_and_escapes() -> None:
     choices = tenant_choices(tenants, ["vision"])
     assert [c.name for c in choices] == ["vision"]
     assert choices[0].usage == (
-        "uses all 2 of its a100 (1 of them parked for a culled server), 3 requests queued"
+        "uses all 2 of its a100 (1 of them parked for a culled kernel or server), 3 requests queued"
     )
     html = render_form(
         tenants=choices,

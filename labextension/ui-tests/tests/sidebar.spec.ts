@@ -349,6 +349,79 @@ test('cancel a queued GPU kernel', async ({ page, tmpPath }) => {
   expect((await gateway(page.request, rh)).state).toBe('admitted'); // the other one stays
 });
 
+test('an admin cancels a queued GPU kernel: its row says who, in words', async ({ page, tmpPath }) => {
+  await shutdownAll(page); // the GPU the test before kept
+  const panel = await openPanel(page);
+  const holder = await startSession(page, `${tmpPath}/busy.ipynb`, 'gpu1');
+  const rh = (await kernelRecord(page.request, holder)).request_id;
+  await expect(row(panel, rh)).toHaveAttribute('data-state', 'admitted');
+  const name = 'queued-behind.ipynb';
+  const waiting = await startSession(page, `${tmpPath}/${name}`, 'gpu1');
+  const rw = (await kernelRecord(page.request, waiting)).request_id;
+  await expect(row(panel, rw)).toHaveAttribute('data-state', 'queued');
+  // The admin (root) cancels it through the gateway's API, as the admin page does.
+  const resp = await page.request.delete(`${GATEWAY}api/requests/${rw}`, {
+    headers: { Authorization: `token ${ADMIN}` }
+  });
+  expect(resp.ok()).toBeTruthy();
+  await expect(row(panel, rw)).toHaveClass(/jp-gpuaas-history-row/);
+  await expect(row(panel, rw).locator('.jp-gpuaas-title')).toHaveText(`${name} · GPU kernel`);
+  await expect(row(panel, rw).locator('.jp-gpuaas-reason')).toHaveText('Cancelled by an admin (root).');
+  const text = await row(panel, rw).innerText();
+  expect(text).not.toMatch(/HTTP\s*\d{3}|\b[45]\d\d\b/);
+  expect(text).not.toContain(rw);
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-ending-admin-cancel.png` });
+  await shutdownAll(page);
+});
+
+test('an idle GPU kernel culled, then its parked GPU expired: each ending in words', async ({ page, tmpPath }) => {
+  const panel = await openPanel(page);
+  const name = 'left-idle.ipynb';
+  const kernel = await startSession(page, `${tmpPath}/${name}`, 'gpu-scratch');
+  const rid = (await kernelRecord(page.request, kernel)).request_id;
+  await expect(row(panel, rid)).toHaveAttribute('data-state', 'admitted');
+  // What no ending may show: an HTTP status, a request id, a clause said twice.
+  const clean = async (text: string): Promise<void> => {
+    expect(text).not.toMatch(/HTTP\s*\d{3}|\b[45]\d\d\b/);
+    expect(text).not.toContain(rid);
+    expect(text).not.toMatch(/\br-[0-9a-f]{8,}/);
+    const clauses = text.split(/[.;:\n]/).map(c => c.trim()).filter(c => c.length > 8);
+    expect(clauses.length).toBe(new Set(clauses).size);
+  };
+
+  // Left idle past scratch's idle timeout: culled, said by a notification naming the
+  // notebook, and its card says its quota is parked, titled by the notebook.
+  const culled = page.locator('.Toastify__toast', { hasText: `Your GPU kernel ${name} was idle and gave back its GPU.` });
+  await expect(culled).toBeVisible({ timeout: 60000 });
+  await clean(await culled.innerText());
+  await expect(row(panel, rid)).toHaveAttribute('data-state', 'parked');
+  await expect(row(panel, rid).locator('.jp-gpuaas-title').first()).toContainText(name);
+  await expect(row(panel, rid)).toContainText('Its quota is kept for a while');
+  await clean(await row(panel, rid).innerText());
+  // The team's quota card says the same: parked, kept for the kernel (not a "server").
+  const scratchQuota = panel.locator('.jp-gpuaas-quota-row', { hasText: 'scratch · a100' });
+  await expect(scratchQuota).toContainText('parked 1');
+  await expect(scratchQuota).toContainText('1 of them parked for a culled kernel or server');
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-ending-culled.png` });
+
+  // Not taken back within the reservation's time: expired, one line of the history that
+  // says so in the gateway's words.
+  const parked = (await gateway(page.request, rid)).state;
+  await expect
+    .poll(async () => (await gateway(page.request, rid)).state, { timeout: 60000 })
+    .not.toBe(parked);
+  const gone = await gateway(page.request, rid);
+  expect(gone.reason).toMatch(/^expired: its parked GPU was not taken back/);
+  await expect(row(panel, rid)).toHaveClass(/jp-gpuaas-history-row/);
+  await expect(row(panel, rid).locator('.jp-gpuaas-title')).toHaveText(`${name} · GPU kernel`);
+  const said = gone.reason.charAt(0).toUpperCase() + gone.reason.slice(1) + '.';
+  await expect(row(panel, rid).locator('.jp-gpuaas-reason')).toHaveText(said);
+  await clean(await row(panel, rid).innerText());
+  await expect(scratchQuota).toContainText('parked 0');
+  await panel.screenshot({ path: `${ARTIFACTS}/panel-ending-expired.png` });
+  await shutdownAll(page);
+});
+
 test('a cull warning offers Keep, and Keep saves the GPU', async ({ page, tmpPath }) => {
   const panel = await openPanel(page);
   const idle = await startSession(page, `${tmpPath}/idle.ipynb`, 'gpu-scratch');
