@@ -20,6 +20,7 @@ Exit status 0 when it type-checks, 1 with tsc's errors otherwise. Usage:
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -74,7 +75,10 @@ def main(argv: list[str]) -> int:
         flush=True,
     )
     jlpm = str(Path(sys.executable).with_name("jlpm"))
-    installed = subprocess.run([jlpm, "install"], cwd=dest, capture_output=True, text=True)
+    # A new lockfile is this install's whole point, so yarn must be allowed to write one even
+    # where it defaults to immutable installs (it does when $CI is set, as CI sets it).
+    env = {**os.environ, "YARN_ENABLE_IMMUTABLE_INSTALLS": "false"}
+    installed = subprocess.run([jlpm, "install"], cwd=dest, env=env, capture_output=True, text=True)
     if installed.returncode != 0:
         print(installed.stdout[-4000:], installed.stderr[-2000:], file=sys.stderr)
         return 1
