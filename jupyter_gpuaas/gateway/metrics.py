@@ -223,8 +223,9 @@ class _SnapshotCollector(Collector):
         grant = GaugeMetricFamily(
             "gpuaas_grant_info",
             "1 per granted device with a UUID: who holds it, to charge dcgm-exporter's series "
-            "(joined on UUID and Hostname) to tenants. `user` is empty unless "
-            "--metrics-user-label.",
+            "(joined on UUID and Hostname) to tenants. In Kubernetes mode, 1 per whole GPU "
+            "whose UUID the holder reported in its heartbeat, Hostname its Node. `user` is "
+            "empty unless --metrics-user-label.",
             labels=_GRANT_LABELS,
         )
         simulated = GaugeMetricFamily(
