@@ -443,11 +443,17 @@ class GatewayClient(_Base):
         return cast(RequestObject, await self._call("DELETE", f"api/requests/{rid}"))
 
     async def heartbeat(
-        self, rid: str, busy: bool, utilization: float | None = None
+        self,
+        rid: str,
+        busy: bool,
+        utilization: float | None = None,
+        uuids: builtins.list[str] | None = None,
     ) -> RequestObject:
         body: dict[str, Any] = {"busy": busy}
         if utilization is not None:
             body["utilization"] = utilization
+        if uuids:  # the GPUs this holder sees (gpuaas_grant_info in Kubernetes mode)
+            body["uuids"] = uuids
         return cast(RequestObject, await self._call("POST", f"api/requests/{rid}/heartbeat", body))
 
     async def events(

@@ -33,10 +33,11 @@ import asyncio
 import inspect
 import json
 import logging
+import os
 import time
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -254,7 +255,12 @@ class GrantHolder:
         busy = bool(lease.busy() if callable(lease.busy) else lease.busy)
         client = lease.gateway()
         try:
-            if lease.utilization is None:
+            uuids = seen_uuids()
+            if uuids:  # named only when there are some (gpuaas_grant_info, Kubernetes)
+                answer = await client.heartbeat(
+                    lease.request_id, busy, lease.utilization, uuids=uuids
+                )
+            elif lease.utilization is None:
                 answer = await client.heartbeat(lease.request_id, busy)
             else:
                 answer = await client.heartbeat(lease.request_id, busy, lease.utilization)
@@ -278,6 +284,20 @@ class GrantHolder:
         log.info("gpuaas: the grant of %s has ended (%s)", lease.request_id, error)
         if lease.on_lost is not None:
             lease.run(lease.on_lost, error, "a lost-grant callback")
+
+
+def seen_uuids(env: Mapping[str, str] | None = None) -> list[str]:
+    """The UUIDs of the GPUs this process was given, where its environment names them:
+    in a Kubernetes pod the device plugin picks the GPUs and names them in
+    NVIDIA_VISIBLE_DEVICES (its default `uuid` device ids), which only the pod knows;
+    a local grant names them in CUDA_VISIBLE_DEVICES. Indices or `all` name none."""
+    env = os.environ if env is None else env
+    for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        parts = [p.strip() for p in (env.get(name) or "").split(",")]
+        uuids = [p for p in parts if p.startswith(("GPU-", "MIG-"))]
+        if uuids:
+            return uuids
+    return []
 
 
 def active_within(last: datetime | None, window: float) -> bool:

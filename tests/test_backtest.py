@@ -4,7 +4,9 @@ that are the same with or without it (the estimates run on copies of the core)."
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from simutil import SCENARIOS, simulate, write
@@ -69,3 +71,74 @@ def test_estimates_change_no_decision(path: Path) -> None:
     backtest = Backtest(load_scenario(path))
     estimated = run_scenario(load_scenario(path), backtest=backtest).decisions
     assert [d.to_json() for d in estimated] == plain
+
+
+def _busy_trace(seed: int, n: int = 240, days: float = 2.5) -> list[dict[str, Any]]:
+    """A crowded trace over more than a day (so the arrival forecast and the calibration
+    take part): kernels with idle gaps, long servers, low-priority jobs."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = rng.choice(("kernel", "kernel", "server", "job"))
+        duration = round(rng.lognormvariate(8.0, 0.7))
+        r: dict[str, Any] = {
+            "id": f"r{i:04d}",
+            "tenant": rng.choice(("vision", "nlp")),
+            "user": f"u{rng.randrange(8)}",
+            "kind": kind,
+            "gpus": rng.choice((1, 1, 2, 4)),
+            "submit": round(rng.uniform(0, days * 86400)),
+            "duration": duration,
+            "priority": 0 if kind == "job" else 100,
+        }
+        if kind != "job":
+            r["busy"] = [[0, max(60, duration // 3)], [duration // 2, duration]]
+        out.append(r)
+    out.sort(key=lambda r: (r["submit"], r["id"]))
+    return out
+
+
+def _estimates_at_submit(tmp_path: Path, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    doc = {
+        "flavors": {"a100": {"nodes": 2, "gpus_per_node": 4}},
+        "tenants": {
+            "vision": {"cohort": "lab", "quota": {"a100": 4}},
+            "nlp": {"cohort": "lab", "quota": {"a100": 4}},
+        },
+        "policy": {"fair_sharing": True, "idle_timeout": 1800},
+        "requests": requests,
+    }
+    backtest = Backtest(load_scenario(write(tmp_path, doc)))
+    run_scenario(load_scenario(write(tmp_path, doc)), backtest=backtest)
+    return dict(backtest.eta)
+
+
+def test_the_estimate_at_submit_uses_only_what_was_known_then(tmp_path: Path) -> None:
+    """No peeking: what arrives after a request's submit, or how long it will really be
+    held, changes nothing in the estimate it was shown at submit (the history, the
+    calibration and the arrival forecast only learn from the past)."""
+    trace = _busy_trace(11)
+    before = _estimates_at_submit(tmp_path, trace)
+    cut = 1.5 * 86400
+    # Everything submitted after the cut is changed: other sizes, kinds and durations,
+    # and a burst of extra requests.
+    altered = []
+    for r in trace:
+        if r["submit"] < cut:
+            altered.append(r)
+        else:
+            altered.append({**r, "gpus": 4, "kind": "job", "duration": 99, "priority": 0})
+            altered[-1].pop("busy", None)
+    altered += [
+        {"id": f"x{i}", "tenant": "nlp", "user": "x", "kind": "kernel", "gpus": 2,
+         "submit": round(cut) + 60 * i, "duration": 5000, "priority": 100}
+        for i in range(30)
+    ]  # fmt: skip
+    altered.sort(key=lambda r: (r["submit"], r["id"]))
+    after = _estimates_at_submit(tmp_path, altered)
+    early = {r["id"] for r in trace if r["submit"] < cut}
+    estimated = {rid for rid in early if before.get(rid) not in (None, (0.0, 0.0, 0.0))}
+    assert len(estimated) >= 20, "the trace must crowd the queue for the test to mean anything"
+    assert {rid: after.get(rid) for rid in early} == {rid: before.get(rid) for rid in early}
+    late = [r["id"] for r in trace if r["submit"] >= cut]
+    assert [before.get(rid) for rid in late] != [after.get(rid) for rid in late]

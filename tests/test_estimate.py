@@ -10,7 +10,12 @@ import pytest
 
 from jupyter_gpuaas.admission.config import parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
-from jupyter_gpuaas.admission.estimate import History, estimate_waits
+from jupyter_gpuaas.admission.estimate import (
+    MIN_OUTCOMES,
+    Calibration,
+    History,
+    estimate_waits,
+)
 from jupyter_gpuaas.admission.model import Request, State
 
 
@@ -232,3 +237,23 @@ def test_a_clock_budget_ends_the_runs_and_leaves_no_estimate() -> None:
     spent = estimate_waits(core, 40.0, hist, clock=lambda: float(next(ticks)), budget=0.0)
     assert spent["k39"].seconds is None and spent["k39"].why == "beyond"
     assert spent["k01"].seconds == still["k01"].seconds  # started before the budget ran out
+
+
+def test_calibration_scales_by_kind_and_by_how_long_the_estimate_said() -> None:
+    cal = Calibration()
+    assert cal.ratios("job", 600.0) is None  # nothing learnt yet: the runs' own range
+    # Short job estimates came true; long ones (jobs overtaken for hours) took 4 times
+    # longer, give or take.
+    for i in range(MIN_OUTCOMES):
+        cal.add("job", 600.0, 600.0)
+        cal.add("job", 4 * 3600.0, 4 * 3600.0 * (3.0 + i / (MIN_OUTCOMES - 1) * 2.0))
+    assert cal.ratios("job", 900.0) == (1.0, 1.0, 1.0)
+    low, mid, high = cal.ratios("job", 5 * 3600.0) or (0.0, 0.0, 0.0)
+    assert low < mid < high and mid == pytest.approx(4.0, abs=0.1)
+    # A band with too few outcomes of its own falls back to its kind's (both bands' 40
+    # ratios: the middle one is a short one's 1.0), then to every kind's.
+    low, mid, high = cal.ratios("job", 2 * 3600.0) or (0.0, 0.0, 0.0)
+    assert low == mid == 1.0 and high > 3.0
+    assert cal.ratios("kernel", 2 * 3600.0) == (low, mid, high)
+    cal.add("job", 30.0, 3000.0)  # too short an estimate to learn from
+    assert cal.ratios("job", 900.0) == (1.0, 1.0, 1.0)

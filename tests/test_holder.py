@@ -11,7 +11,7 @@ import pytest
 from traitlets import HasTraits, TraitError
 
 from jupyter_gpuaas.client import GatewayError
-from jupyter_gpuaas.holder import EventFollower, GrantHolder, Lease, Seconds
+from jupyter_gpuaas.holder import EventFollower, GrantHolder, Lease, Seconds, seen_uuids
 
 
 class _Gateway:
@@ -90,3 +90,15 @@ def test_a_resuming_consumer_gets_what_followed_its_id_or_a_reset() -> None:
     assert stream.since("b-2") == []
     [reset] = stream.since("other-7")
     assert reset["event"] == "reset" and "list the requests again" in reset["data"]["reason"]
+
+
+def test_seen_uuids_are_what_the_container_was_given() -> None:
+    """What a holder reports in its heartbeats for gpuaas_grant_info: the device plugin's
+    NVIDIA_VISIBLE_DEVICES (UUIDs by default), else a local grant's CUDA_VISIBLE_DEVICES;
+    indices, `all` and `void` name no GPU."""
+    gpu, mig = "GPU-0b6c39b8-6d24-4a6f-9f65-2a1de1b1c0a1", "MIG-5c89852c-d268-c3f3-1b07"
+    assert seen_uuids({"NVIDIA_VISIBLE_DEVICES": f"{gpu}, {mig}"}) == [gpu, mig]
+    assert seen_uuids({"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": gpu}) == [gpu]
+    assert seen_uuids({"NVIDIA_VISIBLE_DEVICES": "0,1"}) == []
+    assert seen_uuids({"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}) == []
+    assert seen_uuids({}) == []

@@ -284,7 +284,12 @@ def metric_families() -> list[tuple[str, str, str, list[str]]]:
     `GatewayMetrics` fed one sample of every kind (so that each family has a series to
     show its labels)."""
     from jupyter_gpuaas.devices import DeviceSample
-    from jupyter_gpuaas.gateway.metrics import GatewayMetrics, PendingCount, TenantUsage
+    from jupyter_gpuaas.gateway.metrics import (
+        GatewayMetrics,
+        PendingCount,
+        ReportedGrant,
+        TenantUsage,
+    )
 
     m = GatewayMetrics()
     m.observe_wait("t", "kernel", 1.0)
@@ -300,6 +305,7 @@ def metric_families() -> list[tuple[str, str, str, list[str]]]:
         [(sample, "f", "t", "u")],
         simulated=True,
         nodes={"f": 1},
+        reported=[ReportedGrant("GPU-0", "n", "t", "u", "f")],  # gpuaas_grant_info's labels
     )
     out = []
     for family in m.registry.collect():

@@ -71,6 +71,9 @@ FORECAST = (86400.0, 6 * 3600.0)
 MIN_OUTCOMES = 20
 RANGE = (0.2, 0.8)
 MIN_ESTIMATE = 60.0
+#: The bounds in seconds of the calibration's bands of estimates (under 30 min, to 3 h,
+#: longer), each with its own ratios once it has MIN_OUTCOMES of them.
+BANDS = (1800.0, 3 * 3600.0)
 
 
 class History:
@@ -128,13 +131,16 @@ class History:
 
 
 class Calibration:
-    """How the forward run's estimates turned out, by kind: actual wait / estimated wait
-    of the requests that started, the most recent `keep`. Nothing new arrives in a
-    forward run, so a request that later arrivals overtake (a job behind higher-priority
-    kernels, a tenant above its fair share) starts later than it says, and by about as
-    much as such requests did before: the estimate is scaled by the median ratio of its
-    kind and the range is the `RANGE` quantiles of those ratios (once `MIN_OUTCOMES` are
-    known; before, the runs' own range)."""
+    """How the forward run's estimates turned out, by kind and by how long they said:
+    actual wait / estimated wait of the requests that started, the most recent `keep`.
+    The forward run knows only the arrivals it forecasts, so a request that later
+    arrivals overtake (a job behind higher-priority kernels, a tenant above its fair
+    share) starts later than it says, and by about as much as such requests did before:
+    the estimate is scaled by the median ratio of its kind and `BANDS` band (a short
+    estimate and a long one of the same kind go wrong by different factors: the short
+    ones are mostly right, the long ones are the overtaken), else of its kind, else of
+    every kind, whichever has `MIN_OUTCOMES`; the range is the `RANGE` quantiles of those
+    same ratios (before: the runs' own range)."""
 
     def __init__(self, keep: int = 400) -> None:
         self.keep = keep
@@ -146,7 +152,7 @@ class Calibration:
         if estimated < MIN_ESTIMATE:
             return
         ratio = max(0.0, actual) / estimated
-        for key in (kind, ""):
+        for key in (_band(kind, estimated), kind, ""):
             recent = self._recent.get(key)
             ordered = self._sorted.get(key)
             if recent is None or ordered is None:
@@ -158,15 +164,21 @@ class Calibration:
                 old = recent.popleft()
                 del ordered[bisect_right(ordered, old) - 1]
 
-    def ratios(self, kind: str) -> tuple[float, float, float] | None:
-        """The (low, middle, high) ratio of `kind` (else of every kind), or None."""
-        for key in (kind, ""):
+    def ratios(self, kind: str, estimated: float) -> tuple[float, float, float] | None:
+        """The (low, middle, high) ratio of an estimate of `estimated` seconds for a
+        request of `kind`: of its band, else of its kind, else of every kind; or None."""
+        for key in (_band(kind, estimated), kind, ""):
             ordered = self._sorted.get(key)
             if ordered is not None and len(ordered) >= MIN_OUTCOMES:
                 n = len(ordered)
                 lo, hi = RANGE
                 return ordered[int(lo * (n - 1))], ordered[(n - 1) // 2], ordered[int(hi * (n - 1))]
         return None
+
+
+def _band(kind: str, estimated: float) -> str:
+    """The calibration's key of an estimate: its kind and how long it says (`BANDS`)."""
+    return f"{kind}/{bisect_right(BANDS, estimated)}"
 
 
 class Ends:
@@ -496,7 +508,9 @@ def estimate_steps(
         # `high` None: started in the middle run, not within the slow run's budget.
         hi = waits[-1] if high.started.get(rid) is not None else None
         est = out[rid] = Estimate(mid - now, waits[0], hi, samples, middle.ends)
-        ratios = None if calibration is None or req is None else calibration.ratios(req.kind)
+        ratios = (
+            None if calibration is None or req is None else calibration.ratios(req.kind, mid - now)
+        )
         if ratios is not None and mid - now >= MIN_ESTIMATE:
             raw = mid - now
             est.seconds, est.low, est.high = raw * ratios[1], raw * ratios[0], raw * ratios[2]

@@ -689,12 +689,12 @@ class Arbiter:
         return req, self._json_of(req)
 
     async def heartbeat(
-        self, rid: str, busy: bool, utilization: float | None
+        self, rid: str, busy: bool, utilization: float | None, uuids: list[str] | None = None
     ) -> tuple[Request, dict[str, Any]]:
-        return await self.run(functools.partial(self._heartbeat, rid, busy, utilization))
+        return await self.run(functools.partial(self._heartbeat, rid, busy, utilization, uuids))
 
     def _heartbeat(
-        self, rid: str, busy: bool, utilization: float | None
+        self, rid: str, busy: bool, utilization: float | None, uuids: list[str] | None = None
     ) -> tuple[Request, dict[str, Any]]:
         now = time.time()
         req = self._live(rid)
@@ -708,6 +708,11 @@ class Arbiter:
         if utilization is not None:
             peak = meta.get("peak_utilization")
             meta["peak_utilization"] = utilization if peak is None else max(peak, utilization)
+        if uuids is not None:
+            # The GPUs the holder sees (Kubernetes: the device plugin's choice, which only
+            # the pod knows): for gpuaas_grant_info alone, so kept in memory like the
+            # device samples, and reported again by the next heartbeat after a restart.
+            meta["uuids"] = tuple(uuids[: req.gpus])
         # A change of busy/idle is kept for `history export` (the request's busy intervals).
         activity = [(rid, busy, utilization)] if busy != was_busy else []
         # The renewed lease is written even without decisions: after a restart the

@@ -32,7 +32,14 @@ device with a known UUID) charges dcgm-exporter's series to tenants, e.g.
 one GPU share its UUID: join them on `GPU_I_PROFILE` too); its `user` follows the same
 rule as the device series'. A device without a UUID (simulated; a cluster's Node, whose
 GPUs the device plugin picks inside the pod) has `UUID=""` on its device series and no
-grant_info.
+grant_info from the inventory. In Kubernetes mode only the pod knows which GPUs it got:
+its holder reports their UUIDs in its heartbeats (`uuids`, what the container sees), and
+each whole GPU of those (`GPU-…`) is a grant_info series with `Hostname` the grant's
+Node (dcgm-exporter's DaemonSet names its series by the Node it runs on) and no
+`GPU_I_PROFILE`. A MIG instance's own `MIG-…` UUID is not the GPU's that dcgm-exporter
+labels it with, so it is not exported; a holder that reported nothing (an older
+client, no GPU visible) has no grant_info, and a gateway restart forgets the UUIDs until
+the next heartbeat (they are not stored, as the device samples are not).
 """
 
 from __future__ import annotations
@@ -76,6 +83,19 @@ class PendingCount:
 # (sample, flavor, tenant or None, user or None): a device and who holds it, if anyone.
 DeviceRow = tuple[DeviceSample, str, str | None, str | None]
 
+
+@dataclass(frozen=True)
+class ReportedGrant:
+    """A granted GPU whose UUID only its holder knows (a cluster's Node: the device
+    plugin picks the GPU inside the pod), as the holder's heartbeat reported it."""
+
+    uuid: str
+    hostname: str  # the Node's name: what dcgm-exporter's DaemonSet labels `Hostname`
+    tenant: str
+    user: str
+    flavor: str
+
+
 # The first five are INTERFACES.md's; the rest are dcgm-exporter's names for the same GPU.
 _DEVICE_LABELS = [
     "node",
@@ -102,6 +122,7 @@ class _Snapshot:
     simulated: bool | None = None
     nodes: tuple[tuple[str, int], ...] = ()
     leader: bool = True
+    reported: tuple[ReportedGrant, ...] = ()
 
 
 class _SnapshotCollector(Collector):
@@ -202,8 +223,9 @@ class _SnapshotCollector(Collector):
         grant = GaugeMetricFamily(
             "gpuaas_grant_info",
             "1 per granted device with a UUID: who holds it, to charge dcgm-exporter's series "
-            "(joined on UUID and Hostname) to tenants. `user` is empty unless "
-            "--metrics-user-label.",
+            "(joined on UUID and Hostname) to tenants. In Kubernetes mode, 1 per whole GPU "
+            "whose UUID the holder reported in its heartbeat, Hostname its Node. `user` is "
+            "empty unless --metrics-user-label.",
             labels=_GRANT_LABELS,
         )
         simulated = GaugeMetricFamily(
@@ -255,6 +277,9 @@ class _SnapshotCollector(Collector):
             if s.power is not None:
                 power.add_metric(labels, s.power)
             healthy.add_metric(labels, 1.0 if s.healthy else 0.0)
+        for g in snap.reported:
+            user = g.user if user_label else ""
+            grant.add_metric([g.uuid, "", g.hostname, g.tenant, user, g.flavor], 1.0)
         return [
             leader,
             pending_req,
@@ -381,6 +406,7 @@ class GatewayMetrics:
         devices: Iterable[DeviceRow],
         simulated: bool | None = None,
         nodes: Mapping[str, int] | None = None,
+        reported: Iterable[ReportedGrant] = (),
         leader: bool = True,
     ) -> None:
         """Replace every gauge's series with these; series absent here are dropped.
@@ -388,6 +414,8 @@ class GatewayMetrics:
         `simulated`, when given, is exported as gpuaas_devices_simulated so dashboards can
         say that the numbers are invented. `leader`: False on a standby, whose gauges
         (a mirror of the leader's) are then left out; gpuaas_leader says which it is.
+        `reported`: granted GPUs whose UUIDs their holders reported (gpuaas_grant_info
+        where the inventory has no UUID: Kubernetes mode).
         """
         self._collector.snapshot = _Snapshot(
             tenants=tuple(tenants),
@@ -398,6 +426,7 @@ class GatewayMetrics:
             simulated=simulated,
             nodes=tuple((nodes or {}).items()),
             leader=leader,
+            reported=tuple(reported),
         )
 
     def set_event_streams(self, open_streams: int, dropped: int) -> None:

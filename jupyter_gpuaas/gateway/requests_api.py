@@ -216,7 +216,9 @@ class RequestHandler(BaseHandler):
         self.send(obj)
 
 
-HEARTBEAT_KEYS = ("busy", "utilization")
+HEARTBEAT_KEYS = ("busy", "utilization", "uuids")
+#: A GPU's or MIG instance's UUID as NVML and the device plugin write it.
+_UUID = re.compile(r"(GPU|MIG)-[A-Za-z0-9/-]{1,120}")
 
 
 class HeartbeatHandler(BodyHandler):
@@ -233,11 +235,18 @@ class HeartbeatHandler(BodyHandler):
             if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 <= util <= 1:
                 raise ApiError(400, "utilization must be a number from 0 to 1", "utilization")
             util = float(util)
+        uuids = data.get("uuids")
+        if uuids is not None and not (
+            isinstance(uuids, list)
+            and len(uuids) <= 64
+            and all(isinstance(u, str) and _UUID.fullmatch(u) for u in uuids)
+        ):
+            raise ApiError(400, "uuids must be a list of the GPUs' UUIDs (GPU-… or MIG-…)", "uuids")
         owner = self._owner(rid)
         if owner != who.name:
             raise ApiError(403, "only the holder may heartbeat its request")
         try:
-            _, obj = await self.arbiter.heartbeat(rid, data["busy"], util)
+            _, obj = await self.arbiter.heartbeat(rid, data["busy"], util, uuids)
         except Conflict as e:
             raise ApiError(409, str(e)) from None
         self.send(obj)

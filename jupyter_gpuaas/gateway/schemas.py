@@ -220,6 +220,13 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "busy": {"type": "boolean"},
             "utilization": {"type": "number", "minimum": 0, "maximum": 1},
+            "uuids": {
+                "type": "array",
+                "maxItems": 64,
+                "items": {"type": "string", "pattern": "^(GPU|MIG)-[A-Za-z0-9/-]{1,120}$"},
+                "description": "the UUIDs of the GPUs the holder sees (Kubernetes: the device "
+                "plugin's choice), for gpuaas_grant_info",
+            },
         },
         "additionalProperties": False,
     },

@@ -24,7 +24,7 @@ from . import estimates, waits
 from .engine import Engine
 from .estimates import Estimates
 from .grace import grace_of, preempt_reason, preemption_fields, reclaim_wait
-from .metrics import DeviceRow, PendingCount, TenantUsage
+from .metrics import DeviceRow, PendingCount, ReportedGrant, TenantUsage
 from .store import RequestRow
 
 
@@ -59,6 +59,7 @@ class MetricSnapshot(NamedTuple):
     devices: list[DeviceRow]
     simulated: bool
     nodes: dict[str, int]
+    reported: list[ReportedGrant]
 
 
 def request_json(state: CoreState, req: Request | RequestRow) -> dict[str, Any]:
@@ -247,6 +248,7 @@ def metric_snapshot(state: CoreState) -> MetricSnapshot:
     pending: dict[tuple[str, str, str], int] = {}
     idle: dict[str, int] = {}
     holders: dict[tuple[str, int], tuple[str, str, str, tuple[int, ...]]] = {}
+    reported: list[ReportedGrant] = []
     for req in state.requests.values():
         if req.state is State.QUEUED:
             flavor = req.flavor or (_flavors_for(state.config, req) or [""])[0]
@@ -257,6 +259,7 @@ def metric_snapshot(state: CoreState) -> MetricSnapshot:
                 idle[req.tenant] = idle.get(req.tenant, 0) + req.gpus
             for index in req.devices:
                 holders[(req.node or "", index)] = (req.id, req.user, req.tenant, ())
+            reported += _reported(state, req)
     flavor_of = {(d.node, d.index): d.flavor for d in state.inventory.devices()}
     attributed = {key: (holder[1], holder[2]) for key, holder in holders.items()}
     rows: list[DeviceRow] = []
@@ -278,7 +281,23 @@ def metric_snapshot(state: CoreState) -> MetricSnapshot:
         rows,
         state.inventory.simulated,
         _node_counts(state),
+        reported,
     )
+
+
+def _reported(state: CoreState, req: Request) -> list[ReportedGrant]:
+    """The whole GPUs (`GPU-…`) a holder reported for a grant whose devices the
+    inventory knows no UUID of (a cluster's Node); none where the inventory knows them
+    (its device series already carry them)."""
+    uuids = state.meta.get(req.id, {}).get("uuids") or ()
+    if not uuids or state.inventory.uuids(req.node or "", list(req.devices)) is not None:
+        return []
+    flavor = req.assigned_flavor or ""
+    return [
+        ReportedGrant(u, req.node or "", req.tenant, req.user, flavor)
+        for u in uuids
+        if u.startswith("GPU-")
+    ]
 
 
 def _node_counts(state: CoreState) -> dict[str, int]:

@@ -22,7 +22,7 @@ from kubeutil import KubeOnCluster, start_gateway
 from tornado.httpclient import AsyncHTTPClient
 from traitlets.config import Config
 
-from jupyter_gpuaas.client import GatewayClient
+from jupyter_gpuaas.client import GatewayClient, GatewayError
 from jupyter_gpuaas.kubeapi.nodes import ClusterNode, NodeChange, diff, node_view
 
 FLAVORS = {
@@ -321,6 +321,48 @@ async def test_nodes_join_and_leave_the_gateway(kube: KubeOnCluster, cluster_gat
     assert a0 in ended.get("reason", ""), ended
     assert [n["name"] for n in (await alice.devices())["nodes"]] == [a1]
     assert (await bob.get(second["id"]))["state"] == "admitted"  # other nodes untouched
+
+
+@pytest.mark.asyncio
+async def test_grant_info_charges_the_pods_gpus_to_their_tenant(
+    kube: KubeOnCluster, cluster_gateway: Any
+) -> None:
+    """On the REAL API server's Nodes: the gateway cannot know which GPUs of the Node the
+    device plugin gave the pod, so there is no grant_info until the holder reports the
+    UUIDs its container sees; then one series per whole GPU, `Hostname` the grant's Node
+    (dcgm-exporter's label), the tenant, and no user without --metrics-user-label. A
+    MIG instance's UUID is not dcgm-exporter's and is left out; bad UUIDs are a 400."""
+    gw, ns = cluster_gateway, kube.namespace
+    alice = GatewayClient(gw.url, TOKENS["alice"])
+    req = await alice.submit("vision", "server", 2, flavor="a100")
+    assert req["state"] == "admitted" and req["grant"]["node"] == f"{ns}-a100-0"
+    assert req["grant"]["uuids"] is None  # the Node's GPUs have no UUID the gateway knows
+
+    async def grant_info() -> list[str]:
+        headers = {"Authorization": f"token {TOKENS['root']}"}
+        resp = await AsyncHTTPClient().fetch(gw.url + "metrics", headers=headers)
+        return [
+            line
+            for line in resp.body.decode().splitlines()
+            if line.startswith("gpuaas_grant_info{")
+        ]
+
+    assert await grant_info() == []
+    gpus = ["GPU-0b6c39b8-6d24-4a6f-9f65-2a1de1b1c0a1", "GPU-7d0e0f19-1c2b-4f3e-8d4c-5b6a79880e12"]
+    await alice.heartbeat(req["id"], True, 0.5, uuids=gpus)
+    lines = await grant_info()
+    assert sorted(lines) == sorted(
+        f'gpuaas_grant_info{{GPU_I_PROFILE="",Hostname="{ns}-a100-0",UUID="{u}",'
+        f'flavor="a100",tenant="vision",user=""}} 1.0'
+        for u in gpus
+    )
+    await alice.heartbeat(req["id"], True, uuids=["MIG-5c89852c-d268-c3f3-1b07-005d5ae1dc3f"])
+    assert await grant_info() == []
+    with pytest.raises(GatewayError) as bad:
+        await alice.heartbeat(req["id"], True, uuids=["0", "1"])
+    assert bad.value.status == 400 and "uuids" in str(bad.value)
+    await alice.cancel(req["id"])
+    assert await grant_info() == []
 
 
 @pytest.mark.asyncio
