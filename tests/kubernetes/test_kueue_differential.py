@@ -144,19 +144,14 @@ def shared_cases() -> list[Case]:
     return out
 
 
-#: The random scenarios, drawn once and kept (data/differential_random.yaml says why).
-RANDOM_FILE = Path(__file__).parent / "data" / "differential_random.yaml"
-
-
-def draw_random_scenarios() -> list[dict[str, Any]]:
-    """The property tests' scenarios, drawn with hypothesis (derandomized), the second
-    wave from submit 75 on: the first RANDOM of DRAWS draws that Kueue can run with two
-    or more requests, as `{"name", "scenario"}` (for RANDOM_FILE: `--draw`)."""
+def drawn_scenarios(examples: int, draw_seed: int | None = None) -> list[dict[str, Any]]:
+    """`examples` scenarios as the property tests draw them (hypothesis's generate phase
+    only): derandomized without `draw_seed`, else from that seed."""
     drawn: list[dict[str, Any]] = []
 
     @settings(
-        max_examples=DRAWS,
-        derandomize=True,
+        max_examples=examples,
+        derandomize=draw_seed is None,
         database=None,
         phases=[Phase.generate],
         deadline=None,
@@ -166,9 +161,22 @@ def draw_random_scenarios() -> list[dict[str, Any]]:
     def collect(data: dict[str, Any]) -> None:
         drawn.append(data)
 
+    if draw_seed is not None:
+        collect = seed(draw_seed)(collect)
     collect()
+    return drawn
+
+
+#: The random scenarios, drawn once and kept (data/differential_random.yaml says why).
+RANDOM_FILE = Path(__file__).parent / "data" / "differential_random.yaml"
+
+
+def draw_random_scenarios() -> list[dict[str, Any]]:
+    """The property tests' scenarios, drawn with hypothesis (derandomized), the second
+    wave from submit 75 on: the first RANDOM of DRAWS draws that Kueue can run with two
+    or more requests, as `{"name", "scenario"}` (for RANDOM_FILE: `--draw`)."""
     out = []
-    for i, data in enumerate(drawn):
+    for i, data in enumerate(drawn_scenarios(DRAWS)):
         case = fit_for_kueue(f"random-{i}", data, split=75)
         if case is not None and len(case.requests) >= 2:
             out.append({"name": f"random-{i}", "scenario": data})
@@ -203,25 +211,9 @@ def fresh_cases(draw_seed: int) -> list[Case]:
     second wave from submit 75 on. The same seed draws the same cases when this module runs
     alone; in a larger session hypothesis may mix in other constants of the loaded modules,
     which is why a failure also shows the case itself."""
-    drawn: list[dict[str, Any]] = []
-
-    @seed(draw_seed)
-    @settings(
-        max_examples=FRESH_DRAWS,
-        derandomize=False,
-        database=None,
-        phases=[Phase.generate],
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(scenarios())
-    def collect(data: dict[str, Any]) -> None:
-        drawn.append(data)
-
-    collect()
     out: list[Case] = []
     seen: list[Any] = []
-    for i, data in enumerate(drawn):
+    for i, data in enumerate(drawn_scenarios(FRESH_DRAWS, draw_seed)):
         case = fit_for_kueue(f"fresh-{draw_seed}-{i}", data, split=75)
         if (
             case is None

@@ -601,6 +601,34 @@ async def gone(kube: KubeOnCluster, *what: str) -> None:
     await wait_until(absent, timeout=60, what=f"{' '.join(what)} gone")
 
 
+async def preemptible_vision(
+    kube: KubeOnCluster, tmp_path: Path
+) -> tuple[KueueQuota, str, dict[str, Any]]:
+    """The set-up of the preemption tests: tenant "vision" whose ClusterQueue preempts
+    lower priorities within it, a WorkloadPriorityClass above every holder of ours (its
+    name, for an outside Job that takes the GPU back), and the flavor's placement."""
+    await gone(kube, "clusterqueue", "vision")  # an earlier test's, deleted without waiting
+    quota = KueueQuota(kube, tmp_path, name="vision", preemption={"within_tenant": "LowerPriority"})
+    high = f"kq-high-{quota.tag}"
+    kube.cluster.apply(
+        [
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": high},
+                "value": 1000,
+            }
+        ]
+    )
+    flavors = {
+        quota.flavor: {
+            "node_selector": {"gpuaas.jupyter.org/flavor": quota.flavor},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        }
+    }
+    return quota, high, flavors
+
+
 async def field_is_id(url: str, rid: str, test: Any) -> dict[str, Any] | None:
     """The request `rid` (read through the API) when `test` holds."""
     resp = await AsyncHTTPClient().fetch(url + f"api/requests/{rid}", headers=HEADERS)
@@ -744,26 +772,8 @@ async def test_a_kernel_kueue_preempts_is_warned_then_ends_preempted(
     second request appears for the pod's Workload."""
     from jupyter_gpuaas.server.kernelspec_cli import write_spec
 
-    await gone(kube, "clusterqueue", "vision")  # an earlier test's, deleted without waiting
-    quota = KueueQuota(kube, tmp_path, name="vision", preemption={"within_tenant": "LowerPriority"})
+    quota, high, flavors = await preemptible_vision(kube, tmp_path)
     tenant, flavor = quota.tenant, quota.flavor
-    high = f"kq-high-{quota.tag}"
-    kube.cluster.apply(
-        [
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "WorkloadPriorityClass",
-                "metadata": {"name": high},
-                "value": 1000,
-            }
-        ]
-    )
-    flavors = {
-        flavor: {
-            "node_selector": {"gpuaas.jupyter.org/flavor": flavor},
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
-        }
-    }
     mine = {"gpuaas-test": kube.namespace}
     kube.add_node(f"kq-cpu-{quota.tag}", mine)
     gw = await quota.gateway(tmp_path)
@@ -900,26 +910,8 @@ async def test_a_gpu_server_kueue_preempts_is_warned_then_ends_preempted(
     jupyter-gpuaas: the spawner hears the warning and words it for the user ("your server
     will be stopped in …: a higher-priority request of vision needs the GPU"), then the
     request ends as preempted once Kueue's deletion of the pod is through."""
-    await gone(kube, "clusterqueue", "vision")  # an earlier test's, deleted without waiting
-    quota = KueueQuota(kube, tmp_path, name="vision", preemption={"within_tenant": "LowerPriority"})
+    quota, high, flavors = await preemptible_vision(kube, tmp_path)
     tenant, flavor = quota.tenant, quota.flavor
-    high = f"kq-high-{quota.tag}"
-    kube.cluster.apply(
-        [
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "WorkloadPriorityClass",
-                "metadata": {"name": high},
-                "value": 1000,
-            }
-        ]
-    )
-    flavors = {
-        flavor: {
-            "node_selector": {"gpuaas.jupyter.org/flavor": flavor},
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
-        }
-    }
     gw = await quota.gateway(tmp_path)
     spawner = kube_spawner(
         kube.url,
