@@ -20,6 +20,7 @@ from traitlets import Bool, Enum, Float, Integer, Unicode, default, validate
 from traitlets.config import Application
 
 from jupyter_gpuaas._version import __version__
+from jupyter_gpuaas.kubeapi.connect import own_namespace
 
 from .startup import GatewayStartup, StartupError
 
@@ -432,11 +433,7 @@ class GatewayApp(GatewayStartup, Application):
 
     @default("kueue_namespace")
     def _kueue_namespace_default(self) -> str:
-        try:
-            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
-                return f.read().strip()
-        except OSError:
-            return ""
+        return own_namespace(otherwise="")
 
     kueue_interval = Float(
         2.0,

@@ -26,6 +26,7 @@ from traitlets.utils.importstring import import_item
 
 from ..admission.model import State
 from ..devices import DeviceInfo, DeviceSample, Inventory, NodeInfo
+from ..kubeapi.connect import own_namespace
 from ..kubeapi.nodes import NodeWatch
 from ..kubeapi.scaleup import Placeholders, ProvisioningRequests
 from .scalers import Scaler
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jupyter_gpuaas.devices")
 MiB = 1024**2
-_SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 Joined = Callable[[NodeInfo], Awaitable[None]]
 Left = Callable[[str, str], Awaitable[None]]
@@ -149,11 +149,7 @@ class ClusterScaler(Scaler):
 
     @default("namespace")
     def _namespace_default(self) -> str:
-        try:
-            with open(_SA_NAMESPACE, encoding="utf-8") as f:
-                return f.read().strip()
-        except OSError:
-            return "default"
+        return own_namespace()
 
     flavors = Dict(
         help="""Flavors to scale: {"a100": {"node_selector": {...}, "resource":

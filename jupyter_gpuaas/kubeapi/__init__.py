@@ -6,6 +6,9 @@
 - `scaleup.py`: placeholders, KEDA ScaledObjects and ProvisioningRequests, built and, for
   the gateway's cluster scalers (gateway/cluster.py), created and removed;
 - `meta.py`: the names, labels, settings and flavors every deployment object shares.
+- `workloads.py`: Kueue's Workloads as the gateway's Kueue mode reads them;
+- `connect.py`: the API client, the pod's own namespace and the resumable watch that every
+  part of jupyter-gpuaas on a cluster uses.
 
 Pure builders and thin API clients (kubernetes_asyncio, imported where it is called); this
 package imports only the core's model and the version, never the gateway or anything above.

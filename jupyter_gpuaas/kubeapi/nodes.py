@@ -19,12 +19,12 @@ above it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .connect import api_client, resumable_watch
 from .meta import DEFAULT_RESOURCE
 
 log = logging.getLogger("jupyter_gpuaas.kubeapi.nodes")
@@ -175,13 +175,9 @@ class NodeWatch:
 
     async def _core(self) -> Any:
         if self._api is None:
-            from kubernetes_asyncio import client, config
+            from kubernetes_asyncio import client
 
-            try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            except config.ConfigException:
-                await config.load_kube_config()
-            self._client = client.ApiClient()
+            self._client = await api_client()
             self._api = client.CoreV1Api(self._client)
         return self._api
 
@@ -238,49 +234,23 @@ class NodeWatch:
 
     async def changes(self) -> AsyncIterator[NodeChange]:
         """Joins and leaves from the last list on, for as long as the caller iterates."""
-        from aiohttp import ClientError
-        from kubernetes_asyncio import watch
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         api = await self._core()
-        delay = 0.5
-        while True:
-            w = watch.Watch()
-            try:
-                stream = w.stream(
-                    api.list_node,
-                    label_selector=self.label_selector,
-                    resource_version=self.resource_version,
-                    timeout_seconds=self.timeout_seconds,
-                    allow_watch_bookmarks=True,
-                )
-                async for event in stream:
-                    delay = 0.5
-                    for change in self._apply(event["type"], event["raw_object"]):
-                        yield change
-                # The server ended the watch (its timeout, a restart): resume where we were.
-            except ApiException as e:
-                if e.status != 410:
-                    # Forbidden, a server error: say so, keep trying (the RBAC may be fixed).
-                    log.error(
-                        "node watch refused: %s %s; retrying in %.1f s", e.status, e.reason, delay
-                    )
-                    await asyncio.sleep(delay)
-                    delay = min(self.max_backoff, delay * 2)
-                    continue
-                # Our version is older than the server keeps: list again, report the gap.
-                self.relists += 1
-                log.info(
-                    "node watch: resourceVersion %s expired; listing again", self.resource_version
-                )
-                nodes, why, rv = await self._list()
-                changes = diff(self.nodes, nodes, why)
-                self.nodes, self.resource_version = nodes, rv
-                for change in changes:
-                    yield change
-            except (OSError, ClientError, asyncio.TimeoutError) as e:
-                log.warning("node watch lost (%s); resuming in %.1f s", e, delay)
-                await asyncio.sleep(delay)
-                delay = min(self.max_backoff, delay * 2)
-            finally:
-                await w.close()
+        async for change in resumable_watch(
+            "node",
+            api.list_node,
+            label_selector=self.label_selector,
+            version=lambda: self.resource_version,
+            apply=self._apply,
+            relist=self._relist,
+            timeout_seconds=self.timeout_seconds,
+            max_backoff=self.max_backoff,
+        ):
+            yield change
+
+    async def _relist(self) -> list[NodeChange]:
+        """After the watch's version expired: the Nodes now, and the joins and leaves since."""
+        self.relists += 1
+        nodes, why, rv = await self._list()
+        changes = diff(self.nodes, nodes, why)
+        self.nodes, self.resource_version = nodes, rv
+        return changes

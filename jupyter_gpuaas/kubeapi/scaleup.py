@@ -30,6 +30,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .connect import api_client
 from .meta import FLAVOR_LABEL, ClusterFlavor, ManifestError, Settings, labels, meta
 
 log = logging.getLogger("jupyter_gpuaas.kubeapi.scaleup")
@@ -275,16 +276,6 @@ def flavor_from_config(name: str, spec: Mapping[str, Any]) -> ClusterFlavor:
     )
 
 
-async def _api_client() -> Any:
-    from kubernetes_asyncio import client, config
-
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        await config.load_kube_config()
-    return client.ApiClient()
-
-
 class ProvisioningRequests:
     """One ProvisioningRequest (and its PodTemplate) per capacity-blocked head.
 
@@ -315,7 +306,7 @@ class ProvisioningRequests:
         from kubernetes_asyncio import client
 
         if self._client is None:
-            self._client = await _api_client()
+            self._client = await api_client()
         return client.CoreV1Api(self._client), client.CustomObjectsApi(self._client)
 
     def wanted(self, heads: Sequence[Head]) -> dict[str, Head]:
@@ -421,7 +412,7 @@ class Placeholders:
         from kubernetes_asyncio import client
 
         if self._client is None:
-            self._client = await _api_client()
+            self._client = await api_client()
         apps = client.AppsV1Api(self._client)
         for flavor, count in wanted.items():
             if flavor in self.flavors:

@@ -16,7 +16,6 @@ was bound to. Nothing here knows the gateway, which imports it (gateway/kueue_en
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import logging
 import re
@@ -25,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpuaas.admission.model import KINDS
+
+from .connect import api_client, resumable_watch
 
 log = logging.getLogger("jupyter_gpuaas.kubeapi.workloads")
 
@@ -295,13 +296,7 @@ class WorkloadWatch:
     async def client(self) -> Any:
         """The API client (in-cluster config, else the kubeconfig), made once."""
         if self._client is None:
-            from kubernetes_asyncio import client, config
-
-            try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            except config.ConfigException:
-                await config.load_kube_config()
-            self._client = client.ApiClient()
+            self._client = await api_client()
         return self._client
 
     async def close(self) -> None:
@@ -345,51 +340,29 @@ class WorkloadWatch:
 
     async def changes(self) -> AsyncIterator[WorkloadChange]:
         """Changes from the last list on, for as long as the caller iterates."""
-        from aiohttp import ClientError
-        from kubernetes_asyncio import watch
-        from kubernetes_asyncio.client.exceptions import ApiException
+        fn, args = self._lister(await self._objects())
+        async for change in resumable_watch(
+            "workload",
+            fn,
+            *args,
+            version=lambda: self.resource_version,
+            apply=self._apply,
+            relist=self._relist,
+            timeout_seconds=self.timeout_seconds,
+            max_backoff=self.max_backoff,
+        ):
+            yield change
 
-        api = await self._objects()
-        fn, args = self._lister(api)
-        delay = 0.5
-        while True:
-            w = watch.Watch()
-            try:
-                stream = w.stream(
-                    fn,
-                    *args,
-                    resource_version=self.resource_version,
-                    timeout_seconds=self.timeout_seconds,
-                    allow_watch_bookmarks=True,
-                )
-                async for event in stream:
-                    delay = 0.5
-                    for change in self._apply(event["type"], event["raw_object"]):
-                        yield change
-            except ApiException as e:
-                if e.status != 410:
-                    log.error(
-                        "workload watch refused: %s %s; retrying in %.1f s",
-                        e.status,
-                        e.reason,
-                        delay,
-                    )
-                    await asyncio.sleep(delay)
-                    delay = min(self.max_backoff, delay * 2)
-                    continue
-                self.relists += 1
-                before = dict(self.seen)
-                for view in await self.list_workloads():
-                    if before.pop(view.uid, None) != view:
-                        yield WorkloadChange(view)
-                for view in before.values():
-                    yield WorkloadChange(view, gone=True)
-            except (OSError, ClientError, asyncio.TimeoutError) as e:
-                log.warning("workload watch lost (%s); resuming in %.1f s", e, delay)
-                await asyncio.sleep(delay)
-                delay = min(self.max_backoff, delay * 2)
-            finally:
-                await w.close()
+    async def _relist(self) -> list[WorkloadChange]:
+        """After the watch's version expired: what changed and what went in the gap."""
+        self.relists += 1
+        before = dict(self.seen)
+        changes = []
+        for view in await self.list_workloads():
+            if before.pop(view.uid, None) != view:
+                changes.append(WorkloadChange(view))
+        changes += [WorkloadChange(view, gone=True) for view in before.values()]
+        return changes
 
     async def pending_positions(
         self, cluster_queue: str

@@ -34,12 +34,12 @@ from traitlets.config import LoggingConfigurable
 from jupyter_gpuaas.claim import Grant
 from jupyter_gpuaas.jobs.model import Job
 from jupyter_gpuaas.jobs.runner import UNKNOWN_STATUS, JobRunner, LocalProcessRunner
+from jupyter_gpuaas.kubeapi.connect import api_client, own_namespace
 
 from .pods import HOSTNAME_LABEL, grant_pod, kueue_labels
 
 COMPONENT = "gpu-job"
 JOB_LABEL = "gpuaas.jupyter.org/job"
-_SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 def job_name(job_id: str) -> str:
@@ -158,11 +158,7 @@ class KubernetesJobRunner(LoggingConfigurable, JobRunner, metaclass=_RunnerMeta)
 
     @default("namespace")
     def _namespace_default(self) -> str:
-        try:
-            with open(_SA_NAMESPACE, encoding="utf-8") as f:
-                return f.read().strip()
-        except OSError:
-            return "default"
+        return own_namespace()
 
     image = Unicode(
         help="The jobs' image. Default: the server's own ($JUPYTER_IMAGE, set by KubeSpawner)."
@@ -248,14 +244,10 @@ class KubernetesJobRunner(LoggingConfigurable, JobRunner, metaclass=_RunnerMeta)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.request_timeout)
 
     async def _apis(self) -> tuple[Any, Any]:
-        from kubernetes_asyncio import client, config
+        from kubernetes_asyncio import client
 
         if self._client is None:
-            try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            except config.ConfigException:
-                await config.load_kube_config()
-            self._client = client.ApiClient()
+            self._client = await api_client()
         return client.BatchV1Api(self._client), client.CoreV1Api(self._client)
 
     async def _refresh(self) -> None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
+from jupyter_gpuaas.kubeapi.connect import api_client, own_namespace
 from jupyter_gpuaas.server.provisioner import GpuKernelHolder
 
 from .kernel_pods import (
@@ -93,11 +94,7 @@ class GpuaasKubernetesProvisioner(GpuKernelHolder, KubernetesProvisioner):  # ty
 
     @default("namespace")
     def _namespace_default(self) -> str:
-        try:
-            with open(f"{_SA_DIR}/namespace", encoding="utf-8") as f:
-                return f.read().strip() or "default"
-        except OSError:
-            return "default"
+        return own_namespace()
 
     # Kernels on a new GPU node wait for its image pull: far longer than the 30 s that
     # gateway_provisioners allows a kernel by default ($GP_LAUNCH_TIMEOUT still wins).
@@ -224,14 +221,10 @@ class GpuaasKubernetesProvisioner(GpuKernelHolder, KubernetesProvisioner):  # ty
     # ------------------------------------------------------------------ the API
 
     async def _core(self) -> Any:
-        from kubernetes_asyncio import client, config
+        from kubernetes_asyncio import client
 
         if self._api is None:
-            try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            except config.ConfigException:
-                await config.load_kube_config()
-            self._api = client.ApiClient()
+            self._api = await api_client()
         return client.CoreV1Api(self._api)
 
     async def _read_pod(self, name: str) -> dict[str, Any] | None:
