@@ -38,6 +38,8 @@ class SpawnFormMixin(Configurable):
 
         def _reader_client(self) -> GatewayClient: ...
 
+        async def _last_ending(self) -> str: ...
+
     flavors = Dict(
         help="""GPU flavors by name: {"a100": {"display_name": "NVIDIA A100 80GB",
         "resource": "nvidia.com/gpu", "node_selector": {...}, "tolerations": [...]}}.
@@ -111,7 +113,7 @@ class SpawnFormMixin(Configurable):
             last=self.orm_spawner.user_options or {},
             banner=banner,
             error=error,
-            ended=getattr(self, "_ended_sentence", None) or "",
+            ended=await self._last_ending(),
         )
 
     def gpu_options(self, options: dict[str, Any] | None = None) -> GpuOptions:

@@ -202,6 +202,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
     _ending: asyncio.Future[None] | None = None  # that stop, kept until done
     _preempt_warning: dict[str, Any] | None = None  # the last preempt_warning's gist
     _ended_sentence: str | None = None  # how the last server ended, said on the next form
+    _ended_parked: str | None = None  # its request, when parked: the sentence may go stale
     _board: StatusBoard  # the queue's status, for progress()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -245,6 +246,8 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
             # form: the sentence goes with the state it saves at the stop (and survives a
             # Hub restart), until the next start clears it.
             state["gpuaas_ended"] = self._ended_sentence
+            if self._ended_parked:
+                state["gpuaas_ended_parked"] = self._ended_parked
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -252,6 +255,8 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         ended = state.get("gpuaas_ended")
         if isinstance(ended, str) and ended:
             self._ended_sentence = ended  # how the last server ended, for the next form
+            parked = state.get("gpuaas_ended_parked")
+            self._ended_parked = parked if isinstance(parked, str) and parked else None
         saved = state.get("gpuaas") or {}
         if saved.get("pending"):
             self._resume_request = saved.get("request")
@@ -341,7 +346,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         """Submit the request and wait until it is admitted (or refused, or timed out)."""
         board = self._board
         board.reset()
-        self._ended_sentence = None
+        self._ended_sentence = self._ended_parked = None
         options = self.gpu_options()
         if options.gpus == 0:
             await self.apply_grant(None)
@@ -571,6 +576,7 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         self._keep_parked = state == State.PARKED  # a parked reservation outlives the server
         # Said on the spawn form until the next start (a parked one: its cull).
         self._ended_sentence = ending_sentence({**req, "kind": "server"})
+        self._ended_parked = rid if self._keep_parked else None
         self.log.info(
             "gpuaas %s request %s of %s (%s): stopping the server",
             why,
@@ -579,6 +585,23 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
             state,
         )
         await self._stop_through_hub()
+
+    async def _last_ending(self) -> str:
+        """The sentence for the next spawn form: how the last server ended. A parked
+        reservation may have expired since its cull was said ("stays reserved for a
+        while" is then untrue): its request is read again and said as it is now."""
+        sentence, rid = self._ended_sentence or "", self._ended_parked
+        if rid is None:
+            return sentence
+        try:
+            req: Mapping[str, Any] = await self._reader_client().get(rid)
+        except GatewayError:
+            return sentence  # the gateway is away: what was true at the stop
+        if req.get("state") == State.PARKED:
+            return sentence
+        self._ended_parked = None
+        self._ended_sentence = ending_sentence({**req, "kind": "server"})
+        return self._ended_sentence
 
     async def _stop_through_hub(self) -> None:
         name = quote(self.user.name, safe="")
