@@ -62,6 +62,7 @@ SHARED: dict[str, float | None] = {
     "67-flavor-prefers-reclaim": 10,
     "69-tree-hierarchical-advantage": 10,
     "71-tree-lending-limit": None,
+    "86-tree-flavor-of-lowest-borrowing-height": None,
 }
 #: Hand-written cases, each the smallest form of a difference the random ones found.
 WRITTEN: dict[str, dict[str, Any]] = {
