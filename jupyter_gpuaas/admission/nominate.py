@@ -207,6 +207,7 @@ class Nomination:
         ledger = self._ledger
         cluster = self._cluster  # (a bound method kept in a local is a generic call)
         borrowing_choice: str | None = None
+        borrowing_height = 0
         capacity_flavors: list[str] = []
         for f in flavors:
             if not ledger.fits(tenant, f, req.gpus):
@@ -227,7 +228,11 @@ class Nomination:
                 continue
             if not ledger.borrows(tenant, f, req.gpus):
                 return self._entry(req, Mode.FIT, f, False)
-            borrowing_choice = borrowing_choice or f
+            # Kueue's `whenCanBorrow: TryNextFlavor`: of the flavors that borrow, the one
+            # borrowing from the lowest cohort of the tree (a flat cohort: the first).
+            height = ledger.height(tenant, f, req.gpus)
+            if borrowing_choice is None or height < borrowing_height:
+                borrowing_choice, borrowing_height = f, height
         if borrowing_choice is not None:
             return self._entry(req, Mode.FIT, borrowing_choice, True)
         if not self._policies.preempts[tenant] or self._graces.waiting(req.id):

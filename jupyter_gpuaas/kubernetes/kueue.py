@@ -41,8 +41,10 @@ TENANT_ANNOTATIONS = {
     PREFIX + "reservation-ttl": "reservation_ttl",
     PREFIX + "preemption-grace": "preemption_grace",
 }
-#: What the core does when flavors are tried (SCENARIO.md "Flavors"), said explicitly.
-FUNGIBILITY = {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"}
+#: What the core does when flavors are tried (SCENARIO.md "Flavors"), said explicitly: a
+#: flavor within nominal quota before one that borrows (not Kueue's default for borrowing,
+#: `MayStopSearch`, which stops at the first flavor that fits by borrowing).
+FUNGIBILITY = {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor"}
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 

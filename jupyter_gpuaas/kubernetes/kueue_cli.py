@@ -128,12 +128,15 @@ def run_import(args: argparse.Namespace) -> int:
     if not objects:
         files = ", ".join(args.files)
         return _fail("import", f"{files}: no ResourceFlavor, Cohort, ClusterQueue or LocalQueue")
+    warnings: list[str] = []
     try:
-        data = import_objects(objects)
+        data = import_objects(objects, warnings)
         parse_config(data)
     except KueueImportError as e:
         return _fail("import", str(e))
     except SpecError as e:
         return _fail("import", f"the quota file they make: {e}")
+    for line in warnings:
+        print(f"{PROG} import: warning: {line}", file=sys.stderr)
     sys.stdout.write(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100))
     return 0

@@ -282,7 +282,9 @@ CQ_FIELDS = {
 }
 
 
-def _cluster_queue(o: _Object, version: str) -> tuple[dict[str, Any], list[str], Any]:
+def _cluster_queue(
+    o: _Object, version: str, warnings: list[str]
+) -> tuple[dict[str, Any], list[str], Any]:
     spec = o.mapping(o.obj.get("spec"), "spec", CQ_FIELDS[version])
     for key, why in (
         ("admissionChecks", "admission checks"),
@@ -307,6 +309,14 @@ def _cluster_queue(o: _Object, version: str) -> tuple[dict[str, Any], list[str],
         given = fung.get(key)
         if version == "v1beta1" and given == "Borrow":
             given = "MayStopSearch"  # v1beta1's old name of it
+        if key == "whenCanBorrow" and given in (None, "MayStopSearch"):
+            # Kueue's default, on nearly every cluster: a what-if on it must still run.
+            warnings.append(
+                f"{o.where}: flavorFungibility.whenCanBorrow is MayStopSearch (Kueue's "
+                "default); the simulator tries the next flavor before borrowing "
+                "(TryNextFlavor), as the core does"
+            )
+            continue
         o.only(
             given,
             f"spec.flavorFungibility.{key}",
@@ -421,9 +431,14 @@ def flatten(docs: Iterable[Any], source: str) -> list[Mapping[str, Any]]:
     return out
 
 
-def import_objects(objects: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def import_objects(
+    objects: Iterable[Mapping[str, Any]], warnings: list[str] | None = None
+) -> dict[str, Any]:
     """Kueue's objects as a quota file (flavors, cohorts, tenants, policy), unchecked:
-    pass it to `parse_config`."""
+    pass it to `parse_config`. What is imported although the simulator will not do it
+    the same way is appended to `warnings`, one line per object."""
+    if warnings is None:
+        warnings = []
     flavors: dict[str, Any] = {}
     autoscale: dict[str, Any] = {}
     cohorts: dict[str, Any] = {}
@@ -454,7 +469,7 @@ def import_objects(objects: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         elif kind == "Cohort":
             cohorts[o.name] = _cohort(o)
         elif kind == "ClusterQueue":
-            tenant, _, note = _cluster_queue(o, str(api).rsplit("/", 1)[1])
+            tenant, _, note = _cluster_queue(o, str(api).rsplit("/", 1)[1], warnings)
             tenants[o.name] = tenant
             policies.append((o.where, note))
         else:

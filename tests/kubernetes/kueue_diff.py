@@ -155,19 +155,6 @@ def never_fitting_head_may_block(case: Case) -> bool:
     return any(tenant_of[rid] in strict for rid in run_core(case).rejected)
 
 
-def may_stop_on_borrowing(case: Case) -> bool:
-    """Can docs/KUEUE.md's known difference "a flavor that fits by borrowing, or a later one
-    within nominal quota" show in `case`? Only for a request without a flavor, of a tenant
-    in a cohort (else nothing borrows) with two or more flavors in its quota."""
-    tenants = case.quota["tenants"]
-    return any(
-        "flavor" not in r
-        and tenants[r["tenant"]].get("cohort")
-        and len(tenants[r["tenant"]].get("quota") or {}) >= 2
-        for r in case.requests
-    )
-
-
 def keyed(case: Case, key: str) -> Case:
     """`case` with every cluster-wide name (flavor, tenant, cohort) prefixed by `key`, so
     cases run side by side on one cluster and beside other tests' Kueue objects."""

@@ -145,8 +145,8 @@ BAD_IMPORTS = [
         "clusterqueues/vision: spec.admissionChecksStrategy: unsupported value",
     ),
     (
-        lambda d: _cq(d)["spec"]["flavorFungibility"].update(whenCanBorrow="TryNextFlavor"),
-        "clusterqueues/vision: spec.flavorFungibility.whenCanBorrow: unsupported value",
+        lambda d: _cq(d)["spec"]["flavorFungibility"].update(whenCanPreempt="MayStopSearch"),
+        "clusterqueues/vision: spec.flavorFungibility.whenCanPreempt: unsupported value",
     ),
     (
         lambda d: _cq(d)["spec"]["preemption"]["borrowWithinCohort"].update(maxPriorityThreshold=5),
@@ -286,14 +286,13 @@ def test_the_example_quotas(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_import_reads_v1beta1_too(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """A cluster that still serves v1beta1 (`cohort`, `whenCanBorrow: Borrow`) imports the
-    same; v1beta1's names in a v1beta2 object are unknown fields."""
+    """A cluster that still serves v1beta1 (`cohort`) imports the same; v1beta1's names in a
+    v1beta2 object are unknown fields."""
     docs = our_objects(capsys, tmp_path)
     for doc in docs:
         doc["apiVersion"] = "kueue.x-k8s.io/v1beta1"
         if doc["kind"] == "ClusterQueue":
             doc["spec"]["cohort"] = doc["spec"].pop("cohortName")
-            doc["spec"]["flavorFungibility"]["whenCanBorrow"] = "Borrow"
     code, out, err = run(capsys, "import", write(tmp_path, "v1beta1.yaml", docs))
     assert (code, err) == (0, "")
     assert parse_config(yaml.safe_load(out)) == parse_config(QUOTAS)
@@ -301,3 +300,33 @@ def test_import_reads_v1beta1_too(capsys: pytest.CaptureFixture[str], tmp_path: 
     code, _, err = run(capsys, "import", write(tmp_path, "mixed.yaml", docs))
     assert code == 2
     assert err == "jupyter-gpuaas kueue import: clusterqueues/vision: spec.cohort: unknown field\n"
+
+
+@pytest.mark.parametrize("version", ["v1beta2", "v1beta1"])
+def test_import_of_kueues_default_borrowing_warns(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, version: str
+) -> None:
+    """Kueue's default `whenCanBorrow: MayStopSearch` (v1beta1: `Borrow`), written or left
+    out, is on nearly every cluster: it imports, with one warning per ClusterQueue that the
+    simulator tries the next flavor before borrowing."""
+    docs = our_objects(capsys, tmp_path)
+    for doc in docs:
+        doc["apiVersion"] = f"kueue.x-k8s.io/{version}"
+        if doc["kind"] == "ClusterQueue" and version == "v1beta1":
+            doc["spec"]["cohort"] = doc["spec"].pop("cohortName")
+    cqs = [d for d in docs if d["kind"] == "ClusterQueue"]
+    assert len(cqs) >= 2
+    cqs[0]["spec"]["flavorFungibility"]["whenCanBorrow"] = (
+        "Borrow" if version == "v1beta1" else "MayStopSearch"
+    )
+    del cqs[1]["spec"]["flavorFungibility"]["whenCanBorrow"]
+    code, out, err = run(capsys, "import", write(tmp_path, "default.yaml", docs))
+    assert code == 0
+    assert parse_config(yaml.safe_load(out)) == parse_config(QUOTAS)
+    lines = err.splitlines()
+    assert [line.split(": ")[2] for line in lines] == [
+        f"clusterqueues/{cq['metadata']['name']}" for cq in cqs[:2]
+    ]
+    for line in lines:
+        assert line.startswith("jupyter-gpuaas kueue import: warning: ")
+        assert "tries the next flavor before borrowing" in line
