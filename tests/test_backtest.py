@@ -113,6 +113,7 @@ def _estimates_at_submit(tmp_path: Path, requests: list[dict[str, Any]]) -> dict
     return dict(backtest.eta)
 
 
+@pytest.mark.slow  # two backtests of a generated trace: about 2 s
 def test_the_estimate_at_submit_uses_only_what_was_known_then(tmp_path: Path) -> None:
     """No peeking: what arrives after a request's submit, or how long it will really be
     held, changes nothing in the estimate it was shown at submit (the history, the

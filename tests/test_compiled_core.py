@@ -47,11 +47,16 @@ COMPILED_MODULES = [
 ] + ["sim.driver", "sim.report", "sim.scenario"]
 COMPILED = not admission_core.__file__.endswith(".py")
 
-pytestmark = pytest.mark.skipif(
-    not COMPILED,
-    reason="the admission core runs as pure Python here (not compiled: no C compiler, "
-    "GPUAAS_PURE=1 or `scripts/build_core.py --clean`): nothing to compare",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not COMPILED,
+        reason="the admission core runs as pure Python here (not compiled: no C compiler, "
+        "GPUAAS_PURE=1 or `scripts/build_core.py --clean`): nothing to compare",
+    ),
+    # Every scenario and four generated traces, each replayed by a pure-Python subprocess
+    # too: about 20 s, a third of the fast part's minute.
+    pytest.mark.slow,
+]
 
 
 def decision_stream(path: str) -> str:
