@@ -166,6 +166,9 @@ HEARTBEAT_BAD: list[tuple[Any, str | None]] = [
     ({"busy": True, "utilization": -0.1}, "utilization"),
     ({"busy": True, "utilization": True}, "utilization"),
     ({"busy": True, "extra": 1}, "extra"),
+    ({"busy": True, "uuids": "GPU-0"}, "uuids"),
+    ({"busy": True, "uuids": ["not-a-uuid"]}, "uuids"),
+    ({"busy": True, "uuids": [7]}, "uuids"),
 ]
 TENANT_BAD: list[tuple[Any, str | None]] = [
     ("{oops", None),
