@@ -32,6 +32,7 @@ __all__ = [
     "eta_phrase",
     "expired_reason",
     "format_duration",
+    "gpus_taken",
     "holder",
     "join_names",
     "plural",
@@ -355,14 +356,31 @@ def ended_by(verb: str, who: str, owner: str) -> str:
     return f"{verb} by {who}" if who == owner else f"{verb} by {ADMIN_PREFIX} ({who})"
 
 
-def preempted_reason(victim_tenant: str, gpus: int, by_tenant: str | None) -> str:
-    """`preempted: nlp took back its GPU`, or a higher priority of the same team."""
-    gpu = "GPU" if gpus == 1 else "GPUs"
+def gpus_taken(gpus: int, needed: int | None = None, whose: str = "its") -> str:
+    """Which of a preempted request's `gpus` GPUs were wanted, counted as far as the
+    gateway knows: `needed` is how many the preemptor asked for (None: unknown).
+
+        >>> gpus_taken(1), gpus_taken(4, 4), gpus_taken(4, 1), gpus_taken(4, 1, "the")
+        ('its GPU', 'its 4 GPUs', '1 of its 4 GPUs', '1 of the 4 GPUs')
+    """
+    if gpus == 1:
+        return f"{whose} GPU"
+    if needed is not None and 0 < needed < gpus:
+        return f"{needed} of {whose} {gpus} GPUs"
+    return f"{whose} {gpus} GPUs"
+
+
+def preempted_reason(
+    victim_tenant: str, gpus: int, by_tenant: str | None, needed: int | None = None
+) -> str:
+    """`preempted: nlp took back its GPU` (`1 of its 4 GPUs`, `its 4 GPUs`: `gpus_taken`,
+    `needed` the preemptor's size), or a higher priority of the same team."""
+    taken = gpus_taken(gpus, needed)
     if by_tenant is None:
-        return f"preempted: another request needed its {gpu}"
+        return f"preempted: another request needed {taken}"
     if by_tenant != victim_tenant:
-        return f"preempted: {by_tenant} took back its {gpu}"
-    return f"preempted: a higher-priority request of {by_tenant} needed its {gpu}"
+        return f"preempted: {by_tenant} took back {taken}"
+    return f"preempted: a higher-priority request of {by_tenant} needed {taken}"
 
 
 def culled_reason(idle_timeout: float) -> str:

@@ -78,9 +78,37 @@ def test_the_gateway_stores_endings_in_words() -> None:
     assert ended_by("released", "root", "bob") == "released by an admin (root)"
     assert preempted_reason("vision", 1, "nlp") == "preempted: nlp took back its GPU"
     assert preempted_reason("vision", 2, "vision") == (
-        "preempted: a higher-priority request of vision needed its GPUs"
+        "preempted: a higher-priority request of vision needed its 2 GPUs"
     )
     assert culled_reason(1800) == "culled: idle on its GPU for 30 min"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "needed", "by", "reason"),
+    [
+        # One GPU: "its GPU", whatever the preemptor asked for.
+        (1, 1, "nlp", "preempted: nlp took back its GPU"),
+        (1, 3, "nlp", "preempted: nlp took back its GPU"),
+        # A 4-GPU server, one of them wanted back: counted, not "its GPUs".
+        (4, 1, "nlp", "preempted: nlp took back 1 of its 4 GPUs"),
+        (4, 3, "nlp", "preempted: nlp took back 3 of its 4 GPUs"),
+        # All of them wanted (or more), or the preemptor unknown: all of them, counted.
+        (4, 4, "nlp", "preempted: nlp took back its 4 GPUs"),
+        (4, 8, "nlp", "preempted: nlp took back its 4 GPUs"),
+        (4, None, "nlp", "preempted: nlp took back its 4 GPUs"),
+        (2, 1, "vision", "preempted: a higher-priority request of vision needed 1 of its 2 GPUs"),
+        (2, None, None, "preempted: another request needed its 2 GPUs"),
+        (1, None, None, "preempted: another request needed its GPU"),
+    ],
+)
+def test_a_preemption_counts_the_gpus_it_took(
+    gpus: int, needed: int | None, by: str | None, reason: str
+) -> None:
+    """Issue 45: a 4-GPU server preempted for one GPU read "nlp took back its GPUs"."""
+    assert preempted_reason("vision", gpus, by, needed) == reason
+    # The sentence of the spawn page, the sidebar and `%gpu status` says the same count.
+    said = ending_sentence({"state": "preempted", "kind": "server", "reason": reason})
+    assert said == f"Your server was stopped: {reason.split(': ', 1)[1]}."
 
 
 def test_gpu_status_says_how_the_last_requests_ended() -> None:

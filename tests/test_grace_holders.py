@@ -134,8 +134,14 @@ def test_the_preemptors_wait_in_words() -> None:
 
 def test_the_victims_reason_in_words() -> None:
     assert preempt_reason("vision", 1, "nlp") == "nlp is reclaiming its GPU"
-    assert preempt_reason("vision", 2, "nlp") == "nlp is reclaiming its GPUs"
+    assert preempt_reason("vision", 2, "nlp") == "nlp is reclaiming its 2 GPUs"
+    # Counted as the ending will be (words.gpus_taken): the preemptor's size.
+    assert preempt_reason("vision", 4, "nlp", 1) == "nlp is reclaiming 1 of its 4 GPUs"
+    assert preempt_reason("vision", 4, "nlp", 4) == "nlp is reclaiming its 4 GPUs"
+    assert preempt_reason("vision", 4, "vision", 2) == (
+        "a higher-priority request of vision needs 2 of the 4 GPUs"
+    )
     assert (
         preempt_reason("vision", 1, "vision") == "a higher-priority request of vision needs the GPU"
     )
-    assert preempt_reason("vision", 3, None) == "another request needs the GPUs"
+    assert preempt_reason("vision", 3, None) == "another request needs the 3 GPUs"

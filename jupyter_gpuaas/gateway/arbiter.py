@@ -879,7 +879,9 @@ class Arbiter:
         spawn page, the sidebar and `%gpu status` show (words.ending_sentence)."""
         if d.event == "preempt" and req.state is State.PREEMPTED:
             by = self.requests.get(str(d.fields.get("by")))
-            req.reason = preempted_reason(req.tenant, req.gpus, by.tenant if by else None)
+            req.reason = preempted_reason(
+                req.tenant, req.gpus, by.tenant if by else None, by.gpus if by else None
+            )
         elif d.event == "cull" and req.state is State.CULLED:
             req.reason = culled_reason(idle_timeout(self.config, req.tenant))
         elif d.event == "expire" and req.state is State.CULLED:

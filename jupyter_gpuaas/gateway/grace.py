@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jupyter_gpuaas.admission.model import Config, Request
-from jupyter_gpuaas.words import format_duration, plural
+from jupyter_gpuaas.words import format_duration, gpus_taken, plural
 
 
 def grace_of(config: Config, tenant: str) -> float:
@@ -31,14 +31,18 @@ def in_words(seconds: float) -> str:
     return "in a moment" if seconds < 1 else f"in {format_duration(seconds)}"
 
 
-def preempt_reason(victim_tenant: str, victim_gpus: int, by_tenant: str | None) -> str:
-    """Why a warned victim will be stopped, as the end of a sentence for its user."""
-    gpus = "GPU" if victim_gpus == 1 else "GPUs"
+def preempt_reason(
+    victim_tenant: str, victim_gpus: int, by_tenant: str | None, needed: int | None = None
+) -> str:
+    """Why a warned victim will be stopped, as the end of a sentence for its user, counted
+    as its ending will be (words.gpus_taken; `needed`: the preemptor's size)."""
     if by_tenant is None:
-        return f"another request needs the {gpus}"
+        return f"another request needs {gpus_taken(victim_gpus, needed, 'the')}"
     if by_tenant != victim_tenant:
-        return f"{by_tenant} is reclaiming its {gpus}"
-    return f"a higher-priority request of {by_tenant} needs the {gpus}"
+        return f"{by_tenant} is reclaiming {gpus_taken(victim_gpus, needed)}"
+    return (
+        f"a higher-priority request of {by_tenant} needs {gpus_taken(victim_gpus, needed, 'the')}"
+    )
 
 
 def preemption_fields(

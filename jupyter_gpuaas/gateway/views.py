@@ -134,7 +134,12 @@ def request_json(state: CoreState, req: Request | RequestRow) -> dict[str, Any]:
 def _preemption_of(state: CoreState, req: Request | RequestRow) -> dict[str, Any]:
     """A warned victim's pending eviction: when, for whom, and why in words."""
     by = state.requests.get(req.preempted_by or "") if req.preempt_at is not None else None
-    reason = preempt_reason(req.tenant, req.gpus, by.tenant if by is not None else None)
+    reason = preempt_reason(
+        req.tenant,
+        req.gpus,
+        by.tenant if by is not None else None,
+        by.gpus if by is not None else None,
+    )
     return preemption_fields(req.preempt_at, req.preempted_by, reason)
 
 

@@ -122,6 +122,21 @@ export function waitReason(req: GpuRequest): string {
   return `Waiting for ${gpus} to free up within ${req.tenant}'s quota.`;
 }
 
+/**
+ * Which of a preempted request's GPUs were wanted, counted as the gateway's ending says
+ * (jupyter_gpuaas/words.py `gpus_taken`): "its GPU", "its 4 GPUs", "1 of its 4 GPUs";
+ * `needed` the preemptor's size (null: unknown).
+ */
+export function gpusTaken(gpus: number, needed: number | null = null, whose = 'its'): string {
+  if (gpus === 1) {
+    return `${whose} GPU`;
+  }
+  if (needed !== null && needed > 0 && needed < gpus) {
+    return `${needed} of ${whose} ${gpus} GPUs`;
+  }
+  return `${whose} ${gpus} GPUs`;
+}
+
 /** "1 a100 GPU", "2 GPUs". */
 export function gpuWords(gpus: number, flavor?: string | null): string {
   return `${gpus} ${flavor ? `${flavor} ` : ''}${gpus === 1 ? 'GPU' : 'GPUs'}`;
@@ -146,9 +161,17 @@ export function stateWords(state: string): string {
 
 /** The state a "My work" row shows. The gateway ends a job's request as "finished"
  * whether the notebook ran through or raised: the job's own state says which, so a failed
- * job's row says "failed", as its row under Jobs does. */
+ * job's row says "failed", as its row under Jobs does. A parked reservation that ran out
+ * ends in the gateway's state "culled" with the reason "expired: …": what happened last
+ * is the expiry, so its badge says "expired", as its sentence does. */
 export function rowState(req: GpuRequest, job?: { state: string }): string {
-  return req.state === 'finished' && job?.state === 'failed' ? 'failed' : req.state;
+  if (req.state === 'finished' && job?.state === 'failed') {
+    return 'failed';
+  }
+  if (req.state === 'culled' && (req.reason ?? '').startsWith('expired:')) {
+    return 'expired';
+  }
+  return req.state;
 }
 
 /** The terminal gateway states: nothing more will happen to such a request. */

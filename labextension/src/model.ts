@@ -7,7 +7,7 @@
  * what to tell the user (notifications). Unit-tested in node.
  */
 
-import { duration, endedWords, gpuWords, isEnded, ordinal } from './format';
+import { duration, endedWords, gpusTaken, gpuWords, isEnded, ordinal } from './format';
 import type {
   AdviceAnswer,
   Device,
@@ -470,10 +470,12 @@ export class GpuModel {
     if (mine) {
       const what = `my ${kindWord(mine.kind)}${mine.name ? ` ${mine.name}` : ''}`;
       return mine.tenant === victim.tenant
-        ? `${what}, of a higher priority in ${mine.tenant}, needed its GPU`
+        ? `${what}, of a higher priority in ${mine.tenant}, needed ${gpusTaken(victim.gpus, mine.gpus)}`
         : `${what} for ${mine.tenant} took back ${mine.tenant}'s quota`;
     }
-    return 'a request with a better claim (a higher priority, or a team taking back its quota) needed its GPU';
+    return `a request with a better claim (a higher priority, or a team taking back its quota) needed ${gpusTaken(
+      victim.gpus
+    )}`;
   }
 
   /**

@@ -115,7 +115,8 @@ async def test_warning_then_eviction_then_preemptor_admitted(
     seen = warning["request"]
     assert seen["state"] == "admitted" and seen["preempt_at"] == at
     assert seen["preempted_by"] == j["id"]
-    assert seen["preempt_reason"] == "vision is reclaiming its GPUs"
+    # bob's 4-GPU kernel, for alice's 2-GPU job: counted, not "its GPUs".
+    assert seen["preempt_reason"] == "vision is reclaiming 2 of its 4 GPUs"
     assert (await view_events.next("preempt_warning", k["id"]))["by"] == j["id"]
 
     # Within the grace: bob keeps all 4 GPUs; alice waits, told why and for how long.

@@ -113,7 +113,8 @@ def test_a_preempted_servers_next_spawn_form_says_who_took_its_gpu(
         (ended,) = [r for r in hub.requests_of("bob") if r["id"] == rid]
         assert ended["state"] == "preempted", ended
         said = spawn_form_ending(hub, page, "bob", rid)
-        assert said == "Your server was stopped: nlp took back its GPUs.", said
+        # Counted: carol's team wanted one of bob's four GPUs back (issue 45).
+        assert said == "Your server was stopped: nlp took back 1 of its 4 GPUs.", said
     finally:
         hub.cleanup()
 

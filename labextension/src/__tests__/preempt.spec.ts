@@ -1,5 +1,5 @@
 import { GpuModel, preemptLine } from '../model';
-import { statusText, usageSentence, waitReason } from '../format';
+import { gpusTaken, statusText, usageSentence, waitReason } from '../format';
 import type { GatewayEvent, GpuKernelInfo, GpuRequest, TenantUsage } from '../types';
 
 const ME = { name: 'alice', groups: ['vision'], use: true, view: false, admin: false, tenants: ['vision'] };
@@ -137,6 +137,30 @@ describe('a preemption warning', () => {
     const fresh = model();
     fresh.setRequests([admitted('r-4', raw)]);
     expect(fresh.endedReason(fresh.requests.get('r-4')!)).not.toMatch(/r-7f3a9c|preempted by/);
+  });
+
+  it('counts the GPUs a preemption took, as the gateway does (words.gpus_taken)', () => {
+    expect(gpusTaken(1)).toBe('its GPU');
+    expect(gpusTaken(1, 3)).toBe('its GPU');
+    expect(gpusTaken(4, 1)).toBe('1 of its 4 GPUs');
+    expect(gpusTaken(4, 4)).toBe('its 4 GPUs');
+    expect(gpusTaken(4)).toBe('its 4 GPUs');
+    expect(gpusTaken(4, 2, 'the')).toBe('2 of the 4 GPUs');
+    // The sidebar's own words, when the gateway's object names only the preemptor's id:
+    // a 4-GPU kernel preempted by a 1-GPU job of mine, and by someone else's request.
+    const m = model();
+    const raw = { state: 'preempted', grant: null, reason: 'preempted by r-9', gpus: 4 };
+    m.setRequests([admitted('r-3', { gpus: 4 }), admitted('r-9', { kind: 'job', name: 'train.ipynb', priority: 5 })]);
+    m.applyEvent(ev('preempt', admitted('r-3', raw), { by: 'r-9' }));
+    expect(m.endedReason(m.requests.get('r-3')!)).toBe(
+      'Preempted: my GPU job train.ipynb, of a higher priority in vision, needed 1 of its 4 GPUs.'
+    );
+    m.setRequests([admitted('r-4', { gpus: 4 })]);
+    m.applyEvent(ev('preempt', admitted('r-4', { ...raw, reason: 'preempted by r-7f3a9c' }), { by: 'r-7f3a9c' }));
+    expect(m.endedReason(m.requests.get('r-4')!)).toMatch(/needed its 4 GPUs\.$/);
+    // The gateway's counted words are shown as they are.
+    m.setRequests([admitted('r-5', { gpus: 4, state: 'preempted', grant: null, reason: 'preempted: nlp took back 1 of its 4 GPUs' })]);
+    expect(m.endedReason(m.requests.get('r-5')!)).toBe('Preempted: nlp took back 1 of its 4 GPUs.');
   });
 
   it('is not mistaken for a cull warning from the kernel record', () => {

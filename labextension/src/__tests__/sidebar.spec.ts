@@ -3,7 +3,7 @@
  * row titled by its notebook, never an id; ended rows as a short history in words; every
  * toast names its notebook.
  */
-import { endedWords, stateWords } from '../format';
+import { endedWords, rowState, stateWords } from '../format';
 import { GpuModel, mergeChanges } from '../model';
 import type { Device, GatewayEvent, GpuKernelInfo, GpuRequest, Tenant } from '../types';
 
@@ -268,6 +268,24 @@ describe('one consistent sidebar', () => {
     // A new warning (its idle clock ran out again) is a new question.
     expect(m.applyEvent(ev('cull_warning', admitted('r-1'), { cull_at: 1300 })).notices).toHaveLength(1);
     expect(m.warnings.get('r-1')!.kept).toBe(false);
+  });
+
+  it("badges an expired reservation 'expired', as its sentence says, not 'culled'", () => {
+    // The gateway ends a parked reservation that ran out as "culled", reason "expired: …".
+    const m = model();
+    const gone = req('r-7', {
+      position: null,
+      state: 'culled',
+      reason: 'expired: its parked GPU was not taken back within 10 min'
+    });
+    const culled = req('r-8', { position: null, state: 'culled', reason: 'culled: idle on its GPU for 1 min' });
+    m.setRequests([gone, culled]);
+    expect(m.historyRows().map(r => r.id).sort()).toEqual(['r-7', 'r-8']);
+    expect(stateWords(rowState(gone))).toBe('expired');
+    expect(m.endedReason(gone)).toBe('Expired: its parked GPU was not taken back within 10 min.');
+    // A cull without a reservation (or before it expired) still says culled.
+    expect(stateWords(rowState(culled))).toBe('culled');
+    expect(stateWords(rowState(req('r-9', { state: 'culled', reason: null })))).toBe('culled');
   });
 
   it('keeps a parked badge short enough for the card', () => {

@@ -416,6 +416,8 @@ test('an idle GPU kernel culled, then its parked GPU expired: each ending in wor
   await expect(row(panel, rid).locator('.jp-gpuaas-title')).toHaveText(`${name} · GPU kernel`);
   const said = gone.reason.charAt(0).toUpperCase() + gone.reason.slice(1) + '.';
   await expect(row(panel, rid).locator('.jp-gpuaas-reason')).toHaveText(said);
+  // Its badge says what happened last, as its sentence does: expired, no longer culled.
+  await expect(row(panel, rid).locator('.jp-gpuaas-badge')).toHaveText('expired');
   await clean(await row(panel, rid).innerText());
   await expect(scratchQuota).toContainText('parked 0');
   await panel.screenshot({ path: `${ARTIFACTS}/panel-ending-expired.png` });
