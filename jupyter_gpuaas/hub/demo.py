@@ -43,9 +43,11 @@ def config_dir() -> Path:
 CONFIG = config_dir() / "local" / "jupyterhub_config.py"
 
 
-# `--fast-idle`'s policy: the demo's warning -> Keep -> cull -> resume cycle in minutes
-# (the shipped quota file culls after 30 min, with a 5-minute warning).
-FAST_IDLE: dict[str, float] = {"idle_timeout": 120, "cull_warning": 60, "reservation_ttl": 600}
+# `--fast-idle`'s policy: the demo's warning -> Keep -> cull -> resume cycle in a few
+# minutes (the shipped quota file culls after 30 min, with a 5-minute warning): warned
+# after 30 s idle, 30 s to press Keep, parked 5 min. tests/ui/test_fast_idle_cycle.py
+# walks the README's tour on it.
+FAST_IDLE: dict[str, float] = {"idle_timeout": 60, "cull_warning": 30, "reservation_ttl": 300}
 
 
 def fast_idle(text: str) -> str:

@@ -26,6 +26,8 @@ from demo_run import DEMO, PASSWORD, DemoRun, port_free
 from helpers import free_port, wait_for
 from hubutil import need_proxy
 
+from jupyter_gpuaas.hub.demo import FAST_IDLE
+
 pytestmark = pytest.mark.slow
 
 
@@ -140,7 +142,7 @@ def test_two_demos_side_by_side(demo) -> None:  # type: ignore[no-untyped-def]
         name: {t["idle_timeout"] for t in run.gateway("carol", "tenants")["tenants"]}
         for name, run in (("a", a), ("b", b))
     }
-    assert idle == {"a": {1800}, "b": {120}}, idle
+    assert idle == {"a": {1800}, "b": {FAST_IDLE["idle_timeout"]}}, idle
     assert (b.state / "quotas-fast-idle.yaml").is_file()
 
     # A third one on a's state directory is refused, in one line, before it starts anything.

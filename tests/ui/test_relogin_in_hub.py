@@ -36,7 +36,7 @@ from urllib.parse import quote
 
 import pytest
 from helpers import browser_page
-from hubutil import REPO, Hub
+from hubutil import QUOTAS, REPO, Hub
 
 pytestmark = pytest.mark.slow
 
@@ -98,8 +98,9 @@ def shutdown_on_logout(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
 
 
-@pytest.fixture
-def hub(shutdown_on_logout: bool, tmp_path: Path) -> Iterator[Hub]:
+def lab_hub(tmp_path: Path, extra: str = "", quotas: str = QUOTAS) -> Hub:
+    """A Hub (not started) whose servers run this checkout's sidebar, with
+    `window.jupyterapp` for the test's commands; `extra` config, the `quotas` file."""
     build = REPO / "jupyter_gpuaas" / "labextension"
     if not (build / "package.json").exists():
         pytest.skip("the sidebar is not built: `make labextension` (make test does)")
@@ -113,13 +114,17 @@ def hub(shutdown_on_logout: bool, tmp_path: Path) -> Iterator[Hub]:
     config.mkdir()
     expose = {"LabApp": {"expose_app_in_browser": True}}
     (config / "jupyter_server_config.json").write_text(json.dumps(expose))
-    extra = (
-        f"c.JupyterHub.shutdown_on_logout = {shutdown_on_logout}\n"
+    extra += (
         f'c.Spawner.environment["JUPYTER_PATH"] = {str(data)!r}\n'
         f'c.Spawner.environment["JUPYTER_CONFIG_PATH"] = {str(config)!r}\n'
     )
-    h = Hub(tmp_path, extra_config=extra)
-    with h.running():
+    return Hub(tmp_path, extra_config=extra, quotas=quotas)
+
+
+@pytest.fixture
+def hub(shutdown_on_logout: bool, tmp_path: Path) -> Iterator[Hub]:
+    extra = f"c.JupyterHub.shutdown_on_logout = {shutdown_on_logout}\n"
+    with lab_hub(tmp_path, extra).running() as h:
         yield h
 
 
