@@ -158,8 +158,20 @@ def test_the_fast_idle_tour_warning_keep_cull_resume(fast_hub: Hub, browser: Any
     hub.wait_for(
         lambda: row.get_attribute("data-state") == "parked", 30, "the row to say it is parked"
     )
-    assert "Its quota is kept for a while" in row.inner_text()
-    assert NAME in row.locator(".jp-gpuaas-title").first.inner_text()
+    said = row.inner_text()
+    assert "Stopped: it was idle on its GPU." in said, said
+    assert "Its quota is kept for a while" in said, said
+    assert not re.search(r"\br-[0-9a-f]{8,}|HTTP\s*\d{3}", said), said
+    # The parked card keeps its title, and its badge fits inside the card at the
+    # sidebar's default width (issue 45: a long badge once ran past the card's edge).
+    title, badge = row.locator(".jp-gpuaas-title").first, row.locator(".jp-gpuaas-badge")
+    assert NAME in title.inner_text() and badge.inner_text() == "parked"
+    card_box, title_box, badge_box = row.bounding_box(), title.bounding_box(), badge.bounding_box()
+    assert title_box["width"] > 40, title_box
+    assert badge_box["x"] + badge_box["width"] <= card_box["x"] + card_box["width"], (
+        badge_box,
+        card_box,
+    )
     assert [r["state"] for r in hub.requests_of("alice")] == ["parked"]
     card = panel.locator(".jp-gpuaas-quota-row", has_text="vision · a100")
     assert "parked 1" in card.inner_text(), card.inner_text()

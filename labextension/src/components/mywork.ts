@@ -242,7 +242,10 @@ export class MyWorkSection {
         buttons.append(c);
       }
     } else if (r.state === 'parked') {
+      // Culled and parked: what happened first (as the spawn page's sentence, words.py
+      // ending_sentence), then what it means for the next start.
       row.append(
+        h('p', { class: 'jp-gpuaas-line jp-gpuaas-reason', text: 'Stopped: it was idle on its GPU.' }),
         h('p', {
           class: 'jp-gpuaas-line',
           text: "Its quota is kept for a while: starting it again gets the GPU at once."
