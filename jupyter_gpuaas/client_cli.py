@@ -94,7 +94,8 @@ def run_status(args: argparse.Namespace) -> int:
         sim = " (SIMULATED devices)" if devices.get("simulated") else ""
         free = sum(n["free"] for n in devices["nodes"])
         total = sum(n["gpus"] for n in devices["nodes"])
-        print(f"gateway {c.url}{sim}: {free} of {total} GPUs free on {len(devices['nodes'])} nodes")
+        nodes = plural(len(devices["nodes"]), "node")
+        print(f"gateway {c.url}{sim}: {free} of {total} GPUs free on {nodes}")
         print(f"you are {me['name']}; tenants you may charge: {', '.join(me['tenants']) or 'none'}")
         for t in tenants["tenants"]:
             for u in t["usage"]:

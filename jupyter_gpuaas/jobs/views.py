@@ -149,7 +149,7 @@ class StatusView:
         total = sum(int(n.get("gpus") or 0) for n in nodes)
         mine = set(me.get("tenants") or [])
         lines = [
-            f"{free} of {total} GPUs free on {len(nodes)} node(s){sim}",
+            f"{free} of {total} GPUs free on {plural(len(nodes), 'node')}{sim}",
             f"you are {me.get('name')}; tenants you may charge: "
             f"{', '.join(sorted(mine)) or 'none'}",
         ]
@@ -172,9 +172,14 @@ class StatusView:
             pos = r.get("position") or {}
             at = f" position {pos.get('overall')} of {pos.get('of')}" if pos else ""
             why = (r.get("waiting_for") or {}).get("message")
+            # By name and in words (issue 45: "r9 kernel 1× any (vision)" read as jargon).
+            name = _KERNEL_ID.sub("", str(r.get("name") or ""))
+            label = f"{name} ({r.get('kind')})" if name else str(r.get("kind"))
+            gpus = int(r.get("gpus") or 0)
+            what = plural(gpus, f"{r['flavor']} GPU" if r.get("flavor") else "GPU")
             lines.append(
-                f"  {r.get('id')} {r.get('kind')} {r.get('gpus')}× {r.get('flavor') or 'any'} "
-                f"({r.get('tenant')}): {r.get('state')}{at}" + (f"; {why}" if why else "")
+                f"  {label}: {what} for {r.get('tenant')}, {r.get('state')}{at}"
+                + (f"; {why}" if why else "")
             )
         # How the last few ended, one sentence each: who or what ended it, and why.
         ended = sorted(

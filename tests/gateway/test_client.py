@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,8 @@ def test_sync_client_against_subprocess(spawn_gateway: Any, sqlite_url: str) -> 
     out = cli(["status"], gp.url)
     assert out.returncode == 0, out.stderr
     assert "SIMULATED" in out.stdout and rid in out.stdout
+    # Counted in words: "on 1 node", "on 3 nodes", never "on 1 nodes" (issue 45).
+    assert re.search(r"GPUs free on (1 node|([02-9]|\d\d+) nodes)$", out.stdout, re.M), out.stdout
     assert (
         "  vision uses 1 of its 4 a100\n" in out.stdout and "  vision has no t4 quota" in out.stdout
     )

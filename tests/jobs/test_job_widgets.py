@@ -81,13 +81,16 @@ def test_status_view() -> None:
                                        "parked": 0, "borrowed": 0, "pending_gpus": 0}]},
         ]},
         "requests": [{"id": "r9", "kind": "kernel", "gpus": 1, "flavor": None, "tenant": "vision",
-                      "state": "queued", "position": {"overall": 1, "of": 2}}],
+                      "name": "GPU 1 (f7df35bd)", "state": "queued",
+                      "position": {"overall": 1, "of": 2}}],
         "jobs": [job(), job(id="r2", state="failed")],
     }  # fmt: skip
     text = StatusView.from_status(status).text()
-    assert "1 of 4 GPUs free on 1 node(s) (SIMULATED devices)" in text
+    assert "1 of 4 GPUs free on 1 node (SIMULATED devices)" in text
     assert "  vision uses 3 of its 4 a100; 2 more GPUs waiting" in text and "nlp " not in text
-    assert "r9 kernel 1× any (vision): queued position 1 of 2" in text
+    # By its name, in words: no request id, no "1× any".
+    assert "  GPU 1 (kernel): 1 GPU for vision, queued position 1 of 2" in text
+    assert "r9" not in text and "×" not in text
     assert "your jobs: 1 active, 1 ended" in text
 
 

@@ -316,7 +316,7 @@ def test_status_as_text(shell: Any, capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
     shell.run_line_magic("gpu", "status")
     out = capsys.readouterr().out
-    assert "1 of 1 GPUs free on 1 node(s) (SIMULATED devices)" in out
+    assert "1 of 1 GPUs free on 1 node (SIMULATED devices)" in out
     assert "you are alice; tenants you may charge: vision" in out
     assert "  vision uses none of its 1 a100" in out and "nlp" not in out.split("\n", 2)[2]
 
