@@ -19,7 +19,8 @@ docs/tutorials/demo.md). Then, reading the page at each step:
    been culled at, the kernel still holds its GPU;
 4. she leaves it idle again and ignores the new warning: the kernel is culled, a
    notification and the row say so in words, and its quota stays parked (the team's card
-   says "parked 1"; no device is hers);
+   says "parked 1"; no device is hers); the parked card keeps its title, and its badge
+   stays inside it at the sidebar's default width, in the light and the dark theme;
 5. she starts the notebook's kernel again and runs the cell: it gets a GPU at once from
    the parked reservation, whose row ends as "resumed by a new request".
 
@@ -166,12 +167,27 @@ def test_the_fast_idle_tour_warning_keep_cull_resume(fast_hub: Hub, browser: Any
     # sidebar's default width (issue 45: a long badge once ran past the card's edge).
     title, badge = row.locator(".jp-gpuaas-title").first, row.locator(".jp-gpuaas-badge")
     assert NAME in title.inner_text() and badge.inner_text() == "parked"
-    card_box, title_box, badge_box = row.bounding_box(), title.bounding_box(), badge.bounding_box()
-    assert title_box["width"] > 40, title_box
-    assert badge_box["x"] + badge_box["width"] <= card_box["x"] + card_box["width"], (
-        badge_box,
-        card_box,
-    )
+
+    def card_fits(theme: str) -> None:
+        card_box, title_box, badge_box = (
+            row.bounding_box(),
+            title.bounding_box(),
+            badge.bounding_box(),
+        )
+        assert title_box["width"] > 40, (theme, title_box)
+        right = card_box["x"] + card_box["width"]
+        assert badge_box["x"] + badge_box["width"] <= right, (theme, badge_box, card_box)
+
+    card_fits("light")
+    # The same card in the dark theme (JupyterLab's own command, as Settings > Theme).
+    for theme, light in (("JupyterLab Dark", "false"), ("JupyterLab Light", "true")):
+        page.evaluate(
+            "(t) => window.jupyterapp.commands.execute('apputils:change-theme', {theme: t})", theme
+        )
+        page.wait_for_function("(l) => document.body.dataset.jpThemeLight === l", arg=light)
+        card_fits(theme)
+        if light == "false":
+            shot("culled-dark")
     assert [r["state"] for r in hub.requests_of("alice")] == ["parked"]
     card = panel.locator(".jp-gpuaas-quota-row", has_text="vision · a100")
     assert "parked 1" in card.inner_text(), card.inner_text()
