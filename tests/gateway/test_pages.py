@@ -221,3 +221,23 @@ async def test_a_long_queue_is_listed_in_part_and_counted(
     # The first two in line, in order; the holder and the last in line are counted.
     assert rows(page) == [r["alice"]["id"], r["bob"]["id"]]
     assert "2 more requests are not listed here" in text(page)
+
+
+async def test_the_admin_page_says_each_wait_as_the_api_does(gw: Gateway) -> None:
+    """One wait sentence, built once (issue 45, Deliver 5): the admin page shows each
+    queued request's reason and estimate in the API's own words, nothing added."""
+    r = await fill(gw)
+    status, page = await gw.raw("GET", "", who="root")
+    assert status == 200
+    words = text(page)
+    said = []
+    for who in ("alice", "bob", "carol"):
+        api_status, obj = await gw.raw("GET", f"api/requests/{r[who]['id']}", who="root")
+        assert api_status == 200 and obj["state"] == "queued", obj
+        said.append(obj["waiting_for"]["message"])
+    for sentence in set(said):
+        # Once on each queued request's row that says it, as it is.
+        assert sentence and words.count(sentence) == said.count(sentence), (sentence, words)
+        # No clause said twice.
+        clauses = [c.strip() for c in re.split(r"[;:]", sentence) if len(c.strip()) > 8]
+        assert len(clauses) == len(set(clauses)), sentence
