@@ -71,6 +71,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     /** The cull-warning notification of each request: gone once kept, from either place. */
     const cullToasts = new Map<string, string>();
+    /** The preemption-warning notification of each request: gone once it was stopped. */
+    const preemptToasts = new Map<string, string>();
     const notify = (n: Notice): void => {
       switch (n.kind) {
         case 'admitted':
@@ -94,7 +96,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         case 'preempt_warning':
           // Once per warning (the model tells it once), and until dismissed: the work
           // in the notebook is lost at that time.
-          Notification.warning(n.message, { autoClose: false });
+          preemptToasts.set(n.requestId, Notification.warning(n.message, { autoClose: false }));
           // Save the open notebooks and files with unsaved changes now (issue 42 item 4):
           // a preempted server takes them with it, and a data scientist expects all of
           // their work kept, not only the stopped kernel's notebook. Only dirty ones: a
@@ -113,6 +115,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
         case 'preempt_withdrawn':
           Notification.info(n.message, { autoClose: 8000 });
           break;
+        case 'preempted': {
+          // "will be stopped in 29 s" is past now: "was stopped: …" takes its place.
+          const warned = preemptToasts.get(n.requestId);
+          if (warned) {
+            preemptToasts.delete(n.requestId);
+            Notification.dismiss(warned);
+          }
+          Notification.info(n.message, { autoClose: 8000 });
+          break;
+        }
         case 'job_done':
         case 'job_failed': {
           // Links: the executed notebook, and the log (a failure's traceback is there).
