@@ -13,11 +13,15 @@ JupyterLab's autosave is off, so only our save can write her edit.
 
 A Job of a higher WorkloadPriorityClass, from outside jupyter-gpuaas, takes the GPU back:
 Kueue evicts the kernel's Workload and deletes its pod, which keeps the GPU through its
-termination grace. The sidebar's row and the notebook's own line say when it will be
-stopped and why, in one sentence, and the edited notebook is saved at once: the file on
-disk holds the edit, JupyterLab's dirty mark clears. The untouched notebook is not
-rewritten (its bytes and mtime are the same), and the warning saves once, not on every
-refresh of it. Once the kernel's request ends as preempted, the file still holds the edit.
+termination grace (KWOK is told to take the whole grace; otherwise it removes a deleted
+pod at a random moment within it, and the warning could last no time at all). The
+sidebar's row, the notebook's own line and one notification say when it will be stopped
+and why, each in one sentence with no id, and the edited notebook is saved at once: the
+file on disk holds the edit, JupyterLab's dirty mark clears. Then the grace ends early
+(the pod force-deleted, as when the kernel exits at SIGTERM): the request ends as
+preempted, "was stopped: …" replaces the warning's notification, the edited notebook was
+saved once and the untouched one not rewritten (its bytes and mtime are the same), and
+the file still holds the edit.
 
 An asyncio test with Playwright's async API, not the module's shared `browser`: the
 gateway, KwokKubelet and the cluster helpers live on the test's event loop, which
@@ -277,12 +281,30 @@ async def test_an_open_notebook_is_saved_when_kueue_preempts_its_gpu_kernel(
                 assert "jp-mod-dirty" in (await tab.get_attribute("class") or "")
                 assert EDIT not in train.read_text()
                 saves.clear()  # the runs above may have saved nothing; count from here
+                # The pod takes its whole termination grace to stop once deleted (KWOK
+                # removes a deleted pod at a random time within its grace, unless told
+                # a delay): the warning stands until this test ends the grace below.
+                pod = ["pod", "-l", f"gpuaas.jupyter.org/request={rid}", "-n", kube.namespace]
+                kube.cluster.kubectl("annotate", *pod, "pod-delete.stage.kwok.x-k8s.io/delay=1h")
 
                 # Kueue takes the GPU back for a Job of a higher priority.
                 urgent = job("urgent", tenant, seconds=3600)
                 urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
                 quota.run(urgent)
-                await page.wait_for_function("() => window.__gpuaasSeen.toast.length > 0")
+                why = f"a higher-priority request of {tenant} needs the GPU"
+                # The row, the notebook's own line and a notification say when and why.
+                row = panel.locator(f'.jp-gpuaas-work li[data-key="{rid}"]')
+                warned = await row.locator(".jp-gpuaas-preempt").inner_text()
+                assert re.fullmatch(rf"⚠ It will be stopped in \d+ s: {why}\.", warned), warned
+                await nb.locator(".jp-gpuaas-notebook-line").wait_for()  # shown
+                line = await nb.locator(".jp-gpuaas-notebook-line").inner_text()
+                kernel_words = rf"⚠ This notebook's GPU kernel will be stopped in \d+ s: {why}\."
+                assert re.fullmatch(kernel_words, line), line
+                toast = page.locator(".Toastify__toast--warning")
+                told = (await toast.inner_text()).strip()
+                assert re.fullmatch(
+                    rf"Your GPU kernel train\.ipynb will be stopped in \d+ s: {why}\.", told
+                ), told
                 # Saved: on disk, and JupyterLab's dirty mark gone.
                 try:
                     await wait_until(lambda: EDIT in train.read_text(), timeout=30, what="saved")
@@ -293,6 +315,9 @@ async def test_an_open_notebook_is_saved_when_kueue_preempts_its_gpu_kernel(
                 await page.wait_for_function(f"(p) => !({DIRTY_JS})(p)", arg="proj/train.ipynb")
                 assert "jp-mod-dirty" not in (await tab.get_attribute("class") or "")
                 await page.screenshot(path=str(ARTIFACTS / "kueue-preempt-saved.png"))
+                # The grace ends early: the kernel's process exited at SIGTERM (as an
+                # ipykernel does), and the pod is gone.
+                kube.cluster.kubectl("delete", *pod, "--grace-period=0", "--force", "--wait=false")
 
                 ended = await wait_until(
                     lambda: field_is_id(gw.url, rid, lambda r: r["state"] == "preempted"),
@@ -300,10 +325,8 @@ async def test_an_open_notebook_is_saved_when_kueue_preempts_its_gpu_kernel(
                     what="the kernel's request preempted",
                 )
                 assert ended["reason"].startswith("preempted: ")
-                row = panel.locator(f'.jp-gpuaas-work li[data-key="{rid}"]')
                 await row.and_(page.locator('[data-state="preempted"]')).wait_for()
                 seen = await page.evaluate("() => window.__gpuaasSeen")
-                why = f"a higher-priority request of {tenant} needs the GPU"
                 # One sentence each, the time in words, no ids; one warning notification.
                 assert seen["row"] and seen["notebook"] and len(seen["toast"]) == 1, seen
                 for said in [*seen["row"], *seen["notebook"], *seen["toast"]]:
