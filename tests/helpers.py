@@ -20,7 +20,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +193,26 @@ def chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+@contextlib.asynccontextmanager
+async def async_chromium() -> AsyncIterator[Any]:
+    """`chromium()` for an asyncio test (Playwright's async API, on the test's own event
+    loop, where the sync API cannot run): a browser on Debian's Chromium, closed at the
+    end; skipped, saying why, where Chromium or Playwright is missing."""
+    import pytest
+
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip("no /usr/bin/chromium: scripts/ensure-system-deps.sh installs it")
+    async_api = pytest.importorskip("playwright.async_api")
+    async with async_api.async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield browser
+        finally:
+            await browser.close()
 
 
 def new_page(

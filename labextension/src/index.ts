@@ -11,6 +11,7 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import { Notification, ToolbarButton } from '@jupyterlab/apputils';
+import { IDocumentManager } from '@jupyterlab/docmanager';
 import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -25,6 +26,7 @@ import { GpuStatus } from './components/statusbar';
 import { GpuController } from './controller';
 import { GpuModel, Notice } from './model';
 import { formatParameters, RunSpec } from './params';
+import { saveUnsaved } from './save';
 import type { Job } from './types';
 import gpuSvg from '../style/gpu.svg';
 
@@ -37,13 +39,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-gpuaas:plugin',
   description: 'The GPUs sidebar: my GPU work, team quota, devices and jobs, live.',
   autoStart: true,
-  optional: [ILayoutRestorer, IStatusBar, INotebookTracker, IDefaultFileBrowser, ILabShell],
+  optional: [
+    ILayoutRestorer,
+    IStatusBar,
+    INotebookTracker,
+    IDefaultFileBrowser,
+    ILabShell,
+    IDocumentManager
+  ],
   activate: (
     app: JupyterFrontEnd,
     restorer: ILayoutRestorer | null,
     statusBar: IStatusBar | null,
     notebooks: INotebookTracker | null,
-    fileBrowser: IDefaultFileBrowser | null
+    fileBrowser: IDefaultFileBrowser | null,
+    _labShell: ILabShell | null,
+    docManager: IDocumentManager | null
   ) => {
     const api = new GpuApi(app.serviceManager.serverSettings);
     const model = new GpuModel();
@@ -60,6 +71,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     /** The cull-warning notification of each request: gone once kept, from either place. */
     const cullToasts = new Map<string, string>();
+    /** The preemption-warning notification of each request: gone once it was stopped. */
+    const preemptToasts = new Map<string, string>();
     const notify = (n: Notice): void => {
       switch (n.kind) {
         case 'admitted':
@@ -83,16 +96,35 @@ const plugin: JupyterFrontEndPlugin<void> = {
         case 'preempt_warning':
           // Once per warning (the model tells it once), and until dismissed: the work
           // in the notebook is lost at that time.
-          Notification.warning(n.message, { autoClose: false });
-          // Save the open notebooks and files now (issue 42 item 4): a preempted server
-          // takes the unsaved edits with it.
-          if (app.commands.hasCommand('docmanager:save-all')) {
-            void app.commands.execute('docmanager:save-all');
+          preemptToasts.set(n.requestId, Notification.warning(n.message, { autoClose: false }));
+          // Save the open notebooks and files with unsaved changes now (issue 42 item 4):
+          // a preempted server takes them with it, and a data scientist expects all of
+          // their work kept, not only the stopped kernel's notebook. Only dirty ones: a
+          // clean file is not rewritten, so a repeated warning writes nothing.
+          if (docManager) {
+            const open = Array.from(app.shell.widgets('main'), w => docManager.contextForWidget(w));
+            void saveUnsaved(open).then(({ failed }) => {
+              for (const f of failed) {
+                Notification.error(`Could not save ${f.path} before the GPU is reclaimed: ${f.error}`, {
+                  autoClose: false
+                });
+              }
+            });
           }
           break;
         case 'preempt_withdrawn':
           Notification.info(n.message, { autoClose: 8000 });
           break;
+        case 'preempted': {
+          // "will be stopped in 29 s" is past now: "was stopped: …" takes its place.
+          const warned = preemptToasts.get(n.requestId);
+          if (warned) {
+            preemptToasts.delete(n.requestId);
+            Notification.dismiss(warned);
+          }
+          Notification.info(n.message, { autoClose: 8000 });
+          break;
+        }
         case 'job_done':
         case 'job_failed': {
           // Links: the executed notebook, and the log (a failure's traceback is there).

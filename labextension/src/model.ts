@@ -454,7 +454,7 @@ export class GpuModel {
         cullAt: p.at,
         message: `Your ${this.what(r)} will be stopped ${
           p.at ? `in ${duration(p.at - now)}` : 'soon'
-        }: ${p.reason}. Save your work.`
+        }: ${p.reason}.`
       });
     }
     return notices;
@@ -708,9 +708,9 @@ function jobNotice(job: Job): Notice | null {
 }
 
 /** "It will be stopped in 4 min: nlp is reclaiming its GPU." (a countdown to `now`). */
-export function preemptLine(p: Preemption, now: number): string {
+export function preemptLine(p: Preemption, now: number, subject = 'It'): string {
   const when = p.at ? `in ${duration(p.at - now)}` : 'soon';
-  return `It will be stopped ${when}: ${p.reason}.`;
+  return `${subject} will be stopped ${when}: ${p.reason}.`;
 }
 
 /** "3rd in vision": the short place of a queued request. */

@@ -70,12 +70,16 @@ describe('a preemption warning', () => {
     expect(warn.notices).toHaveLength(1);
     expect(warn.notices[0].kind).toBe('preempt_warning');
     expect(warn.notices[0].message).toBe(
-      'Your GPU kernel will be stopped in 4 min: nlp is reclaiming its GPU. Save your work.'
+      'Your GPU kernel will be stopped in 4 min: nlp is reclaiming its GPU.'
     );
     const p = m.preemptions.get('r-1')!;
     expect(p).toEqual({ at: 1240, by: 'r-nlp', reason: 'nlp is reclaiming its GPU' });
     expect(preemptLine(p, 1000)).toBe('It will be stopped in 4 min: nlp is reclaiming its GPU.');
     expect(preemptLine(p, 1180)).toBe('It will be stopped in 60 s: nlp is reclaiming its GPU.');
+    // The notebook's own line: one sentence too.
+    expect(preemptLine(p, 1000, "This notebook's GPU kernel")).toBe(
+      "This notebook's GPU kernel will be stopped in 4 min: nlp is reclaiming its GPU."
+    );
 
     // The same warning heard again (a reconnect's replay): not told twice.
     expect(m.applyEvent(ev('preempt_warning', admitted('r-1', WARNED), { at: 1240 })).notices).toEqual([]);
@@ -98,7 +102,7 @@ describe('a preemption warning', () => {
     expect(m.preemptions.get('r-1')!.reason).toBe('nlp is reclaiming its GPU');
     // Told once, when read (the page opened during the grace); the event after it: not again.
     expect(m.untoldPreemptions(1000).map(n => n.message)).toEqual([
-      'Your GPU kernel will be stopped in 4 min: nlp is reclaiming its GPU. Save your work.'
+      'Your GPU kernel will be stopped in 4 min: nlp is reclaiming its GPU.'
     ]);
     expect(m.untoldPreemptions(1000)).toEqual([]);
     expect(m.applyEvent(ev('preempt_warning', admitted('r-1', WARNED), { at: 1240 })).notices).toEqual([]);

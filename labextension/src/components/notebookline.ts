@@ -30,7 +30,8 @@ export class NotebookPreemptLine extends Widget {
   refresh(): void {
     const id = this.kernelId();
     const p = id ? this.model.preemptionOfKernel(id) : undefined;
-    const text = p ? `⚠ This notebook's GPU kernel: ${lowerFirst(preemptLine(p, Date.now() / 1000))} Save your work.` : '';
+    // One sentence, as the row and the notification say it (its notebooks are saved).
+    const text = p ? `⚠ ${preemptLine(p, Date.now() / 1000, "This notebook's GPU kernel")}` : '';
     if (this.node.textContent !== text) {
       this.node.textContent = text;
       this.node.title = text; // all of it, should the line be cut
@@ -54,6 +55,3 @@ export class NotebookPreemptLine extends Widget {
   }
 }
 
-function lowerFirst(text: string): string {
-  return text ? text[0].toLowerCase() + text.slice(1) : text;
-}
