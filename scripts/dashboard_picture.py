@@ -366,8 +366,12 @@ def _users(url: str, seconds: float, tokens: Mapping[str, str], seed: int = 1) -
                     del held[rid]
                 elif rid != lapse:
                     c.heartbeat(rid, busy)
-            except Exception:  # ended on the gateway's side (culled, preempted)
-                del held[rid]
+            except Exception:  # queued (no lease yet), or ended (culled, preempted)
+                try:
+                    if c.get(rid)["state"] not in ("queued", "admitted"):
+                        del held[rid]
+                except Exception:
+                    del held[rid]
         time.sleep(1.0)
 
 
