@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from simutil import SCENARIOS, simulate, write
 
+from jupyter_gpuaas.admission.model import Decision
 from jupyter_gpuaas.sim.backtest import Backtest
 from jupyter_gpuaas.sim.driver import run_scenario
 from jupyter_gpuaas.sim.scenario import load_scenario
@@ -143,3 +145,26 @@ def test_the_estimate_at_submit_uses_only_what_was_known_then(tmp_path: Path) ->
     assert {rid: after.get(rid) for rid in early} == {rid: before.get(rid) for rid in early}
     late = [r["id"] for r in trace if r["submit"] >= cut]
     assert [before.get(rid) for rid in late] != [after.get(rid) for rid in late]
+
+
+def test_a_hold_lasts_until_the_quota_goes_back() -> None:
+    # Five kernels, each culled and parked at 600 s and back at 700 s, finish at 2000 s:
+    # held 2000 s each (the parked reservation kept their quota). Five more are culled
+    # without a reservation at 600 s, and five parked ones expire at 1800 s: those holds
+    # end there.
+    ids = [f"k{i}" for i in range(15)]
+    who = [SimpleNamespace(id=rid, kind="kernel", user=f"u{i // 5}") for i, rid in enumerate(ids)]
+    bt = Backtest(SimpleNamespace(requests=who))  # type: ignore[arg-type]
+    for i, rid in enumerate(ids):
+        group = i // 5
+        bt.observe([Decision(0.0, "admit", rid, {})])
+        bt.observe([Decision(600.0, "cull", rid, {"parked": group != 1})])
+        if group == 0:
+            bt.observe([Decision(700.0, "resume", rid, {})])
+            bt.observe([Decision(2000.0, "finish", rid, {})])
+        elif group == 2:
+            bt.observe([Decision(1800.0, "expire", rid, {})])
+    assert bt.history.remaining("kernel", "u0", 0.0, 0.5) == (2000.0, True)
+    assert bt.history.remaining("kernel", "u1", 0.0, 0.5) == (600.0, True)
+    assert bt.history.remaining("kernel", "u2", 0.0, 0.5) == (1800.0, True)
+    assert not bt.held_since  # every hold ended

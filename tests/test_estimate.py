@@ -149,6 +149,31 @@ def test_an_idle_holder_is_culled_at_a_known_time() -> None:
     assert core.get("a").state is State.ADMITTED  # type: ignore[union-attr]
 
 
+def test_a_resumed_notebook_is_as_old_as_its_session() -> None:
+    # "a" is admitted at 0, idle, culled and parked at 600, back at 700: its quota was
+    # never free, so its hold is 800 s old at 800, not 100 s (History: a hold lasts
+    # from the admission to the end of the reservation).
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 600, "cull_warning": 0, "reservation_ttl": 1200},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.activity("a", False, 0.0)
+    core.step(600.0)
+    assert core.get("a").state is State.PARKED  # type: ignore[union-attr]
+    core.activity("a", True, 700.0)
+    core.step(700.0)
+    assert core.get("a").state is State.ADMITTED  # type: ignore[union-attr]
+    core.submit(req("b", "vision", user="bob", t=800.0), 800.0)
+    core.step(800.0)
+    # Past kernels held 1000, 2000 or 3000 s; of those longer than 800 s, the median
+    # ends 2000 s after its admission: 1200 s from now (from the resume it would be 1900).
+    est = estimate_waits(core, 800.0, history("kernel", [1000.0, 2000.0, 3000.0] * 4))["b"]
+    assert est.seconds == pytest.approx(1200.0)
+
+
 def test_no_estimate_only_when_nothing_is_known() -> None:
     core = core_of({
         "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from jupyter_gpuaas.admission.config import SpecError, default_cull_warning, parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
-from jupyter_gpuaas.admission.estimate import FORECAST, History
+from jupyter_gpuaas.admission.estimate import FORECAST, History, session_start
 from jupyter_gpuaas.admission.model import (
     TERMINAL,
     Autoscale,
@@ -933,8 +933,12 @@ class Arbiter:
             flavor = req.assigned_flavor
             if flavor:
                 out.append(functools.partial(self._held, flavor, max(0.0, d.t - req.admit_time)))
-        if d.event in ("finish", "cancel", "preempt", "cull") and req.admit_time:
-            held = max(0.0, d.t - req.admit_time)
+        # A hold lasts until the quota goes back: a cull that parks keeps it (History).
+        ends_hold = d.event in ("finish", "cancel", "preempt", "expire") or (
+            d.event == "cull" and not d.fields.get("parked")
+        )
+        if ends_hold and req.admit_time:
+            held = max(0.0, d.t - session_start(req, req.admit_time))
             out.append(functools.partial(self.history.add, req.kind, req.user, held))
         return out
 

@@ -30,8 +30,11 @@ from .scenario import Scenario
 
 #: Requests that waited at least this long are the ones the accuracy is judged on.
 LONG_WAIT = 300.0
-#: Events that end a grant's hold on its devices.
-_ENDS = frozenset(("finish", "cancel", "preempt", "cull"))
+#: Events that end a hold of quota. A cull does not: the culled request is parked, its
+#: quota kept for it, and most come back within the reservation (a hold is the whole
+#: session, admission to the end of its reservation; admission/estimate.py `History`);
+#: a cull without a reservation (`reservation_ttl: 0`) ends it.
+_ENDS = frozenset(("finish", "cancel", "preempt", "expire"))
 
 
 class Backtest:
@@ -60,13 +63,14 @@ class Backtest:
                 continue
             event = d.event
             if event == "admit" or event == "resume":
-                self.held_since[rid] = d.t
+                # A resume from a parked reservation goes on with the same hold.
+                self.held_since.setdefault(rid, d.t)
                 told = self.pending.pop(rid, None)
                 if told is not None:  # how the estimate turned out: the calibration learns
                     self.calibration.add(told[0], told[1], d.t - told[2])
             elif event == "cancel" or event == "reject":
                 self.pending.pop(rid, None)
-            if event in _ENDS:
+            if event in _ENDS or (event == "cull" and not d.fields.get("parked")):
                 since = self.held_since.pop(rid, None)
                 if since is not None:
                     kind, user = self.who.get(rid, ("", ""))

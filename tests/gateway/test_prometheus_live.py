@@ -7,10 +7,12 @@ series from Prometheus's HTTP API, with the dashboard's variables substituted.""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -23,7 +25,16 @@ import pytest
 import yaml
 from gwutil import TOKENS, free_port
 from helpers import stop, wait_for
-from promutil import RULES, dashboard_exprs, label_values, rules, signal, substitute
+from promutil import (
+    ROOT,
+    RULES,
+    dashboard,
+    dashboard_exprs,
+    label_values,
+    rules,
+    signal,
+    substitute,
+)
 from promutil import variable_queries as variables
 
 from jupyter_gpuaas.client import SyncGatewayClient
@@ -52,6 +63,19 @@ QUOTAS: dict[str, Any] = {
         "autoscale": {"a100": {"max_nodes": 3, "provision": False}},
     },
 }
+
+
+def picture_script() -> Any:
+    """scripts/dashboard_picture.py, which draws the README's picture of the dashboard
+    (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "dashboard_picture", ROOT / "scripts" / "dashboard_picture.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def prometheus_binary() -> str:
@@ -244,6 +268,23 @@ def test_dashboard_and_rules_return_series_from_a_real_prometheus(
         p95 = prom.query("tenant:gpuaas_admission_wait_seconds:p95_1h")
         values = {s["metric"]["tenant"]: float(s["value"][1]) for s in p95}
         assert "nlp" in values and math.isfinite(values["nlp"]) and values["nlp"] >= 0
+
+        # The README's picture of the dashboard (scripts/dashboard_picture.py) sends the
+        # panels' queries as ranges: each panel with queries gets series, and it draws them.
+        picture = picture_script()
+        end = time.time()
+        drawn = picture.fetch_panels(
+            prom.url, picture.read_panels(dashboard(), range_s=60), end - 60, end
+        )
+        assert len([p for p in drawn if p.queries]) == len({t for t, _ in dashboard_exprs()})
+        blank = [p.title for p in drawn if p.queries and not p.series]
+        assert not blank, f"no series drawn for {blank}"
+        lines = [p for p in drawn if p.kind == "timeseries"]
+        assert all(max(len(s.points) for s in p.series) > 1 for p in lines), "one point"
+        assert "{{" not in " ".join(s.legend for p in drawn for s in p.series)
+        png = tmp_path / "dashboard.png"
+        picture.draw(drawn, png, "jupyter-gpuaas", "test")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         prom.stop()
         gw.stop()
