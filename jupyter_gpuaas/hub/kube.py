@@ -27,7 +27,7 @@ from tornado import web
 from traitlets import Bool, Unicode, default
 
 from jupyter_gpuaas.claim import Claim, Grant
-from jupyter_gpuaas.kubeapi.workloads import QUEUE_LABEL
+from jupyter_gpuaas.kubeapi.workloads import DEFAULT_GRACE, QUEUE_LABEL
 from jupyter_gpuaas.kubernetes.pods import HOSTNAME_LABEL, grant_pod, kueue_labels
 from jupyter_gpuaas.kubernetes.prestop import prestop_lifecycle
 
@@ -173,10 +173,11 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
                 ),
             }
             if self.prestop_hook:
+                grace = built["spec"].get("terminationGracePeriodSeconds")
+                hook = prestop_lifecycle(grace=DEFAULT_GRACE if grace is None else float(grace))
                 for c in built["spec"]["containers"]:
                     if c.get("name") == "notebook":  # KubeSpawner's own container
-                        hooks = c.get("lifecycle") or {}
-                        c["lifecycle"] = {**prestop_lifecycle(), **hooks}
+                        c["lifecycle"] = {**hook, **(c.get("lifecycle") or {})}
         return api.deserialize(_JSONBody(built), "V1Pod")
 
     # ----------------------------------------------------------------- profiles

@@ -14,6 +14,11 @@ carries for its heartbeats):
 - a preemption warning stands (`preempt_at`): it waits until `preempt_at` less `margin`
   seconds, so the process still has those seconds for its own SIGTERM shutdown before
   SIGKILL, then returns;
+- the request already ended as preempted: Kueue takes the Workload's quota back soon
+  after it deletes the pod, and the gateway then ends the request (and forgets
+  `preempt_at`) while the pod still runs. The warning said eviction + the pod's grace,
+  and the kubelet runs this hook at the eviction, so it waits until its own start +
+  `grace` less `margin`;
 - the request is still held (admitted, parked) with no warning yet: Kueue's eviction may
   have raced the gateway's view of it, so it asks again for at most `poll` seconds;
 - anything else (released, culled, cancelled: a normal stop) returns at once.
@@ -33,6 +38,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from jupyter_gpuaas.kubeapi.workloads import DEFAULT_GRACE
+
 #: Request states in which a preemption warning may still arrive (the pod holds its GPUs).
 HELD_STATES = frozenset({"admitted", "parked"})
 #: Seconds before `preempt_at` at which the hook lets SIGTERM through.
@@ -43,23 +50,38 @@ DEFAULT_POLL = 2.0
 MODULE = "jupyter_gpuaas.kubernetes.prestop"
 
 
-def hold_seconds(request: Mapping[str, Any] | None, now: float, margin: float) -> float | None:
+def hold_seconds(
+    request: Mapping[str, Any] | None,
+    now: float,
+    margin: float,
+    *,
+    started: float | None = None,
+    grace: float = DEFAULT_GRACE,
+) -> float | None:
     """How long to hold SIGTERM back, given the pod's request (the gateway's JSON) at
-    `now` (epoch seconds): the seconds until `preempt_at` less `margin` (0 when past);
-    `None` while the request is held with no warning yet (ask again); 0 otherwise."""
+    `now` (epoch seconds): the seconds until `preempt_at` less `margin` (0 when past); a
+    request ended as preempted, until `started` (the hook's start, `now` if not given) +
+    `grace` less `margin`; `None` while the request is held with no warning yet (ask
+    again); 0 otherwise."""
     if not isinstance(request, Mapping):
         return 0.0
     at = request.get("preempt_at")
     if isinstance(at, (int, float)) and not isinstance(at, bool):
         return max(0.0, float(at) - margin - now)
+    if request.get("state") == "preempted":
+        begun = now if started is None else started
+        return max(0.0, begun + grace - margin - now)
     if request.get("state") in HELD_STATES:
         return None
     return 0.0
 
 
-def prestop_lifecycle(python: str = "python", margin: float = DEFAULT_MARGIN) -> dict[str, Any]:
-    """The container's `lifecycle` that runs this hook (Kubernetes' API JSON form)."""
-    command = [python, "-m", MODULE, "--margin", f"{margin:g}"]
+def prestop_lifecycle(
+    python: str = "python", margin: float = DEFAULT_MARGIN, grace: float = DEFAULT_GRACE
+) -> dict[str, Any]:
+    """The container's `lifecycle` that runs this hook (Kubernetes' API JSON form);
+    `grace`: the pod's terminationGracePeriodSeconds."""
+    command = [python, "-m", MODULE, "--margin", f"{margin:g}", "--grace", f"{grace:g}"]
     return {"preStop": {"exec": {"command": command}}}
 
 
@@ -68,6 +90,7 @@ def wait_out(
     *,
     margin: float = DEFAULT_MARGIN,
     poll: float = DEFAULT_POLL,
+    grace: float = DEFAULT_GRACE,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> float:
@@ -81,15 +104,19 @@ def wait_out(
             print(f"gpuaas preStop: cannot read the request ({e}); stopping now", file=sys.stderr)
             return clock() - start
         now = clock()
-        wait = hold_seconds(request, now, margin)
+        wait = hold_seconds(request, now, margin, started=start, grace=grace)
         if wait is None:
             if now - start >= poll:
+                print("gpuaas preStop: no preemption warning; stopping now", file=sys.stderr)
                 return now - start
             sleep(min(0.25, poll))
             continue
         if wait > 0:
             print(f"gpuaas preStop: preempted; stopping in {wait:.0f} s", file=sys.stderr)
             sleep(wait)
+        else:
+            state = request.get("state") if isinstance(request, Mapping) else None
+            print(f"gpuaas preStop: the request is {state}; stopping now", file=sys.stderr)
         return clock() - start
 
 
@@ -104,12 +131,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
     parser.add_argument("--poll", type=float, default=DEFAULT_POLL)
+    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE)
     args = parser.parse_args(argv)
     rid = os.environ.get("GPUAAS_REQUEST_ID", "")
     if not rid:
         return 0  # a pod without a GPU request: nothing to wait for
     env = dict(os.environ)
-    wait_out(lambda: _fetch(env, rid, 2.0), margin=args.margin, poll=args.poll)
+    wait_out(lambda: _fetch(env, rid, 2.0), margin=args.margin, poll=args.poll, grace=args.grace)
     return 0  # a failed hook only adds a warning event: always succeed
 
 

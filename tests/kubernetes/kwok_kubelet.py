@@ -24,7 +24,9 @@ Each stop is recorded in `stops` (the hook's exit code, when SIGTERM was sent). 
 removes a deleted pod on its own clock (its pod-delete stage), possibly before the
 process ends: a stop under way goes on regardless, as the container would. A pod that
 vanishes without a deletionTimestamp seen (replaced by a newer one of the same name) gets
-SIGTERM, then SIGKILL, at once.
+SIGTERM, then SIGKILL, at once. Once the process is gone it deletes the pod with no grace
+(kubelet's last delete), so a pod whose removal KWOK is told to delay
+(`pod-delete.stage.kwok.x-k8s.io/delay`) lasts as long as its process.
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ class KwokKubelet:
         self.logs = logs
         self.procs: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # pod uid → name, proc
         self.started: list[dict[str, Any]] = []  # the pods it ran, as it found them
-        # pod name → {"deleted_at", "hook_exit", "sigterm_at"} (epoch seconds)
+        # pod name → {"deleted_at", "sigterm_at" (epoch seconds), "hook_exit", "hook_log"}
         self.stops: dict[str, dict[str, Any]] = {}
         self._envs: dict[str, dict[str, str]] = {}  # pod uid → the container's env
         self._stopping: dict[str, asyncio.Task[None]] = {}  # pod uid → its stop
+        self._hooks: list[subprocess.Popen[bytes]] = []  # the preStop hooks it ran
         self._api: Any = None
         self._core: Any = None  # CoreV1Api; its raw (_preload_content=False) calls are untyped
         self._task: asyncio.Task[None] | None = None
@@ -134,13 +137,15 @@ class KwokKubelet:
         if grace is None:
             grace = spec.get("terminationGracePeriodSeconds")
         grace = 30 if grace is None else int(grace)
-        record: dict[str, Any] = {"deleted_at": time.time(), "hook_exit": None, "sigterm_at": None}
+        record: dict[str, Any] = {"deleted_at": time.time(), "sigterm_at": None}
+        record.update(hook_exit=None, hook_log=None)
         self.stops[meta["name"]] = record
         deadline = time.monotonic() + grace
         c = spec["containers"][0]
         hook = (((c.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command")
         if hook and proc.poll() is None and grace > 0:
-            log = open(self.logs / f"{meta['name']}-{uid[:8]}.prestop.log", "ab")  # noqa: SIM115
+            record["hook_log"] = self.logs / f"{meta['name']}-{uid[:8]}.prestop.log"
+            log = open(record["hook_log"], "ab")  # noqa: SIM115
             run = subprocess.Popen(
                 list(hook),
                 env=self._envs.get(uid),
@@ -149,6 +154,7 @@ class KwokKubelet:
                 stderr=subprocess.STDOUT,
             )
             log.close()
+            self._hooks.append(run)
             try:
                 record["hook_exit"] = await asyncio.to_thread(run.wait, grace)
             except subprocess.TimeoutExpired:
@@ -161,9 +167,23 @@ class KwokKubelet:
             await asyncio.to_thread(proc.wait, left)
         except subprocess.TimeoutExpired:
             pass
-        await asyncio.to_thread(_kill, proc)  # SIGKILL, and what it left in its group
+        _signal(proc, signal.SIGKILL)  # the grace's end, and what it left in its group
+        await asyncio.to_thread(proc.wait)
         self.procs.pop(uid, None)
         self._stopping.pop(uid, None)
+        # The container is gone: the pod object goes too, as kubelet's last delete does.
+        from kubernetes_asyncio.client import V1DeleteOptions, V1Preconditions
+
+        try:
+            await self._core.delete_namespaced_pod(
+                meta["name"],
+                self.namespace,
+                body=V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=V1Preconditions(uid=uid)
+                ),
+            )
+        except Exception:  # already gone (KWOK's stage removed it)
+            pass
 
     async def _finish(self, pod: dict[str, Any], exit_code: int) -> None:
         """The container exited: the pod says so, as kubelet would (restartPolicy Never:
@@ -211,6 +231,9 @@ class KwokKubelet:
                 pass
         for task in list(self._stopping.values()):
             task.cancel()
+        for hook in self._hooks:
+            if hook.poll() is None:
+                hook.kill()
         for _, proc in self.procs.values():
             await asyncio.to_thread(_kill, proc)
         self.procs.clear()

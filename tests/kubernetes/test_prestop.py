@@ -27,6 +27,8 @@ NOW = 1_000_000.0
         # already past `at` less the margin: SIGTERM now
         ({"state": "admitted", "preempt_at": NOW + 3}, 0.0),
         ({"state": "preempted", "preempt_at": NOW - 10}, 0.0),
+        # ended as preempted, its time forgotten: the hook's start + the grace
+        ({"state": "preempted", "preempt_at": None}, 25.0),
         # the pod ended as preempted before `at` (its Workload gone): still held to `at`
         ({"state": "preempted", "preempt_at": NOW + 20}, 15.0),
         # held, no warning yet: ask again
@@ -80,6 +82,16 @@ def test_wait_out_polls_only_for_a_while() -> None:
     assert len(clock.slept) == 8
 
 
+def test_wait_out_holds_a_request_ended_as_preempted_for_the_grace() -> None:
+    clock = Clock()
+    answers = [{"state": "admitted"}, {"state": "preempted", "preempt_at": None}]
+    held = wait_out(
+        lambda: answers.pop(0), margin=5, poll=2, grace=30, clock=clock.time, sleep=clock.sleep
+    )
+    assert clock.slept == [0.25, 24.75]
+    assert held == 25.0
+
+
 def test_wait_out_a_normal_stop_costs_nothing() -> None:
     clock = Clock()
     held = wait_out(
@@ -112,6 +124,6 @@ def test_kernel_pod_carries_the_hook() -> None:
     hooked = kernel_pod_manifest(**common, lifecycle=prestop_lifecycle(margin=3))
     container = hooked["spec"]["containers"][0]
     assert container["lifecycle"] == {
-        "preStop": {"exec": {"command": ["python", "-m", MODULE, "--margin", "3"]}}
+        "preStop": {"exec": {"command": ["python", "-m", MODULE, "--margin", "3", "--grace", "30"]}}
     }
     assert "lifecycle" not in kernel_pod_manifest(**common)["spec"]["containers"][0]
