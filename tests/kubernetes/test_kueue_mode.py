@@ -720,6 +720,10 @@ async def test_a_gpu_server_goes_through_kueue(kube: KubeOnCluster, tmp_path: Pa
         assert labels["kueue.x-k8s.io/queue-name"] == tenant
         assert labels["gpuaas.jupyter.org/request"] == rid
         assert {"name": "kueue.x-k8s.io/admission"} in pod["spec"]["schedulingGates"]
+        # The preStop hook that holds SIGTERM back during a preemption warning (prestop.py).
+        (notebook,) = [c for c in pod["spec"]["containers"] if c["name"] == "notebook"]
+        hook = notebook["lifecycle"]["preStop"]["exec"]["command"]
+        assert hook[1:3] == ["-m", "jupyter_gpuaas.kubernetes.prestop"], hook
         queued = await wait_until(
             lambda: field_is_id(
                 gw.url,
