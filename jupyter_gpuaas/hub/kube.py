@@ -24,11 +24,12 @@ from typing import Any
 from jupyterhub.utils import maybe_future
 from kubespawner import KubeSpawner
 from tornado import web
-from traitlets import Unicode, default
+from traitlets import Bool, Unicode, default
 
 from jupyter_gpuaas.claim import Claim, Grant
-from jupyter_gpuaas.kubeapi.workloads import QUEUE_LABEL
+from jupyter_gpuaas.kubeapi.workloads import DEFAULT_GRACE, QUEUE_LABEL
 from jupyter_gpuaas.kubernetes.pods import HOSTNAME_LABEL, grant_pod, kueue_labels
+from jupyter_gpuaas.kubernetes.prestop import prestop_lifecycle
 
 from .options import GpuOptions, OptionsError, options_from_form, parse_options
 from .spawner import QueuedSpawnerMixin
@@ -88,6 +89,15 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
         "",
         help="Kueue mode: the WorkloadPriorityClass of GPU server pods "
         "(`kueue.x-k8s.io/priority-class`). Empty: Kueue's default.",
+    ).tag(config=True)
+
+    prestop_hook = Bool(
+        True,
+        help="""Kueue mode: a GPU server pod's preStop hook (`python -m
+        jupyter_gpuaas.kubernetes.prestop`) holds SIGTERM back while a preemption warning
+        stands, so that the server runs (and the sidebar saves the open notebooks) until
+        the time the user was told, not until the eviction. A preStop hook configured in
+        `lifecycle_hooks` is kept instead. Off, or outside Kueue mode: no hook.""",
     ).tag(config=True)
 
     # ----------------------------------------------------------------- the pod
@@ -162,6 +172,12 @@ class QueuedKubeSpawner(QueuedSpawnerMixin, KubeSpawner):  # type: ignore[misc]
                     request=str(grant.get("id") or ""),
                 ),
             }
+            if self.prestop_hook:
+                grace = built["spec"].get("terminationGracePeriodSeconds")
+                hook = prestop_lifecycle(grace=DEFAULT_GRACE if grace is None else float(grace))
+                for c in built["spec"]["containers"]:
+                    if c.get("name") == "notebook":  # KubeSpawner's own container
+                        c["lifecycle"] = {**hook, **(c.get("lifecycle") or {})}
         return api.deserialize(_JSONBody(built), "V1Pod")
 
     # ----------------------------------------------------------------- profiles

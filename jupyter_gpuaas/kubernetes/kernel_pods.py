@@ -107,13 +107,16 @@ def kernel_pod_manifest(
     automount_token: bool = False,
     queue: str = "",
     priority_class: str = "",
+    lifecycle: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The Pod of an admitted GPU kernel (API JSON form); `request` is the gateway's
     admitted request object (in Kueue mode its queued one: Kueue admits the pod).
     `automount_token`: mount the service account's API token (a kernel needs no API
     access, so by default it gets no credentials to leak).
     `queue`: Kueue mode, the tenant's LocalQueue (and `priority_class` its
-    WorkloadPriorityClass): Kueue's pod integration gates the pod until it admits it."""
+    WorkloadPriorityClass): Kueue's pod integration gates the pod until it admits it.
+    `lifecycle`: the container's (prestop.prestop_lifecycle: SIGTERM held back during a
+    preemption warning)."""
     labels = {
         "app": "gateway-provisioners",
         "component": "kernel",
@@ -135,6 +138,8 @@ def kernel_pod_manifest(
         "env": [{"name": k, "value": str(v)} for k, v in (env or {}).items()],
         "volumeMounts": [dict(m) for m in volume_mounts],
     }
+    if lifecycle:
+        container["lifecycle"] = dict(lifecycle)
     wd = working_dir(cwd, volume_mounts)
     if wd:
         container["workingDir"] = wd

@@ -47,6 +47,7 @@ from .kernel_pods import (
     shared_volumes,
 )
 from .pods import HOSTNAME_LABEL
+from .prestop import prestop_lifecycle
 
 _SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -197,6 +198,15 @@ class GpuaasKubernetesProvisioner(GpuKernelHolder, KubernetesProvisioner):  # ty
         5, min=0, help="Seconds a deleted kernel pod's process gets to exit (SIGTERM first)."
     ).tag(config=True)
 
+    prestop_hook = Bool(
+        True,
+        help="""Kueue mode: the kernel pod's preStop hook (`python -m
+        jupyter_gpuaas.kubernetes.prestop`) holds SIGTERM back while a preemption warning
+        stands, so that the kernel runs until the time the user was told, not until the
+        eviction. Off, or outside Kueue mode (where the gateway warns before it deletes
+        the pod): no hook.""",
+    ).tag(config=True)
+
     delete_timeout = Float(
         120.0,
         min=1.0,
@@ -306,6 +316,7 @@ class GpuaasKubernetesProvisioner(GpuKernelHolder, KubernetesProvisioner):  # ty
                 automount_token=self.automount_service_account_token,
                 queue=queue,
                 priority_class=self.kueue_priority_class if queue else "",
+                lifecycle=prestop_lifecycle() if queue and self.prestop_hook else None,
             )
 
         if self.kueue_queue:

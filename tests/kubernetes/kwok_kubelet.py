@@ -13,8 +13,20 @@ How it and KWOK share the pod: KWOK's stages own its life up to Running (IP, con
 and its removal once deleted; none of them matches a Running pod again, so when the
 process exits this kubelet reports what kubelet would (`status.phase` Succeeded or Failed,
 the container terminated with its exit code) through the pods/status subresource, and
-KWOK leaves it so. When the pod is deleted (or replaced by a newer one of the same name)
-the process gets SIGTERM, then SIGKILL.
+KWOK leaves it so.
+
+When the pod gets a deletionTimestamp it stops the container as kubelet does: it runs the
+container's `lifecycle.preStop.exec` command (same env, same workingDir) first, sends the
+process group SIGTERM when the hook returns or the pod's grace (deletionGracePeriodSeconds,
+else terminationGracePeriodSeconds, else 30 s) runs out, and SIGKILL at the grace's end
+(at least 2 s after a SIGTERM that the hook delayed past the grace, as kubelet gives).
+Each stop is recorded in `stops` (the hook's exit code, when SIGTERM was sent). KWOK
+removes a deleted pod on its own clock (its pod-delete stage), possibly before the
+process ends: a stop under way goes on regardless, as the container would. A pod that
+vanishes without a deletionTimestamp seen (replaced by a newer one of the same name) gets
+SIGTERM, then SIGKILL, at once. Once the process is gone it deletes the pod with no grace
+(kubelet's last delete), so a pod whose removal KWOK is told to delay
+(`pod-delete.stage.kwok.x-k8s.io/delay`) lasts as long as its process.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +50,11 @@ class KwokKubelet:
         self.logs = logs
         self.procs: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # pod uid → name, proc
         self.started: list[dict[str, Any]] = []  # the pods it ran, as it found them
+        # pod name → {"deleted_at", "sigterm_at" (epoch seconds), "hook_exit", "hook_log"}
+        self.stops: dict[str, dict[str, Any]] = {}
+        self._envs: dict[str, dict[str, str]] = {}  # pod uid → the container's env
+        self._stopping: dict[str, asyncio.Task[None]] = {}  # pod uid → its stop
+        self._hooks: list[subprocess.Popen[bytes]] = []  # the preStop hooks it ran
         self._api: Any = None
         self._core: Any = None  # CoreV1Api; its raw (_preload_content=False) calls are untyped
         self._task: asyncio.Task[None] | None = None
@@ -76,8 +94,13 @@ class KwokKubelet:
             ):
                 self._start(pod)
         for uid, (_, proc) in list(self.procs.items()):
+            if uid in self._stopping:
+                continue
             pod = pods.get(uid)
-            if pod is None or pod["metadata"].get("deletionTimestamp"):
+            if pod is not None and pod["metadata"].get("deletionTimestamp"):
+                self._stopping[uid] = asyncio.ensure_future(self._stop(uid, pod, proc))
+                continue
+            if pod is None:
                 del self.procs[uid]
                 await asyncio.to_thread(_kill, proc)
                 continue
@@ -104,7 +127,63 @@ class KwokKubelet:
         )
         log.close()
         self.procs[meta["uid"]] = (meta["name"], proc)
+        self._envs[meta["uid"]] = env
         self.started.append(copy.deepcopy(pod))
+
+    async def _stop(self, uid: str, pod: dict[str, Any], proc: subprocess.Popen[bytes]) -> None:
+        """Kubelet's stop of a deleted pod's container: preStop hook, SIGTERM, SIGKILL."""
+        meta, spec = pod["metadata"], pod["spec"]
+        grace = meta.get("deletionGracePeriodSeconds")
+        if grace is None:
+            grace = spec.get("terminationGracePeriodSeconds")
+        grace = 30 if grace is None else int(grace)
+        record: dict[str, Any] = {"deleted_at": time.time(), "sigterm_at": None}
+        record.update(hook_exit=None, hook_log=None)
+        self.stops[meta["name"]] = record
+        deadline = time.monotonic() + grace
+        c = spec["containers"][0]
+        hook = (((c.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command")
+        if hook and proc.poll() is None and grace > 0:
+            record["hook_log"] = self.logs / f"{meta['name']}-{uid[:8]}.prestop.log"
+            log = open(record["hook_log"], "ab")  # noqa: SIM115
+            run = subprocess.Popen(
+                list(hook),
+                env=self._envs.get(uid),
+                cwd=c.get("workingDir") or None,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            log.close()
+            self._hooks.append(run)
+            try:
+                record["hook_exit"] = await asyncio.to_thread(run.wait, grace)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                await asyncio.to_thread(run.wait)
+        record["sigterm_at"] = time.time()
+        _signal(proc, signal.SIGTERM)
+        left = max(deadline - time.monotonic(), 2.0)
+        try:
+            await asyncio.to_thread(proc.wait, left)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal(proc, signal.SIGKILL)  # the grace's end, and what it left in its group
+        await asyncio.to_thread(proc.wait)
+        self.procs.pop(uid, None)
+        self._stopping.pop(uid, None)
+        # The container is gone: the pod object goes too, as kubelet's last delete does.
+        from kubernetes_asyncio.client import V1DeleteOptions, V1Preconditions
+
+        try:
+            await self._core.delete_namespaced_pod(
+                meta["name"],
+                self.namespace,
+                body=V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=V1Preconditions(uid=uid)
+                ),
+            )
+        except Exception:  # already gone (KWOK's stage removed it)
+            pass
 
     async def _finish(self, pod: dict[str, Any], exit_code: int) -> None:
         """The container exited: the pod says so, as kubelet would (restartPolicy Never:
@@ -150,6 +229,11 @@ class KwokKubelet:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
+        for task in list(self._stopping.values()):
+            task.cancel()
+        for hook in self._hooks:
+            if hook.poll() is None:
+                hook.kill()
         for _, proc in self.procs.values():
             await asyncio.to_thread(_kill, proc)
         self.procs.clear()
@@ -161,6 +245,13 @@ def _now() -> str:
     import datetime
 
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _signal(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -720,6 +720,10 @@ async def test_a_gpu_server_goes_through_kueue(kube: KubeOnCluster, tmp_path: Pa
         assert labels["kueue.x-k8s.io/queue-name"] == tenant
         assert labels["gpuaas.jupyter.org/request"] == rid
         assert {"name": "kueue.x-k8s.io/admission"} in pod["spec"]["schedulingGates"]
+        # The preStop hook that holds SIGTERM back during a preemption warning (prestop.py).
+        (notebook,) = [c for c in pod["spec"]["containers"] if c["name"] == "notebook"]
+        hook = notebook["lifecycle"]["preStop"]["exec"]["command"]
+        assert hook[1:3] == ["-m", "jupyter_gpuaas.kubernetes.prestop"], hook
         queued = await wait_until(
             lambda: field_is_id(
                 gw.url,
@@ -831,6 +835,90 @@ async def test_a_kernel_kueue_preempts_is_warned_then_ends_preempted(
                     await km.shutdown_kernel(now=True)
     finally:
         listening.cancel()
+        await gw.stop_server()
+        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
+        kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
+        quota.close()
+
+
+async def test_a_kernel_kueue_preempts_runs_until_the_time_it_was_told(
+    kube: KubeOnCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 4, the termination grace is the user's: Kueue evicts by deleting the pod, and
+    the kubelet would SIGTERM the kernel at once; the kernel pod's preStop hook (prestop.py,
+    run by KwokKubelet as kubelet runs it) holds SIGTERM back while the gateway's warning
+    stands, so the kernel's process is still alive after the eviction and gets SIGTERM
+    near the warned time (`preempt_at` less the hook's margin), not at the eviction. A
+    normal stop (the user shuts the kernel down) is not held: its hook says so and ends."""
+    from jupyter_gpuaas.kubernetes.prestop import DEFAULT_MARGIN
+    from jupyter_gpuaas.server.kernelspec_cli import write_spec
+
+    quota, high, flavors = await preemptible_vision(kube, tmp_path)
+    tenant, flavor = quota.tenant, quota.flavor
+    mine = {"gpuaas-test": kube.namespace}
+    kube.add_node(f"kq-cpu-{quota.tag}", mine)
+    gw = await quota.gateway(tmp_path)
+    root = GatewayClient(gw.url, TOKENS["root"])
+    try:
+        async with kernel_cluster(kube, gw.url, tmp_path, monkeypatch, flavors, mine) as cl:
+            write_spec(tmp_path / "kernels" / "gpu-kueue", 1, flavor, kubernetes=True)
+            # A normal stop: the kernel shut down by its user.
+            km = cl.kernel_manager("gpu-kueue", tenant=tenant, kueue_queue="{tenant}")
+            await asyncio.wait_for(km.start_kernel(cwd=str(cl.home / "proj")), 120)
+            name = km.provisioner.kernel_pod_name
+            lifecycle = cl.kubelet.started[-1]["spec"]["containers"][0]["lifecycle"]
+            assert lifecycle["preStop"]["exec"]["command"][1:3] == [
+                "-m",
+                "jupyter_gpuaas.kubernetes.prestop",
+            ]
+            await asyncio.wait_for(km.shutdown_kernel(now=True), 60)
+            await wait_until(lambda: not cl.kubelet.alive(name), timeout=30, what="stopped")
+            stop = cl.kubelet.stops[name]
+            said = stop["hook_log"].read_text()
+            assert "stopping now" in said and "stopping in" not in said, said
+            assert stop["hook_exit"] == 0
+
+            # An eviction: Kueue deletes the pod for a Job of a higher priority.
+            km = cl.kernel_manager("gpu-kueue", tenant=tenant, kueue_queue="{tenant}")
+            await asyncio.wait_for(km.start_kernel(cwd=str(cl.home / "proj")), 120)
+            try:
+                rid = km.provisioner.record.request_id
+                name = km.provisioner.kernel_pod_name
+                assert (await root.get(rid))["state"] == "admitted"
+                # KWOK is told to leave the deleted pod to its kubelet (KwokKubelet deletes
+                # it once its process is gone), not to remove it at a random time.
+                pod = ["pod", name, "-n", kube.namespace]
+                kube.cluster.kubectl("annotate", *pod, "pod-delete.stage.kwok.x-k8s.io/delay=1h")
+                urgent = job("urgent", tenant, seconds=3600)
+                urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
+                quota.run(urgent)
+                warned = await wait_until(
+                    lambda: field_is_id(gw.url, rid, lambda r: r["preempt_at"] is not None),
+                    timeout=90,
+                    what="the kernel's preemption warning",
+                )
+                at = warned["preempt_at"]
+                await wait_until(lambda: name in cl.kubelet.stops, timeout=30, what="deleted")
+                stop = cl.kubelet.stops[name]
+                # The pod is deleted, the warning stands: the kernel still runs.
+                assert cl.kubelet.alive(name)
+                assert stop["sigterm_at"] is None
+                await wait_until(lambda: stop["sigterm_at"] is not None, timeout=60, what="SIGTERM")
+                # SIGTERM came at the warned time less the margin, long after the eviction.
+                assert stop["sigterm_at"] >= at - DEFAULT_MARGIN - 1.0, (stop, at)
+                assert stop["sigterm_at"] - stop["deleted_at"] > 10.0, (stop, at)
+                assert stop["hook_exit"] == 0
+                assert "stopping in" in stop["hook_log"].read_text()
+                ended = await wait_until(
+                    lambda: field_is_id(gw.url, rid, lambda r: r["state"] == "preempted"),
+                    timeout=90,
+                    what="the kernel's request preempted",
+                )
+                assert ended["reason"].startswith("preempted: ")
+            finally:
+                if km.has_kernel:
+                    await km.shutdown_kernel(now=True)
+    finally:
         await gw.stop_server()
         kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
         kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
