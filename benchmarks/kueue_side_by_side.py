@@ -5,9 +5,10 @@ The workload is `kueue_baseline.build()`'s: Kueue's own generator shapes
 (`test/performance/scheduler/configs/baseline/generator.yaml`: per tenant small 1 GPU
 0.2 s priority 50 one every 0.1 s, medium 5 GPUs 0.5 s priority 100 every 0.5 s, large
 20 GPUs 1 s priority 200 every 1.2 s; nominal 20, borrowing limit 100, reclaim Any,
-within LowerPriority), with fewer cohorts, tenants and requests (`--cohorts`,
-`--tenants`, `--scale`), since a 2-core machine running a whole control plane cannot
-take 15,000 Jobs in minutes.
+within LowerPriority), by default with fewer cohorts, tenants and requests (`--cohorts`,
+`--tenants`, `--scale`: 2 x 3 x 0.1), since a 2-core machine running a whole control
+plane cannot take 15,000 Jobs in minutes; with `--workloads` (below) it takes the whole
+baseline (`--cohorts 5 --tenants 6 --scale 1`).
 
 Engines (each a column):
 - `kueue`: the real Kueue v0.19.2 on the local control plane (scripts/cluster.py; a
@@ -34,6 +35,17 @@ Engines (each a column):
   `finish` events lag behind Kueue's own conditions (a watch of the Workloads, as the
   `kueue` column's).
 
+`--workloads` (Kueue's own method; the command of the full baseline): in both Kueue
+columns each request is a `kueue.x-k8s.io/v1beta2` Workload created directly in its
+tenant's LocalQueue (one podSet of one pod asking for its GPUs, its WorkloadPriorityClass,
+and in kueue_mode the same `kueue_labels` with the request's id, on the Workload itself),
+with no Job and no pod; this process plays the part of Kueue's baseline runner
+(test/performance/scheduler/runner/controller): it marks each Admitted Workload Finished
+after its runtime, and gives up an evicted one's quota reservation (what a job controller
+would do), on a watch that resumes from its resourceVersion and lists again on 410 Gone.
+Time to admission: from the Workload's creation to the watch seeing QuotaReserved (kueue)
+or to the gateway's `admit` event (kueue_mode). Without it, suspended Jobs as above.
+
 Reported per engine: makespan (first submit to last finish) against the quota-bound floor
 (max of the last submit plus its runtime, and the GPU-seconds over the quota), time to
 admission p50/p95 per class, and lost workloads (never finished by the deadline).
@@ -43,6 +55,12 @@ ClusterQueues of its own), so they do not compete for the control plane.
 
     .venv/bin/python benchmarks/kueue_side_by_side.py [--cohorts 2] [--tenants 3]
         [--scale 0.1] [--cluster-dir .cluster] [--only kueue,kueue_mode,core] [--json]
+        [--workloads] [--at-once 16] [--deadline 300]
+
+The full baseline (15,000 workloads), as recorded in benchmarks/RESULTS.md:
+
+    kueue_side_by_side.py --cohorts 5 --tenants 6 --scale 1 --workloads --at-once 64 \
+        --deadline 1200 --cluster-dir .cluster --json
 """
 
 from __future__ import annotations
@@ -840,7 +858,8 @@ ENGINES: dict[str, Callable[[dict[str, Any], argparse.Namespace], dict[str, Any]
 def text(r: dict[str, Any]) -> str:
     lines = [
         f"Kueue baseline x{r['scale']}: {r['requests']} requests, {r['tenants']} tenants"
-        f" in {r['cohorts']} cohorts; quota-bound floor {r['floor_s']} s",
+        f" in {r['cohorts']} cohorts, submitted as {r['submitted_as']};"
+        f" quota-bound floor {r['floor_s']} s",
         "  engine      makespan  x floor  wall     lost  class   admitted  wait p50  wait p95",
     ]
     for name, e in r["engines"].items():
