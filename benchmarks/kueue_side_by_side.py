@@ -590,7 +590,7 @@ def _on_cluster(
         cluster.apply(_objects(data, ns, module.kwok_node))
         yield cluster, ns, data
     finally:
-        gone = ("--wait=true", "--timeout=600s") if wait else ("--wait=false",)
+        gone = ("--wait=true", "--timeout=180s") if wait else ("--wait=false",)
         cluster.kubectl("delete", "namespace", ns, *gone, check=False)
         names = [t for t in data["tenants"]]
         cluster.kubectl(
@@ -935,6 +935,8 @@ def main(argv: list[str] | None = None) -> int:
         sampler = _sample_load(seen)
         engines[name] = run(data, args) if run is not None and name in only else None
         sampler.set()
+        # Each column on stderr as it ends: a run cut short keeps the columns it finished.
+        print(json.dumps({"engine": name, "result": engines[name]}), file=sys.stderr, flush=True)
         load[name] = [round(before, 2), round(os.getloadavg()[0], 2)]
         load_range[name] = [round(min(seen), 2), round(max(seen), 2)]
     r = {
