@@ -5,9 +5,10 @@ The workload is `kueue_baseline.build()`'s: Kueue's own generator shapes
 (`test/performance/scheduler/configs/baseline/generator.yaml`: per tenant small 1 GPU
 0.2 s priority 50 one every 0.1 s, medium 5 GPUs 0.5 s priority 100 every 0.5 s, large
 20 GPUs 1 s priority 200 every 1.2 s; nominal 20, borrowing limit 100, reclaim Any,
-within LowerPriority), with fewer cohorts, tenants and requests (`--cohorts`,
-`--tenants`, `--scale`), since a 2-core machine running a whole control plane cannot
-take 15,000 Jobs in minutes.
+within LowerPriority), by default with fewer cohorts, tenants and requests (`--cohorts`,
+`--tenants`, `--scale`: 2 x 3 x 0.1), since a 2-core machine running a whole control
+plane cannot take 15,000 Jobs in minutes; with `--workloads` (below) it takes the whole
+baseline (`--cohorts 5 --tenants 6 --scale 1`).
 
 Engines (each a column):
 - `kueue`: the real Kueue v0.19.2 on the local control plane (scripts/cluster.py; a
@@ -34,6 +35,17 @@ Engines (each a column):
   `finish` events lag behind Kueue's own conditions (a watch of the Workloads, as the
   `kueue` column's).
 
+`--workloads` (Kueue's own method; the command of the full baseline): in both Kueue
+columns each request is a `kueue.x-k8s.io/v1beta2` Workload created directly in its
+tenant's LocalQueue (one podSet of one pod asking for its GPUs, its WorkloadPriorityClass,
+and in kueue_mode the same `kueue_labels` with the request's id, on the Workload itself),
+with no Job and no pod; this process plays the part of Kueue's baseline runner
+(test/performance/scheduler/runner/controller): it marks each Admitted Workload Finished
+after its runtime, and gives up an evicted one's quota reservation (what a job controller
+would do), on a watch that resumes from its resourceVersion and lists again on 410 Gone.
+Time to admission: from the Workload's creation to the watch seeing QuotaReserved (kueue)
+or to the gateway's `admit` event (kueue_mode). Without it, suspended Jobs as above.
+
 Reported per engine: makespan (first submit to last finish) against the quota-bound floor
 (max of the last submit plus its runtime, and the GPU-seconds over the quota), time to
 admission p50/p95 per class, and lost workloads (never finished by the deadline).
@@ -43,6 +55,12 @@ ClusterQueues of its own), so they do not compete for the control plane.
 
     .venv/bin/python benchmarks/kueue_side_by_side.py [--cohorts 2] [--tenants 3]
         [--scale 0.1] [--cluster-dir .cluster] [--only kueue,kueue_mode,core] [--json]
+        [--workloads] [--at-once 16] [--deadline 300]
+
+The full baseline (15,000 workloads), as recorded in benchmarks/RESULTS.md:
+
+    kueue_side_by_side.py --cohorts 5 --tenants 6 --scale 1 --workloads --at-once 64 \
+        --deadline 1200 --cluster-dir .cluster --json
 """
 
 from __future__ import annotations
@@ -56,11 +74,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +90,12 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 RESOURCE = "nvidia.com/gpu"
 FLAVOR = "gpu"
+#: The Workload API that Kueue v0.19.2 stores (it serves v1beta1 too) and its runner uses.
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+#: Where a Workload carries its runtime, in ms (as Kueue's runner labels its Workloads).
+RUNTIME_LABEL = "gpuaas.jupyter.org/runtime-ms"
+#: Creations (and, in kueue_mode, submits) in flight at once; `--at-once` sets it.
+AT_ONCE = 16
 
 
 def scenario(cohorts: int, tenants: int, scale: float) -> dict[str, Any]:
@@ -215,6 +240,231 @@ def _job(
     }
 
 
+def _workload(
+    ns: str, name: str, req: dict[str, Any], labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The request as a Workload of its own (`--workloads`, as Kueue's baseline runner
+    creates them: no Job, no pod): one podSet of one pod asking for the request's GPUs, in
+    its tenant's LocalQueue, with the WorkloadPriorityClass of its priority and its
+    runtime in a label for the runner (`_Runner`). `labels`: kueue_mode's
+    `kueue_labels`, with the request's id, on the Workload itself."""
+    from jupyter_gpuaas.kubeapi.meta import FLAVOR_LABEL
+
+    gpus = str(req["gpus"])
+    return {
+        "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+        "kind": "Workload",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {**(labels or {}), RUNTIME_LABEL: str(int(req["duration"] * 1000))},
+            "annotations": {"gpuaas.jupyter.org/request": req["id"]},
+        },
+        "spec": {
+            "queueName": req["tenant"],
+            "priorityClassRef": {
+                "group": KUEUE_GROUP,
+                "kind": "WorkloadPriorityClass",
+                "name": f"sbs-p{req['priority']}",
+            },
+            "priority": req["priority"],
+            "podSets": [
+                {
+                    "name": "main",
+                    "count": 1,
+                    "template": {
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "nodeSelector": {FLAVOR_LABEL: FLAVOR},
+                            "containers": [
+                                {
+                                    "name": "main",
+                                    "image": "registry.k8s.io/pause:3.10",
+                                    "resources": {
+                                        "requests": {RESOURCE: gpus},
+                                        "limits": {RESOURCE: gpus},
+                                    },
+                                }
+                            ],
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _true(conditions: dict[str, dict[str, Any]], kind: str) -> bool:
+    return conditions.get(kind, {}).get("status") == "True"
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class _Runner:
+    """What Kueue's baseline runner (test/performance/scheduler/runner/controller) does
+    for Workloads that no job controller owns, on a watch of the run's namespace: once a
+    Workload is Admitted, it is marked Finished (a server-side apply of the condition to
+    its status) after its runtime from the admission this process saw; once one is
+    Evicted (preempted), its quota reservation is given up (QuotaReserved and Admitted
+    false, no admission), which a job controller would otherwise do, so that Kueue can
+    admit it again. Also records, per Workload name, when this process first saw its
+    QuotaReserved and its Finished condition.
+
+    The watch resumes from the last resourceVersion it saw (bookmarks included) and
+    lists afresh only on 410 Gone."""
+
+    def __init__(self, custom: Any, ns: str, runtimes: dict[str, float], count: int) -> None:
+        self.custom, self.ns, self.runtimes, self.count = custom, ns, runtimes, count
+        self.reserved: dict[str, float] = {}
+        self.finished: dict[str, float] = {}
+        self._admitted: dict[str, float] = {}  # name -> when its current admission was seen
+        self._unreserving: set[tuple[str, str]] = set()  # (name, resourceVersion)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.finishes = self.evictions = self.relists = self.watches = 0
+        self.errors: list[str] = []
+
+    async def run(self, until: float) -> None:
+        from kubernetes_asyncio import watch
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        rv: str | None = None
+        try:
+            while len(self.finished) < self.count and time.monotonic() < until:
+                if rv is None:
+                    listed = await self.custom.list_namespaced_custom_object(
+                        KUEUE_GROUP, KUEUE_VERSION, self.ns, "workloads"
+                    )
+                    self.relists += 1
+                    rv = listed["metadata"]["resourceVersion"]
+                    for wl in listed.get("items") or []:
+                        self._seen(wl)
+                w = watch.Watch()
+                self.watches += 1
+                try:
+                    async for ev in w.stream(
+                        self.custom.list_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                        self.ns, "workloads", resource_version=rv, allow_watch_bookmarks=True,
+                        timeout_seconds=60,
+                    ):  # fmt: skip
+                        obj = ev["object"]
+                        rv = obj["metadata"].get("resourceVersion") or rv
+                        if ev["type"] in ("ADDED", "MODIFIED"):
+                            self._seen(obj)
+                        if len(self.finished) >= self.count or time.monotonic() > until:
+                            break
+                except ApiException as e:
+                    if e.status != 410:
+                        raise
+                    rv = None  # the revision was compacted away: list afresh
+                except asyncio.TimeoutError:
+                    pass
+                finally:
+                    await w.close()
+        finally:
+            for t in self._tasks:
+                t.cancel()
+
+    def _seen(self, wl: dict[str, Any]) -> None:
+        name = wl["metadata"]["name"]
+        conds = {c["type"]: c for c in (wl.get("status") or {}).get("conditions") or []}
+        now = time.monotonic()
+        if _true(conds, "QuotaReserved"):
+            self.reserved.setdefault(name, now)
+        if _true(conds, "Finished"):
+            self.finished.setdefault(name, now)
+            self._admitted.pop(name, None)
+            return
+        evicted = _true(conds, "Evicted")
+        if evicted and _true(conds, "QuotaReserved"):
+            key = (name, wl["metadata"]["resourceVersion"])
+            if key not in self._unreserving:
+                self._unreserving.add(key)
+                self._spawn(self._unreserve(wl, conds))
+        if _true(conds, "Admitted") and not evicted:
+            if name not in self._admitted:
+                self._admitted[name] = now
+                self._spawn(self._finish_after(name, now))
+        else:
+            self._admitted.pop(name, None)
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish_after(self, name: str, admitted: float) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        await asyncio.sleep(max(0.0, admitted + self.runtimes[name] - time.monotonic()))
+        if self._admitted.get(name) != admitted:  # evicted or finished meanwhile
+            return
+        cond = {
+            "type": "Finished",
+            "status": "True",
+            "reason": "ByTest",
+            "message": "Finished after its runtime by the side-by-side runner",
+            "lastTransitionTime": _stamp(),
+        }
+        body = {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+            "kind": "Workload",
+            "metadata": {"name": name, "namespace": self.ns},
+            "status": {"conditions": [cond]},
+        }
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                KUEUE_GROUP, KUEUE_VERSION, self.ns, "workloads", name, body,
+                field_manager="kueue-side-by-side-Finished", force=True,
+                _content_type="application/apply-patch+yaml",
+            )  # fmt: skip
+            self.finishes += 1
+        except ApiException as e:
+            self.errors.append(f"finish {name}: {e.status} {e.reason}")
+
+    async def _unreserve(self, wl: dict[str, Any], conds: dict[str, dict[str, Any]]) -> None:
+        """Give up an evicted Workload's quota reservation (Kueue's runner: "finish the
+        workloads eviction"), against the resourceVersion seen: on a conflict the newer
+        version comes on the watch and this runs again for it."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        now = _stamp()
+        changed = {
+            "QuotaReserved": ("Pending", "Evicted by the side-by-side runner"),
+            "Admitted": ("NoReservation", "The workload has no reservation"),
+        }
+        out = []
+        for kind, c in conds.items():
+            if kind in changed and c.get("status") != "False":
+                reason, message = changed[kind]
+                c = {**c, "status": "False", "reason": reason, "message": message,
+                     "lastTransitionTime": now}  # fmt: skip
+            out.append(c)
+        body = {
+            "metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]},
+            "status": {"conditions": out, "admission": None},
+        }
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                KUEUE_GROUP, KUEUE_VERSION, self.ns, "workloads", wl["metadata"]["name"], body,
+                _content_type="application/merge-patch+json",
+            )  # fmt: skip
+            self.evictions += 1
+        except ApiException as e:
+            if e.status != 409:
+                self.errors.append(f"unreserve {wl['metadata']['name']}: {e.status} {e.reason}")
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "finished_by_runner": self.finishes,
+            "evictions_completed": self.evictions,
+            "watches": self.watches,
+            "lists": self.relists,
+            "errors": self.errors[:5],
+        }
+
+
 async def _observe(
     custom: Any,
     ns: str,
@@ -251,7 +501,7 @@ async def _observe(
 
 
 async def _replay(
-    kubeconfig: Path, ns: str, data: dict[str, Any], deadline: float
+    kubeconfig: Path, ns: str, data: dict[str, Any], deadline: float, workloads: bool = False
 ) -> dict[str, Any]:
     from kubernetes_asyncio import client, config
 
@@ -263,42 +513,65 @@ async def _replay(
     created: dict[str, float] = {}
     admitted: dict[str, float] = {}
     finished: dict[str, float] = {}
+    late: list[float] = []  # how far behind its submit time each creation was sent
+    runner = None
+    if workloads:
+        runner = _Runner(custom, ns, {f"w{i}": r["duration"] for i, r in enumerate(requests)},
+                         len(requests))  # fmt: skip
+        admitted, finished = runner.reserved, runner.finished
     start = time.monotonic()
 
     async def create() -> None:
-        sem = asyncio.Semaphore(16)
+        sem = asyncio.Semaphore(AT_ONCE)
 
         async def one(i: int, req: dict[str, Any]) -> None:
             await asyncio.sleep(max(0.0, start + req["submit"] - time.monotonic()))
             async with sem:
-                created[f"j{i}"] = time.monotonic()
-                await batch.create_namespaced_job(ns, _job(ns, i, req))
+                now = time.monotonic()
+                late.append(now - start - req["submit"])
+                if workloads:
+                    created[f"w{i}"] = now
+                    await custom.create_namespaced_custom_object(
+                        KUEUE_GROUP, KUEUE_VERSION, ns, "workloads", _workload(ns, f"w{i}", req)
+                    )
+                else:
+                    created[f"j{i}"] = now
+                    await batch.create_namespaced_job(ns, _job(ns, i, req))
 
         await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
 
+    watcher = (
+        runner.run(start + deadline)
+        if runner is not None
+        else _observe(custom, ns, admitted, finished, len(requests), start + deadline)
+    )
     try:
-        await asyncio.gather(
-            create(), _observe(custom, ns, admitted, finished, len(requests), start + deadline)
-        )
+        await asyncio.gather(create(), watcher)
     finally:
         await api.close()
     waits: dict[str, list[float]] = {cls: [] for cls, *_ in kueue_baseline.CLASSES}
     for i, req in enumerate(requests):
-        key = f"j{i}"
+        key = f"w{i}" if workloads else f"j{i}"
         if key in admitted:
             waits[kueue_baseline.class_of(req["id"])].append(admitted[key] - created[key])
     end = max(finished.values(), default=time.monotonic())
     lost = len(requests) - len(finished)
-    return summarize(waits, end - start, lost, time.monotonic() - start, data)
+    out = summarize(waits, end - start, lost, time.monotonic() - start, data)
+    out["submitted_late_s"] = _spread(late)
+    if runner is not None:
+        out["runner"] = runner.report()
+    return out
 
 
 @contextlib.contextmanager
 def _on_cluster(
-    data: dict[str, Any], cluster_dir: Path | None
+    data: dict[str, Any], cluster_dir: Path | None, wait: bool = False
 ) -> Iterator[tuple[Any, str, dict[str, Any]]]:
     """(the cluster, a namespace of this run's own, the scenario with its names) with the
     scenario's quota applied, KWOK nodes and all; everything removed afterwards (and the
-    cluster stopped if it was started here)."""
+    cluster stopped if it was started here). `wait`: until the namespace is gone (its
+    thousands of Workloads deleted), so that the next column starts on a quiet control
+    plane."""
     module = _cluster_module()
     own = cluster_dir is None or not (cluster_dir / "kubeconfig").exists()
     root = Path(tempfile.mkdtemp(prefix="sbs-cluster-")) if cluster_dir is None else cluster_dir
@@ -317,7 +590,8 @@ def _on_cluster(
         cluster.apply(_objects(data, ns, module.kwok_node))
         yield cluster, ns, data
     finally:
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        gone = ("--wait=true", "--timeout=180s") if wait else ("--wait=false",)
+        cluster.kubectl("delete", "namespace", ns, *gone, check=False)
         names = [t for t in data["tenants"]]
         cluster.kubectl(
             "delete", "clusterqueues.kueue.x-k8s.io", *names, "--wait=false", check=False
@@ -330,9 +604,11 @@ def _on_cluster(
             module.down(root)
 
 
-def run_kueue(data: dict[str, Any], cluster_dir: Path | None, deadline: float) -> dict[str, Any]:
-    with _on_cluster(data, cluster_dir) as (cluster, ns, named):
-        return asyncio.run(_replay(cluster.kubeconfig, ns, named, deadline))
+def run_kueue(
+    data: dict[str, Any], cluster_dir: Path | None, deadline: float, workloads: bool = False
+) -> dict[str, Any]:
+    with _on_cluster(data, cluster_dir, wait=workloads) as (cluster, ns, named):
+        return asyncio.run(_replay(cluster.kubeconfig, ns, named, deadline, workloads))
 
 
 # ---------------------------------------------------------------------------------------
@@ -392,7 +668,13 @@ def _start_gateway(
 
 
 async def _replay_gateway(
-    kubeconfig: Path, url: str, ns: str, data: dict[str, Any], deadline: float, pid: int
+    kubeconfig: Path,
+    url: str,
+    ns: str,
+    data: dict[str, Any],
+    deadline: float,
+    pid: int,
+    workloads: bool = False,
 ) -> dict[str, Any]:
     from gateway_load import cpu_seconds
     from kubernetes_asyncio import client, config
@@ -438,14 +720,23 @@ async def _replay_gateway(
     reserved: dict[str, float] = {}
     kueue_finished: dict[str, float] = {}
     custom = client.CustomObjectsApi(api)
+    runner = None
+    if workloads:  # the runner finishes them (no Job, no pod), and watches as it does
+        runner = _Runner(custom, ns, {f"w{i}": r["duration"] for i, r in enumerate(requests)},
+                         len(requests))  # fmt: skip
+        reserved, kueue_finished = runner.reserved, runner.finished
     watcher = asyncio.ensure_future(
-        _observe(custom, ns, reserved, kueue_finished, len(requests), start + deadline)
+        runner.run(start + deadline)
+        if runner is not None
+        else _observe(custom, ns, reserved, kueue_finished, len(requests), start + deadline)
     )
+    late: list[float] = []
 
     async def one(i: int, req: dict[str, Any]) -> None:
         await asyncio.sleep(max(0.0, start + req["submit"] - time.monotonic()))
         async with sem:
             at = time.monotonic()
+            late.append(at - start - req["submit"])
             try:
                 made = await holders[req["tenant"]].submit(
                     req["tenant"], "job", req["gpus"], FLAVOR, req["priority"], name=req["id"]
@@ -458,11 +749,17 @@ async def _replay_gateway(
                     priority_class=f"sbs-p{req['priority']}",
                     request=made["id"],
                 )
-                await batch.create_namespaced_job(ns, _job(ns, i, req, labels))
+                if workloads:
+                    await custom.create_namespaced_custom_object(
+                        KUEUE_GROUP, KUEUE_VERSION, ns, "workloads",
+                        _workload(ns, f"w{i}", req, labels),
+                    )  # fmt: skip
+                else:
+                    await batch.create_namespaced_job(ns, _job(ns, i, req, labels))
             except Exception as e:  # one bad request fails alone; counted as lost
                 errors.append(f"{req['id']}: {e}")
 
-    sem = asyncio.Semaphore(16)
+    sem = asyncio.Semaphore(AT_ONCE)
     try:
         await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
         if len(finished) < len(requests):
@@ -471,7 +768,7 @@ async def _replay_gateway(
         wall = time.monotonic() - start
         cpu = cpu_seconds(pid) - cpu0
         # The gateway's own view: every request read back from its store.
-        store = await asyncio.gather(*(viewer.get(rid) for rid in ids.values()))
+        store = await _bounded(viewer.get(rid) for rid in ids.values())
     finally:
         follower.cancel()
         watcher.cancel()
@@ -480,13 +777,13 @@ async def _replay_gateway(
     lag_admit: list[float] = []
     lag_finish: list[float] = []
     for i, req in enumerate(requests):
-        rid = ids.get(i)
+        rid, key = ids.get(i), f"w{i}" if workloads else f"j{i}"
         if rid in admitted:
             waits[kueue_baseline.class_of(req["id"])].append(admitted[rid] - submitted[rid])
-            if f"j{i}" in reserved:
-                lag_admit.append(admitted[rid] - reserved[f"j{i}"])
-        if rid in finished and f"j{i}" in kueue_finished:
-            lag_finish.append(finished[rid] - kueue_finished[f"j{i}"])
+            if key in reserved:
+                lag_admit.append(admitted[rid] - reserved[key])
+        if rid in finished and key in kueue_finished:
+            lag_finish.append(finished[rid] - kueue_finished[key])
     end = max(finished.values(), default=time.monotonic())
     lost = len(requests) - sum(1 for e in ended.values() if e == "finish")
     out = summarize(waits, end - start, lost, wall, data)
@@ -502,8 +799,24 @@ async def _replay_gateway(
         "admit_lag_s": _spread(lag_admit),
         "finish_lag_s": _spread(lag_finish),
         "errors": errors[:5],
+        "error_count": len(errors),
     }
+    out["submitted_late_s"] = _spread(late)
+    if runner is not None:
+        out["runner"] = runner.report()
     return out
+
+
+async def _bounded(work: Iterable[Awaitable[Any]], at_once: int = 32) -> list[Any]:
+    """Every awaitable's result, in order, at most `at_once` of them in flight (15,000
+    reads at once would only queue in the gateway)."""
+    sem = asyncio.Semaphore(at_once)
+
+    async def one(w: Awaitable[Any]) -> Any:
+        async with sem:
+            return await w
+
+    return list(await asyncio.gather(*(one(w) for w in work)))
 
 
 def _spread(values: list[float]) -> list[float] | None:
@@ -513,16 +826,16 @@ def _spread(values: list[float]) -> list[float] | None:
 
 
 def run_kueue_mode(
-    data: dict[str, Any], cluster_dir: Path | None, deadline: float
+    data: dict[str, Any], cluster_dir: Path | None, deadline: float, workloads: bool = False
 ) -> dict[str, Any]:
     with (
-        _on_cluster(data, cluster_dir) as (cluster, ns, named),
+        _on_cluster(data, cluster_dir, wait=workloads) as (cluster, ns, named),
         tempfile.TemporaryDirectory(prefix="sbs-gateway-") as tmp,
     ):
         proc, url = _start_gateway(Path(tmp), cluster.kubeconfig, ns, named)
         try:
             return asyncio.run(
-                _replay_gateway(cluster.kubeconfig, url, ns, named, deadline, proc.pid)
+                _replay_gateway(cluster.kubeconfig, url, ns, named, deadline, proc.pid, workloads)
             )
         finally:
             proc.terminate()
@@ -536,8 +849,8 @@ def run_kueue_mode(
 
 #: The columns: a function (scenario data, args) -> summarize(...)'s dict each.
 ENGINES: dict[str, Callable[[dict[str, Any], argparse.Namespace], dict[str, Any]] | None] = {
-    "kueue": lambda data, a: run_kueue(data, a.cluster_dir, a.deadline),
-    "kueue_mode": lambda data, a: run_kueue_mode(data, a.cluster_dir, a.deadline),
+    "kueue": lambda data, a: run_kueue(data, a.cluster_dir, a.deadline, a.workloads),
+    "kueue_mode": lambda data, a: run_kueue_mode(data, a.cluster_dir, a.deadline, a.workloads),
     "core": lambda data, a: run_core(data),
 }
 
@@ -545,7 +858,8 @@ ENGINES: dict[str, Callable[[dict[str, Any], argparse.Namespace], dict[str, Any]
 def text(r: dict[str, Any]) -> str:
     lines = [
         f"Kueue baseline x{r['scale']}: {r['requests']} requests, {r['tenants']} tenants"
-        f" in {r['cohorts']} cohorts; quota-bound floor {r['floor_s']} s",
+        f" in {r['cohorts']} cohorts, submitted as {r['submitted_as']};"
+        f" quota-bound floor {r['floor_s']} s",
         "  engine      makespan  x floor  wall     lost  class   admitted  wait p50  wait p95",
     ]
     for name, e in r["engines"].items():
@@ -576,7 +890,21 @@ def text(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _sample_load(into: list[float], every: float = 10.0) -> threading.Event:
+    """Append the 1-minute load average to `into` every `every` seconds until the
+    returned event is set."""
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(every):
+            into.append(os.getloadavg()[0])
+
+    threading.Thread(target=sample, daemon=True).start()
+    return stop
+
+
 def main(argv: list[str] | None = None) -> int:
+    global AT_ONCE
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cohorts", type=int, default=2)
     parser.add_argument("--tenants", type=int, default=3, help="tenants per cohort")
@@ -584,25 +912,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster-dir", type=Path, help="a running cluster (make cluster-up)")
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds for Kueue")
     parser.add_argument("--only", help="comma-separated engines (default: all)")
+    parser.add_argument(
+        "--at-once", type=int, default=AT_ONCE, help="creations in flight at once (16)"
+    )
+    parser.add_argument(
+        "--workloads",
+        action="store_true",
+        help="create Workload objects directly and finish them after their runtime, as"
+        " Kueue's own baseline runner does (no Jobs, no pods); default: suspended Jobs",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     data = scenario(args.cohorts, args.tenants, args.scale)
     only = set(args.only.split(",")) if args.only else set(ENGINES)
     engines: dict[str, Any] = {}
     load: dict[str, list[float]] = {}  # the machine's load average around each engine
+    load_range: dict[str, list[float]] = {}
+    AT_ONCE = args.at_once
     for name, run in ENGINES.items():
         before = os.getloadavg()[0]
+        seen = [before]
+        sampler = _sample_load(seen)
         engines[name] = run(data, args) if run is not None and name in only else None
+        sampler.set()
+        # Each column on stderr as it ends: a run cut short keeps the columns it finished.
+        print(json.dumps({"engine": name, "result": engines[name]}), file=sys.stderr, flush=True)
         load[name] = [round(before, 2), round(os.getloadavg()[0], 2)]
+        load_range[name] = [round(min(seen), 2), round(max(seen), 2)]
     r = {
         "benchmark": "kueue_side_by_side",
         "scale": args.scale,
         "cohorts": args.cohorts,
         "tenants": args.cohorts * args.tenants,
         "requests": len(data["requests"]),
+        "submitted_as": "workloads" if args.workloads else "jobs",
         "floor_s": floor(data),
         "machine": _bench.machine(),
         "load_average_1m": load,
+        # lowest and highest 1-minute load average sampled every 10 s over each column
+        "load_average_1m_range": load_range,
+        "at_once": args.at_once,
         "engines": engines,
     }
     _bench.emit(r, args.json, text(r))

@@ -570,6 +570,15 @@ def _kwokctl_config(c: Cluster, binaries: Path, apiserver_port: int, kueue: list
                     {"key": "watch-cache-sizes", "value": "nodes#0"},
                 ],
             },
+            # One replica of each, and kwokctl's binary runtime restarts none: with leader
+            # election on, a controller manager or scheduler that cannot renew its lease in
+            # time (an API server slowed by a loaded host) exits for good, and namespaces
+            # stop being deleted, Jobs stop making pods (seen under a load average of 13).
+            {
+                "name": "kube-controller-manager",
+                "extraArgs": [{"key": "leader-elect", "value": "false"}],
+            },
+            {"name": "kube-scheduler", "extraArgs": [{"key": "leader-elect", "value": "false"}]},
             {
                 # KWOK plays the Nodes with its annotation (every Node of kwok_node), not
                 # all of them: a Node without it keeps the status a test patches into it

@@ -663,6 +663,86 @@ async def test_a_holders_request_whose_pod_never_comes_is_cancelled(
         quota.close()
 
 
+async def test_a_workload_made_directly_with_a_holders_label_drives_its_request(
+    kube: KubeOnCluster, tmp_path: Path
+) -> None:
+    """A Workload created as it is, with no Job or pod behind it (as Kueue's own
+    performance runner and benchmarks/kueue_side_by_side.py --workloads create them), and
+    labelled with a holder's request id by `kueue_labels`, is bound to that request: Kueue
+    admits it, the request is admitted with the flavor Kueue chose, and when its Finished
+    condition is set (as the runner marks it after its runtime) the request finishes; no
+    second request appears for the Workload."""
+    from jupyter_gpuaas.kubernetes.pods import kueue_labels
+
+    quota = KueueQuota(kube, tmp_path, name="vision")
+    gw = await quota.gateway(tmp_path)
+    events: list[dict[str, Any]] = []
+    listening = asyncio.get_running_loop().create_task(listen(gw.url, events))
+    name = f"direct-{quota.tag}"
+    try:
+        alice = GatewayClient(gw.url, TOKENS["alice"])
+        req = await alice.submit("vision", "job", 1, quota.flavor, name="a workload of its own")
+        labels = kueue_labels("vision", user="alice", kind="job", request=req["id"])
+        gpu = {"nvidia.com/gpu": "1"}
+        pod = {
+            "restartPolicy": "Never",
+            "nodeSelector": {"gpuaas.jupyter.org/flavor": quota.flavor},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "containers": [
+                {"name": "main", "image": "python:3.12", "resources": {"requests": gpu}}
+            ],
+        }
+        quota.run(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "Workload",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {
+                    "queueName": "vision",
+                    "podSets": [{"name": "main", "count": 1, "template": {"spec": pod}}],
+                },
+            }
+        )
+        admitted_req = await wait_until(
+            lambda: field_is_id(gw.url, req["id"], lambda r: r["state"] == "admitted"),
+            timeout=60,
+            what="the holder's request admitted by Kueue",
+        )
+        assert admitted_req["grant"]["flavor"] == quota.flavor
+        finished = {
+            "type": "Finished",
+            "status": "True",
+            "reason": "ByTest",
+            "message": "finished by the test, as Kueue's performance runner finishes one",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+        patch = [{"op": "add", "path": "/status/conditions/-", "value": finished}]
+        kube.cluster.kubectl(
+            "patch", "workloads.kueue.x-k8s.io", name, "-n", kube.namespace,
+            "--subresource=status", "--type=json", "-p", json.dumps(patch),
+        )  # fmt: skip
+        await wait_until(
+            lambda: field_is_id(gw.url, req["id"], lambda r: r["state"] == "finished"),
+            timeout=60,
+            what="the holder's request finished with its Workload",
+        )
+        await wait_until(
+            lambda: [e["event"] for e in events if e.get("id") == req["id"]][-1:] == ["finish"],
+            what="the stream's finish",
+        )
+        assert [e["event"] for e in events if e.get("id") == req["id"]] == [
+            "submit",
+            "admit",
+            "finish",
+        ]
+        # The Workload drove the holder's request; none of its own was made for it.
+        assert [r for n, r in (await requests_of(gw.url)).items() if name in n] == []
+    finally:
+        listening.cancel()
+        await gw.stop_server()
+        quota.close()
+
+
 async def test_a_gpu_server_goes_through_kueue(kube: KubeOnCluster, tmp_path: Path) -> None:
     """The Hub's QueuedKubeSpawner in Kueue mode (`kueue_queue`), its start played as the
     Hub's User.spawn does (the pre-spawn hook, then start()): the request is submitted, the
