@@ -78,6 +78,39 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+#: Directories whose tests run in ONE pytest-xdist worker together under `--dist loadfile`
+#: (`make pytest`): tests/kubernetes shares one real control plane per session (starting
+#: it costs 40-60 s, and two would hand out pod IPs from the same loopback range, where
+#: KwokKubelet's processes listen).
+WHOLE_DIRECTORY_SCOPES = ("tests/kubernetes/",)
+
+
+def work_unit_of(nodeid: str) -> str:
+    """What one xdist worker runs whole: a test's file (its module fixtures start once, in
+    one worker), or its directory of WHOLE_DIRECTORY_SCOPES."""
+    path = nodeid.split("::", 1)[0]
+    for directory in WHOLE_DIRECTORY_SCOPES:
+        if path.startswith(directory):
+            return directory
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, where it is installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with work_unit_of's units. (Not `--dist loadgroup` with
+    `xdist_group` marks: on pytest 9.2 it silently stops grouping, pytest-xdist#1386.)
+    Units go out largest first (most tests), tests/kubernetes among the first."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit_of(nodeid)
+
+    return Scheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A real, empty PostgreSQL database for this test session (see tests/pg.py).
@@ -136,6 +169,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One REAL JupyterHub (tests/hubutil.py) for every test of the session that takes it
     (tests/hub/, tests/ui/): JupyterHub starts slowly on a small machine. Its log is kept
     in test-artifacts/."""
+    import os
     import shutil
 
     from hubutil import REPO, Hub
@@ -148,7 +182,10 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         if h.log_path.exists():  # not where the test was skipped before the hub started
             artifacts = REPO / "test-artifacts"
             artifacts.mkdir(exist_ok=True)
-            shutil.copy(h.log_path, artifacts / "hub-tests-jupyterhub.log")
+            # One session Hub per xdist worker (gw0, gw1...): a log each.
+            worker = os.environ.get("PYTEST_XDIST_WORKER")
+            name = f"hub-tests-jupyterhub-{worker}.log" if worker else "hub-tests-jupyterhub.log"
+            shutil.copy(h.log_path, artifacts / name)
 
 
 @pytest.fixture
