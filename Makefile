@@ -157,8 +157,11 @@ pytest: setup core cluster-bin
 # (labextension/lib, jupyter_gpuaas/labextension), which their browsers and the packaging
 # test read. The checks (lint, contracts, typecheck, docs) only read the sources.
 test: setup core cluster-bin
+	@echo "make test: $$(date -u +%T) UTC: lint, contracts, typecheck, docs beside lowest"
 	$(MAKE) --no-print-directory -j --output-sync=target lint contracts typecheck docs lowest
+	@echo "make test: $$(date -u +%T) UTC: pytest beside uitest"
 	$(MAKE) --no-print-directory -j --output-sync=target pytest uitest
+	@echo "make test: $$(date -u +%T) UTC: passed"
 
 # The sidebar's tests: Jest on its model, then Galata (Playwright on Debian's Chromium)
 # against a real jupyter server and a real standalone gateway (tests/ui/run_galata.py).
