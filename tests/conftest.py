@@ -67,15 +67,18 @@ SLOW_FIXTURES = frozenset(
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that takes a fixture of SLOW_FIXTURES, or runs once on PostgreSQL (`db_url`
     parametrized), is `slow`, those written later included, so that `pytest -m "not slow"`
-    (the fast part, under a minute) leaves every one of them out."""
+    (the fast part, under a minute) leaves every one of them out. In a pytest-xdist
+    worker, the tests are also put in the order their work units go out (dispatch_order)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         params = getattr(getattr(item, "callspec", None), "params", {})
         if names & SLOW_FIXTURES or params.get("db_url") == "postgres":
             item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):  # every worker sorts alike: the same collection
+        items[:] = dispatch_order(items)
 
 
 #: Directories whose tests run in ONE pytest-xdist worker together under `--dist loadfile`
@@ -95,14 +98,44 @@ def work_unit_of(nodeid: str) -> str:
     return path
 
 
+def dispatch_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The tests by work unit (work_unit_of), the units in the order they are handed out:
+    the longest first, so that no worker starts a long one when the others are done.
+    tests/kubernetes (the longest: a control plane, then seconds a test); then every file
+    of tests/hub and tests/ui (a Hub, browsers, a packaging build: a minute or more for a
+    few tests); then the other directories' (processes, servers); then tests/*.py (mostly
+    in-process); within each, the units with more tests first. A unit's tests keep their
+    order."""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        units.setdefault(work_unit_of(item.nodeid), []).append(item)
+
+    def rank(unit: str) -> tuple[int, int]:
+        parts = unit.split("/")
+        if unit in WHOLE_DIRECTORY_SCOPES:
+            tier = 0
+        elif len(parts) > 2 and parts[1] in ("hub", "ui"):
+            tier = 1
+        elif len(parts) > 2:
+            tier = 2
+        else:
+            tier = 3
+        return tier, -len(units[unit])
+
+    return [item for unit in sorted(units, key=rank) for item in units[unit]]
+
+
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, where it is installed
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadfile` with work_unit_of's units. (Not `--dist loadgroup` with
-    `xdist_group` marks: on pytest 9.2 it silently stops grouping, pytest-xdist#1386.)
-    Units go out largest first (most tests), tests/kubernetes among the first."""
+    """`--dist loadfile` with work_unit_of's units, handed out in the order the workers
+    collected them (dispatch_order), not by their number of tests alone. (Not `--dist
+    loadgroup` with `xdist_group` marks: on pytest 9.2 it silently stops grouping,
+    pytest-xdist#1386.)"""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False
 
     class Scheduling(LoadFileScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
