@@ -139,10 +139,29 @@ cluster-up: cluster-bin
 cluster-down: $(STAMP)
 	$(BIN)/python scripts/cluster.py down --dir $(CLUSTER_DIR)
 
+# The suite runs in PYTEST_WORKERS pytest-xdist workers at once (most of its time is spent
+# waiting on processes, a control plane, events, not on the CPU, so 3 help even on 2 cores).
+# `--dist loadfile` with the work units of tests/conftest.py (work_unit_of): a test file stays
+# in one worker (its module fixtures start once), tests/kubernetes as a whole too (one
+# control plane per session); each worker has its own tmp dirs, PostgreSQL and Hub.
+# `make pytest PYTEST_WORKERS=0` runs it in this process, one test at a time; one file
+# alone: `.venv/bin/python -m pytest tests/test_ledger.py` (no -n: serial, as ever).
+PYTEST_WORKERS ?= 3
 pytest: setup core cluster-bin
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile
 
-test: lint contracts typecheck docs lowest pytest uitest
+# Two phases, each a `make -j` of steps that can run side by side (--output-sync: each
+# step's output is printed whole when it ends, not interleaved; make fails when any step
+# of a phase fails, after the others of that phase end). `lowest` is in the first phase,
+# never beside `pytest` or `uitest`: its editable install rebuilds the sidebar in place
+# (labextension/lib, jupyter_gpuaas/labextension), which their browsers and the packaging
+# test read. The checks (lint, contracts, typecheck, docs) only read the sources.
+test: setup core cluster-bin
+	@echo "make test: $$(date -u +%T) UTC: lint, contracts, typecheck, docs beside lowest"
+	$(MAKE) --no-print-directory -j --output-sync=target lint contracts typecheck docs lowest
+	@echo "make test: $$(date -u +%T) UTC: pytest beside uitest"
+	$(MAKE) --no-print-directory -j --output-sync=target pytest uitest
+	@echo "make test: $$(date -u +%T) UTC: passed"
 
 # The sidebar's tests: Jest on its model, then Galata (Playwright on Debian's Chromium)
 # against a real jupyter server and a real standalone gateway (tests/ui/run_galata.py).

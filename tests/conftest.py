@@ -67,15 +67,81 @@ SLOW_FIXTURES = frozenset(
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that takes a fixture of SLOW_FIXTURES, or runs once on PostgreSQL (`db_url`
     parametrized), is `slow`, those written later included, so that `pytest -m "not slow"`
-    (the fast part, under a minute) leaves every one of them out."""
+    (the fast part, under a minute) leaves every one of them out. In a pytest-xdist
+    worker, the tests are also put in the order their work units go out (dispatch_order)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         params = getattr(getattr(item, "callspec", None), "params", {})
         if names & SLOW_FIXTURES or params.get("db_url") == "postgres":
             item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):  # every worker sorts alike: the same collection
+        items[:] = dispatch_order(items)
+
+
+#: Directories whose tests run in ONE pytest-xdist worker together under `--dist loadfile`
+#: (`make pytest`): tests/kubernetes shares one real control plane per session (starting
+#: it costs 40-60 s, and two would hand out pod IPs from the same loopback range, where
+#: KwokKubelet's processes listen).
+WHOLE_DIRECTORY_SCOPES = ("tests/kubernetes/",)
+
+
+def work_unit_of(nodeid: str) -> str:
+    """What one xdist worker runs whole: a test's file (its module fixtures start once, in
+    one worker), or its directory of WHOLE_DIRECTORY_SCOPES."""
+    path = nodeid.split("::", 1)[0]
+    for directory in WHOLE_DIRECTORY_SCOPES:
+        if path.startswith(directory):
+            return directory
+    return path
+
+
+def dispatch_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The tests by work unit (work_unit_of), the units in the order they are handed out:
+    the longest first, so that no worker starts a long one when the others are done.
+    tests/kubernetes (the longest: a control plane, then seconds a test); then every file
+    of tests/hub and tests/ui (a Hub, browsers, a packaging build: a minute or more for a
+    few tests); then the other directories' (processes, servers); then tests/*.py (mostly
+    in-process); within each, the units with more tests first. A unit's tests keep their
+    order."""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        units.setdefault(work_unit_of(item.nodeid), []).append(item)
+
+    def rank(unit: str) -> tuple[int, int]:
+        parts = unit.split("/")
+        if unit in WHOLE_DIRECTORY_SCOPES:
+            tier = 0
+        elif len(parts) > 2 and parts[1] in ("hub", "ui"):
+            tier = 1
+        elif len(parts) > 2:
+            tier = 2
+        else:
+            tier = 3
+        return tier, -len(units[unit])
+
+    return [item for unit in sorted(units, key=rank) for item in units[unit]]
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, where it is installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with work_unit_of's units, handed out in the order the workers
+    collected them (dispatch_order), not by their number of tests alone. (Not `--dist
+    loadgroup` with `xdist_group` marks: on pytest 9.2 it silently stops grouping,
+    pytest-xdist#1386.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False
+
+    class Scheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit_of(nodeid)
+
+    return Scheduling(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -136,6 +202,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One REAL JupyterHub (tests/hubutil.py) for every test of the session that takes it
     (tests/hub/, tests/ui/): JupyterHub starts slowly on a small machine. Its log is kept
     in test-artifacts/."""
+    import os
     import shutil
 
     from hubutil import REPO, Hub
@@ -148,7 +215,10 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         if h.log_path.exists():  # not where the test was skipped before the hub started
             artifacts = REPO / "test-artifacts"
             artifacts.mkdir(exist_ok=True)
-            shutil.copy(h.log_path, artifacts / "hub-tests-jupyterhub.log")
+            # One session Hub per xdist worker (gw0, gw1...): a log each.
+            worker = os.environ.get("PYTEST_XDIST_WORKER")
+            name = f"hub-tests-jupyterhub-{worker}.log" if worker else "hub-tests-jupyterhub.log"
+            shutil.copy(h.log_path, artifacts / name)
 
 
 @pytest.fixture

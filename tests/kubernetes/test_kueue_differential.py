@@ -200,7 +200,13 @@ def random_cases() -> list[Case]:
 #: hand-written cases pin those.
 FRESH = 6
 FRESH_DRAWS = 60
-SEED = int(os.environ.get("GPUAAS_DIFF_SEED") or random.SystemRandom().randrange(2**32))
+# Under pytest-xdist every worker collects the module and must draw the same cases: the
+# run's id, shared by its workers, is the seed there.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+SEED = int(
+    os.environ.get("GPUAAS_DIFF_SEED")
+    or (int(_RUN, 16) % 2**32 if _RUN else random.SystemRandom().randrange(2**32))
+)
 
 
 def fresh_cases(draw_seed: int) -> list[Case]:

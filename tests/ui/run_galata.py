@@ -266,9 +266,9 @@ def main() -> int:
         wait_http(lab_url + "api/status", lab, llog, 90)
         wait_http(viewer_url + "api/status", viewer, vlog, 90)
 
-        if ARTIFACTS.exists():
-            shutil.rmtree(ARTIFACTS)
-        ARTIFACTS.mkdir(parents=True)
+        # Not emptied first: `make test` runs this beside pytest, whose tests/ui write
+        # their screenshots here too (each run overwrites its own files by name).
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
         run_env = dict(
             env,
             TARGET_URL=lab_url.rstrip("/"),
