@@ -50,7 +50,8 @@ class KwokKubelet:
         self.logs = logs
         self.procs: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # pod uid → name, proc
         self.started: list[dict[str, Any]] = []  # the pods it ran, as it found them
-        # pod name → {"deleted_at", "sigterm_at" (epoch seconds), "hook_exit", "hook_log"}
+        # pod name → {"deleted_at", "sigterm_at" (epoch seconds), "grace", "hook_exit",
+        # "hook_log"}
         self.stops: dict[str, dict[str, Any]] = {}
         self._envs: dict[str, dict[str, str]] = {}  # pod uid → the container's env
         self._stopping: dict[str, asyncio.Task[None]] = {}  # pod uid → its stop
@@ -137,7 +138,7 @@ class KwokKubelet:
         if grace is None:
             grace = spec.get("terminationGracePeriodSeconds")
         grace = 30 if grace is None else int(grace)
-        record: dict[str, Any] = {"deleted_at": time.time(), "sigterm_at": None}
+        record: dict[str, Any] = {"deleted_at": time.time(), "sigterm_at": None, "grace": grace}
         record.update(hook_exit=None, hook_log=None)
         self.stops[meta["name"]] = record
         deadline = time.monotonic() + grace
