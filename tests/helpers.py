@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -233,3 +234,38 @@ def browser_page(width: int = 1280, height: int = 900, timeout_ms: int = 60_000)
     after `timeout_ms` (outside pytest; tests take the `browser` fixture's `new_page`)."""
     with chromium() as browser:
         yield new_page(browser, width, height, timeout_ms)
+
+
+def notebook(source: str, kernel: str = "python3-gpu", display: str = "Python 3 (1 GPU)") -> str:
+    """A notebook of one code cell on the kernelspec `kernel` (by default the demo's GPU
+    kernelspec), as JupyterLab writes one."""
+    return json.dumps(
+        {
+            "cells": [
+                {
+                    "cell_type": "code",
+                    "execution_count": None,
+                    "id": "c0",
+                    "metadata": {},
+                    "outputs": [],
+                    "source": source,
+                }
+            ],
+            "metadata": {
+                "kernelspec": {"name": kernel, "display_name": display, "language": "python"}
+            },
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        },
+        indent=1,
+    )
+
+
+#: JupyterLab's own commands, run in the page: open the notebook at `p` and run its
+#: selected cell (as Shift+Enter does). `page.evaluate(RUN_CELL, path)`.
+RUN_CELL = """async (p) => {
+     const app = window.jupyterapp;
+     await app.commands.execute('docmanager:open', {path: p});
+     await app.shell.currentWidget.context.ready;
+     await app.commands.execute('notebook:run-cell');
+   }"""

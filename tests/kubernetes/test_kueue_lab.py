@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import async_chromium, free_port, stop, wait_until
+from helpers import async_chromium, free_port, notebook, stop, wait_until
 from kubefix import TOKENS
 from kubeutil import KubeOnCluster, kernel_cluster
 from test_kueue_mode import field_is_id, job, preemptible_vision
@@ -53,30 +53,6 @@ pytestmark = pytest.mark.asyncio
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 EDIT = "lr = 0.01  # tuned, not saved yet"
-
-
-def notebook(source: str, kernel: str, display: str) -> str:
-    """A notebook of one code cell on the kernelspec `kernel`."""
-    return json.dumps(
-        {
-            "cells": [
-                {
-                    "cell_type": "code",
-                    "execution_count": None,
-                    "id": "c0",
-                    "metadata": {},
-                    "outputs": [],
-                    "source": source,
-                }
-            ],
-            "metadata": {
-                "kernelspec": {"name": kernel, "display_name": display, "language": "python"}
-            },
-            "nbformat": 4,
-            "nbformat_minor": 5,
-        },
-        indent=1,
-    )
 
 
 @contextlib.asynccontextmanager

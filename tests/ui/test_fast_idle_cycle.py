@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import new_page
+from helpers import RUN_CELL, new_page, notebook
 from hubutil import REPO, Hub
 from test_relogin_in_hub import (
     ARTIFACTS,
@@ -47,7 +47,6 @@ from test_relogin_in_hub import (
     kernels_of,
     lab_hub,
     log_in_to_lab,
-    notebook,
     sidebar_settles,
 )
 
@@ -72,15 +71,7 @@ def fast_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
 
 def run_cell(page: Any) -> None:
     """Run the notebook's cell (JupyterLab's own command, as Shift+Enter)."""
-    page.evaluate(
-        """async (p) => {
-             const app = window.jupyterapp;
-             await app.commands.execute('docmanager:open', {path: p});
-             await app.shell.currentWidget.context.ready;
-             await app.commands.execute('notebook:run-cell');
-           }""",
-        NAME,
-    )
+    page.evaluate(RUN_CELL, NAME)
 
 
 def toast(page: Any, text: str) -> Any:

@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from helpers import browser_page
+from helpers import RUN_CELL, browser_page, notebook
 from hubutil import QUOTAS, REPO, Hub
 
 pytestmark = pytest.mark.slow
@@ -63,33 +63,6 @@ SIDEBAR_JS = """() => {
     summary: panel.querySelector('.jp-gpuaas-work .jp-gpuaas-summary').textContent,
   };
 }"""
-
-
-def notebook(source: str) -> str:
-    """A notebook on the demo's GPU kernelspec with one code cell."""
-    return json.dumps(
-        {
-            "cells": [
-                {
-                    "cell_type": "code",
-                    "execution_count": None,
-                    "id": "c0",
-                    "metadata": {},
-                    "outputs": [],
-                    "source": source,
-                }
-            ],
-            "metadata": {
-                "kernelspec": {
-                    "name": "python3-gpu",
-                    "display_name": "Python 3 (1 GPU)",
-                    "language": "python",
-                }
-            },
-            "nbformat": 4,
-            "nbformat_minor": 5,
-        }
-    )
 
 
 @pytest.fixture(params=[False, True], ids=["server-kept", "shutdown-on-logout"])
@@ -270,15 +243,7 @@ def test_logging_out_and_in_with_three_gpu_notebooks_takes_no_gpu_until_a_cell_r
 
         # A cell run in one notebook asks for one GPU, granted at once (3 of vision's 3 free).
         target = NAMES[1]
-        page.evaluate(
-            """async (p) => {
-                 const app = window.jupyterapp;
-                 await app.commands.execute('docmanager:open', {path: p});
-                 await app.shell.currentWidget.context.ready;
-                 await app.commands.execute('notebook:run-cell');
-               }""",
-            target,
-        )
+        page.evaluate(RUN_CELL, target)
         page.locator(".jp-OutputArea-output", has_text="48").first.wait_for(timeout=90_000)
         # Her only request ever (the gateway lists ended ones too): none was made and
         # dropped on the way.
