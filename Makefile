@@ -158,17 +158,20 @@ pytest: setup core cluster-bin
 	$(BIN)/python -m pytest -q --durations=10 -p no:xdist tests/kubernetes; kube=$$?; \
 	exit $$(( rest || kube ))
 
-# Two phases, each a `make -j` of steps that can run side by side (--output-sync: each
-# step's output is printed whole when it ends, not interleaved; make fails when any step
-# of a phase fails, after the others of that phase end). `lowest` is in the first phase,
-# never beside `pytest` or `uitest`: its editable install rebuilds the sidebar in place
-# (labextension/lib, jupyter_gpuaas/labextension), which their browsers and the packaging
-# test read. The checks (lint, contracts, typecheck, docs) only read the sources.
+# The checks (lint, contracts, typecheck, docs) side by side with `lowest` in one `make -j`
+# (--output-sync: each step's output is printed whole when it ends; make fails when any
+# step fails, after the others end); they only read the sources. Then pytest, then the
+# sidebar's tests, one after the other: `lowest`'s editable install rebuilds the sidebar in
+# place (labextension/lib, jupyter_gpuaas/labextension), which their browsers and the
+# packaging test read, and Galata's 20 s waits in the page ran out once beside pytest's
+# three workers (a fresh-clone run), never alone.
 test: setup core cluster-bin
 	@echo "make test: $$(date -u +%T) UTC: lint, contracts, typecheck, docs beside lowest"
 	$(MAKE) --no-print-directory -j --output-sync=target lint contracts typecheck docs lowest
-	@echo "make test: $$(date -u +%T) UTC: pytest beside uitest"
-	$(MAKE) --no-print-directory -j --output-sync=target pytest uitest
+	@echo "make test: $$(date -u +%T) UTC: pytest"
+	$(MAKE) --no-print-directory pytest
+	@echo "make test: $$(date -u +%T) UTC: uitest"
+	$(MAKE) --no-print-directory uitest
 	@echo "make test: $$(date -u +%T) UTC: passed"
 
 # The sidebar's tests: Jest on its model, then Galata (Playwright on Debian's Chromium)
