@@ -349,14 +349,20 @@ class _Run:
             self.follow(decisions, t)
 
 
-def session_start(req: Request, admitted: float) -> float:
-    """When the hold of an admitted request began: a request culled before held its quota
-    parked and resumed (a hold is the whole session, `History`), so from its first
-    admission; else from its admission. (A culled request whose reservation expired and
-    that queued again is counted from its first admission too: older than it is.)"""
-    if req.culls and req.first_admit is not None:
-        return min(req.first_admit, admitted)
+def hold_start(admitted: float, culls: int, first_admit: float | None) -> float:
+    """When the hold of a request admitted at `admitted` began: a request culled before
+    held its quota parked and resumed (a hold is the whole session, `History`), so from its
+    first admission; else from its admission. (A culled request whose reservation expired
+    and that queued again is counted from its first admission too: older than it is.) The
+    one rule for the live history and for the one rebuilt from the store at a restart."""
+    if culls and first_admit is not None:
+        return min(first_admit, admitted)
     return admitted
+
+
+def session_start(req: Request, admitted: float) -> float:
+    """`hold_start` of a live request."""
+    return hold_start(admitted, req.culls, req.first_admit)
 
 
 def forecast(arrived: Sequence[Request], now: float) -> list[Request]:

@@ -46,6 +46,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from jupyter_gpuaas.admission.estimate import hold_start
 from jupyter_gpuaas.admission.model import TERMINAL, Request, State
 
 from .rows import (
@@ -570,17 +571,24 @@ class Store:
 
     def ended_holds(self, limit: int = 1000) -> list[tuple[str, str, float]]:
         """(kind, user, seconds held) of recently ended grants, culled ones included (their
-        devices went back when culled): the history a forward-run estimate goes by."""
+        devices went back when culled, or their parked reservation expired): the history a
+        forward-run estimate goes by, rebuilt at a start by the live rule (`hold_start`: a
+        session that was culled, parked and resumed is held from its first admission)."""
         ended = [s.value for s in (State.FINISHED, State.CANCELLED, State.PREEMPTED)]
         ended.append(State.CULLED.value)
+        cols = (RequestRow.admit_time, RequestRow.culls, RequestRow.first_admit)
         stmt = (
-            select(RequestRow.kind, RequestRow.user, RequestRow.admit_time, RequestRow.updated)
+            select(RequestRow.kind, RequestRow.user, *cols, RequestRow.updated)
             .where(RequestRow.state.in_(ended), RequestRow.admit_time.is_not(None))
             .order_by(RequestRow.updated.desc())
             .limit(limit)
         )
         with self.session() as s:
-            rows = [(k, u, up - a) for k, u, a, up in s.execute(stmt) if a is not None]
+            rows = [
+                (k, u, max(0.0, up - hold_start(a, c or 0, f)))
+                for k, u, a, c, f, up in s.execute(stmt)
+                if a is not None
+            ]
         rows.reverse()  # oldest first: the history keeps the most recent
         return rows
 

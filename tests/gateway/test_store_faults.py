@@ -538,3 +538,29 @@ async def test_unreadable_store_after_a_failed_write_drops_memory_until_it_is_ba
     assert status == 200 and still["state"] == "queued", still
     rows = store_rows(sqlite_url)
     assert set(rows) == set(gw.arbiter.requests) == {held["id"], queued["id"]}
+
+
+def test_the_history_rebuilt_at_a_restart_holds_a_resumed_session_from_its_first_admission(
+    tmp_path: Path,
+) -> None:
+    """The wait estimates' history after a restart (`Store.ended_holds`) counts holds as the
+    live gateway does (admission/estimate.py `hold_start`): a kernel culled twice, parked and
+    resumed each time, held its quota from its first admission to its end, not from its
+    last resume; one never culled, from its admission."""
+    from jupyter_gpuaas.admission.model import Request, State
+    from jupyter_gpuaas.gateway.rows import Batch
+    from jupyter_gpuaas.gateway.store import Store
+
+    store = Store.open(f"sqlite:///{tmp_path / 'gpuaas.db'}")
+    try:
+        resumed = Request("r-resumed", "vision", "alice", "kernel", 1, 0.0)
+        resumed.state, resumed.culls = State.FINISHED, 2
+        resumed.first_admit, resumed.admit_time = 100.0, 1000.0
+        plain = Request("r-plain", "vision", "bob", "kernel", 1, 0.0)
+        plain.state, plain.first_admit, plain.admit_time = State.FINISHED, 500.0, 500.0
+        extra = {"name": None, "created": 0.0}
+        store.write(Batch([(resumed, dict(extra)), (plain, dict(extra))], []), 1600.0)
+        holds = {user: held for _, user, held in store.ended_holds()}
+    finally:
+        store.close()
+    assert holds == {"alice": 1500.0, "bob": 1100.0}
