@@ -193,12 +193,30 @@ def _objects(data: dict[str, Any], ns: str, kwok_node: Callable[..., Any]) -> li
     return docs
 
 
+def _pod_spec(req: dict[str, Any]) -> dict[str, Any]:
+    """The pod of a request, for a Job's template and a Workload's podSet alike: one pause
+    container asking for the request's GPUs, on the benchmark's flavor."""
+    from jupyter_gpuaas.kubeapi.meta import FLAVOR_LABEL
+
+    gpus = {RESOURCE: str(req["gpus"])}
+    return {
+        "restartPolicy": "Never",
+        "nodeSelector": {FLAVOR_LABEL: FLAVOR},
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.k8s.io/pause:3.10",
+                "resources": {"requests": gpus, "limits": gpus},
+            }
+        ],
+    }
+
+
 def _job(
     ns: str, index: int, req: dict[str, Any], labels: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """The request's suspended Job in its tenant's LocalQueue; `labels` instead of the
     plain queue and priority labels (kueue_mode: `kueue_labels`, with the request's id)."""
-    from jupyter_gpuaas.kubeapi.meta import FLAVOR_LABEL
 
     run = f"{int(req['duration'] * 1000)}ms"
     return {
@@ -224,17 +242,7 @@ def _job(
                         "pod-complete.stage.kwok.x-k8s.io/jitter-delay": run,
                     }
                 },
-                "spec": {
-                    "restartPolicy": "Never",
-                    "nodeSelector": {FLAVOR_LABEL: FLAVOR},
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"limits": {RESOURCE: str(req["gpus"])}},
-                        }
-                    ],
-                },
+                "spec": _pod_spec(req),
             },
         },
     }
@@ -248,9 +256,6 @@ def _workload(
     its tenant's LocalQueue, with the WorkloadPriorityClass of its priority and its
     runtime in a label for the runner (`_Runner`). `labels`: kueue_mode's
     `kueue_labels`, with the request's id, on the Workload itself."""
-    from jupyter_gpuaas.kubeapi.meta import FLAVOR_LABEL
-
-    gpus = str(req["gpus"])
     return {
         "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
         "kind": "Workload",
@@ -272,22 +277,7 @@ def _workload(
                 {
                     "name": "main",
                     "count": 1,
-                    "template": {
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "nodeSelector": {FLAVOR_LABEL: FLAVOR},
-                            "containers": [
-                                {
-                                    "name": "main",
-                                    "image": "registry.k8s.io/pause:3.10",
-                                    "resources": {
-                                        "requests": {RESOURCE: gpus},
-                                        "limits": {RESOURCE: gpus},
-                                    },
-                                }
-                            ],
-                        }
-                    },
+                    "template": {"spec": _pod_spec(req)},
                 }
             ],
         },

@@ -59,18 +59,22 @@ def hold_seconds(
     grace: float = DEFAULT_GRACE,
 ) -> float | None:
     """How long to hold SIGTERM back, given the pod's request (the gateway's JSON) at
-    `now` (epoch seconds): the seconds until `preempt_at` less `margin` (0 when past); a
+    `now` (epoch seconds): the seconds until `preempt_at` less `margin` (0 when past, and
+    never past `started` + `grace` less `margin`, the pod's own grace); a
     request ended as preempted, until `started` (the hook's start, `now` if not given) +
     `grace` less `margin`; `None` while the request is held with no warning yet (ask
     again); 0 otherwise."""
     if not isinstance(request, Mapping):
         return 0.0
+    begun = now if started is None else started
+    # Never past the pod's own grace from the hook's start: a `preempt_at` later than that
+    # (the gateway's clock ahead of the node's) would only be cut short by SIGKILL.
+    last = begun + grace - margin
     at = request.get("preempt_at")
     if isinstance(at, (int, float)) and not isinstance(at, bool):
-        return max(0.0, float(at) - margin - now)
+        return max(0.0, min(float(at) - margin, last) - now)
     if request.get("state") == "preempted":
-        begun = now if started is None else started
-        return max(0.0, begun + grace - margin - now)
+        return max(0.0, last - now)
     if request.get("state") in HELD_STATES:
         return None
     return 0.0

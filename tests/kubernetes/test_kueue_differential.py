@@ -10,9 +10,10 @@ documented outcome, so it still fails when either side changes.
 
 The cases: shipped scenarios that fit (requests compressed into one or two waves; what
 Kueue has no counterpart for left out, kueue_diff.fit_for_kueue), RANDOM ones drawn as
-tests/test_properties.py draws them once and kept (data/differential_random.yaml), and
-FRESH ones drawn anew at every run from a seed of the run's own: a failure names the seed
-(`GPUAAS_DIFF_SEED=<seed>` draws the same cases again) and shows the case. Every case runs
+tests/test_properties.py draws them once and kept (data/differential_random.yaml), and,
+with `GPUAAS_DIFF_FRESH=6` (off in `make test`, to look for new differences), FRESH ones
+drawn anew from a seed of the run's own: a failure names the seed (`GPUAAS_DIFF_SEED=<seed>`
+draws the same cases again) and shows the case. Every case runs
 side by side on the cluster, so the whole module costs one set of waits.
 """
 

@@ -67,8 +67,10 @@ class Clock:
 def test_wait_out_holds_until_the_warning() -> None:
     clock = Clock()
     answers = [{"state": "admitted"}, {"state": "admitted", "preempt_at": NOW + 40.25}]
-    held = wait_out(lambda: answers.pop(0), margin=5, poll=2, clock=clock.time, sleep=clock.sleep)
-    # one poll while no warning was seen, then to `at` less the margin
+    held = wait_out(
+        lambda: answers.pop(0), margin=5, poll=2, grace=60, clock=clock.time, sleep=clock.sleep
+    )
+    # one poll while no warning was seen, then to `at` less the margin (inside the grace)
     assert clock.slept == [0.25, 35.0]
     assert held == 35.25
 
@@ -127,3 +129,12 @@ def test_kernel_pod_carries_the_hook() -> None:
         "preStop": {"exec": {"command": ["python", "-m", MODULE, "--margin", "3", "--grace", "30"]}}
     }
     assert "lifecycle" not in kernel_pod_manifest(**common)["spec"]["containers"][0]
+
+
+def test_a_warning_past_the_pods_grace_holds_only_until_the_grace_ends() -> None:
+    """A `preempt_at` beyond the pod's own grace (the gateway's clock ahead of the node's)
+    holds SIGTERM only until the hook's start + grace less the margin: past that the kubelet
+    would SIGKILL the process with no time for its own shutdown."""
+    request = {"state": "admitted", "preempt_at": 1000.0 + 300.0}
+    assert hold_seconds(request, 1000.0, 5.0, started=1000.0, grace=30.0) == 25.0
+    assert hold_seconds(request, 1010.0, 5.0, started=1000.0, grace=30.0) == 15.0
