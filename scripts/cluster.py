@@ -44,7 +44,9 @@ CACHE = (
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jupyter-gpuaas" / "cluster"
 )
 CLUSTER_NAME = "gpuaas"
-POD_CIDR = "127.20.0.0/16"
+# Two clusters on one machine (two people's checkouts, or helpers side by side) must not hand
+# their pods the same loopback IPs: a kernel process of one would answer for a pod of the other.
+POD_CIDR = os.environ.get("GPUAAS_POD_CIDR", "127.20.0.0/16")
 # Bump when the recipe below changes in a way the go.mod files do not show (flags, tags).
 RECIPE = "1"
 

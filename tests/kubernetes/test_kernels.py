@@ -17,8 +17,10 @@ from a pod. When the process exits, KwokKubelet reports the pod Failed or Succee
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -333,7 +335,9 @@ async def test_gpu_kernel_runs_in_its_own_pod_on_the_granted_node(cluster: Kerne
         assert pod["spec"]["nodeName"] == "a100-0"  # the scheduler's binding
         assert pod["status"]["phase"] == "Running"
         # The kernel is reached at the pod's IP, which KWOK handed out of its range.
-        assert pod["status"]["podIP"].startswith("127.20.")
+        assert ipaddress.ip_address(pod["status"]["podIP"]) in ipaddress.ip_network(
+            sys.modules["gpuaas_cluster"].POD_CIDR  # scripts/cluster.py, as conftest loaded it
+        )
         assert km.get_connection_info()["ip"] == pod["status"]["podIP"]
         (container,) = pod["spec"]["containers"]
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
