@@ -1,12 +1,11 @@
 """Helpers of the Kueue tests: the pinned Kueue's CRD schemas, strict validation of our
-objects against them, the quota files of every scenario we ship, and `apply_dry_run`, the
-step that hands the objects to a real API server with Kueue's CRDs installed."""
+objects against them, and the quota files of every scenario we ship (also read by
+tests/kubernetes/test_kueue_objects_server.py, which hands them to the real API server)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,63 +121,3 @@ def kueue_refuses(config: Config) -> bool:
 
 def config_of(data: dict[str, Any]) -> Config:
     return parse_config(quota_part(data))
-
-
-def apply_dry_run(docs: Sequence[dict[str, Any]], kubeconfig: str | os.PathLike[str]) -> None:
-    """Hand `docs` to the API server of `kubeconfig` (Kueue's CRDs installed) as
-    `kubectl apply --dry-run=server --validate=strict` would: the server runs its schema,
-    CEL rules and Kueue's webhooks, and stores nothing. The LocalQueues' namespace must
-    exist (a dry run creates nothing, so not even it). Raises AssertionError with
-    kubectl's words when the server refuses one."""
-    text = yaml.safe_dump_all(list(docs), sort_keys=False)
-    proc = subprocess.run(
-        [
-            "kubectl",
-            "--kubeconfig",
-            os.fspath(kubeconfig),
-            "apply",
-            "--dry-run=server",
-            "--validate=strict",
-            "-f",
-            "-",
-        ],
-        input=text,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, f"the API server refused the objects: {proc.stderr.strip()}"
-
-
-#: What `kubectl get` lists for `kueue import`: our four kinds, fully qualified.
-GET_KINDS = ",".join(
-    f"{k.lower()}s.kueue.x-k8s.io"
-    for k in ("ResourceFlavor", "Cohort", "ClusterQueue", "LocalQueue")
-)
-
-
-def server_round_trip(config: Config, kubeconfig: str | os.PathLike[str], namespace: str) -> Config:
-    """`kueue manifests` applied for real to the API server of `kubeconfig` (Kueue's CRDs
-    installed, `namespace` existing and no other Kueue quota objects there), read back
-    with `kubectl get -o yaml` and imported; the objects are deleted again. The caller
-    compares the result with `config`."""
-    from jupyter_gpuaas.kubeapi.meta import cluster_flavors
-    from jupyter_gpuaas.kubernetes.kueue import manifests
-    from jupyter_gpuaas.kubernetes.kueue_import import flatten, import_objects
-
-    kubectl = ["kubectl", "--kubeconfig", os.fspath(kubeconfig)]
-
-    def run(*args: str, text: str | None = None) -> str:
-        proc = subprocess.run(
-            [*kubectl, *args], input=text, capture_output=True, text=True, timeout=120
-        )
-        assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr.strip()}"
-        return proc.stdout
-
-    docs = manifests(config, cluster_flavors(config, {}, {}), namespace)
-    run("apply", "--validate=strict", "-f", "-", text=yaml.safe_dump_all(docs, sort_keys=False))
-    try:
-        listed = run("get", GET_KINDS, "-A", "-o", "yaml")
-    finally:
-        run("delete", GET_KINDS, "--all", "-A", "--wait=false")
-    return parse_config(import_objects(flatten(yaml.safe_load_all(listed), "kubectl get")))
