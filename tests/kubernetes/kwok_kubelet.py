@@ -1,10 +1,10 @@
 """A container runtime beside KWOK on the REAL cluster: a pod's container as a LOCAL process.
 
 KWOK plays every kubelet of the session's cluster (conftest.py's `cluster`) but runs
-nothing: it turns a bound pod Running with an IP of its loopback range (127.20.0.0/16, or GPUAAS_POD_CIDR) and
-removes a deleted one. Where a test needs the pod's process itself (a GPU kernel the
-provisioner talks to), `KwokKubelet` plays the container: it watches the API server for
-pods of its selector that KWOK has made Running on a Node, and runs the first container's
+nothing: it turns a bound pod Running with an IP of its loopback range (127.20.0.0/16, or
+GPUAAS_POD_CIDR) and removes a deleted one. Where a test needs the pod's process itself (a
+GPU kernel the provisioner talks to), `KwokKubelet` plays the container: it watches the API
+server for pods of its selector that KWOK has made Running on a Node, and runs the first container's
 `command` + `args` with the pod's `env` in its `workingDir`, as a process on this machine
 (the image's Python is this virtualenv's: its bin directory leads the PATH). The process
 listens on every address, so it answers at the pod's IP, which is on loopback.
