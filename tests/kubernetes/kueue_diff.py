@@ -205,10 +205,13 @@ def keyed(case: Case, key: str) -> Case:
 
 def core_scenario(case: Case) -> dict[str, Any]:
     """The case as a scenario: each wave submitted at one instant in request order, every
-    flavor one node with room for all of the case's GPUs (nodes never bind)."""
+    flavor one node with room for all of the case's GPUs (nodes never bind), and the core
+    admitting one head per tenant per cycle, as Kueue does (docs/KUEUE.md "Known
+    differences": "A burst is shared out in turns")."""
     room = max(1, sum(r["gpus"] for r in case.requests))
     data: dict[str, Any] = copy.deepcopy(case.quota)
     data["flavors"] = {f: {"nodes": 1, "gpus_per_node": room} for f in data["flavors"]}
+    data["policy"] = {"one_head_per_cycle": True}
     data["requests"] = [
         {**r, "user": "u", "kind": "job", "submit": i * WAVE_GAP, "duration": DURATION}
         for i, wave in enumerate(case.waves)
