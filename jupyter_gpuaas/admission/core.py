@@ -414,7 +414,14 @@ class AdmissionCore:
     def _nominate_changed(self, tenants: list[str]) -> None:
         for t in tenants:
             self._waking.looked_at(t)
-            self._heads.set(t, self._nomination.nominate(t))
+            self._set_head(t, self._nomination.nominate(t))
+
+    def _set_head(self, tenant: str, entry: Entry | None) -> None:
+        self._heads.set(tenant, entry)
+        if entry is not None and self._nomination.lost:
+            # (Only counted with `one_head_per_cycle`.) Each request ahead of the head
+            # that cannot go takes the tenant's turn of one cycle in Kueue.
+            self._heads.wait(tenant, self._nomination.lost)
 
     def _first_in_order(self) -> Entry | None:
         return self._heads.best(self._nomination.bracket if self._policies.tournament else None)
@@ -428,7 +435,21 @@ class AdmissionCore:
         tenant = e.req.tenant
         self._waking.looked_at(tenant)
         fresh = self._nomination.nominate(tenant)
-        self._heads.set(tenant, fresh)
+        self._set_head(tenant, fresh)
+        if self._policies.turns:
+            # Kueue's cycle ordered its heads once, at its start, and admits each in turn
+            # that still fits as nominated (a changed rank does not matter); one that no
+            # longer does is skipped ("no longer fits after processing another
+            # workload"), and its ClusterQueue's turn of this cycle is spent.
+            if (
+                fresh is None
+                or fresh.req is not e.req
+                or fresh.flavor != e.flavor
+                or fresh.mode is not e.mode
+            ):
+                self._heads.had_turn(tenant)
+                return None
+            return fresh
         if fresh is None or fresh.req is not e.req or fresh.key != e.key:
             return None
         return fresh
