@@ -144,15 +144,17 @@ def may_keep_room(case: Case) -> bool:
     )
 
 
-def never_fitting_head_may_block(case: Case) -> bool:
-    """Can docs/KUEUE.md's known difference "a request that can never fit is rejected, not
-    left to block a StrictFIFO queue" show in `case`? Only where the core rejects a request
-    of a StrictFIFO tenant at submit (Kueue keeps it pending, ExceedsMaxQuota, at the head
-    of its queue)."""
-    tenants = case.quota["tenants"]
-    strict = {t for t, spec in tenants.items() if spec.get("queueing") == "StrictFIFO"}
-    tenant_of = {r["id"]: r["tenant"] for r in case.requests}
-    return any(tenant_of[rid] in strict for rid in run_core(case).rejected)
+def without_never_fitting(case: Case) -> Case:
+    """`case` without the requests the core rejects at submit as never fitting, where
+    docs/KUEUE.md's known difference "a request that can never fit is rejected" would show:
+    Kueue keeps such a request pending, and it then blocks a StrictFIFO queue, and takes a
+    BestEffortFIFO queue's turn of a cycle each time Kueue looks at it. Both engines leave
+    it unadmitted either way; without it, the rest compares."""
+    rejected = run_core(case).rejected
+    if not rejected:
+        return case
+    waves = [[r for r in wave if r["id"] not in rejected] for wave in case.waves]
+    return Case(case.name, case.quota, [w for w in waves if w], case.key)
 
 
 def keyed(case: Case, key: str) -> Case:
