@@ -135,13 +135,38 @@ def may_keep_room(case: Case) -> bool:
     the scheduling cycle unless its ClusterQueue reclaims `Any`
     (`reserveCapacityForUnreclaimablePreempt`, `preemption.CanAlwaysReclaim`), and only a
     StrictFIFO head is looked at again every cycle; without a cohort no other queue could
-    have taken that room. So: a StrictFIFO tenant in a cohort that does not reclaim Any."""
-    return any(
-        t.get("queueing") == "StrictFIFO"
-        and t.get("cohort")
-        and (t.get("preemption") or {}).get("reclaim_within_cohort", "Never") != "Any"
-        for t in case.quota["tenants"].values()
-    )
+    have taken that room. So: a StrictFIFO tenant in a cohort that does not reclaim Any.
+    A BestEffortFIFO head is looked at again too, whenever Kueue requeues its cohort's
+    inadmissible workloads (the second wave's gate does, found by a fresh draw, seed
+    374306118): so also a request of such a tenant that the core leaves waiting at the end
+    of a wave though it would fit its tenant's nominal quota."""
+    tenants = case.quota["tenants"]
+
+    def unreclaimable(t: Mapping[str, Any]) -> bool:
+        pre = t.get("preemption") or {}
+        return bool(t.get("cohort")) and pre.get("reclaim_within_cohort", "Never") != "Any"
+
+    if any(t.get("queueing") == "StrictFIFO" and unreclaimable(t) for t in tenants.values()):
+        return True
+    core = run_core(case)
+    submitted: list[dict[str, Any]] = []
+    for wave, admitted in zip(case.waves, core.admitted, strict=True):
+        submitted += wave
+        held: dict[tuple[str, str], int] = {}
+        for r in submitted:
+            if r["id"] in admitted:
+                key = (r["tenant"], admitted[r["id"]])
+                held[key] = held.get(key, 0) + r["gpus"]
+        for r in submitted:
+            t = tenants[r["tenant"]]
+            if r["id"] in admitted or r["id"] in core.rejected or not unreclaimable(t):
+                continue
+            flavors = [r["flavor"]] if "flavor" in r else list(t["quota"])
+            if any(
+                held.get((r["tenant"], f), 0) + r["gpus"] <= t["quota"].get(f, 0) for f in flavors
+            ):
+                return True
+    return False
 
 
 def without_never_fitting(case: Case) -> Case:
