@@ -492,15 +492,32 @@ def _url_webhooks(objects: list[dict[str, Any]], port: int, ca: str) -> Iterator
         yield obj
 
 
+def _converted_crds(crd_dir: Path) -> set[str]:
+    """The CRDs that Kueue converts by webhook: those whose `webhook_in_*.yaml` patch its
+    crd/kustomization.yaml enables. Only their v1beta2 types are conversion hubs; the
+    others (ResourceFlavor, WorkloadPriorityClass, ...) have the same fields in both versions
+    and keep the default `None` strategy, and a webhook asked to convert them fails
+    ("*v1beta2.ResourceFlavor is not convertible to *v1beta1.ResourceFlavor"): the API
+    server's watch cache of the v1beta1 version then logs that error and lists again, over
+    and over, for as long as the cluster runs."""
+    kustomization = yaml.safe_load((crd_dir / "kustomization.yaml").read_text())
+    names = set()
+    for patch in kustomization.get("patches") or []:
+        path = patch.get("path", "") if isinstance(patch, dict) else str(patch)
+        if Path(path).name.startswith("webhook_in_"):
+            names.add(yaml.safe_load((crd_dir / path).read_text())["metadata"]["name"])
+    return names
+
+
 def _kueue_manifests(port: int, ca: str) -> list[dict[str, Any]]:
     src = modcache("kueue", "sigs.k8s.io/kueue") / "config" / "components"
     objects: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}
     ]
+    converted = _converted_crds(src / "crd")
     for f in sorted((src / "crd" / "bases").glob("*.yaml")):
         crd = yaml.safe_load(f.read_text())
-        versions = [v["name"] for v in crd["spec"]["versions"]]
-        if len(versions) > 1:
+        if crd["metadata"]["name"] in converted:
             # What config/components/crd/patches/webhook_in_*.yaml adds, by URL.
             crd["spec"]["conversion"] = {
                 "strategy": "Webhook",

@@ -77,6 +77,7 @@ POLICY_KEYS = (
     "cull_warning",
     "lease_ttl",
     "preemption_grace",
+    "one_head_per_cycle",
 )
 AUTOSCALE_KEYS = ("max_nodes", "provision_delay", "scale_down_after", "provision")
 
@@ -327,9 +328,14 @@ def _parse_policy(value: Any, flavors: Mapping[str, Flavor], key: str) -> Policy
             numbers[name] = want_number(raw, join_key(key, name))
     fair_raw = _optional(spec, "fair_sharing")
     fair = False if fair_raw is None else want_bool(fair_raw, join_key(key, "fair_sharing"))
+    turns_raw = _optional(spec, "one_head_per_cycle")
+    turns = (
+        False if turns_raw is None else want_bool(turns_raw, join_key(key, "one_head_per_cycle"))
+    )
     autoscale = _parse_autoscale(_optional(spec, "autoscale"), flavors, join_key(key, "autoscale"))
     return Policy(
         fair_sharing=fair,
+        one_head_per_cycle=turns,
         autoscale=autoscale,
         idle_timeout=numbers.get("idle_timeout", 0.0),
         reservation_ttl=numbers.get("reservation_ttl", 0.0),

@@ -377,7 +377,11 @@ class AdmissionCore:
            taken its room) is nominated again before it is acted on.
         3. Nominate: each changed tenant's best head and how it would go in (nomination).
         4. Order: the best of the nominated heads (heads.py; fairshare.py in a tree).
-        5. Admit or preempt it (the preemptor, then `_admit`); then again from 1.
+        5. Admit or preempt it (the preemptor, then `_admit`); then again from 1. With
+           `one_head_per_cycle`, its tenant has had its turn: its next head waits until
+           no other tenant's head can go, and a new cycle begins (Kueue's one head per
+           ClusterQueue, heads.py); and quota that a preemption frees wakes the sleeping
+           heads of BestEffortFIFO queues only once no awake head can go (waking.py).
         6. Requeue: the heads that cannot go stay marked inadmissible, asleep until an
            event can change their answer (waking); those held back by capacity alone
            are the demand for nodes (autoscale.py).
@@ -385,21 +389,39 @@ class AdmissionCore:
         out: list[Decision] = []
         if not self._queues.dirty:
             return out
+        turns = self._policies.turns
+        self._waking.defer = turns
         while True:
             self._nominate_changed(self._queues.changed())  # 1. heads, 3. nominate
             entry = self._first_in_order()  # 4. order
             if entry is None:
+                if self._heads.next_cycle():  # the tenants that went may go again
+                    continue
+                if turns and self._waking.wake_deferred():  # Kueue's requeue batch
+                    continue
                 break
             entry = self._still_true(entry)  # 2. snapshot
             if entry is not None:
                 self._admit_or_preempt(entry, now, out)  # 5. admit or preempt
+                if self._policies.turns and entry.mode is not Mode.RESUME:
+                    # One turn per tenant per cycle, as Kueue takes one head per
+                    # ClusterQueue (heads.py); a resume takes no quota, so no turn.
+                    self._heads.had_turn(entry.req.tenant)
+        self._waking.defer = False
         self._requeue_inadmissible(now, out)  # 6. requeue
         return out
 
     def _nominate_changed(self, tenants: list[str]) -> None:
         for t in tenants:
             self._waking.looked_at(t)
-            self._heads.set(t, self._nomination.nominate(t))
+            self._set_head(t, self._nomination.nominate(t))
+
+    def _set_head(self, tenant: str, entry: Entry | None) -> None:
+        self._heads.set(tenant, entry)
+        if entry is not None and self._nomination.lost:
+            # (Only counted with `one_head_per_cycle`.) Each request ahead of the head
+            # that cannot go takes the tenant's turn of one cycle in Kueue.
+            self._heads.wait(tenant, self._nomination.lost)
 
     def _first_in_order(self) -> Entry | None:
         return self._heads.best(self._nomination.bracket if self._policies.tournament else None)
@@ -413,7 +435,21 @@ class AdmissionCore:
         tenant = e.req.tenant
         self._waking.looked_at(tenant)
         fresh = self._nomination.nominate(tenant)
-        self._heads.set(tenant, fresh)
+        self._set_head(tenant, fresh)
+        if self._policies.turns:
+            # Kueue's cycle ordered its heads once, at its start, and admits each in turn
+            # that still fits as nominated (a changed rank does not matter); one that no
+            # longer does is skipped ("no longer fits after processing another
+            # workload"), and its ClusterQueue's turn of this cycle is spent.
+            if (
+                fresh is None
+                or fresh.req is not e.req
+                or fresh.flavor != e.flavor
+                or fresh.mode is not e.mode
+            ):
+                self._heads.had_turn(tenant)
+                return None
+            return fresh
         if fresh is None or fresh.req is not e.req or fresh.key != e.key:
             return None
         return fresh

@@ -128,6 +128,10 @@ class Policy:
     # that reservation over (the gateway: a user coming back within the reservation TTL).
     # Off in the simulator, whose scenarios replay every request as its own.
     take_over_parked: bool = False
+    # At most one admission per tenant in an admission cycle, as Kueue's scheduler takes one
+    # head per ClusterQueue a cycle (heads.py): a burst is shared out in turns, whatever the
+    # order or the weights say. Off: one order over every request (SCENARIO.md "Order").
+    one_head_per_cycle: bool = False
 
 
 @dataclass(frozen=True)

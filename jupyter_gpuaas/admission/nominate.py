@@ -26,7 +26,7 @@ from .nodes import Cluster
 from .policies import Policies
 from .preemption import find_victims
 from .queueing import Queues
-from .queues import BucketKey, order_key
+from .queues import Bucket, BucketKey, order_key
 from .reasons import waiting_reason
 from .waking import Waking
 
@@ -131,6 +131,12 @@ class Nomination:
         # quota by preempting (the holders' bound says so) but found no victims while no
         # node has room for it: it may wait for devices there too (waking.py).
         self._short: list[str] = []
+        # With `one_head_per_cycle`: how many kinds of request (size, flavor, priority) of
+        # a BestEffortFIFO queue the last `nominate` found unable to go ahead of the head
+        # it returns. Each costs its tenant a cycle, as Kueue pops one workload of a
+        # ClusterQueue per cycle and sets one that cannot go aside, with its equivalents
+        # (heads.py `wait`).
+        self.lost = 0
 
     def taken(self) -> None:
         """Quota or devices were taken: every entry nominated before is stale."""
@@ -158,6 +164,7 @@ class Nomination:
         return min(finalists, key=lambda e: e.key) if finalists else None
 
     def nominate(self, tenant: str) -> Entry | None:
+        self.lost = 0
         q = self._tenant_queues[tenant]
         spec = self._policies.specs[tenant]
         for req in sorted(q.resuming.values(), key=order_key) if q.resuming else ():
@@ -184,15 +191,31 @@ class Nomination:
         # head with the same flavor choice, as many GPUs or more and no higher priority:
         # they would fail the same checks, so they are marked without being tried.
         failed: list[tuple[str | None, int, int]] | None = None
+        lost: list[Bucket] | None = None  # the buckets whose head failed here, if any
         for bucket in q.heads():
-            req = bucket.front()[3]
+            front = bucket.front()
+            req = front[3]
             if failed is not None and _condemned(failed, req):
                 bucket.inadmissible = True
+                if lost is None:
+                    lost = []
+                lost.append(bucket)
                 continue
             entry = self._try(req, bucket.key)
             if entry is not None:
+                if lost is not None and self._policies.turns:
+                    # Every request of those buckets ahead of this head fails as its
+                    # bucket's head did (same size and flavor, no higher priority). Kueue
+                    # spends a cycle on the first of each priority there and sets the
+                    # others of that priority aside with it (its workloads of one shape
+                    # and priority are equivalent: SchedulingEquivalenceHashing, on by
+                    # default since v0.18, pkg/cache/queue/cluster_queue.go:702).
+                    self.lost = sum(q.levels_ahead(b, front) for b in lost)
                 return entry
             bucket.inadmissible = True
+            if lost is None:
+                lost = []
+            lost.append(bucket)
             if not self._by_capacity:
                 if failed is None:
                     failed = []

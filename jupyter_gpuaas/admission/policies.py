@@ -21,6 +21,7 @@ class Policies:
         self.specs: dict[str, Tenant] = {}
         self.names: dict[str, str] = {}
         self.tournament = False  # fair sharing in a cohort tree: heads meet level by level
+        self.turns = False  # one head per tenant per cycle (Policy.one_head_per_cycle)
         self.reindex(config)
 
     def reindex(self, config: Config) -> None:
@@ -42,6 +43,7 @@ class Policies:
         self.names.update({f: f for f in config.flavors})
         self.names.update({k: k for k in KINDS})
         self.tournament = bool(config.policy.fair_sharing and config.cohorts)
+        self.turns = config.policy.one_head_per_cycle
 
     def canonical(self, req: Request) -> None:
         """Give `req` the config's own name objects (see `reindex`)."""

@@ -181,6 +181,23 @@ class TenantQueue:
     def head(self, bucket: Bucket) -> Request | None:
         return bucket.front()[3] if self._live(bucket) else None
 
+    def levels_ahead(self, bucket: Bucket, slot: _Slot) -> int:
+        """How many of `bucket`'s priorities have a request before the entry `slot` in
+        queue order."""
+        n = 0
+        live = self._slot
+        for level in bucket.levels.values():
+            slots = level.slots
+            for i in range(level.start, len(slots)):
+                s = slots[i]
+                if not _before(s, slot):
+                    break
+                found = live.get(s[3].id)
+                if found is not None and _same(found, s):
+                    n += 1
+                    break
+        return n
+
     def heads(self, include_inadmissible: bool = False) -> list[Bucket]:
         """The buckets with a head, in queue order of their heads (each bucket's head is
         `bucket.front()[3]`, live: stale entries before it were dropped)."""

@@ -183,6 +183,13 @@ _POLICY = _nullable(
                 "Seconds a preempted server or kernel keeps its GPUs after the warning; "
                 "a job is preempted at once."
             ),
+            "one_head_per_cycle": _nullable(
+                {
+                    "type": "boolean",
+                    "description": "Admit at most one request per tenant per admission "
+                    "cycle, as Kueue's scheduler does.",
+                }
+            ),
             "autoscale": _nullable(
                 {
                     "type": "object",

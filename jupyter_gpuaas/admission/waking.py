@@ -50,6 +50,14 @@ class Waking:
         # Who to wake when devices of a flavor free up: (tenant, bucket) with quota there (or
         # room by preemption) but no node; bucket None: the tenant (StrictFIFO head, resume).
         self._cap_waiters: dict[str, set[Waiter]] = defaultdict(set)
+        # With `one_head_per_cycle` (Kueue's timing; the core sets `defer` for the length
+        # of its cycles): quota that a preemption frees in a cycle under way reaches the
+        # sleeping heads of BestEffortFIFO queues only once no awake head can go, as Kueue
+        # requeues a cohort's inadmissible workloads in one batch a second after the
+        # release (its requeue batch period, cache/queue/inadmissible_workloads.go),
+        # while a StrictFIFO head is back in its queue at once (`RequeueIfNotPresent`).
+        self.defer = False
+        self._deferred: dict[tuple[str, str], None] = {}  # (tenant, flavor), in order
 
     def looked_at(self, tenant: str) -> None:
         """About to nominate the tenant's heads, which may mark some inadmissible."""
@@ -107,10 +115,28 @@ class Waking:
         head = self._tenant_queues[tenant].head(bucket)
         return -1 if head is None else self._holders.room_on(node, tenant, head.priority)
 
-    def quota_freed_in(self, tenant: str, flavor: str) -> None:
+    def wake_deferred(self) -> bool:
+        """Wake the heads that the releases kept back by `defer` would have woken, as if
+        the quota were freed now. False when none was kept back."""
+        if not self._deferred:
+            return False
+        deferred = list(self._deferred)
+        self._deferred.clear()
+        defer = self.defer
+        self.defer = False
+        for tenant, flavor in deferred:
+            self.quota_freed_in(tenant, flavor)
+        self.defer = defer
+        return True
+
+    def quota_freed_in(self, tenant: str, flavor: str, strict_only: bool = False) -> None:
         """Quota of `flavor` freed in the tenant's cohort: wake the members' heads that could
         use it. Heads pinned to another flavor, or of members without quota for this one,
-        stay asleep: nothing they wait for changed."""
+        stay asleep: nothing they wait for changed. With `defer`, only the StrictFIFO
+        heads now (`strict_only`), the others at `wake_deferred`."""
+        if self.defer and not strict_only:
+            self._deferred[(tenant, flavor)] = None
+            strict_only = True
         # With autoscale, a head held back by devices alone is demand for nodes: let the
         # cycle see it. Nothing below changes the nodes: one look for the whole tree.
         gap = 1 << 30 if flavor in self._policies.config.policy.autoscale else None
@@ -125,6 +151,8 @@ class Waking:
         for name in list(sleepers):
             q = self._tenant_queues[name]
             strict = name in strict_blocked
+            if strict_only and not strict:
+                continue
             if flavor not in flavors[name]:
                 if not (q.resuming or strict or any(b.inadmissible for b in q.buckets.values())):
                     sleepers.discard(name)

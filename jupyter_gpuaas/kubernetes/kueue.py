@@ -114,6 +114,7 @@ def _policy_block(policy: Policy) -> dict[str, Any]:
         "cull_warning",
         "lease_ttl",
         "preemption_grace",
+        "one_head_per_cycle",
     ):
         value = getattr(policy, key)
         if value != getattr(default, key):

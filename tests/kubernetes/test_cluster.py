@@ -247,3 +247,45 @@ def test_kueue_admits_a_queued_job_by_its_quota(cluster: Any, namespace: str) ->
         ],
     )
     assert pods[0]["spec"]["nodeName"] == "gpu-t4-0"
+
+
+def test_kueue_objects_read_back_in_both_served_versions(cluster: Any, namespace: str) -> None:
+    """A client of v1beta1 (Kueue's deprecated version, still served) reads the objects
+    written in v1beta2: through Kueue's conversion webhook for the kinds it converts
+    (a ClusterQueue), by the API server alone for the others (a ResourceFlavor, a
+    WorkloadPriorityClass), which a conversion webhook would refuse to convert."""
+    objects = [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "f-" + namespace},
+            "spec": {"nodeLabels": {"pool": "t4"}},
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": "p-" + namespace},
+            "value": 7,
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": "cq-" + namespace},
+            "spec": {"namespaceSelector": {}},
+        },
+    ]
+    cluster.apply(objects)
+    try:
+        for obj in objects:
+            plural = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues"}.get(
+                obj["kind"], "workloadpriorityclasses"
+            )
+            for version in ("v1beta1", "v1beta2"):
+                got = get(cluster, f"{plural}.{version}.kueue.x-k8s.io", obj["metadata"]["name"])
+                assert got["apiVersion"] == f"kueue.x-k8s.io/{version}", got
+    finally:
+        for obj in objects:
+            cluster.kubectl(
+                "delete", obj["kind"].lower() + ".kueue.x-k8s.io", obj["metadata"]["name"],
+                "--wait=false", check=False,
+            )  # fmt: skip
