@@ -168,3 +168,6 @@ def test_a_hold_lasts_until_the_quota_goes_back() -> None:
     assert bt.history.remaining("kernel", "u1", 0.0, 0.5) == (600.0, True)
     assert bt.history.remaining("kernel", "u2", 0.0, 0.5) == (1800.0, True)
     assert not bt.held_since  # every hold ended
+    # Of the 15 culls, 5 users came back within the reservation: a culled kernel's user
+    # is expected back one time in three (the estimates' `History.comes_back`).
+    assert bt.history.comes_back("kernel") == pytest.approx(1 / 3)

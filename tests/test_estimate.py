@@ -149,6 +149,70 @@ def test_an_idle_holder_is_culled_at_a_known_time() -> None:
     assert core.get("a").state is State.ADMITTED  # type: ignore[union-attr]
 
 
+def sessions(kind: str, seconds: list[float], came_back: int, gave_up: int) -> History:
+    """Past sessions of `seconds`, each culled once: the first `came_back` of them had
+    their user back within the reservation, the next `gave_up` did not."""
+    h = History()
+    for i, s in enumerate(seconds):
+        culled = i < came_back + gave_up
+        h.add(kind, "ann", s, culls=int(culled), gave_up=culled and i >= came_back)
+    return h
+
+
+def test_an_idle_holder_whose_user_comes_back_holds_its_quota_for_the_session() -> None:
+    # "a" is idle from 100 s: culled at 1900 s, its reservation expires at 2500 s. Two
+    # users in three came back after a cull: the quarter run (below the third that did
+    # not) frees the quota at 2500 s; the middle and the three-quarter runs have "a"
+    # back and held as long as past sessions (3000/4000/5000 s) at their quantiles of
+    # those that came back (1/4 and 5/8): 3000 s and 4000 s from its admission.
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 1800, "cull_warning": 0, "reservation_ttl": 600},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.activity("a", False, 100.0)
+    core.submit(req("b", "vision", user="bob", t=400.0), 400.0)
+    core.step(400.0)
+    hist = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=8, gave_up=4)
+    assert hist.comes_back("kernel") == pytest.approx(2 / 3)
+    got = estimate_waits(core, 400.0, hist)["b"]
+    assert (got.low, got.seconds, got.high) == (2100.0, 2600.0, 3600.0)
+    assert got.ends.back == 1
+    # Nobody came back: every run frees it at the reservation's end, a known time.
+    gone = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=0, gave_up=12)
+    got = estimate_waits(core, 400.0, gone)["b"]
+    assert (got.low, got.seconds, got.high) == (2100.0, 2100.0, 2100.0)
+    assert got.ends.culled == 1
+
+
+def test_a_parked_reservation_whose_user_comes_back_keeps_the_quota() -> None:
+    # "a" was culled and parked at 600 s (reservation to 1800 s). With its users back
+    # after every past cull, it is back halfway through what is left of the reservation
+    # and held as long as past sessions were: "b" waits for that, not for the expiry.
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 600, "cull_warning": 0, "reservation_ttl": 1200},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.activity("a", False, 0.0)
+    core.step(600.0)
+    assert core.get("a").state is State.PARKED  # type: ignore[union-attr]
+    core.submit(req("b", "vision", user="bob", t=800.0), 800.0)
+    core.step(800.0)
+    back = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=12, gave_up=0)
+    got = estimate_waits(core, 800.0, back)["b"]
+    # Back at 1300 s; of sessions longer than its 1300 s, the quantiles 1/4, 1/2, 3/4.
+    assert (got.low, got.seconds, got.high) == (2200.0, 3200.0, 4200.0)
+    assert got.ends.back == 1
+    # Nobody comes back: the reservation expires at 1800 s.
+    gone = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=0, gave_up=12)
+    assert estimate_waits(core, 800.0, gone)["b"].seconds == pytest.approx(1000.0)
+
+
 def test_a_resumed_notebook_is_as_old_as_its_session() -> None:
     # "a" is admitted at 0, idle, culled and parked at 600, back at 700: its quota was
     # never free, so its hold is 800 s old at 800, not 100 s (History: a hold lasts

@@ -10,7 +10,11 @@ arrives in the run: future submissions are unknown (a parked reservation waiting
 resume is already in the queue, and is served in its turn).
 
 What ends a grant in the run:
-- an idle kernel or server: the core's own cull timer (the idle policy: a known time);
+- an idle kernel or server: the core's own cull timer (the idle policy: a known time) and
+  its reservation's expiry, unless its user is expected back within the reservation (as
+  the users of past culls of its kind were, `History.comes_back`: most are, within
+  minutes); then it is held for its session, as below. A parked reservation likewise
+  expires at its known time or, expected back, resumes and is held for its session;
 - a job with a declared duration: that duration after its admission;
 - anything else: how long past grants were held (`History`), of the same user and kind
   when there are enough of them, else of the kind, else of any kind, given that it has
@@ -92,8 +96,30 @@ class History:
         self.keep = keep
         self._recent: dict[tuple[str, str], deque[float]] = {}
         self._sorted: dict[tuple[str, str], list[float]] = {}
+        # Culls of the recent sessions of each kind ("": all): (culls, the last one not
+        # followed by a return), the most recent `keep` sessions, and their sums.
+        self._culls: dict[str, deque[tuple[int, int]]] = {}
+        self._cull_sums: dict[str, list[int]] = {}
 
-    def add(self, kind: str, user: str, seconds: float) -> None:
+    def add(
+        self, kind: str, user: str, seconds: float, culls: int = 0, gave_up: bool = False
+    ) -> None:
+        """A session of `kind` held `seconds`; culled `culls` times, the last of which
+        ended it (`gave_up`: its user did not come back within the reservation) or not."""
+        for of in (kind, ""):
+            recent_culls = self._culls.get(of)
+            sums = self._cull_sums.get(of)
+            if recent_culls is None or sums is None:
+                recent_culls = self._culls[of] = deque()
+                sums = self._cull_sums[of] = [0, 0]
+            entry = (culls, int(gave_up and culls > 0))
+            recent_culls.append(entry)
+            sums[0] += entry[0]
+            sums[1] += entry[1]
+            if len(recent_culls) > self.keep:
+                old_culls, old_gave_up = recent_culls.popleft()
+                sums[0] -= old_culls
+                sums[1] -= old_gave_up
         seconds = max(0.0, seconds)
         for key in ((kind, user), (kind, ""), ("", "")):
             recent = self._recent.get(key)
@@ -110,6 +136,16 @@ class History:
 
     def __len__(self) -> int:
         return len(self._sorted.get(("", ""), ()))
+
+    def comes_back(self, kind: str) -> float | None:
+        """The share of culls of `kind` after which the user came back within the
+        reservation (of every kind's when the kind has fewer than `MIN_SAMPLES` culls);
+        None when too few culls were seen."""
+        for key in (kind, ""):
+            sums = self._cull_sums.get(key)
+            if sums is not None and sums[0] >= MIN_SAMPLES:
+                return (sums[0] - sums[1]) / sums[0]
+        return None
 
     def samples(self, kind: str, user: str) -> int:
         """How many past grants an estimate for (kind, user) rests on."""
@@ -198,6 +234,7 @@ class Ends:
         self.declared = 0  # a job's declared duration
         self.aged = 0  # older than nearly all past grants: as long again
         self.culled = 0  # idle, culled by the idle policy
+        self.back = 0  # idle or parked, its user expected back within the reservation
         self.preempted = 0
 
 
@@ -254,34 +291,77 @@ class _Run:
         # (time, order, request id, its admission time): predicted ends of grants.
         self.heap: list[tuple[float, int, str, float]] = []
         self.order = 0
+        # Parked reservations expected back in this run: (when, request id), by time;
+        # and the quantile of the session's remaining hold of those that come back.
+        self.pokes: list[tuple[float, str]] = []
+        self.next_poke = 0
+        self.back_q: dict[str, float] = {}
         for req in self.copy.live_requests():
             if req.state is State.ADMITTED:
                 self.predict(req, now)
+            elif req.state is State.PARKED and not req.wants_devices:
+                self.park(req, now)
+        self.pokes.sort()
+
+    def returning(self, kind: str) -> float | None:
+        """The quantile of its session's remaining hold at which a culled holder of `kind`
+        that comes back is held, in this run; None: in this run it does not come back.
+        A culled holder either does not come back (its hold ends when its reservation
+        expires, a known time) or does, and is held as long as past sessions were:
+        of the mixture of the two, this run's `q` quantile is the known end when `q` is
+        below the share that did not come back, else the session's quantile above it."""
+        p = self.history.comes_back(kind)
+        if p is None or p <= 0.0 or self.q < 1.0 - p:
+            return None
+        return min(1.0, (self.q - (1.0 - p)) / p)
+
+    def park(self, req: Request, now: float) -> None:
+        """A parked reservation: expected back (its user active again) halfway through
+        what is left of it, in a run whose quantile says it comes back; else it expires
+        at its known time (the core's own timer)."""
+        q = self.returning(req.kind)
+        if q is None or req.park_expires is None:
+            return
+        self.back_q[req.id] = q
+        self.ends.back += 1
+        self.pokes.append((now + max(0.0, req.park_expires - now) / 2.0, req.id))
 
     def predict(self, req: Request, now: float, count: bool = True) -> None:
-        """File the predicted end of a grant (an idle one is culled by the core itself);
-        `count` it in `ends` (a grant in use when the run began)."""
+        """File the predicted end of a grant (an idle one is culled by the core itself,
+        unless its user is expected back: `returning`); `count` it in `ends` (a grant in
+        use when the run began)."""
         ends = self.ends if count else Ends()
         admitted = req.admit_time if req.admit_time is not None else now
         idle = req.idle_since
-        if idle is not None and self.copy.idle_deadline(req.id, idle) < math.inf:
-            ends.culled += 1
-            return
+        q = self.back_q.get(req.id, self.q)
+        cull_at = math.inf if idle is None else self.copy.idle_deadline(req.id, idle)
+        if cull_at < math.inf:
+            back = self.returning(req.kind)
+            if back is None:
+                ends.culled += 1
+                return
+            # Culled, and back within its reservation: its quota stays held as if busy.
+            self.copy.activity(req.id, True, now)
+            ends.back += 1
+            q = back
         declared = self.declared.get(req.id)
         if declared is not None and req.kind == "job":
             end = max(now, admitted + declared)
             ends.declared += 1
         else:
             age = max(0.0, now - session_start(req, admitted))
-            left = self.history.remaining(req.kind, req.user, age, self.q)
+            left = self.history.remaining(req.kind, req.user, age, q)
             if left is None:
                 self.stuck = True
                 return
-            if left[1]:
-                ends.history += 1
+            if cull_at < math.inf:
+                end = max(now + left[0], cull_at)  # counted as back
             else:
-                ends.aged += 1
-            end = now + left[0]
+                if left[1]:
+                    ends.history += 1
+                else:
+                    ends.aged += 1
+                end = now + left[0]
         self.order += 1
         heappush(self.heap, (end, self.order, req.id, admitted))
 
@@ -322,6 +402,9 @@ class _Run:
                 t = deadline
             if self.next_arrival < len(arrivals):
                 t = min(t, arrivals[self.next_arrival].submit_time)
+            pokes = self.pokes
+            if self.next_poke < len(pokes):
+                t = min(t, pokes[self.next_poke][0])
             if t == math.inf or t > limit:
                 return
             steps += 1
@@ -330,6 +413,12 @@ class _Run:
                 if clock is not None and clock() > stop_at:
                     return  # out of time: what has not started has no estimate
             decisions: list[Decision] = []
+            while self.next_poke < len(pokes) and pokes[self.next_poke][0] <= t:
+                rid = pokes[self.next_poke][1]
+                self.next_poke += 1
+                back = copy.get(rid)
+                if back is not None and back.state is State.PARKED:
+                    decisions += copy.activity(rid, True, t)  # its user is back
             while (
                 self.next_arrival < len(arrivals) and arrivals[self.next_arrival].submit_time <= t
             ):

@@ -230,7 +230,7 @@ def _submitted(req: Request) -> float:
 
 def confidence(est: Estimate) -> str:
     ends = est.ends
-    if ends.history == 0 and ends.aged == 0:
+    if ends.history == 0 and ends.aged == 0 and ends.back == 0:
         return "high"  # culls and declared durations only: known times
     if est.samples < THIN_HISTORY or ends.aged:
         return "low"
@@ -250,6 +250,10 @@ def basis(est: Estimate, label: str) -> str:
     parts = []
     if ends.culled:
         parts.append(f"{plural(ends.culled, 'idle grant')} culled by the idle policy")
+    if ends.back:
+        parts.append(
+            f"{plural(ends.back, 'idle grant')} whose user is likely back within its reservation"
+        )
     if ends.declared:
         parts.append(f"{plural(ends.declared, 'job')} ending after the time it asked for")
     if ends.history:
