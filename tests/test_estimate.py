@@ -180,6 +180,11 @@ def test_an_idle_holder_whose_user_comes_back_holds_its_quota_for_the_session() 
     got = estimate_waits(core, 400.0, hist)["b"]
     assert (got.low, got.seconds, got.high) == (2100.0, 2600.0, 3600.0)
     assert got.ends.back == 1
+    # Sessions that end sooner than the reservation would: back or not, it holds the
+    # quota at least until the reservation's end (a return never frees it earlier).
+    short = sessions("kernel", [2000.0] * 12, came_back=8, gave_up=4)
+    got = estimate_waits(core, 400.0, short)["b"]
+    assert (got.low, got.seconds, got.high) == (2100.0, 2100.0, 2100.0)
     # Nobody came back: every run frees it at the reservation's end, a known time.
     gone = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=0, gave_up=12)
     got = estimate_waits(core, 400.0, gone)["b"]
@@ -269,6 +274,23 @@ def test_declared_job_duration_wins_over_history() -> None:
     core.step(10.0)
     got = estimate_waits(core, 10.0, history("job", [60.0] * 10), declared={"j": 7200.0})["k"]
     assert got.seconds == pytest.approx(7190.0) and got.ends.declared == 1
+
+
+def test_history_keeps_a_day_of_ended_sessions() -> None:
+    # Ten 600 s sessions ended in the small hours, ten 6000 s ones 25 h later: the short
+    # ones fell out of the day's window and no longer pull the median down; ended times
+    # not given (a caller that has none) keep them by count alone.
+    h = History()
+    for i in range(10):
+        h.add("kernel", "ann", 600.0, at=3600.0 + i)
+    for i in range(10):
+        h.add("kernel", "ann", 6000.0, at=3600.0 + 25 * 3600.0 + i)
+    assert h.remaining("kernel", "ann", 0.0, 0.25) == (6000.0, True)
+    assert len(h) == 10
+    plain = History()
+    for s in [600.0] * 10 + [6000.0] * 10:
+        plain.add("kernel", "ann", s)
+    assert plain.remaining("kernel", "ann", 0.0, 0.25) == (600.0, True) and len(plain) == 20
 
 
 def test_history_prefers_the_users_own_kind_then_the_kind() -> None:

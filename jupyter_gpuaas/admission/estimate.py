@@ -56,6 +56,11 @@ _T = TypeVar("_T")
 
 #: Past grants it takes to trust a distribution of hold times (fewer: the next wider one).
 MIN_SAMPLES = 5
+#: The history's window: sessions that ended within a day of the latest (every hour of
+#: the day counted once: the sessions that end in a morning are mostly short ones, those
+#: that end in an evening long ones), at most KEEP of each key (memory).
+WINDOW = 86400.0
+KEEP = 20000
 #: Below this many samples behind an estimate, its confidence is said to be low.
 THIN_HISTORY = 20
 #: The quantiles of hold times of the low, middle and high runs (calibrated by
@@ -92,32 +97,47 @@ class History:
     fraction of the sessions, and a forward run freed quota hours early (the jobs it
     started at once waited until the evening)."""
 
-    def __init__(self, keep: int = 500) -> None:
+    def __init__(self, keep: int = KEEP, window: float = WINDOW) -> None:
         self.keep = keep
-        self._recent: dict[tuple[str, str], deque[float]] = {}
+        self.window = window
+        # Per key, (ended at, seconds) oldest first, and the seconds sorted.
+        self._recent: dict[tuple[str, str], deque[tuple[float, float]]] = {}
         self._sorted: dict[tuple[str, str], list[float]] = {}
-        # Culls of the recent sessions of each kind ("": all): (culls, the last one not
-        # followed by a return), the most recent `keep` sessions, and their sums.
-        self._culls: dict[str, deque[tuple[int, int]]] = {}
+        # Culls of the recent sessions of each kind ("": all): (ended at, culls, the last
+        # one not followed by a return), and their sums.
+        self._culls: dict[str, deque[tuple[float, int, int]]] = {}
         self._cull_sums: dict[str, list[int]] = {}
+        self._last = -math.inf  # the latest end added
 
     def add(
-        self, kind: str, user: str, seconds: float, culls: int = 0, gave_up: bool = False
+        self,
+        kind: str,
+        user: str,
+        seconds: float,
+        culls: int = 0,
+        gave_up: bool = False,
+        at: float | None = None,
     ) -> None:
-        """A session of `kind` held `seconds`; culled `culls` times, the last of which
-        ended it (`gave_up`: its user did not come back within the reservation) or not."""
+        """A session of `kind` held `seconds`, ended `at` (None: now, as far as the
+        window goes); culled `culls` times, the last of which ended it (`gave_up`: its
+        user did not come back within the reservation) or not. Kept while it ended
+        within `window` of the latest end added, the most recent `keep` of each key."""
+        if at is None:
+            at = self._last
+        self._last = now = max(self._last, at)
+        oldest = now - self.window
         for of in (kind, ""):
             recent_culls = self._culls.get(of)
             sums = self._cull_sums.get(of)
             if recent_culls is None or sums is None:
                 recent_culls = self._culls[of] = deque()
                 sums = self._cull_sums[of] = [0, 0]
-            entry = (culls, int(gave_up and culls > 0))
+            entry = (at, culls, int(gave_up and culls > 0))
             recent_culls.append(entry)
-            sums[0] += entry[0]
-            sums[1] += entry[1]
-            if len(recent_culls) > self.keep:
-                old_culls, old_gave_up = recent_culls.popleft()
+            sums[0] += entry[1]
+            sums[1] += entry[2]
+            while len(recent_culls) > self.keep or recent_culls[0][0] < oldest:
+                _, old_culls, old_gave_up = recent_culls.popleft()
                 sums[0] -= old_culls
                 sums[1] -= old_gave_up
         seconds = max(0.0, seconds)
@@ -127,10 +147,10 @@ class History:
             if recent is None or ordered is None:
                 recent = self._recent[key] = deque()
                 ordered = self._sorted[key] = []
-            recent.append(seconds)
+            recent.append((at, seconds))
             insort(ordered, seconds)
-            if len(recent) > self.keep:
-                old = recent.popleft()
+            while len(recent) > self.keep or recent[0][0] < oldest:
+                old = recent.popleft()[1]
                 i = bisect_right(ordered, old) - 1
                 del ordered[i]
 
@@ -296,6 +316,9 @@ class _Run:
         self.pokes: list[tuple[float, str]] = []
         self.next_poke = 0
         self.back_q: dict[str, float] = {}
+        # The end of the reservation of those expected back: held at least as long (in the
+        # runs where they come back, never shorter than in those where they do not).
+        self.floor: dict[str, float] = {}
         for req in self.copy.live_requests():
             if req.state is State.ADMITTED:
                 self.predict(req, now)
@@ -323,6 +346,7 @@ class _Run:
         if q is None or req.park_expires is None:
             return
         self.back_q[req.id] = q
+        self.floor[req.id] = req.park_expires
         self.ends.back += 1
         self.pokes.append((now + max(0.0, req.park_expires - now) / 2.0, req.id))
 
@@ -354,8 +378,14 @@ class _Run:
             if left is None:
                 self.stuck = True
                 return
-            if cull_at < math.inf:
-                end = max(now + left[0], cull_at)  # counted as back
+            if cull_at < math.inf:  # counted as back: held at least past its reservation
+                config = self.copy.config
+                ttl = config.tenants[req.tenant].reservation_ttl
+                end = max(
+                    now + left[0], cull_at + (config.policy.reservation_ttl if ttl is None else ttl)
+                )
+            elif req.id in self.floor:
+                end = max(now + left[0], self.floor[req.id])
             else:
                 if left[1]:
                     ends.history += 1

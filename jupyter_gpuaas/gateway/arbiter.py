@@ -90,7 +90,7 @@ class Stored:
     live: list[RequestRow]
     hold_times: list[tuple[str, float]]
     # (kind, user, seconds) of ended grants, oldest first: the estimates' history.
-    holds: list[tuple[str, str, float, int, bool]] = dataclasses.field(default_factory=list)
+    holds: list[tuple[str, str, float, int, bool, float]] = dataclasses.field(default_factory=list)
     # The requests submitted in the last forecast period, oldest first.
     recent: list[Request] = dataclasses.field(default_factory=list)
 
@@ -306,8 +306,8 @@ class Arbiter:
             decisions += self.engine.restore(req, now)
         for flavor, seconds in stored.hold_times:
             self.hold_times.setdefault(flavor, []).append(seconds)
-        for kind, user, seconds, culls, gave_up in stored.holds:
-            self.history.add(kind, user, seconds, culls, gave_up)
+        for kind, user, seconds, culls, gave_up, ended in stored.holds:
+            self.history.add(kind, user, seconds, culls, gave_up, ended)
         self.estimates.arrived[:] = stored.recent
         return decisions
 
@@ -941,7 +941,9 @@ class Arbiter:
             held = max(0.0, d.t - session_start(req, req.admit_time))
             # Whether its user came back after its culls: the estimates' `comes_back`.
             gave_up = d.event in ("expire", "cull")
-            add = functools.partial(self.history.add, req.kind, req.user, held, req.culls, gave_up)
+            add = functools.partial(
+                self.history.add, req.kind, req.user, held, req.culls, gave_up, d.t
+            )
             out.append(add)
         return out
 

@@ -569,8 +569,9 @@ class Store:
         with self.session() as s:
             return list(s.scalars(stmt))
 
-    def ended_holds(self, limit: int = 1000) -> list[tuple[str, str, float, int, bool]]:
-        """(kind, user, seconds held, culls, gave up) of recently ended grants, culled ones
+    def ended_holds(self, limit: int = 20000) -> list[tuple[str, str, float, int, bool, float]]:
+        """(kind, user, seconds held, culls, gave up, ended at) of recently ended grants
+        (as many as the estimates' history keeps, admission/estimate.py `KEEP`), culled ones
         included (their devices went back when culled, or their parked reservation
         expired: their user did not come back, "gave up"): the history a forward-run
         estimate goes by, rebuilt at a start by the live rule (`hold_start`: a session
@@ -587,7 +588,7 @@ class Store:
         with self.session() as s:
             culled = State.CULLED.value
             rows = [
-                (k, u, max(0.0, up - hold_start(a, c or 0, f)), c or 0, st == culled)
+                (k, u, max(0.0, up - hold_start(a, c or 0, f)), c or 0, st == culled, up)
                 for k, u, a, c, f, up, st in s.execute(stmt)
                 if a is not None
             ]

@@ -85,7 +85,7 @@ class Backtest:
                     # A session that ends at its reservation's expiry (or at a cull
                     # without one): its user did not come back after its last cull.
                     gave_up = event == "expire" or event == "cull"
-                    self.history.add(kind, user, d.t - since, culls, gave_up)
+                    self.history.add(kind, user, d.t - since, culls, gave_up, at=d.t)
 
     def at_submit(self, core: AdmissionCore, now: float, arrived: list[str]) -> None:
         """After the cycle of an instant at which `arrived` were submitted."""

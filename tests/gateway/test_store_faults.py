@@ -566,11 +566,11 @@ def test_the_history_rebuilt_at_a_restart_holds_a_resumed_session_from_its_first
         ended = store.ended_holds()
     finally:
         store.close()
-    assert {user: held for _, user, held, _, _ in ended} == {
+    assert {user: held for _, user, held, _, _, _ in ended} == {
         "alice": 1500.0, "bob": 1100.0, "cy": 1600.0,
     }  # fmt: skip
     # Whether the user came back after the culls (the estimates' `History.comes_back`):
     # alice did, twice; cy's reservation expired.
-    assert {user: (culls, gave_up) for _, user, _, culls, gave_up in ended} == {
+    assert {user: (culls, gave_up) for _, user, _, culls, gave_up, _ in ended} == {
         "alice": (2, False), "bob": (0, False), "cy": (1, True),
     }  # fmt: skip
