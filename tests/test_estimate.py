@@ -276,6 +276,25 @@ def test_declared_job_duration_wins_over_history() -> None:
     assert got.seconds == pytest.approx(7190.0) and got.ends.declared == 1
 
 
+def test_a_request_waits_for_the_first_of_many_holders_to_end() -> None:
+    # Four kernels hold vision's four a100 since 0 s; past kernels held 1000-4000 s. "b"
+    # waits for the first of the four to end: in a typical future the first of four ends
+    # early (the middle run spreads them over the quantiles 1/8, 3/8, 5/8, 7/8: the first
+    # ends at 1000 s), not when each has run its median (3000 s, all four at once).
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 4}},
+        "tenants": {"vision": {"quota": {"a100": 4}}},
+    })  # fmt: skip
+    for i in range(4):
+        core.submit(req(f"a{i}", "vision"), 0.0)
+    core.step(0.0)
+    core.submit(req("b", "vision", user="bob"), 0.0)
+    core.step(0.0)
+    got = estimate_waits(core, 0.0, history("kernel", [1000.0, 2000.0, 3000.0, 4000.0] * 3))["b"]
+    # The quarter runs spread them over the lower and the upper half.
+    assert (got.low, got.seconds, got.high) == (1000.0, 1000.0, 3000.0)
+
+
 def test_history_keeps_a_day_of_ended_sessions() -> None:
     # Ten 600 s sessions ended in the small hours, ten 6000 s ones 25 h later: the short
     # ones fell out of the day's window and no longer pull the median down; ended times

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
@@ -316,6 +317,20 @@ class _Run:
         self.pokes: list[tuple[float, str]] = []
         self.next_poke = 0
         self.back_q: dict[str, float] = {}
+        # Each grant's own quantile (`quantile`): those in use now spread evenly over the
+        # run's span, in an order that has nothing to do with them (a hash of the id).
+        width = min(q, 1.0 - q)
+        self.span = (q - width, 2.0 * width)
+        self.u: dict[str, float] = {}
+        first = [
+            r.id
+            for r in self.copy.live_requests()
+            if r.state is State.ADMITTED or (r.state is State.PARKED and not r.wants_devices)
+        ]
+        first.sort(key=_mix)
+        lo, wide = self.span
+        for j, rid in enumerate(first):
+            self.u[rid] = lo + wide * (j + 0.5) / len(first)
         # The end of the reservation of those expected back: held at least as long (in the
         # runs where they come back, never shorter than in those where they do not).
         self.floor: dict[str, float] = {}
@@ -326,7 +341,21 @@ class _Run:
                 self.park(req, now)
         self.pokes.sort()
 
-    def returning(self, kind: str) -> float | None:
+    def quantile(self, rid: str) -> float:
+        """The quantile of its hold time at which grant `rid` ends in this run: spread over
+        the run's span `q` ± min(q, 1 - q), not all at `q`. Grants end one by one, and a
+        queued request waits for the first few of them: with every grant at its median,
+        the first ends came as late as the earliest median, later than any real day's
+        first ends (the order statistics of many grants' hold times). The middle run
+        (`q` = 0.5) spreads them over all quantiles, a typical future; the quarter runs
+        over the lower or the upper half. One grant alone is at `q` itself."""
+        u = self.u.get(rid)
+        if u is None:  # admitted on the way: a quantile of the span from its id
+            lo, wide = self.span
+            u = self.u[rid] = lo + wide * _mix(rid) / 2.0**32
+        return u
+
+    def returning(self, kind: str, rid: str) -> float | None:
         """The quantile of its session's remaining hold at which a culled holder of `kind`
         that comes back is held, in this run; None: in this run it does not come back.
         A culled holder either does not come back (its hold ends when its reservation
@@ -334,15 +363,16 @@ class _Run:
         of the mixture of the two, this run's `q` quantile is the known end when `q` is
         below the share that did not come back, else the session's quantile above it."""
         p = self.history.comes_back(kind)
-        if p is None or p <= 0.0 or self.q < 1.0 - p:
+        u = self.quantile(rid)
+        if p is None or p <= 0.0 or u < 1.0 - p:
             return None
-        return min(1.0, (self.q - (1.0 - p)) / p)
+        return min(1.0, (u - (1.0 - p)) / p)
 
     def park(self, req: Request, now: float) -> None:
         """A parked reservation: expected back (its user active again) halfway through
         what is left of it, in a run whose quantile says it comes back; else it expires
         at its known time (the core's own timer)."""
-        q = self.returning(req.kind)
+        q = self.returning(req.kind, req.id)
         if q is None or req.park_expires is None:
             return
         self.back_q[req.id] = q
@@ -357,10 +387,12 @@ class _Run:
         ends = self.ends if count else Ends()
         admitted = req.admit_time if req.admit_time is not None else now
         idle = req.idle_since
-        q = self.back_q.get(req.id, self.q)
+        q = self.back_q.get(req.id)
+        if q is None:
+            q = self.quantile(req.id)
         cull_at = math.inf if idle is None else self.copy.idle_deadline(req.id, idle)
         if cull_at < math.inf:
-            back = self.returning(req.kind)
+            back = self.returning(req.kind, req.id)
             if back is None:
                 ends.culled += 1
                 return
@@ -466,6 +498,11 @@ class _Run:
             decisions += copy.step(t)
             events += 1
             self.follow(decisions, t)
+
+
+def _mix(rid: str) -> int:
+    """A stable 32-bit hash of a request id (the same in every process, unlike hash())."""
+    return zlib.crc32(rid.encode())
 
 
 def hold_start(admitted: float, culls: int, first_admit: float | None) -> float:
