@@ -915,6 +915,10 @@ class Arbiter:
             return out
         if d.event == "submit":
             out.append(functools.partial(self.estimates.submitted, req))
+        elif d.event == "requeue" and req.queue_time != req.submit_time:
+            # A culled request's user back after its reservation went (a preempted one is
+            # queued again by its submit time): an arrival to the queue, forecast as one.
+            out.append(functools.partial(self.estimates.came_back, req, d.t))
         elif d.event == "admit":
             out.append(functools.partial(self.estimates.started, req.id, d.t))
         elif d.event in ("cancel", "reject"):

@@ -114,6 +114,13 @@ class Estimates:
         if arrived[0].submit_time < old:
             del arrived[: bisect_left(arrived, old, key=_submitted)]
 
+    def came_back(self, req: Request, t: float) -> None:
+        """Culled `req`, its reservation gone, was queued again at `t` (its user is back):
+        kept for the arrival forecast as an arrival at `t` (sim/backtest.py `came_back`)."""
+        again = Request(req.id, req.tenant, req.user, req.kind, req.gpus, t,
+                        flavor=req.flavor, priority=req.priority)  # fmt: skip
+        self.submitted(again)
+
     def started(self, rid: str, t: float) -> None:
         """`rid` was admitted at `t`: its first estimate, against what it waited."""
         told = self._told.pop(rid, None)

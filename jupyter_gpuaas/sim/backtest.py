@@ -42,6 +42,8 @@ class Backtest:
 
     def __init__(self, scenario: Scenario, every: int = 1, offset: int = 0) -> None:
         self.who = {r.id: (r.kind, r.user) for r in scenario.requests}
+        self.specs = {r.id: r for r in scenario.requests}
+        self.preempted: set[str] = set()  # preempted, not yet queued again
         self.every = max(1, every)
         # Which instant of each `every` is estimated (0: the first): a second sample of
         # the same trace at other instants.
@@ -74,6 +76,13 @@ class Backtest:
                     self.calibration.add(told[0], told[1], d.t - told[2])
             elif event == "cancel" or event == "reject":
                 self.pending.pop(rid, None)
+            if event == "preempt":
+                self.preempted.add(rid)
+            elif event == "requeue":
+                if rid in self.preempted:  # a forward run preempts and requeues on its own
+                    self.preempted.discard(rid)
+                else:
+                    self.came_back(rid, d.t)
             parked = event == "cull" and bool(d.fields.get("parked"))
             if event == "cull":
                 self.culls[rid] = self.culls.get(rid, 0) + 1
@@ -86,6 +95,16 @@ class Backtest:
                     # without one): its user did not come back after its last cull.
                     gave_up = event == "expire" or event == "cull"
                     self.history.add(kind, user, d.t - since, culls, gave_up, at=d.t)
+
+    def came_back(self, rid: str, t: float) -> None:
+        """A culled request whose reservation had gone is queued again at `t`: its user
+        is back. To the queue it is an arrival like a submission, and the forecast counts
+        it so (in the month a third of the kernels and servers that enter the queue are
+        these); a forward run's copy never brings a culled request back itself."""
+        spec = self.specs.get(rid)
+        if spec is not None:
+            self.arrived.append(Request(rid, spec.tenant, spec.user, spec.kind, spec.gpus, t,
+                                        flavor=spec.flavor, priority=spec.priority))  # fmt: skip
 
     def at_submit(self, core: AdmissionCore, now: float, arrived: list[str]) -> None:
         """After the cycle of an instant at which `arrived` were submitted."""

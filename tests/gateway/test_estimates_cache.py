@@ -115,3 +115,14 @@ def test_the_basis_says_an_idle_grant_is_likely_back() -> None:
         "from running the queue forward: 1 idle grant whose user is likely back within "
         "its reservation"
     )
+
+
+def test_a_culled_request_back_in_the_queue_is_kept_as_an_arrival() -> None:
+    cache = Estimates()
+    first = Request("a", "vision", "ann", "kernel", 2, 0.0, priority=100)
+    cache.submitted(first)
+    cache.came_back(first, 5000.0)
+    assert [(r.id, r.submit_time, r.gpus, r.priority) for r in cache.arrived] == [
+        ("a", 0.0, 2, 100), ("a", 5000.0, 2, 100),
+    ]  # fmt: skip
+    assert first.submit_time == 0.0  # the live request is not changed
