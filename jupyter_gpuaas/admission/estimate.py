@@ -23,9 +23,12 @@ What ends a grant in the run:
   as long again (a heavy tail: half of what has lasted t lasts 2t), said so in the
   basis; a younger one with nothing to go by has no known end.
 
-Three runs, with the low, middle and high quantile of every predicted hold time, give the
-range and the middle estimate of every queued request at once, so one set of runs per
-queue state serves every request (the gateway keeps them until its next decision).
+Three runs give the range and the middle estimate of every queued request at once, so
+one set of runs per queue state serves every request (the gateway keeps them until its
+next decision). In the middle run the grants' hold times are spread over all quantiles
+(each grant its own, from a hash of its id: a typical future, in which the first of many
+grants ends early), in the low and high runs over the lower and the upper half
+(`_Run.quantile`); a grant alone ends at the run's quantile (0.25, 0.5, 0.75).
 
 The budget: at most `max_events` ends per run, nothing beyond `horizon` seconds, and,
 when the driver passes its `clock`, at most `budget` seconds of that clock for the three
