@@ -387,3 +387,25 @@ def test_calibration_scales_by_kind_and_by_how_long_the_estimate_said() -> None:
     assert cal.ratios("kernel", 2 * 3600.0) == (low, mid, high)
     cal.add("job", 30.0, 3000.0)  # too short an estimate to learn from
     assert cal.ratios("job", 900.0) == (1.0, 1.0, 1.0)
+
+
+def test_calibration_makes_the_range_and_leaves_the_middle_to_the_run() -> None:
+    # "a" ends in 1900 s in every run (a cull); past kernel estimates turned out between
+    # half and three times as long: the range is the ratios' p20-p80, the middle the run's.
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 1800},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.activity("a", False, 100.0)
+    core.submit(req("b", "vision", user="bob", t=400.0), 400.0)
+    core.step(400.0)
+    cal = Calibration()
+    for i in range(MIN_OUTCOMES):
+        cal.add("kernel", 1000.0, 1000.0 * (0.5 + 2.5 * i / (MIN_OUTCOMES - 1)))
+    low_r, _, high_r = cal.ratios("kernel", 1500.0) or (0.0, 0.0, 0.0)
+    got = estimate_waits(core, 400.0, History(), calibration=cal)["b"]
+    assert got.seconds == 1500.0 and got.calibrated
+    assert got.low == pytest.approx(1500.0 * low_r) and got.high == pytest.approx(1500.0 * high_r)
