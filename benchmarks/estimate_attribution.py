@@ -143,10 +143,24 @@ def main(argv: list[str] | None = None) -> int:
             self.order += 1
             est.heappush(self.heap, (end, self.order, req.id, req.admit_time or now))
 
+        def park(self, req: Request, now: float) -> None:
+            if self.level == "base":
+                super().park(req, now)
+
         def run_all(self, waiting: set[str], horizon: float) -> None:
             copy = self.copy
+            if self.level == "base":  # the estimator's own loop
+                for _ in self.run(waiting, horizon, 20000):
+                    pass
+                return
             if self.level != "base":
                 for r in list(copy.live_requests()):
+                    if r.state is State.CULLED and self.level == "HQA":
+                        # Its user back (queued again) within the day: when it really was.
+                        again = [t for t, ev, _ in real.get(r.id, [])
+                                 if ev == "requeue" and self.now < t <= self.now + DAY]  # fmt: skip
+                        if again:
+                            self.pokes.append((again[0], r.id))
                     if r.state is State.PARKED:
                         back = [t for t in resumes(real.get(r.id, []), self.now)]
                         end = hold_end(real.get(r.id, []), self.now)
@@ -173,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                     t = min(t, self.pokes[p][0])
                 if t == math.inf or t > limit:
                     return
-                decisions = []
+                decisions: list[Any] = []
                 while p < len(self.pokes) and self.pokes[p][0] <= t:
                     rid = self.pokes[p][1]
                     p += 1
@@ -232,8 +246,16 @@ def main(argv: list[str] | None = None) -> int:
             lo = int(__import__("bisect").bisect_right(submits, now))
             hi = int(__import__("bisect").bisect_right(submits, now + DAY))
             true_arrivals = [
-                Request(s.id, s.tenant, s.user, s.kind, s.gpus, s.submit, flavor=s.flavor,
-                        priority=s.priority)  # fmt: skip
+                Request(
+                    s.id,
+                    s.tenant,
+                    s.user,
+                    s.kind,
+                    s.gpus,
+                    s.submit,
+                    flavor=s.flavor,
+                    priority=s.priority,
+                )
                 for s in by_submit[lo:hi]
             ]
             line: dict[str, Any] = {"now": now, "parked": parked, "q": {}}
@@ -258,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     out.close()
     for raw in args.out.read_text(encoding="utf-8").splitlines():
         d = json.loads(raw)
-        for rid, q in d["q"].items():
+        for q in d["q"].values():
             wait = q["actual"]
             if wait is None or wait < LONG_WAIT:
                 continue
@@ -270,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     errors[key][level].append(abs(e - wait) / wait)
                     ratio[key][level].append(wait / max(1.0, e))
-    print("| slice | n | base | + true holder ends and resumes (H) | + true holds of the queued (HQ) | + true arrivals (HQA) |")
+    print(
+        "| slice | n | base | + true holder ends and resumes (H) "
+        "| + true holds of the queued (HQ) | + true arrivals (HQA) |"
+    )
     print("|---|---|---|---|---|---|")
     for key in ("all", "kernel", "server", "job"):
         if key not in errors:
@@ -284,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\nholders' true / predicted remaining hold (median ratio, share predicted too short):")
     for key, v in sorted(holder_err.items()):
         short = sum(1 for x in v if x > 0) / len(v)
-        print(f"  {key}: n={len(v)} ratio {math.exp(statistics.median(v)):.2f}, too short {short:.0%}")
+        print(
+            f"  {key}: n={len(v)} ratio {math.exp(statistics.median(v)):.2f}, too short {short:.0%}"
+        )
     return 0
 
 
