@@ -14,7 +14,8 @@ the truth:
   did, and the parked ones (and the holders culled later) come back when they really did;
 * `HQ`: + the queued requests admitted on the way hold for as long as they really held;
 * `HQA`: + the true arrivals of the next 24 h instead of the forecast (with their true
-  hold lengths).
+  hold lengths), and the culled requests whose users really came back in it (queued
+  again when they were).
 
 The drop of the median error from one variant to the next is what that guess costs.
 Also reported: how far off the predicted remaining hold of each holder was (by kind and
