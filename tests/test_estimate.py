@@ -12,6 +12,7 @@ from jupyter_gpuaas.admission.config import parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
 from jupyter_gpuaas.admission.estimate import (
     MIN_OUTCOMES,
+    MIN_SAMPLES,
     Calibration,
     History,
     estimate_waits,
@@ -409,3 +410,37 @@ def test_calibration_makes_the_range_and_leaves_the_middle_to_the_run() -> None:
     got = estimate_waits(core, 400.0, History(), calibration=cal)["b"]
     assert got.seconds == 1500.0 and got.calibrated
     assert got.low == pytest.approx(1500.0 * low_r) and got.high == pytest.approx(1500.0 * high_r)
+
+
+def test_a_busy_holder_is_not_given_up_before_the_idle_policy_could() -> None:
+    # Past kernels: six ended 1200 s in by a cull's expiry (their users gone), six were
+    # ended by their users at 6000 s. "a" is busy: a cull needs 1800 s idle and then the
+    # 1200 s reservation, so it cannot end that way within 3000 s; the quarter run, which
+    # would have ended it at 1200 s, ends it at 3000 s.
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 1800, "cull_warning": 0, "reservation_ttl": 1200},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.submit(req("b", "vision", user="bob"), 0.0)
+    core.step(0.0)
+    hist = History()
+    for _ in range(6):
+        hist.add("kernel", "ann", 1200.0, culls=1, gave_up=True)
+        hist.add("kernel", "ann", 6000.0, culls=1, gave_up=False)
+    assert hist.remaining("kernel", "ann", 0.0, 0.25) == (1200.0, True)
+    assert hist.remaining("kernel", "ann", 0.0, 0.25, busy_for=3000.0) == (3000.0, True)
+    got = estimate_waits(core, 0.0, hist)["b"]
+    assert (got.low, got.seconds, got.high) == (3000.0, 6000.0, 6000.0)
+
+
+def test_history_forgets_given_up_and_kept_sessions_alike() -> None:
+    h = History(keep=MIN_SAMPLES)
+    h.add("kernel", "ann", 100.0, culls=1, gave_up=True)  # the oldest: falls out below
+    for _ in range(MIN_SAMPLES):
+        h.add("kernel", "ann", 5000.0)
+    assert len(h) == MIN_SAMPLES
+    # Only sessions of 5000 s are left, all ended by their users.
+    assert h.remaining("kernel", "ann", 0.0, 0.0, busy_for=9000.0) == (5000.0, True)

@@ -107,6 +107,8 @@ class History:
         # Per key, (ended at, seconds) oldest first, and the seconds sorted.
         self._recent: dict[tuple[str, str], deque[tuple[float, float]]] = {}
         self._sorted: dict[tuple[str, str], list[float]] = {}
+        # The seconds of those not ended by a cull's expiry (their user stayed), sorted.
+        self._stayed: dict[tuple[str, str], list[float]] = {}
         # Culls of the recent sessions of each kind ("": all): (ended at, culls, the last
         # one not followed by a return), and their sums.
         self._culls: dict[str, deque[tuple[float, int, int]]] = {}
@@ -145,18 +147,26 @@ class History:
                 sums[0] -= old_culls
                 sums[1] -= old_gave_up
         seconds = max(0.0, seconds)
+        kept = not (gave_up and culls > 0)  # ended by its user, not by a cull's expiry
         for key in ((kind, user), (kind, ""), ("", "")):
             recent = self._recent.get(key)
             ordered = self._sorted.get(key)
-            if recent is None or ordered is None:
+            stayed = self._stayed.get(key)
+            if recent is None or ordered is None or stayed is None:
                 recent = self._recent[key] = deque()
                 ordered = self._sorted[key] = []
-            recent.append((at, seconds))
+                stayed = self._stayed[key] = []
+            recent.append((at, seconds if kept else -seconds - 1.0))
             insort(ordered, seconds)
+            if kept:
+                insort(stayed, seconds)
             while len(recent) > self.keep or recent[0][0] < oldest:
                 old = recent.popleft()[1]
-                i = bisect_right(ordered, old) - 1
-                del ordered[i]
+                if old >= 0.0:
+                    del stayed[bisect_right(stayed, old) - 1]
+                else:
+                    old = -old - 1.0
+                del ordered[bisect_right(ordered, old) - 1]
 
     def __len__(self) -> int:
         return len(self._sorted.get(("", ""), ()))
@@ -179,10 +189,17 @@ class History:
                 return n
         return len(self)
 
-    def remaining(self, kind: str, user: str, age: float, q: float) -> tuple[float, bool] | None:
+    def remaining(
+        self, kind: str, user: str, age: float, q: float, busy_for: float = 0.0
+    ) -> tuple[float, bool] | None:
         """The `q` quantile of how much longer a grant held `age` seconds so far will be
         held, and whether it came from past grants (False: from its age alone, a grant
-        older than nearly all past ones); None when nothing is known at all."""
+        older than nearly all past ones); None when nothing is known at all.
+
+        `busy_for`: the grant is busy now, so a cull cannot end it sooner than that (the
+        idle policy's timeout and the reservation after it): the past sessions that ended
+        by a cull's expiry count as ending no sooner than `busy_for` from now; those
+        whose user ended them, when they did."""
         for key in ((kind, user), (kind, ""), ("", "")):
             ordered = self._sorted.get(key)
             if ordered is None:
@@ -190,7 +207,16 @@ class History:
             i = bisect_right(ordered, age)
             longer = len(ordered) - i
             if longer >= MIN_SAMPLES:
-                return ordered[i + min(longer - 1, int(q * longer))] - age, True
+                k = min(longer - 1, int(q * longer))
+                left = ordered[i + k] - age
+                if left < busy_for:
+                    # Below `busy_for` only the sessions whose user ended them count (the
+                    # others moved up to it): the k-th of those, if it comes first.
+                    stayed = self._stayed.get(key, [])
+                    j = bisect_right(stayed, age) + k
+                    end = stayed[j] - age if j < len(stayed) else math.inf
+                    left = min(end, busy_for)
+                return left, True
         if age >= MIN_AGE:
             # Lasted `age` already and longer than (nearly) anything seen: a heavy tail,
             # P(T > t(1 + x) | T > t) = 1 / (1 + x), whose q quantile is x = q / (1 - q).
@@ -344,6 +370,12 @@ class _Run:
                 self.park(req, now)
         self.pokes.sort()
 
+    def reservation(self, req: Request) -> float:
+        """Seconds a culled grant of `req`'s tenant keeps its quota (`reservation_ttl`)."""
+        config = self.copy.config
+        ttl = config.tenants[req.tenant].reservation_ttl
+        return config.policy.reservation_ttl if ttl is None else ttl
+
     def quantile(self, rid: str) -> float:
         """The quantile of its hold time at which grant `rid` ends in this run: spread over
         the run's span `q` ± min(q, 1 - q), not all at `q`. Grants end one by one, and a
@@ -409,16 +441,18 @@ class _Run:
             ends.declared += 1
         else:
             age = max(0.0, now - session_start(req, admitted))
-            left = self.history.remaining(req.kind, req.user, age, q)
+            busy_for = 0.0
+            if cull_at == math.inf and req.busy and req.kind != "job":
+                # Busy now: a cull needs the idle timeout and the reservation first.
+                culled = self.copy.idle_deadline(req.id, now)
+                if culled < math.inf:
+                    busy_for = culled - now + self.reservation(req)
+            left = self.history.remaining(req.kind, req.user, age, q, busy_for)
             if left is None:
                 self.stuck = True
                 return
             if cull_at < math.inf:  # counted as back: held at least past its reservation
-                config = self.copy.config
-                ttl = config.tenants[req.tenant].reservation_ttl
-                end = max(
-                    now + left[0], cull_at + (config.policy.reservation_ttl if ttl is None else ttl)
-                )
+                end = max(now + left[0], cull_at + self.reservation(req))
             elif req.id in self.floor:
                 end = max(now + left[0], self.floor[req.id])
             else:
