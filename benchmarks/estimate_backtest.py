@@ -32,7 +32,9 @@ DAY = 86400.0
 LONG_WAIT = 300.0
 
 
-def run(scenario_path: Path, every: int, out: IO[str], until: float | None) -> dict[str, Any]:
+def run(
+    scenario_path: Path, every: int, out: IO[str], until: float | None, offset: int = 0
+) -> dict[str, Any]:
     import jupyter_gpuaas.sim.backtest as backtest_module
     from jupyter_gpuaas.admission.core import AdmissionCore
     from jupyter_gpuaas.admission.model import Decision
@@ -79,7 +81,7 @@ def run(scenario_path: Path, every: int, out: IO[str], until: float | None) -> d
             finally:
                 backtest_module.estimate_waits = estimate_waits
 
-    bt = Recorded(scenario, every)
+    bt = Recorded(scenario, every, offset)
     tally = Tally(scenario, None, None)
     started = time.perf_counter()
     sim = run_scenario(scenario, until=until, tally=tally, backtest=bt)
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("scenario", nargs="?", type=Path)
     ap.add_argument("--every", type=int, default=100, help="estimate one arrival instant in N")
     ap.add_argument("--until", type=float, help="stop the clock here (seconds)")
+    ap.add_argument("--offset", type=int, default=0, help="sample other instants (a second sample)")
     ap.add_argument("--out", type=Path, default=Path("estimates.jsonl"))
     ap.add_argument("--report", type=Path, help="only report on a recorded run")
     args = ap.parse_args(argv)
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario is None:
         ap.error("give a scenario, or --report FILE")
     with args.out.open("w", encoding="utf-8", buffering=1) as out:
-        print(json.dumps(run(args.scenario, args.every, out, args.until)))
+        print(json.dumps(run(args.scenario, args.every, out, args.until, args.offset)))
     print(report(args.out))
     return 0
 

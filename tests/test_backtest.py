@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from simutil import SCENARIOS, simulate, write
 
+from jupyter_gpuaas.admission.estimate import forecast
 from jupyter_gpuaas.admission.model import Decision
 from jupyter_gpuaas.sim.backtest import Backtest
 from jupyter_gpuaas.sim.driver import run_scenario
@@ -168,3 +169,29 @@ def test_a_hold_lasts_until_the_quota_goes_back() -> None:
     assert bt.history.remaining("kernel", "u1", 0.0, 0.5) == (600.0, True)
     assert bt.history.remaining("kernel", "u2", 0.0, 0.5) == (1800.0, True)
     assert not bt.held_since  # every hold ended
+    # Of the 15 culls, 5 users came back within the reservation: a culled kernel's user
+    # is expected back one time in three (the estimates' `History.comes_back`).
+    assert bt.history.comes_back("kernel") == pytest.approx(1 / 3)
+
+
+def test_a_culled_request_queued_again_is_forecast_as_an_arrival() -> None:
+    # "k" was culled, its reservation expired, and its user came back at 5000 s: queued
+    # again, an arrival to the queue; "j" was preempted and queued again by the core
+    # itself (a forward run does that on its own). A day later, the forecast of the next
+    # hours has "k" coming back at 5000 s + a day, and no "j".
+    who = [
+        SimpleNamespace(id="k", kind="kernel", user="ann", tenant="vision", gpus=2,
+                        flavor=None, priority=100),
+        SimpleNamespace(id="j", kind="job", user="bob", tenant="vision", gpus=1,
+                        flavor=None, priority=0),
+    ]  # fmt: skip
+    bt = Backtest(SimpleNamespace(requests=who))  # type: ignore[arg-type]
+    bt.observe([Decision(0.0, "admit", "k", {}), Decision(0.0, "admit", "j", {})])
+    bt.observe([Decision(1800.0, "cull", "k", {"parked": True})])
+    bt.observe([Decision(3000.0, "expire", "k", {})])
+    bt.observe([Decision(4000.0, "preempt", "j", {}), Decision(4000.0, "requeue", "j", {})])
+    bt.observe([Decision(5000.0, "requeue", "k", {})])
+    coming = forecast(bt.arrived, 86400.0)
+    assert [(r.user, r.kind, r.gpus, r.priority, r.submit_time) for r in coming] == [
+        ("ann", "kernel", 2, 100, 86400.0 + 5000.0)
+    ]

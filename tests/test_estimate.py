@@ -12,6 +12,7 @@ from jupyter_gpuaas.admission.config import parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
 from jupyter_gpuaas.admission.estimate import (
     MIN_OUTCOMES,
+    MIN_SAMPLES,
     Calibration,
     History,
     estimate_waits,
@@ -149,6 +150,75 @@ def test_an_idle_holder_is_culled_at_a_known_time() -> None:
     assert core.get("a").state is State.ADMITTED  # type: ignore[union-attr]
 
 
+def sessions(kind: str, seconds: list[float], came_back: int, gave_up: int) -> History:
+    """Past sessions of `seconds`, each culled once: the first `came_back` of them had
+    their user back within the reservation, the next `gave_up` did not."""
+    h = History()
+    for i, s in enumerate(seconds):
+        culled = i < came_back + gave_up
+        h.add(kind, "ann", s, culls=int(culled), gave_up=culled and i >= came_back)
+    return h
+
+
+def test_an_idle_holder_whose_user_comes_back_holds_its_quota_for_the_session() -> None:
+    # "a" is idle from 100 s: culled at 1900 s, its reservation expires at 2500 s. Two
+    # users in three came back after a cull: the quarter run (below the third that did
+    # not) frees the quota at 2500 s; the middle and the three-quarter runs have "a"
+    # back and held as long as past sessions (3000/4000/5000 s) at their quantiles of
+    # those that came back (1/4 and 5/8): 3000 s and 4000 s from its admission.
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 1800, "cull_warning": 0, "reservation_ttl": 600},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.activity("a", False, 100.0)
+    core.submit(req("b", "vision", user="bob", t=400.0), 400.0)
+    core.step(400.0)
+    hist = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=8, gave_up=4)
+    assert hist.comes_back("kernel") == pytest.approx(2 / 3)
+    got = estimate_waits(core, 400.0, hist)["b"]
+    assert (got.low, got.seconds, got.high) == (2100.0, 2600.0, 3600.0)
+    assert got.ends.back == 1
+    # Sessions that end sooner than the reservation would: back or not, it holds the
+    # quota at least until the reservation's end (a return never frees it earlier).
+    short = sessions("kernel", [2000.0] * 12, came_back=8, gave_up=4)
+    got = estimate_waits(core, 400.0, short)["b"]
+    assert (got.low, got.seconds, got.high) == (2100.0, 2100.0, 2100.0)
+    # Nobody came back: every run frees it at the reservation's end, a known time.
+    gone = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=0, gave_up=12)
+    got = estimate_waits(core, 400.0, gone)["b"]
+    assert (got.low, got.seconds, got.high) == (2100.0, 2100.0, 2100.0)
+    assert got.ends.culled == 1
+
+
+def test_a_parked_reservation_whose_user_comes_back_keeps_the_quota() -> None:
+    # "a" was culled and parked at 600 s (reservation to 1800 s). With its users back
+    # after every past cull, it is back halfway through what is left of the reservation
+    # and held as long as past sessions were: "b" waits for that, not for the expiry.
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 600, "cull_warning": 0, "reservation_ttl": 1200},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.activity("a", False, 0.0)
+    core.step(600.0)
+    assert core.get("a").state is State.PARKED  # type: ignore[union-attr]
+    core.submit(req("b", "vision", user="bob", t=800.0), 800.0)
+    core.step(800.0)
+    back = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=12, gave_up=0)
+    got = estimate_waits(core, 800.0, back)["b"]
+    # Back at 1300 s; of sessions longer than its 1300 s, the quantiles 1/4, 1/2, 3/4.
+    assert (got.low, got.seconds, got.high) == (2200.0, 3200.0, 4200.0)
+    assert got.ends.back == 1
+    # Nobody comes back: the reservation expires at 1800 s.
+    gone = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=0, gave_up=12)
+    assert estimate_waits(core, 800.0, gone)["b"].seconds == pytest.approx(1000.0)
+
+
 def test_a_resumed_notebook_is_as_old_as_its_session() -> None:
     # "a" is admitted at 0, idle, culled and parked at 600, back at 700: its quota was
     # never free, so its hold is 800 s old at 800, not 100 s (History: a hold lasts
@@ -205,6 +275,42 @@ def test_declared_job_duration_wins_over_history() -> None:
     core.step(10.0)
     got = estimate_waits(core, 10.0, history("job", [60.0] * 10), declared={"j": 7200.0})["k"]
     assert got.seconds == pytest.approx(7190.0) and got.ends.declared == 1
+
+
+def test_a_request_waits_for_the_first_of_many_holders_to_end() -> None:
+    # Four kernels hold vision's four a100 since 0 s; past kernels held 1000-4000 s. "b"
+    # waits for the first of the four to end: in a typical future the first of four ends
+    # early (the middle run spreads them over the quantiles 1/8, 3/8, 5/8, 7/8: the first
+    # ends at 1000 s), not when each has run its median (3000 s, all four at once).
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 4}},
+        "tenants": {"vision": {"quota": {"a100": 4}}},
+    })  # fmt: skip
+    for i in range(4):
+        core.submit(req(f"a{i}", "vision"), 0.0)
+    core.step(0.0)
+    core.submit(req("b", "vision", user="bob"), 0.0)
+    core.step(0.0)
+    got = estimate_waits(core, 0.0, history("kernel", [1000.0, 2000.0, 3000.0, 4000.0] * 3))["b"]
+    # The quarter runs spread them over the lower and the upper half.
+    assert (got.low, got.seconds, got.high) == (1000.0, 1000.0, 3000.0)
+
+
+def test_history_keeps_a_day_of_ended_sessions() -> None:
+    # Ten 600 s sessions ended in the small hours, ten 6000 s ones 25 h later: the short
+    # ones fell out of the day's window and no longer pull the median down; ended times
+    # not given (a caller that has none) keep them by count alone.
+    h = History()
+    for i in range(10):
+        h.add("kernel", "ann", 600.0, at=3600.0 + i)
+    for i in range(10):
+        h.add("kernel", "ann", 6000.0, at=3600.0 + 25 * 3600.0 + i)
+    assert h.remaining("kernel", "ann", 0.0, 0.25) == (6000.0, True)
+    assert len(h) == 10
+    plain = History()
+    for s in [600.0] * 10 + [6000.0] * 10:
+        plain.add("kernel", "ann", s)
+    assert plain.remaining("kernel", "ann", 0.0, 0.25) == (600.0, True) and len(plain) == 20
 
 
 def test_history_prefers_the_users_own_kind_then_the_kind() -> None:
@@ -282,3 +388,59 @@ def test_calibration_scales_by_kind_and_by_how_long_the_estimate_said() -> None:
     assert cal.ratios("kernel", 2 * 3600.0) == (low, mid, high)
     cal.add("job", 30.0, 3000.0)  # too short an estimate to learn from
     assert cal.ratios("job", 900.0) == (1.0, 1.0, 1.0)
+
+
+def test_calibration_makes_the_range_and_leaves_the_middle_to_the_run() -> None:
+    # "a" ends in 1900 s in every run (a cull); past kernel estimates turned out between
+    # half and three times as long: the range is the ratios' p20-p80, the middle the run's.
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 1800},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.activity("a", False, 100.0)
+    core.submit(req("b", "vision", user="bob", t=400.0), 400.0)
+    core.step(400.0)
+    cal = Calibration()
+    for i in range(MIN_OUTCOMES):
+        cal.add("kernel", 1000.0, 1000.0 * (0.5 + 2.5 * i / (MIN_OUTCOMES - 1)))
+    low_r, _, high_r = cal.ratios("kernel", 1500.0) or (0.0, 0.0, 0.0)
+    got = estimate_waits(core, 400.0, History(), calibration=cal)["b"]
+    assert got.seconds == 1500.0 and got.calibrated
+    assert got.low == pytest.approx(1500.0 * low_r) and got.high == pytest.approx(1500.0 * high_r)
+
+
+def test_a_busy_holder_is_not_given_up_before_the_idle_policy_could() -> None:
+    # Past kernels: six ended 1200 s in by a cull's expiry (their users gone), six were
+    # ended by their users at 6000 s. "a" is busy: a cull needs 1800 s idle and then the
+    # 1200 s reservation, so it cannot end that way within 3000 s; the quarter run, which
+    # would have ended it at 1200 s, ends it at 3000 s.
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 1800, "cull_warning": 0, "reservation_ttl": 1200},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.submit(req("b", "vision", user="bob"), 0.0)
+    core.step(0.0)
+    hist = History()
+    for _ in range(6):
+        hist.add("kernel", "ann", 1200.0, culls=1, gave_up=True)
+        hist.add("kernel", "ann", 6000.0, culls=1, gave_up=False)
+    assert hist.remaining("kernel", "ann", 0.0, 0.25) == (1200.0, True)
+    assert hist.remaining("kernel", "ann", 0.0, 0.25, busy_for=3000.0) == (3000.0, True)
+    got = estimate_waits(core, 0.0, hist)["b"]
+    assert (got.low, got.seconds, got.high) == (3000.0, 6000.0, 6000.0)
+
+
+def test_history_forgets_given_up_and_kept_sessions_alike() -> None:
+    h = History(keep=MIN_SAMPLES)
+    h.add("kernel", "ann", 100.0, culls=1, gave_up=True)  # the oldest: falls out below
+    for _ in range(MIN_SAMPLES):
+        h.add("kernel", "ann", 5000.0)
+    assert len(h) == MIN_SAMPLES
+    # Only sessions of 5000 s are left, all ended by their users.
+    assert h.remaining("kernel", "ann", 0.0, 0.0, busy_for=9000.0) == (5000.0, True)

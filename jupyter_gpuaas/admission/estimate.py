@@ -10,7 +10,11 @@ arrives in the run: future submissions are unknown (a parked reservation waiting
 resume is already in the queue, and is served in its turn).
 
 What ends a grant in the run:
-- an idle kernel or server: the core's own cull timer (the idle policy: a known time);
+- an idle kernel or server: the core's own cull timer (the idle policy: a known time) and
+  its reservation's expiry, unless its user is expected back within the reservation (as
+  the users of past culls of its kind were, `History.comes_back`: most are, within
+  minutes); then it is held for its session, as below. A parked reservation likewise
+  expires at its known time or, expected back, resumes and is held for its session;
 - a job with a declared duration: that duration after its admission;
 - anything else: how long past grants were held (`History`), of the same user and kind
   when there are enough of them, else of the kind, else of any kind, given that it has
@@ -19,9 +23,12 @@ What ends a grant in the run:
   as long again (a heavy tail: half of what has lasted t lasts 2t), said so in the
   basis; a younger one with nothing to go by has no known end.
 
-Three runs, with the low, middle and high quantile of every predicted hold time, give the
-range and the middle estimate of every queued request at once, so one set of runs per
-queue state serves every request (the gateway keeps them until its next decision).
+Three runs give the range and the middle estimate of every queued request at once, so
+one set of runs per queue state serves every request (the gateway keeps them until its
+next decision). In the middle run the grants' hold times are spread over all quantiles
+(each grant its own, from a hash of its id: a typical future, in which the first of many
+grants ends early), in the low and high runs over the lower and the upper half
+(`_Run.quantile`); a grant alone ends at the run's quantile (0.25, 0.5, 0.75).
 
 The budget: at most `max_events` ends per run, nothing beyond `horizon` seconds, and,
 when the driver passes its `clock`, at most `budget` seconds of that clock for the three
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
@@ -52,6 +60,11 @@ _T = TypeVar("_T")
 
 #: Past grants it takes to trust a distribution of hold times (fewer: the next wider one).
 MIN_SAMPLES = 5
+#: The history's window: sessions that ended within a day of the latest (every hour of
+#: the day counted once: the sessions that end in a morning are mostly short ones, those
+#: that end in an evening long ones), at most KEEP of each key (memory).
+WINDOW = 86400.0
+KEEP = 20000
 #: Below this many samples behind an estimate, its confidence is said to be low.
 THIN_HISTORY = 20
 #: The quantiles of hold times of the low, middle and high runs (calibrated by
@@ -88,28 +101,85 @@ class History:
     fraction of the sessions, and a forward run freed quota hours early (the jobs it
     started at once waited until the evening)."""
 
-    def __init__(self, keep: int = 500) -> None:
+    def __init__(self, keep: int = KEEP, window: float = WINDOW) -> None:
         self.keep = keep
-        self._recent: dict[tuple[str, str], deque[float]] = {}
+        self.window = window
+        # Per key, (ended at, seconds) oldest first, and the seconds sorted.
+        self._recent: dict[tuple[str, str], deque[tuple[float, float]]] = {}
         self._sorted: dict[tuple[str, str], list[float]] = {}
+        # The seconds of those not ended by a cull's expiry (their user stayed), sorted.
+        self._stayed: dict[tuple[str, str], list[float]] = {}
+        # Culls of the recent sessions of each kind ("": all): (ended at, culls, the last
+        # one not followed by a return), and their sums.
+        self._culls: dict[str, deque[tuple[float, int, int]]] = {}
+        self._cull_sums: dict[str, list[int]] = {}
+        self._last = -math.inf  # the latest end added
 
-    def add(self, kind: str, user: str, seconds: float) -> None:
+    def add(
+        self,
+        kind: str,
+        user: str,
+        seconds: float,
+        culls: int = 0,
+        gave_up: bool = False,
+        at: float | None = None,
+    ) -> None:
+        """A session of `kind` held `seconds`, ended `at` (None: now, as far as the
+        window goes); culled `culls` times, the last of which ended it (`gave_up`: its
+        user did not come back within the reservation) or not. Kept while it ended
+        within `window` of the latest end added, the most recent `keep` of each key."""
+        if at is None:
+            at = self._last
+        self._last = now = max(self._last, at)
+        oldest = now - self.window
+        for of in (kind, ""):
+            recent_culls = self._culls.get(of)
+            sums = self._cull_sums.get(of)
+            if recent_culls is None or sums is None:
+                recent_culls = self._culls[of] = deque()
+                sums = self._cull_sums[of] = [0, 0]
+            entry = (at, culls, int(gave_up and culls > 0))
+            recent_culls.append(entry)
+            sums[0] += entry[1]
+            sums[1] += entry[2]
+            while len(recent_culls) > self.keep or recent_culls[0][0] < oldest:
+                _, old_culls, old_gave_up = recent_culls.popleft()
+                sums[0] -= old_culls
+                sums[1] -= old_gave_up
         seconds = max(0.0, seconds)
+        kept = not (gave_up and culls > 0)  # ended by its user, not by a cull's expiry
         for key in ((kind, user), (kind, ""), ("", "")):
             recent = self._recent.get(key)
             ordered = self._sorted.get(key)
-            if recent is None or ordered is None:
+            stayed = self._stayed.get(key)
+            if recent is None or ordered is None or stayed is None:
                 recent = self._recent[key] = deque()
                 ordered = self._sorted[key] = []
-            recent.append(seconds)
+                stayed = self._stayed[key] = []
+            recent.append((at, seconds if kept else -seconds - 1.0))
             insort(ordered, seconds)
-            if len(recent) > self.keep:
-                old = recent.popleft()
-                i = bisect_right(ordered, old) - 1
-                del ordered[i]
+            if kept:
+                insort(stayed, seconds)
+            while len(recent) > self.keep or recent[0][0] < oldest:
+                old = recent.popleft()[1]
+                if old >= 0.0:
+                    del stayed[bisect_right(stayed, old) - 1]
+                else:
+                    old = -old - 1.0
+                del ordered[bisect_right(ordered, old) - 1]
 
     def __len__(self) -> int:
         return len(self._sorted.get(("", ""), ()))
+
+    def comes_back(self, kind: str) -> float | None:
+        """The share of culls of `kind` after which the user came back within the
+        reservation (of every kind's when the kind has fewer than `MIN_SAMPLES` culls);
+        None when too few culls were seen."""
+        for key in (kind, ""):
+            sums = self._cull_sums.get(key)
+            if sums is not None and sums[0] >= MIN_SAMPLES:
+                return (sums[0] - sums[1]) / sums[0]
+        return None
 
     def samples(self, kind: str, user: str) -> int:
         """How many past grants an estimate for (kind, user) rests on."""
@@ -119,10 +189,17 @@ class History:
                 return n
         return len(self)
 
-    def remaining(self, kind: str, user: str, age: float, q: float) -> tuple[float, bool] | None:
+    def remaining(
+        self, kind: str, user: str, age: float, q: float, busy_for: float = 0.0
+    ) -> tuple[float, bool] | None:
         """The `q` quantile of how much longer a grant held `age` seconds so far will be
         held, and whether it came from past grants (False: from its age alone, a grant
-        older than nearly all past ones); None when nothing is known at all."""
+        older than nearly all past ones); None when nothing is known at all.
+
+        `busy_for`: the grant is busy now, so a cull cannot end it sooner than that (the
+        idle policy's timeout and the reservation after it): the past sessions that ended
+        by a cull's expiry count as ending no sooner than `busy_for` from now; those
+        whose user ended them, when they did."""
         for key in ((kind, user), (kind, ""), ("", "")):
             ordered = self._sorted.get(key)
             if ordered is None:
@@ -130,7 +207,16 @@ class History:
             i = bisect_right(ordered, age)
             longer = len(ordered) - i
             if longer >= MIN_SAMPLES:
-                return ordered[i + min(longer - 1, int(q * longer))] - age, True
+                k = min(longer - 1, int(q * longer))
+                left = ordered[i + k] - age
+                if left < busy_for:
+                    # Below `busy_for` only the sessions whose user ended them count (the
+                    # others moved up to it): the k-th of those, if it comes first.
+                    stayed = self._stayed.get(key, [])
+                    j = bisect_right(stayed, age) + k
+                    end = stayed[j] - age if j < len(stayed) else math.inf
+                    left = min(end, busy_for)
+                return left, True
         if age >= MIN_AGE:
             # Lasted `age` already and longer than (nearly) anything seen: a heavy tail,
             # P(T > t(1 + x) | T > t) = 1 / (1 + x), whose q quantile is x = q / (1 - q).
@@ -140,15 +226,15 @@ class History:
 
 class Calibration:
     """How the forward run's estimates turned out, by kind and by how long they said:
-    actual wait / estimated wait of the requests that started, the most recent `keep`.
+    actual wait / estimated wait of the requests that started, the most recent `keep`;
+    the range of an estimate is the `RANGE` quantiles of those ratios (its middle is the
+    run's own: `estimate_steps`).
     The forward run knows only the arrivals it forecasts, so a request that later
     arrivals overtake (a job behind higher-priority kernels, a tenant above its fair
-    share) starts later than it says, and by about as much as such requests did before:
-    the estimate is scaled by the median ratio of its kind and `BANDS` band (a short
-    estimate and a long one of the same kind go wrong by different factors: the short
-    ones are mostly right, the long ones are the overtaken), else of its kind, else of
-    every kind, whichever has `MIN_OUTCOMES`; the range is the `RANGE` quantiles of those
-    same ratios (before: the runs' own range)."""
+    share) starts later than it says, by about as much as such requests did before, or
+    sooner: the ratios of its kind and `BANDS` band (a short estimate and a long one of
+    the same kind go wrong by different factors), else of its kind, else of every kind,
+    whichever has `MIN_OUTCOMES`, make its range (without: the runs' own range)."""
 
     def __init__(self, keep: int = 400) -> None:
         self.keep = keep
@@ -198,6 +284,7 @@ class Ends:
         self.declared = 0  # a job's declared duration
         self.aged = 0  # older than nearly all past grants: as long again
         self.culled = 0  # idle, culled by the idle policy
+        self.back = 0  # idle or parked, its user expected back within the reservation
         self.preempted = 0
 
 
@@ -254,34 +341,126 @@ class _Run:
         # (time, order, request id, its admission time): predicted ends of grants.
         self.heap: list[tuple[float, int, str, float]] = []
         self.order = 0
+        # Parked reservations expected back in this run: (when, request id), by time;
+        # and the quantile of the session's remaining hold of those that come back.
+        self.pokes: list[tuple[float, str]] = []
+        self.next_poke = 0
+        self.back_q: dict[str, float] = {}
+        # Each grant's own quantile (`quantile`): those in use now spread evenly over the
+        # run's span, in an order that has nothing to do with them (a hash of the id).
+        width = min(q, 1.0 - q)
+        self.span = (q - width, 2.0 * width)
+        self.u: dict[str, float] = {}
+        first = [
+            r.id
+            for r in self.copy.live_requests()
+            if r.state is State.ADMITTED or (r.state is State.PARKED and not r.wants_devices)
+        ]
+        first.sort(key=_mix)
+        lo, wide = self.span
+        for j, rid in enumerate(first):
+            self.u[rid] = lo + wide * (j + 0.5) / len(first)
+        # The end of the reservation of those expected back: held at least as long (in the
+        # runs where they come back, never shorter than in those where they do not).
+        self.floor: dict[str, float] = {}
         for req in self.copy.live_requests():
             if req.state is State.ADMITTED:
                 self.predict(req, now)
+            elif req.state is State.PARKED and not req.wants_devices:
+                self.park(req, now)
+        self.pokes.sort()
+
+    def reservation(self, req: Request) -> float:
+        """Seconds a culled grant of `req`'s tenant keeps its quota (`reservation_ttl`)."""
+        config = self.copy.config
+        ttl = config.tenants[req.tenant].reservation_ttl
+        return config.policy.reservation_ttl if ttl is None else ttl
+
+    def quantile(self, rid: str) -> float:
+        """The quantile of its hold time at which grant `rid` ends in this run: spread over
+        the run's span `q` ± min(q, 1 - q), not all at `q`. Grants end one by one, and a
+        queued request waits for the first few of them: with every grant at its median,
+        the first ends came as late as the earliest median, later than any real day's
+        first ends (the order statistics of many grants' hold times). The middle run
+        (`q` = 0.5) spreads them over all quantiles, a typical future; the quarter runs
+        over the lower or the upper half. One grant alone is at `q` itself."""
+        u = self.u.get(rid)
+        if u is None:  # admitted on the way: a quantile of the span from its id
+            lo, wide = self.span
+            u = self.u[rid] = lo + wide * _mix(rid) / 2.0**32
+        return u
+
+    def returning(self, kind: str, rid: str) -> float | None:
+        """The quantile of its session's remaining hold at which a culled holder of `kind`
+        that comes back is held, in this run; None: in this run it does not come back.
+        A culled holder either does not come back (its hold ends when its reservation
+        expires, a known time) or does, and is held as long as past sessions were:
+        of the mixture of the two, this run's `q` quantile is the known end when `q` is
+        below the share that did not come back, else the session's quantile above it."""
+        p = self.history.comes_back(kind)
+        u = self.quantile(rid)
+        if p is None or p <= 0.0 or u < 1.0 - p:
+            return None
+        return min(1.0, (u - (1.0 - p)) / p)
+
+    def park(self, req: Request, now: float) -> None:
+        """A parked reservation: expected back (its user active again) halfway through
+        what is left of it, in a run whose quantile says it comes back; else it expires
+        at its known time (the core's own timer)."""
+        q = self.returning(req.kind, req.id)
+        if q is None or req.park_expires is None:
+            return
+        self.back_q[req.id] = q
+        self.floor[req.id] = req.park_expires
+        self.ends.back += 1
+        self.pokes.append((now + max(0.0, req.park_expires - now) / 2.0, req.id))
 
     def predict(self, req: Request, now: float, count: bool = True) -> None:
-        """File the predicted end of a grant (an idle one is culled by the core itself);
-        `count` it in `ends` (a grant in use when the run began)."""
+        """File the predicted end of a grant (an idle one is culled by the core itself,
+        unless its user is expected back: `returning`); `count` it in `ends` (a grant in
+        use when the run began)."""
         ends = self.ends if count else Ends()
         admitted = req.admit_time if req.admit_time is not None else now
         idle = req.idle_since
-        if idle is not None and self.copy.idle_deadline(req.id, idle) < math.inf:
-            ends.culled += 1
-            return
+        q = self.back_q.get(req.id)
+        if q is None:
+            q = self.quantile(req.id)
+        cull_at = math.inf if idle is None else self.copy.idle_deadline(req.id, idle)
+        if cull_at < math.inf:
+            back = self.returning(req.kind, req.id)
+            if back is None:
+                ends.culled += 1
+                return
+            # Culled, and back within its reservation: its quota stays held as if busy.
+            self.copy.activity(req.id, True, now)
+            ends.back += 1
+            q = back
         declared = self.declared.get(req.id)
         if declared is not None and req.kind == "job":
             end = max(now, admitted + declared)
             ends.declared += 1
         else:
             age = max(0.0, now - session_start(req, admitted))
-            left = self.history.remaining(req.kind, req.user, age, self.q)
+            busy_for = 0.0
+            if cull_at == math.inf and req.busy and req.kind != "job":
+                # Busy now: a cull needs the idle timeout and the reservation first.
+                culled = self.copy.idle_deadline(req.id, now)
+                if culled < math.inf:
+                    busy_for = culled - now + self.reservation(req)
+            left = self.history.remaining(req.kind, req.user, age, q, busy_for)
             if left is None:
                 self.stuck = True
                 return
-            if left[1]:
-                ends.history += 1
+            if cull_at < math.inf:  # counted as back: held at least past its reservation
+                end = max(now + left[0], cull_at + self.reservation(req))
+            elif req.id in self.floor:
+                end = max(now + left[0], self.floor[req.id])
             else:
-                ends.aged += 1
-            end = now + left[0]
+                if left[1]:
+                    ends.history += 1
+                else:
+                    ends.aged += 1
+                end = now + left[0]
         self.order += 1
         heappush(self.heap, (end, self.order, req.id, admitted))
 
@@ -322,6 +501,9 @@ class _Run:
                 t = deadline
             if self.next_arrival < len(arrivals):
                 t = min(t, arrivals[self.next_arrival].submit_time)
+            pokes = self.pokes
+            if self.next_poke < len(pokes):
+                t = min(t, pokes[self.next_poke][0])
             if t == math.inf or t > limit:
                 return
             steps += 1
@@ -330,6 +512,12 @@ class _Run:
                 if clock is not None and clock() > stop_at:
                     return  # out of time: what has not started has no estimate
             decisions: list[Decision] = []
+            while self.next_poke < len(pokes) and pokes[self.next_poke][0] <= t:
+                rid = pokes[self.next_poke][1]
+                self.next_poke += 1
+                back = copy.get(rid)
+                if back is not None and back.state is State.PARKED:
+                    decisions += copy.activity(rid, True, t)  # its user is back
             while (
                 self.next_arrival < len(arrivals) and arrivals[self.next_arrival].submit_time <= t
             ):
@@ -347,6 +535,11 @@ class _Run:
             decisions += copy.step(t)
             events += 1
             self.follow(decisions, t)
+
+
+def _mix(rid: str) -> int:
+    """A stable 32-bit hash of a request id (the same in every process, unlike hash())."""
+    return zlib.crc32(rid.encode())
 
 
 def hold_start(admitted: float, culls: int, first_admit: float | None) -> float:
@@ -537,8 +730,12 @@ def estimate_steps(
             None if calibration is None or req is None else calibration.ratios(req.kind, mid - now)
         )
         if ratios is not None and mid - now >= MIN_ESTIMATE:
+            # The range from how past estimates turned out; the middle stays the run's own
+            # (scaled by the median ratio, the month's error grew from 31% to 40%: the runs
+            # are about right for kernels and servers, and the ratios of few, widely spread
+            # outcomes only moved a right middle; benchmarks/RESULTS.md).
             raw = mid - now
-            est.seconds, est.low, est.high = raw * ratios[1], raw * ratios[0], raw * ratios[2]
+            est.low, est.high = min(raw, raw * ratios[0]), max(raw, raw * ratios[2])
             est.calibrated = True
     return out
 

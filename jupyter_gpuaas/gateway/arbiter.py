@@ -90,7 +90,7 @@ class Stored:
     live: list[RequestRow]
     hold_times: list[tuple[str, float]]
     # (kind, user, seconds) of ended grants, oldest first: the estimates' history.
-    holds: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)
+    holds: list[tuple[str, str, float, int, bool, float]] = dataclasses.field(default_factory=list)
     # The requests submitted in the last forecast period, oldest first.
     recent: list[Request] = dataclasses.field(default_factory=list)
 
@@ -306,8 +306,8 @@ class Arbiter:
             decisions += self.engine.restore(req, now)
         for flavor, seconds in stored.hold_times:
             self.hold_times.setdefault(flavor, []).append(seconds)
-        for kind, user, seconds in stored.holds:
-            self.history.add(kind, user, seconds)
+        for kind, user, seconds, culls, gave_up, ended in stored.holds:
+            self.history.add(kind, user, seconds, culls, gave_up, ended)
         self.estimates.arrived[:] = stored.recent
         return decisions
 
@@ -915,6 +915,10 @@ class Arbiter:
             return out
         if d.event == "submit":
             out.append(functools.partial(self.estimates.submitted, req))
+        elif d.event == "requeue" and req.queue_time != req.submit_time:
+            # A culled request's user back after its reservation went (a preempted one is
+            # queued again by its submit time): an arrival to the queue, forecast as one.
+            out.append(functools.partial(self.estimates.came_back, req, d.t))
         elif d.event == "admit":
             out.append(functools.partial(self.estimates.started, req.id, d.t))
         elif d.event in ("cancel", "reject"):
@@ -939,7 +943,12 @@ class Arbiter:
         )
         if ends_hold and req.admit_time:
             held = max(0.0, d.t - session_start(req, req.admit_time))
-            out.append(functools.partial(self.history.add, req.kind, req.user, held))
+            # Whether its user came back after its culls: the estimates' `comes_back`.
+            gave_up = d.event in ("expire", "cull")
+            add = functools.partial(
+                self.history.add, req.kind, req.user, held, req.culls, gave_up, d.t
+            )
+            out.append(add)
         return out
 
     def _held(self, flavor: str, seconds: float) -> None:

@@ -114,6 +114,13 @@ class Estimates:
         if arrived[0].submit_time < old:
             del arrived[: bisect_left(arrived, old, key=_submitted)]
 
+    def came_back(self, req: Request, t: float) -> None:
+        """Culled `req`, its reservation gone, was queued again at `t` (its user is back):
+        kept for the arrival forecast as an arrival at `t` (sim/backtest.py `came_back`)."""
+        again = Request(req.id, req.tenant, req.user, req.kind, req.gpus, t,
+                        flavor=req.flavor, priority=req.priority)  # fmt: skip
+        self.submitted(again)
+
     def started(self, rid: str, t: float) -> None:
         """`rid` was admitted at `t`: its first estimate, against what it waited."""
         told = self._told.pop(rid, None)
@@ -230,7 +237,7 @@ def _submitted(req: Request) -> float:
 
 def confidence(est: Estimate) -> str:
     ends = est.ends
-    if ends.history == 0 and ends.aged == 0:
+    if ends.history == 0 and ends.aged == 0 and ends.back == 0:
         return "high"  # culls and declared durations only: known times
     if est.samples < THIN_HISTORY or ends.aged:
         return "low"
@@ -250,6 +257,10 @@ def basis(est: Estimate, label: str) -> str:
     parts = []
     if ends.culled:
         parts.append(f"{plural(ends.culled, 'idle grant')} culled by the idle policy")
+    if ends.back:
+        parts.append(
+            f"{plural(ends.back, 'idle grant')} whose user is likely back within its reservation"
+        )
     if ends.declared:
         parts.append(f"{plural(ends.declared, 'job')} ending after the time it asked for")
     if ends.history:

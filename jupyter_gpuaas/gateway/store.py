@@ -569,24 +569,27 @@ class Store:
         with self.session() as s:
             return list(s.scalars(stmt))
 
-    def ended_holds(self, limit: int = 1000) -> list[tuple[str, str, float]]:
-        """(kind, user, seconds held) of recently ended grants, culled ones included (their
-        devices went back when culled, or their parked reservation expired): the history a
-        forward-run estimate goes by, rebuilt at a start by the live rule (`hold_start`: a
-        session that was culled, parked and resumed is held from its first admission)."""
+    def ended_holds(self, limit: int = 20000) -> list[tuple[str, str, float, int, bool, float]]:
+        """(kind, user, seconds held, culls, gave up, ended at) of recently ended grants
+        (as many as the estimates' history keeps, admission/estimate.py `KEEP`), culled ones
+        included (their devices went back when culled, or their parked reservation
+        expired: their user did not come back, "gave up"): the history a forward-run
+        estimate goes by, rebuilt at a start by the live rule (`hold_start`: a session
+        that was culled, parked and resumed is held from its first admission)."""
         ended = [s.value for s in (State.FINISHED, State.CANCELLED, State.PREEMPTED)]
         ended.append(State.CULLED.value)
         cols = (RequestRow.admit_time, RequestRow.culls, RequestRow.first_admit)
         stmt = (
-            select(RequestRow.kind, RequestRow.user, *cols, RequestRow.updated)
+            select(RequestRow.kind, RequestRow.user, *cols, RequestRow.updated, RequestRow.state)
             .where(RequestRow.state.in_(ended), RequestRow.admit_time.is_not(None))
             .order_by(RequestRow.updated.desc())
             .limit(limit)
         )
         with self.session() as s:
+            culled = State.CULLED.value
             rows = [
-                (k, u, max(0.0, up - hold_start(a, c or 0, f)))
-                for k, u, a, c, f, up in s.execute(stmt)
+                (k, u, max(0.0, up - hold_start(a, c or 0, f)), c or 0, st == culled, up)
+                for k, u, a, c, f, up, st in s.execute(stmt)
                 if a is not None
             ]
         rows.reverse()  # oldest first: the history keeps the most recent

@@ -40,14 +40,20 @@ _ENDS = frozenset(("finish", "cancel", "preempt", "expire"))
 class Backtest:
     """The estimates at submit of one replay, and the history they were made from."""
 
-    def __init__(self, scenario: Scenario, every: int = 1) -> None:
+    def __init__(self, scenario: Scenario, every: int = 1, offset: int = 0) -> None:
         self.who = {r.id: (r.kind, r.user) for r in scenario.requests}
+        self.specs = {r.id: r for r in scenario.requests}
+        self.preempted: set[str] = set()  # preempted, not yet queued again
         self.every = max(1, every)
+        # Which instant of each `every` is estimated (0: the first): a second sample of
+        # the same trace at other instants.
+        self.offset = offset % self.every
         self.history = History()
         self.calibration = Calibration()
         # Estimated requests not started yet: (kind, uncalibrated estimate, estimated at).
         self.pending: dict[str, tuple[str, float, float]] = {}
         self.held_since: dict[str, float] = {}
+        self.culls: dict[str, int] = {}  # culls of each session still held
         self.eta: dict[str, tuple[float, float, float | None] | None] = {}
         # What arrived so far, in order: the forecast of what arrives next is what arrived
         # a day earlier (admission/estimate.py `forecast`).
@@ -70,11 +76,35 @@ class Backtest:
                     self.calibration.add(told[0], told[1], d.t - told[2])
             elif event == "cancel" or event == "reject":
                 self.pending.pop(rid, None)
-            if event in _ENDS or (event == "cull" and not d.fields.get("parked")):
+            if event == "preempt":
+                self.preempted.add(rid)
+            elif event == "requeue":
+                if rid in self.preempted:  # a forward run preempts and requeues on its own
+                    self.preempted.discard(rid)
+                else:
+                    self.came_back(rid, d.t)
+            parked = event == "cull" and bool(d.fields.get("parked"))
+            if event == "cull":
+                self.culls[rid] = self.culls.get(rid, 0) + 1
+            if event in _ENDS or (event == "cull" and not parked):
                 since = self.held_since.pop(rid, None)
+                culls = self.culls.pop(rid, 0)
                 if since is not None:
                     kind, user = self.who.get(rid, ("", ""))
-                    self.history.add(kind, user, d.t - since)
+                    # A session that ends at its reservation's expiry (or at a cull
+                    # without one): its user did not come back after its last cull.
+                    gave_up = event == "expire" or event == "cull"
+                    self.history.add(kind, user, d.t - since, culls, gave_up, at=d.t)
+
+    def came_back(self, rid: str, t: float) -> None:
+        """A culled request whose reservation had gone is queued again at `t`: its user
+        is back. To the queue it is an arrival like a submission, and the forecast counts
+        it so (in the month a third of the kernels and servers that enter the queue are
+        these); a forward run's copy never brings a culled request back itself."""
+        spec = self.specs.get(rid)
+        if spec is not None:
+            self.arrived.append(Request(rid, spec.tenant, spec.user, spec.kind, spec.gpus, t,
+                                        flavor=spec.flavor, priority=spec.priority))  # fmt: skip
 
     def at_submit(self, core: AdmissionCore, now: float, arrived: list[str]) -> None:
         """After the cycle of an instant at which `arrived` were submitted."""
@@ -83,7 +113,7 @@ class Backtest:
             req = core.get(rid)
             if req is not None:
                 self.arrived.append(req)
-        if (self.instants - 1) % self.every:
+        if (self.instants - 1 - self.offset) % self.every:
             return
         queued: list[str] = []
         for rid in arrived:

@@ -91,3 +91,38 @@ def test_a_set_made_in_slices_answers_the_same_and_lets_the_loop_work(monkeypatc
     assert at_once["q010"].seconds is not None
     assert done is not None and done.seconds == at_once["q010"].seconds
     assert runs == 1 or runs == 2  # the decision meanwhile makes it stale (costly or not)
+
+
+def test_the_basis_says_an_idle_grant_is_likely_back() -> None:
+    # Past kernels' users came back after every cull: the idle "a" is expected back and
+    # held for its session, and the words say so (not "culled by the idle policy").
+    core = AdmissionCore(parse_config({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 1800},
+    }))  # fmt: skip
+    core.submit(Request("a", "vision", "ann", "kernel", 1, 0.0), 0.0)
+    core.step(0.0)
+    core.activity("a", False, 0.0)
+    core.submit(Request("b", "vision", "bob", "kernel", 1, 100.0), 100.0)
+    core.step(100.0)
+    history = History()
+    for _ in range(30):
+        history.add("kernel", "ann", 7200.0, culls=1, gave_up=False)
+    wait = wait_json(Estimates().of("b", core, history, 100.0), "a100")
+    assert wait["seconds"] == 7100 and wait["confidence"] == "medium"
+    assert wait["basis"] == (
+        "from running the queue forward: 1 idle grant whose user is likely back within "
+        "its reservation"
+    )
+
+
+def test_a_culled_request_back_in_the_queue_is_kept_as_an_arrival() -> None:
+    cache = Estimates()
+    first = Request("a", "vision", "ann", "kernel", 2, 0.0, priority=100)
+    cache.submitted(first)
+    cache.came_back(first, 5000.0)
+    assert [(r.id, r.submit_time, r.gpus, r.priority) for r in cache.arrived] == [
+        ("a", 0.0, 2, 100), ("a", 5000.0, 2, 100),
+    ]  # fmt: skip
+    assert first.submit_time == 0.0  # the live request is not changed

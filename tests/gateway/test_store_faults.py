@@ -558,9 +558,19 @@ def test_the_history_rebuilt_at_a_restart_holds_a_resumed_session_from_its_first
         resumed.first_admit, resumed.admit_time = 100.0, 1000.0
         plain = Request("r-plain", "vision", "bob", "kernel", 1, 0.0)
         plain.state, plain.first_admit, plain.admit_time = State.FINISHED, 500.0, 500.0
+        gone = Request("r-gone", "vision", "cy", "kernel", 1, 0.0)
+        gone.state, gone.culls, gone.first_admit, gone.admit_time = State.CULLED, 1, 0.0, 0.0
         extra = {"name": None, "created": 0.0}
-        store.write(Batch([(resumed, dict(extra)), (plain, dict(extra))], []), 1600.0)
-        holds = {user: held for _, user, held in store.ended_holds()}
+        rows = [(resumed, dict(extra)), (plain, dict(extra)), (gone, dict(extra))]
+        store.write(Batch(rows, []), 1600.0)
+        ended = store.ended_holds()
     finally:
         store.close()
-    assert holds == {"alice": 1500.0, "bob": 1100.0}
+    assert {user: held for _, user, held, _, _, _ in ended} == {
+        "alice": 1500.0, "bob": 1100.0, "cy": 1600.0,
+    }  # fmt: skip
+    # Whether the user came back after the culls (the estimates' `History.comes_back`):
+    # alice did, twice; cy's reservation expired.
+    assert {user: (culls, gave_up) for _, user, _, culls, gave_up, _ in ended} == {
+        "alice": (2, False), "bob": (0, False), "cy": (1, True),
+    }  # fmt: skip
