@@ -64,6 +64,7 @@ from ..kubeapi.workloads import (
     eviction_words,
     waiting_words,
 )
+from .estimates import kept_for
 from .group_commit import Conflict
 from .leader import NotLeader
 from .rows import RowError
@@ -114,6 +115,14 @@ class KueueEngine:
         self._stops: set[asyncio.Task[None]] = set()  # jobs being ended (cancel, release)
         self._stopped: set[str] = set()  # uids of the Workloads whose job was ended
         self._cull_warned: set[str] = set()  # requests warned of their cull
+        # Requests recorded as admitted, and those of them a holder's kernel or server
+        # (ours to cull): what `admitted()` and `_idle()` walk instead of every request,
+        # so that a submit's step costs no walk of thousands of queued ones. Kept loosely
+        # (an id stays until a walk finds its request no longer admitted).
+        self._admitted: set[str] = set()
+        self._holders: set[str] = set()
+        # Seconds the last ask of the positions took (`_positions_loop`'s pacing).
+        self._asked_cost = 0.0
 
     # --- the engine's face (engine.py): Kueue decides; a holder's intent waits for it --
 
@@ -176,6 +185,8 @@ class KueueEngine:
         return []
 
     def restore(self, req: Request, now: float) -> list[Decision]:
+        if req.state is State.ADMITTED:
+            self._admitted.add(req.id)
         return []  # the stored request stays as it was until its Workload is seen again
 
     def step(self, now: float) -> list[Decision]:
@@ -217,9 +228,12 @@ class KueueEngine:
             return []
         out = []
         policy = arb.config.policy
-        for rid, view in self.views.items():
-            req = arb.requests.get(rid)
-            if req is None or req.state is not State.ADMITTED or req.idle_since is None:
+        for rid in list(self._holders):
+            req, view = arb.requests.get(rid), self.views.get(rid)
+            if req is None or view is None or req.state is not State.ADMITTED:
+                self._holders.discard(rid)
+                continue
+            if req.idle_since is None:
                 continue
             if not view.request or req.kind == "job" or req.preempt_at is not None:
                 continue
@@ -240,7 +254,14 @@ class KueueEngine:
         arb = self.arbiter
         if arb is None:
             return []
-        return [r for r in arb.requests.values() if r.state is State.ADMITTED]
+        out = []
+        for rid in list(self._admitted):
+            req = arb.requests.get(rid)
+            if req is None or req.state is not State.ADMITTED:
+                self._admitted.discard(rid)
+            else:
+                out.append(req)
+        return out
 
     def position(self, rid: str) -> Position | None:
         pos = self.positions.get(rid)
@@ -351,7 +372,15 @@ class KueueEngine:
         )
 
     async def _positions_loop(self) -> None:
+        """Ask the positions (and the nodes of new grants) again after every change and
+        every `interval` seconds; paced by the estimates' rule (estimates.py `kept_for`):
+        an ask that took c seconds is not made again within 10 c, so that with thousands
+        of pending Workloads (an answer of up to 1,000 per ClusterQueue) the asks take at
+        most about a tenth of the event loop that answers the holders' submits, and of the
+        API server. c is the ask's wall time (its answers' waits included: the API
+        server's share too)."""
         while True:
+            start = time.perf_counter()
             try:
                 if self._stale and self.arbiter is not None and self.arbiter.leader:
                     await self._reconcile()
@@ -361,27 +390,43 @@ class KueueEngine:
                     await self._apply([], everything=True)
             except Exception as e:
                 log.warning("positions from Kueue's visibility API failed: %s", e)
+            done = time.perf_counter()
+            self._asked_cost = done - start
             self._poke.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), self.interval)
+            rest = kept_for(self._asked_cost) - (time.perf_counter() - done)
+            if rest > 0:
+                await asyncio.sleep(rest)
 
     async def _refresh_positions(self) -> None:
-        queues = {(v.namespace, v.queue) for v in self.views.values() if v.state == "queued"}
+        """Each ClusterQueue with pending Workloads of ours asked once; one walk of the
+        views, then one of each answer (never the views once per queue)."""
+        by_name: dict[tuple[str, str], tuple[str, tuple[str, str]]] = {}
+        in_local: dict[tuple[str, str], int] = {}  # queued in each (namespace, LocalQueue)
+        for rid, v in self.views.items():
+            if v.state == "queued":
+                local = (v.namespace, v.queue)
+                in_local[local] = in_local.get(local, 0) + 1
+                by_name[(v.namespace, v.name)] = (rid, local)
         positions: dict[str, Position] = {}
         said = "answers"
-        for ns, lq in sorted(queues):
+        asked: set[str] = set()
+        for ns, lq in sorted(in_local):
             try:
                 cq = await self._cluster_queue(ns, lq)
+                if cq in asked:
+                    continue
+                asked.add(cq)
                 pending = await self.watch.pending_positions(cq)
             except Exception as e:
                 said = f"does not answer ({e})"
                 continue
-            in_local = sum(1 for v in self.views.values() if v.queue == lq and v.state == "queued")
-            for rid, view in self.views.items():
-                at = pending.get((view.namespace, view.name))
-                if at is not None:
-                    in_cq, in_lq, of = at
-                    positions[rid] = Position(in_lq, max(in_local, in_lq), in_cq, of)
+            for key, (in_cq, in_lq, of) in pending.items():
+                mine = by_name.get(key)
+                if mine is not None:
+                    rid, local = mine
+                    positions[rid] = Position(in_lq, max(in_local[local], in_lq), in_cq, of)
         if said != self.visibility:
             log.info("Kueue's visibility API %s", said)
         self.visibility = said
@@ -542,6 +587,10 @@ class KueueEngine:
             req.admit_time = None
             req.reason = why
             out.append(Decision(now, "requeue", rid))
+        if req.state is State.ADMITTED:
+            self._admitted.add(rid)
+            if view.request and req.kind != "job":
+                self._holders.add(rid)
         return out, now, [req]
 
     def _preemptor(self, view: WorkloadView) -> str | None:
