@@ -87,10 +87,12 @@ def kept_for(cost: float) -> float:
     """Seconds derived work of the event loop that took `cost` seconds is kept after a
     change before it is done again: none when it was cheap (under `COSTLY`: always as
     things stand now), else `SHARE_INVERSE` times its cost, so that redoing it after every
-    change takes at most about 1/SHARE_INVERSE of the loop however long the queue grows.
-    The gateway's one pacing rule for what it derives from the queue: the forward-run
-    estimates here, and in Kueue mode the positions asked of Kueue (kueue_engine.py)."""
-    return 0.0 if cost < COSTLY else SHARE_INVERSE * cost
+    change takes at most about 1/SHARE_INVERSE of the loop however long the queue grows;
+    never longer than `MAX_AGE` (a stall that made one costly is no reason to keep it
+    longer). The gateway's one pacing rule for what it derives from the queue: the
+    forward-run estimates here, and in Kueue mode the positions asked of Kueue
+    (kueue_engine.py)."""
+    return 0.0 if cost < COSTLY else min(MAX_AGE, SHARE_INVERSE * cost)
 
 
 class Estimates:
