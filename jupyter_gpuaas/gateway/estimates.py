@@ -83,6 +83,18 @@ BUDGET = 0.3
 SLICE = 0.004
 
 
+def kept_for(cost: float) -> float:
+    """Seconds derived work of the event loop that took `cost` seconds is kept after a
+    change before it is done again: none when it was cheap (under `COSTLY`: always as
+    things stand now), else `SHARE_INVERSE` times its cost, so that redoing it after every
+    change takes at most about 1/SHARE_INVERSE of the loop however long the queue grows;
+    never longer than `MAX_AGE` (a stall that made one costly is no reason to keep it
+    longer). The gateway's one pacing rule for what it derives from the queue: the
+    forward-run estimates here, and in Kueue mode the positions asked of Kueue
+    (kueue_engine.py)."""
+    return 0.0 if cost < COSTLY else min(MAX_AGE, SHARE_INVERSE * cost)
+
+
 class Estimates:
     """The kept set of estimates, and when it was made."""
 
@@ -146,9 +158,8 @@ class Estimates:
             return False
         if not self._stale:
             return rid in self._set
-        if self._cost < COSTLY:
-            return False  # cheap: made again as the queue now stands
-        return time.perf_counter() - self._made_at < SHARE_INVERSE * self._cost
+        # Cheap: made again as the queue now stands; costly: kept a while (`kept_for`).
+        return time.perf_counter() - self._made_at < kept_for(self._cost)
 
     def of(self, rid: str, core: AdmissionCore, history: History, now: float) -> Estimate | None:
         """The estimate of a queued `rid` as of `now` (None: not queued in the core)."""
@@ -301,4 +312,13 @@ def eta_of(wait: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["HORIZON", "MAX_AGE", "Estimates", "basis", "confidence", "eta_of", "wait_json"]
+__all__ = [
+    "HORIZON",
+    "MAX_AGE",
+    "Estimates",
+    "basis",
+    "confidence",
+    "eta_of",
+    "kept_for",
+    "wait_json",
+]

@@ -11,6 +11,8 @@ metrics only once it committed):
     QuotaReserved=True with an admission -> `admit` (the flavor Kueue assigned; the node
                                             once the job's pod is bound to one)
     back to pending (Evicted, Preempted) -> `preempt`, then `requeue` (Kueue requeues it)
+    a pod of ours preempted               -> `preempt_warning` at the eviction, `preempt`
+                                            once the pod is gone from the API server
     Finished=True, or deactivated        -> `finish` (`cancel` if it was never admitted)
     deleted                              -> `finish` (`cancel` if it was never admitted)
 
@@ -64,6 +66,7 @@ from ..kubeapi.workloads import (
     eviction_words,
     waiting_words,
 )
+from .estimates import kept_for
 from .group_commit import Conflict
 from .leader import NotLeader
 from .rows import RowError
@@ -109,11 +112,23 @@ class KueueEngine:
         self.positions: dict[str, Position] = {}
         self.visibility: str = "not asked yet"
         self._cluster_queues: dict[tuple[str, str], str] = {}
-        self._poke = asyncio.Event()
+        self._poke = asyncio.Event()  # a change: the positions may be asked again
+        self._poke_pods = asyncio.Event()  # a change: the pods may be looked at again
         self._stale = True  # memory may lag the Workloads: reconcile every one of them
         self._stops: set[asyncio.Task[None]] = set()  # jobs being ended (cancel, release)
         self._stopped: set[str] = set()  # uids of the Workloads whose job was ended
         self._cull_warned: set[str] = set()  # requests warned of their cull
+        # Requests recorded as admitted, and those of them a holder's kernel or server
+        # (ours to cull): what `admitted()` and `_idle()` walk instead of every request,
+        # so that a submit's step costs no walk of thousands of queued ones. Kept loosely
+        # (an id stays until a walk finds its request no longer admitted).
+        self._admitted: set[str] = set()
+        self._holders: set[str] = set()
+        # Preempted pods on their way out, by request id (their Workload as last seen):
+        # each request ends once its pod is gone from the API server (`_reap`).
+        self._going: dict[str, WorkloadView] = {}
+        # Seconds the last ask of the positions took (`_positions_loop`'s pacing).
+        self._asked_cost = 0.0
 
     # --- the engine's face (engine.py): Kueue decides; a holder's intent waits for it --
 
@@ -176,6 +191,8 @@ class KueueEngine:
         return []
 
     def restore(self, req: Request, now: float) -> list[Decision]:
+        if req.state is State.ADMITTED:
+            self._admitted.add(req.id)
         return []  # the stored request stays as it was until its Workload is seen again
 
     def step(self, now: float) -> list[Decision]:
@@ -217,9 +234,12 @@ class KueueEngine:
             return []
         out = []
         policy = arb.config.policy
-        for rid, view in self.views.items():
-            req = arb.requests.get(rid)
-            if req is None or req.state is not State.ADMITTED or req.idle_since is None:
+        for rid in list(self._holders):
+            req, view = arb.requests.get(rid), self.views.get(rid)
+            if req is None or view is None or req.state is not State.ADMITTED:
+                self._holders.discard(rid)
+                continue
+            if req.idle_since is None:
                 continue
             if not view.request or req.kind == "job" or req.preempt_at is not None:
                 continue
@@ -240,7 +260,14 @@ class KueueEngine:
         arb = self.arbiter
         if arb is None:
             return []
-        return [r for r in arb.requests.values() if r.state is State.ADMITTED]
+        out = []
+        for rid in list(self._admitted):
+            req = arb.requests.get(rid)
+            if req is None or req.state is not State.ADMITTED:
+                self._admitted.discard(rid)
+            else:
+                out.append(req)
+        return out
 
     def position(self, rid: str) -> Position | None:
         pos = self.positions.get(rid)
@@ -304,7 +331,11 @@ class KueueEngine:
     def start(self, arbiter: Arbiter) -> list[asyncio.Task[None]]:
         self.arbiter = arbiter
         loop = asyncio.get_running_loop()
-        return [loop.create_task(self.follow()), loop.create_task(self._positions_loop())]
+        return [
+            loop.create_task(self.follow()),
+            loop.create_task(self._positions_loop()),
+            loop.create_task(self._pods_loop()),
+        ]
 
     async def follow(self) -> None:
         """List the Workloads, then follow every change, for as long as the gateway runs."""
@@ -323,6 +354,7 @@ class KueueEngine:
                 else:
                     await self._apply([change])
                 self._poke.set()
+                self._poke_pods.set()
         finally:
             await self.watch.close()
 
@@ -351,37 +383,60 @@ class KueueEngine:
         )
 
     async def _positions_loop(self) -> None:
+        """Ask the positions again after every change and every `interval` seconds,
+        paced by the estimates' rule (estimates.py `kept_for`): an ask that took c seconds
+        is not made again within 10 c (30 s at most), so that with thousands of pending
+        Workloads (an answer of up to 1,000 per ClusterQueue) the asks take at most about
+        a tenth of the event loop that answers the holders' submits, and of the API
+        server. c is the ask's wall time (its answers' waits included: the API server's
+        share too)."""
         while True:
+            start = time.perf_counter()
             try:
                 if self._stale and self.arbiter is not None and self.arbiter.leader:
                     await self._reconcile()
                 await self._refresh_positions()
-                await self.bind_nodes()
                 if self._overdue(time.time()):
                     await self._apply([], everything=True)
             except Exception as e:
                 log.warning("positions from Kueue's visibility API failed: %s", e)
+            done = time.perf_counter()
+            self._asked_cost = done - start
             self._poke.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), self.interval)
+            rest = kept_for(self._asked_cost) - (time.perf_counter() - done)
+            if rest > 0:
+                await asyncio.sleep(rest)
 
     async def _refresh_positions(self) -> None:
-        queues = {(v.namespace, v.queue) for v in self.views.values() if v.state == "queued"}
+        """Each ClusterQueue with pending Workloads of ours asked once; one walk of the
+        views, then one of each answer (never the views once per queue)."""
+        by_name: dict[tuple[str, str], tuple[str, tuple[str, str]]] = {}
+        in_local: dict[tuple[str, str], int] = {}  # queued in each (namespace, LocalQueue)
+        for rid, v in self.views.items():
+            if v.state == "queued":
+                local = (v.namespace, v.queue)
+                in_local[local] = in_local.get(local, 0) + 1
+                by_name[(v.namespace, v.name)] = (rid, local)
         positions: dict[str, Position] = {}
         said = "answers"
-        for ns, lq in sorted(queues):
+        asked: set[str] = set()
+        for ns, lq in sorted(in_local):
             try:
                 cq = await self._cluster_queue(ns, lq)
+                if cq in asked:
+                    continue
+                asked.add(cq)
                 pending = await self.watch.pending_positions(cq)
             except Exception as e:
                 said = f"does not answer ({e})"
                 continue
-            in_local = sum(1 for v in self.views.values() if v.queue == lq and v.state == "queued")
-            for rid, view in self.views.items():
-                at = pending.get((view.namespace, view.name))
-                if at is not None:
-                    in_cq, in_lq, of = at
-                    positions[rid] = Position(in_lq, max(in_local, in_lq), in_cq, of)
+            for key, (in_cq, in_lq, of) in pending.items():
+                mine = by_name.get(key)
+                if mine is not None:
+                    rid, local = mine
+                    positions[rid] = Position(in_lq, max(in_local[local], in_lq), in_cq, of)
         if said != self.visibility:
             log.info("Kueue's visibility API %s", said)
         self.visibility = said
@@ -404,10 +459,10 @@ class KueueEngine:
     async def bind_nodes(self) -> None:
         """The node of each admitted request whose job's pod is bound now."""
         missing: dict[str, dict[str, str]] = {}
-        for rid, view in self.views.items():
-            req = self.arbiter.requests.get(rid) if self.arbiter else None
-            if req is not None and req.state is State.ADMITTED and req.node is None:
-                missing.setdefault(view.namespace, {})[view.owner_uid] = rid
+        for req in self.admitted():  # the admitted only, not every Workload seen
+            view = self.views.get(req.id)
+            if view is not None and req.node is None:
+                missing.setdefault(view.namespace, {})[view.owner_uid] = req.id
         found: list[tuple[str, str]] = []
         for ns, owners in missing.items():
             for owner, node in (await self.watch.bound_nodes(ns, set(owners))).items():
@@ -415,7 +470,46 @@ class KueueEngine:
         if found and self.arbiter is not None:
             await self.arbiter.run(functools.partial(self._record_nodes, found))
 
+    async def _pods_loop(self) -> None:
+        """The pods of the grants, after every change and every `interval` seconds, not
+        paced with the positions (a few reads, each of a pod that matters now): the node
+        of each new grant, and the end of each preempted pod's request once it is gone."""
+        while True:
+            try:
+                await self.bind_nodes()
+                await self._reap()
+            except Exception as e:
+                log.warning("the pods of Kueue's admitted Workloads not read: %s", e)
+            self._poke_pods.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._poke_pods.wait(), self.interval)
+
+    async def _reap(self) -> None:
+        """End the requests whose preempted pod is gone from the API server."""
+        if not self._going or self.arbiter is None:
+            return
+        gone = []
+        for rid, view in list(self._going.items()):
+            try:
+                here = await self.watch.pod_exists(view.namespace, view.owner, view.owner_uid)
+            except Exception as e:  # asked again at the next round
+                log.warning("cannot tell whether %s is gone: %s", view.owner, e)
+                continue
+            if not here:
+                gone.append(rid)
+        if gone:
+            await self.arbiter.run(functools.partial(self._record_gone, gone))
+
     # --- on the arbiter's loop, inside its group commit ------------------------------
+
+    def _record_gone(self, rids: Sequence[str]) -> None:
+        assert self.arbiter is not None
+        now = time.time()
+        for rid in rids:
+            self._going.pop(rid, None)
+            req = self.arbiter.requests.get(rid)
+            if req is not None and req.state is State.ADMITTED and req.preempt_at is not None:
+                self.arbiter.commit(*self._preempted(req, now, []))
 
     def _record_nodes(self, found: Sequence[tuple[str, str]]) -> None:
         assert self.arbiter is not None
@@ -443,9 +537,12 @@ class KueueEngine:
         if everything:  # a request of a Workload that is no more: it ended meanwhile
             seen = {self._rid_of(v) for v in self.watch.seen.values()}
             for rid, req in list(arb.requests.items()):
-                if rid in seen or _over(req):
-                    continue
+                if rid in seen or _over(req) or rid in self._going:
+                    continue  # (a preempted pod on its way out: `_reap` ends it)
                 had = rid in self.views or req.first_admit is not None
+                if had and req.preempt_at is not None:  # warned, and its pod's Workload gone
+                    arb.commit(*self._preempted(req, now, []))
+                    continue
                 if had or now - req.submit_time > self.intent_timeout:
                     # Its Workload seen (or admitted: an intent is admitted only once
                     # bound) and gone; or a holder's intent whose pod never came (a
@@ -491,7 +588,9 @@ class KueueEngine:
             out.append(Decision(now, "submit", rid, fields))
         self.views[rid] = view
         if req.preempt_at is not None and (change.gone or view.state != "admitted"):
-            return self._preempted(req, now, out)  # its evicted pod has stopped
+            # Kueue took the quota back (or its Workload went): the request ends once the
+            # pod is gone, which its grace (and the preStop hook) may hold a while yet.
+            return self._going_out(req, view, now, out)
         if change.gone:
             return self._end(req, now, f"its {view.owner} was deleted", gone=True, out=out)
         if view.state == "finished":
@@ -529,7 +628,13 @@ class KueueEngine:
             fields = {"by": req.preempted_by, "at": req.preempt_at}
             out.append(Decision(now, "preempt_warning", rid, fields))
         elif view.state == "queued" and req.state is State.ADMITTED and _pod_preempted(view):
-            return self._preempted(req, now, out)  # the pod stopped before we warned
+            # Seen only once Kueue took the quota back (a stalled gateway, a slow watch):
+            # warned now all the same, and it ends once the pod is gone.
+            req.preempt_at = (view.evicted_at or now) + view.grace
+            req.preempted_by = self._preemptor(view)
+            fields = {"by": req.preempted_by, "at": req.preempt_at}
+            out.append(Decision(now, "preempt_warning", rid, fields))
+            return self._going_out(req, view, now, out)
         elif view.state == "queued" and req.state is State.ADMITTED:
             # Kueue took the quota back (Evicted: Preempted, a lost node, ...) and
             # requeued the Workload: the job starts again once admitted again.
@@ -542,6 +647,10 @@ class KueueEngine:
             req.admit_time = None
             req.reason = why
             out.append(Decision(now, "requeue", rid))
+        if req.state is State.ADMITTED:
+            self._admitted.add(rid)
+            if view.request and req.kind != "job":
+                self._holders.add(rid)
         return out, now, [req]
 
     def _preemptor(self, view: WorkloadView) -> str | None:
@@ -550,12 +659,24 @@ class KueueEngine:
         by = self.watch.seen.get(view.preemptor) if view.preemptor else None
         return self._rid_of(by) if by is not None else None
 
+    def _going_out(
+        self, req: Request, view: WorkloadView, now: float, out: list[Decision]
+    ) -> tuple[list[Decision], float, list[Request]]:
+        """A preempted pod is on its way out: its request stays admitted, warned, until
+        `_reap` sees the pod gone (a job of another kind ends now: it has no pod here)."""
+        if not view.owner.startswith("Pod "):
+            return self._preempted(req, now, out)
+        self._going[req.id] = view
+        self._poke_pods.set()
+        return out, now, [req]
+
     def _preempted(
         self, req: Request, now: float, out: list[Decision]
     ) -> tuple[list[Decision], float, list[Request]]:
-        """A pod Kueue preempted has stopped: its request ends as preempted (Kueue's pod
+        """A pod Kueue preempted is gone: its request ends as preempted (Kueue's pod
         integration does not requeue a pod it deleted; nobody makes it again). The
         arbiter words the reason from `by` (words.preempted_reason)."""
+        self._going.pop(req.id, None)
         req.state = State.PREEMPTED
         req.preemptions += 1
         by = req.preempted_by or "kueue"

@@ -167,7 +167,13 @@ def _wait(state: CoreState, req: Request, position: int) -> tuple[dict[str, Any]
     config = state.config
     flavors = waits.usable_flavors(config, req.tenant, _flavors_for(config, req))
     now = time.time()
-    forward = state.estimates.of(req.id, state.core, state.history, now)
+    # The forward run is the core's (Kueue mode's core holds no requests: it would run an
+    # empty queue for every view and find nothing).
+    forward = (
+        state.estimates.of(req.id, state.core, state.history, now)
+        if state.engine is state.core
+        else None
+    )
     wait = estimates.wait_json(forward, flavors[0] if len(flavors) == 1 else "GPUs")
     _, why = waits.estimate(
         req,

@@ -420,6 +420,22 @@ class WorkloadWatch:
             if e.status != 404:
                 raise
 
+    async def pod_exists(self, namespace: str, owner: str, uid: str) -> bool:
+        """Is the pod of a Workload's `owner` ("Pod <name>") still in the API server (the
+        same pod: its uid), deleting or not? What ends a preempted pod's request: the pod
+        object goes once its container has stopped (kubelet's last delete)."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        _, _, name = owner.partition(" ")
+        try:
+            pod = await client.CoreV1Api(await self.client()).read_namespaced_pod(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return not uid or pod.metadata.uid == uid
+
     async def bound_nodes(self, namespace: str, owners: set[str]) -> dict[str, str]:
         """{owner uid: node} for the pods bound to a node whose owner (a Job) or whose own
         uid (a pod of Kueue's pod integration) is one of `owners`."""

@@ -14,11 +14,11 @@ carries for its heartbeats):
 - a preemption warning stands (`preempt_at`): it waits until `preempt_at` less `margin`
   seconds, so the process still has those seconds for its own SIGTERM shutdown before
   SIGKILL, then returns;
-- the request already ended as preempted: Kueue takes the Workload's quota back soon
-  after it deletes the pod, and the gateway then ends the request (and forgets
-  `preempt_at`) while the pod still runs. The warning said eviction + the pod's grace,
-  and the kubelet runs this hook at the eviction, so it waits until its own start +
-  `grace` less `margin`;
+- the request already ended as preempted (the gateway ends it once the pod is gone,
+  but one that restarted meanwhile, or an older one that ended it at Kueue's release of
+  the quota, may have ended it while the pod still runs, forgetting `preempt_at`). The
+  warning said eviction + the pod's grace, and the kubelet runs this hook at the
+  eviction, so it waits until its own start + `grace` less `margin`;
 - the request is still held (admitted, parked) with no warning yet: Kueue's eviction may
   have raced the gateway's view of it, so it asks again for at most `poll` seconds;
 - anything else (released, culled, cancelled: a normal stop) returns at once.

@@ -1,13 +1,14 @@
 """A container runtime beside KWOK on the REAL cluster: a pod's container as a LOCAL process.
 
 KWOK plays every kubelet of the session's cluster (conftest.py's `cluster`) but runs
-nothing: it turns a bound pod Running with an IP of its loopback range (127.20.0.0/16, or
-GPUAAS_POD_CIDR) and removes a deleted one. Where a test needs the pod's process itself (a
-GPU kernel the provisioner talks to), `KwokKubelet` plays the container: it watches the API
-server for pods of its selector that KWOK has made Running on a Node, and runs the first container's
-`command` + `args` with the pod's `env` in its `workingDir`, as a process on this machine
-(the image's Python is this virtualenv's: its bin directory leads the PATH). The process
-listens on every address, so it answers at the pod's IP, which is on loopback.
+nothing: it turns a bound pod Running with an IP of its loopback range (127.20.0.0/16,
+or GPUAAS_POD_CIDR) and removes a deleted one. Where a test needs the pod's process
+itself (a GPU kernel the provisioner talks to), `KwokKubelet` plays the container: it
+watches the API server for pods of its selector that KWOK has made Running on a Node,
+and runs the first container's `command` + `args` with the pod's `env` in its
+`workingDir`, as a process on this machine (the image's Python is this virtualenv's: its
+bin directory leads the PATH). The process listens on every address, so it answers at
+the pod's IP, which is on loopback.
 
 How it and KWOK share the pod: KWOK's stages own its life up to Running (IP, conditions)
 and its removal once deleted; none of them matches a Running pod again, so when the
@@ -41,17 +42,38 @@ import time
 from pathlib import Path
 from typing import Any
 
+#: A stand-in container (`KwokKubelet(stand_in=...)`): lives until SIGTERM, then exits 0.
+UNTIL_SIGTERM = [
+    sys.executable,
+    "-c",
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+    "time.sleep(3600)",
+]
+
 
 class KwokKubelet:
-    def __init__(self, kubeconfig: Path, namespace: str, selector: str, logs: Path) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        selector: str,
+        logs: Path,
+        stand_in: list[str] | None = None,
+    ) -> None:
+        """`stand_in`: a command run in the container's place, with the pod's env and in its
+        workingDir (a server pod's `jupyterhub-singleuser` needs a Hub that a test of its
+        stop has no use for); its preStop hook, SIGTERM and SIGKILL are played as ever."""
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.selector = selector
         self.logs = logs
+        self.stand_in = stand_in
         self.procs: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # pod uid → name, proc
         self.started: list[dict[str, Any]] = []  # the pods it ran, as it found them
-        # pod name → {"deleted_at", "sigterm_at" (epoch seconds), "grace", "hook_exit",
-        # "hook_log"}
+        # pod name → {"deleted_at", "sigterm_at", "removing_at" (epoch seconds: its
+        # deletion, SIGTERM, the last delete once its process is gone), "grace",
+        # "hook_exit", "hook_log"}
         self.stops: dict[str, dict[str, Any]] = {}
         self._envs: dict[str, dict[str, str]] = {}  # pod uid → the container's env
         self._stopping: dict[str, asyncio.Task[None]] = {}  # pod uid → its stop
@@ -119,9 +141,9 @@ class KwokKubelet:
         env.setdefault("HOME", os.environ.get("HOME", "/tmp"))
         log = open(self.logs / f"{meta['name']}-{meta['uid'][:8]}.log", "ab")  # noqa: SIM115
         proc = subprocess.Popen(
-            [*c["command"], *(c.get("args") or [])],
+            self.stand_in or [*c["command"], *(c.get("args") or [])],
             env=env,
-            cwd=c.get("workingDir") or None,
+            cwd=_workdir(c),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -139,6 +161,7 @@ class KwokKubelet:
             grace = spec.get("terminationGracePeriodSeconds")
         grace = 30 if grace is None else int(grace)
         record: dict[str, Any] = {"deleted_at": time.time(), "sigterm_at": None, "grace": grace}
+        record["removing_at"] = None
         record.update(hook_exit=None, hook_log=None)
         self.stops[meta["name"]] = record
         deadline = time.monotonic() + grace
@@ -150,7 +173,7 @@ class KwokKubelet:
             run = subprocess.Popen(
                 list(hook),
                 env=self._envs.get(uid),
-                cwd=c.get("workingDir") or None,
+                cwd=_workdir(c),
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -175,6 +198,7 @@ class KwokKubelet:
         # The container is gone: the pod object goes too, as kubelet's last delete does.
         from kubernetes_asyncio.client import V1DeleteOptions, V1Preconditions
 
+        record["removing_at"] = time.time()
         try:
             await self._core.delete_namespaced_pod(
                 meta["name"],
@@ -240,6 +264,13 @@ class KwokKubelet:
         self.procs.clear()
         if self._api is not None:
             await self._api.close()
+
+
+def _workdir(container: dict[str, Any]) -> str | None:
+    """The container's workingDir where this machine has it (a server image's home, such
+    as /home/jovyan, it may not: then this process's own)."""
+    wd = container.get("workingDir")
+    return wd if wd and Path(wd).is_dir() else None
 
 
 def _now() -> str:

@@ -1005,6 +1005,13 @@ async def test_a_kernel_kueue_preempts_runs_until_the_time_it_was_told(
                     what="the kernel's request preempted",
                 )
                 assert ended["reason"].startswith("preempted: ")
+                # It ended once the pod was gone (its process stopped, the pod deleted),
+                # not when Kueue took the quota back, seconds after the eviction.
+                (end,) = [d for d in gw.arbiter.store.decisions(rid) if d.event == "preempt"]
+                assert stop["removing_at"] is not None and end.t >= stop["removing_at"], (
+                    end.t,
+                    stop,
+                )
             finally:
                 if km.has_kernel:
                     await km.shutdown_kernel(now=True)
@@ -1080,14 +1087,19 @@ async def test_an_idle_holder_is_culled_and_its_workload_finishes(
         quota.close()
 
 
-async def test_a_gpu_server_kueue_preempts_is_warned_then_ends_preempted(
+async def test_a_gpu_server_kueue_preempts_is_warned_held_then_ends_preempted(
     kube: KubeOnCluster, tmp_path: Path
 ) -> None:
     """Item 4 for a server: the Hub's QueuedKubeSpawner in Kueue mode, its server pod
     admitted by Kueue, is preempted by a Job of a higher WorkloadPriorityClass from outside
     jupyter-gpuaas: the spawner hears the warning and words it for the user ("your server
-    will be stopped in …: a higher-priority request of vision needs the GPU"), then the
-    request ends as preempted once Kueue's deletion of the pod is through."""
+    will be stopped in …: a higher-priority request of vision needs the GPU"). KwokKubelet
+    plays the pod's stop (a stand-in for jupyterhub-singleuser, which needs a Hub, with the
+    pod's env): its preStop hook holds SIGTERM back through the grace, although Kueue
+    takes the quota back seconds after the eviction, and the request ends as preempted
+    only once the pod is gone."""
+    from kwok_kubelet import UNTIL_SIGTERM, KwokKubelet
+
     quota, high, flavors = await preemptible_vision(kube, tmp_path)
     tenant, flavor = quota.tenant, quota.flavor
     gw = await quota.gateway(tmp_path)
@@ -1098,13 +1110,30 @@ async def test_a_gpu_server_kueue_preempts_is_warned_then_ends_preempted(
         flavors=flavors,
         kueue_queue="{tenant}",
         start_timeout=60,
+        # Where the server (and its preStop hook) finds the gateway with no Hub's proxy
+        # (c.Spawner.environment, as hub/gateway_url.py says); alice's token for the Hub's.
+        environment={"GPUAAS_URL": gw.url, "GPUAAS_TOKEN": TOKENS["alice"]},
     )
     spawner.user_options = {"tenant": tenant, "flavor": flavor, "gpus": 1}
+    kubelet = KwokKubelet(
+        kube.cluster.kubeconfig,
+        kube.namespace,
+        "component=singleuser-server",
+        tmp_path,
+        stand_in=UNTIL_SIGTERM,
+    )
+    await kubelet.start()
+    name = "jupyter-alice"
     try:
         await spawner.run_pre_spawn_hook()
         await asyncio.wait_for(spawner.start(), spawner.start_timeout + 5)
         rid = spawner._rid
         assert (await GatewayClient(gw.url, TOKENS["root"]).get(rid))["state"] == "admitted"
+        await wait_until(lambda: kubelet.alive(name), timeout=60, what="the server played")
+        # KWOK leaves the deleted pod to its kubelet (KwokKubelet deletes it once its
+        # process is gone), not to remove it at a time of its own.
+        pod = ["pod", name, "-n", kube.namespace]
+        kube.cluster.kubectl("annotate", *pod, "pod-delete.stage.kwok.x-k8s.io/delay=1h")
 
         urgent = job("urgent", tenant, seconds=3600)
         urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
@@ -1114,15 +1143,29 @@ async def test_a_gpu_server_kueue_preempts_is_warned_then_ends_preempted(
         )
         assert warned["rid"] == rid and warned["at"]
         assert warned["why"] == f"a higher-priority request of {tenant} needs the GPU"
+        await wait_until(lambda: name in kubelet.stops, timeout=30, what="the pod deleted")
+        stop = kubelet.stops[name]
+        await wait_until(lambda: stop["sigterm_at"] is not None, timeout=60, what="SIGTERM")
+        # Held by the hook through the grace, long past Kueue's release of the quota.
+        assert stop["sigterm_at"] - stop["deleted_at"] > 10.0, stop
+        assert stop["hook_exit"] == 0
+        assert "stopping in" in stop["hook_log"].read_text()
         ended = await wait_until(
             lambda: field_is_id(gw.url, rid, lambda r: r["state"] == "preempted"),
-            timeout=120,
+            timeout=60,
             what="the server's request preempted",
         )
         assert ended["reason"] == f"preempted: a higher-priority request of {tenant} needed its GPU"
-        logged = [d.event for d in gw.arbiter.store.decisions(rid)]
+        decisions = gw.arbiter.store.decisions(rid)
+        logged = [d.event for d in decisions]
         assert logged == ["submit", "admit", "preempt_warning", "preempt"], logged
+        # It ended once the pod was gone, not when Kueue took the quota back.
+        assert stop["removing_at"] is not None and decisions[-1].t >= stop["removing_at"], (
+            decisions[-1].t,
+            stop,
+        )
     finally:
+        await kubelet.close()
         with contextlib.suppress(Exception):
             await spawner.stop()
         await gw.stop_server()
