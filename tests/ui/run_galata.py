@@ -45,7 +45,9 @@ ADMIN_TOKEN = "ui-admin-token-0123456789"
 VIEWER_TOKEN = "ui-carol-token-0123456789"
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 #: Idle seconds before the `scratch` tenant's GPU kernels are culled, and the warning lead.
-SCRATCH_IDLE = 24
+#: The warning comes at 12 s idle: a Keep shows "Kept" for those 12 s until the next warning
+#: (at 24 s it was 6 s, and one CI run's browser missed that window).
+SCRATCH_IDLE = 30
 CULL_WARNING = 18
 #: Seconds a warned preemption victim of `cv` keeps its GPU.
 PREEMPTION_GRACE = 15
