@@ -1,7 +1,7 @@
 """How every part of jupyter-gpuaas reaches the API server: the client (the pod's service
-account inside a cluster, else the kubeconfig), the namespace a pod runs in, and a watch
-that survives whatever ends it (its timeout, a restart, an expired resourceVersion, a
-refused call, a lost connection).
+account inside a cluster, else the kubeconfig), how long one call may stall, the namespace
+a pod runs in, and a watch that survives whatever ends it (its timeout, a restart, an
+expired resourceVersion, a refused call, a lost connection).
 
 One place for each, so the gateway's inventory, its Kueue engine, its scale-up objects,
 the kernel provisioner and the job runner connect, default and resume the same way."""
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -18,19 +19,57 @@ log = logging.getLogger("jupyter_gpuaas.kubeapi")
 #: Where Kubernetes mounts a pod's service account (its token and namespace).
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
+#: Seconds a call may wait to connect, and then for each next piece of its answer. An API
+#: server that stops answering (frozen, its etcd hung, a half-open connection) fails the
+#: call after this instead of stalling its loop for good; the loop says so and asks again.
+#: Each piece, not the whole: a list of 15,000 Workloads may take longer than this in all.
+REQUEST_TIMEOUT = 30.0
+
 Change = TypeVar("Change")
 
 
-async def api_client() -> Any:
+def request_timeout(query: Iterable[tuple[str, Any]] | None, seconds: float) -> Any:
+    """The aiohttp timeout of one call with these query parameters. A watch is quiet for
+    as long as nothing changes, until the server ends it at its `timeoutSeconds`: it may
+    wait that long and `seconds` more for its next event. A followed log is quiet for as
+    long as its job prints nothing: only its connection is bounded."""
+    from aiohttp import ClientTimeout
+
+    params = dict(query or ())
+    if params.get("follow") is True:
+        return ClientTimeout(sock_connect=seconds)
+    if params.get("watch") is True:
+        ends = params.get("timeoutSeconds")
+        return ClientTimeout(
+            sock_connect=seconds, sock_read=None if ends is None else float(ends) + seconds
+        )
+    return ClientTimeout(sock_connect=seconds, sock_read=seconds)
+
+
+async def api_client(timeout: float = REQUEST_TIMEOUT) -> Any:
     """A kubernetes_asyncio ApiClient: the in-cluster config where this process runs in a
-    pod with a service account, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    pod with a service account, else the kubeconfig ($KUBECONFIG or ~/.kube/config).
+
+    Each call it makes is bounded by `timeout` (`request_timeout`) unless the caller gives
+    its own `_request_timeout`: kubernetes_asyncio's own default is no limit at all, so one
+    call to a frozen API server would hold the inventory, Kueue mode's loops or a kernel's
+    launch forever."""
     from kubernetes_asyncio import client, config
 
     try:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        await config.load_kube_config()
-    return client.ApiClient()
+        # $KUBECONFIG as it is now: kubernetes_asyncio reads it once, when first imported.
+        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+
+    class BoundedClient(client.ApiClient):
+        def request(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("_request_timeout") is None:
+                query = kwargs.get("query_params", args[2] if len(args) > 2 else None)
+                kwargs["_request_timeout"] = request_timeout(query, timeout)
+            return super().request(*args, **kwargs)
+
+    return BoundedClient()
 
 
 def own_namespace(otherwise: str = "default") -> str:
