@@ -558,6 +558,13 @@ def session_start(req: Request, admitted: float) -> float:
     return hold_start(admitted, req.culls, req.first_admit)
 
 
+def arrival(req: Request, t: float) -> Request:
+    """`req` entering the queue at `t`, as the arrival forecast keeps it: a submission, or
+    a culled request queued again once its user is back (a new request to the queue)."""
+    return Request(req.id, req.tenant, req.user, req.kind, req.gpus, t,
+                   flavor=req.flavor, priority=req.priority)  # fmt: skip
+
+
 def forecast(arrived: Sequence[Request], now: float) -> list[Request]:
     """What arrives in the next `FORECAST[1]` seconds: what arrived `FORECAST[0]` seconds
     earlier (a seasonal naive forecast: yesterday at this hour), as new requests."""

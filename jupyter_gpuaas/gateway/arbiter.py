@@ -91,7 +91,8 @@ class Stored:
     hold_times: list[tuple[str, float]]
     # (kind, user, seconds) of ended grants, oldest first: the estimates' history.
     holds: list[tuple[str, str, float, int, bool, float]] = dataclasses.field(default_factory=list)
-    # The requests submitted in the last forecast period, oldest first.
+    # What entered the queue in the last forecast period (submissions, culled users
+    # back), oldest first.
     recent: list[Request] = dataclasses.field(default_factory=list)
 
 
@@ -248,7 +249,7 @@ class Arbiter:
             live=self.store.live_requests(),
             hold_times=list(self.store.ended_hold_times()),
             holds=self.store.ended_holds(),
-            recent=self.store.submitted_since(time.time() - FORECAST[0]),
+            recent=self.store.arrivals_since(time.time() - FORECAST[0]),
         )
 
     def _restored(self, now: float, stored: Stored) -> list[Staged]:

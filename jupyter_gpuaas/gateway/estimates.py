@@ -42,6 +42,7 @@ from jupyter_gpuaas.admission.estimate import (
     Calibration,
     Estimate,
     History,
+    arrival,
     estimate_steps,
     forecast,
 )
@@ -129,9 +130,7 @@ class Estimates:
     def came_back(self, req: Request, t: float) -> None:
         """Culled `req`, its reservation gone, was queued again at `t` (its user is back):
         kept for the arrival forecast as an arrival at `t` (sim/backtest.py `came_back`)."""
-        again = Request(req.id, req.tenant, req.user, req.kind, req.gpus, t,
-                        flavor=req.flavor, priority=req.priority)  # fmt: skip
-        self.submitted(again)
+        self.submitted(arrival(req, t))
 
     def started(self, rid: str, t: float) -> None:
         """`rid` was admitted at `t`: its first estimate, against what it waited."""

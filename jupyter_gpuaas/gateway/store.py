@@ -44,9 +44,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
-from jupyter_gpuaas.admission.estimate import hold_start
+from jupyter_gpuaas.admission.estimate import arrival, hold_start
 from jupyter_gpuaas.admission.model import TERMINAL, Request, State
 
 from .rows import (
@@ -606,6 +606,48 @@ class Store:
         )
         with self.session() as s:
             return [row_to_request(r) for r in s.scalars(stmt)]
+
+    def arrivals_since(self, since: float, limit: int = 100_000) -> list[Request]:
+        """What entered the queue at or after `since`, oldest first: each submission at its
+        submit time, and each culled request queued again at the time its user came back
+        (a `requeue` whose request was last culled or its reservation expired; a preempted
+        job queued again keeps its place and is no arrival). The arrival forecast of the
+        wait estimates after a restart reads both, as the running gateway kept them
+        (estimates.py `submitted`, `came_back`)."""
+        arrived = self.submitted_since(since, limit)
+        earlier = aliased(DecisionRow)
+        last_mark = (
+            select(earlier.event)
+            .where(
+                earlier.request_id == DecisionRow.request_id,
+                earlier.seq < DecisionRow.seq,
+                earlier.event.in_(("cull", "expire", "preempt", "admit")),
+            )
+            .order_by(earlier.seq.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        stmt = (
+            select(DecisionRow.request_id, DecisionRow.t)
+            .where(
+                DecisionRow.event == "requeue",
+                DecisionRow.t >= since,
+                last_mark.in_(("cull", "expire")),
+            )
+            .order_by(DecisionRow.seq)
+            .limit(limit)
+        )
+        with self.session() as s:
+            back = [(str(rid), float(t)) for rid, t in s.execute(stmt) if rid is not None]
+            rows: dict[str, Request] = {}
+            ids = sorted({rid for rid, _ in back})
+            for i in range(0, len(ids), 500):  # under every database's bound on parameters
+                chunk = ids[i : i + 500]
+                for r in s.scalars(select(RequestRow).where(RequestRow.id.in_(chunk))):
+                    rows[r.id] = row_to_request(r)
+        arrived += [arrival(rows[rid], t) for rid, t in back if rid in rows]
+        arrived.sort(key=lambda r: r.submit_time)
+        return arrived
 
     def ended_hold_times(self, limit: int = 200) -> Iterable[tuple[str, float]]:
         """(flavor, seconds held) of recently ended grants: the basis of wait estimates."""

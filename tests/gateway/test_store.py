@@ -194,3 +194,54 @@ async def test_gateway_prunes_history_after_the_retention(make_gateway: Any) -> 
         lambda: {r.id for r in gw.arbiter.store.query()} == {live["id"]}, 10,
         "the ended rows to be pruned", interval=0.2,
     )  # fmt: skip
+
+
+def test_arrivals_are_the_submissions_and_the_culled_users_back(db_url: str) -> None:
+    """What a restart reads for the arrival forecast: each submission, and each culled
+    request queued again when its user came back (at that time); not a preempted job
+    queued again, which keeps its place. The decisions are a real core's."""
+    from jupyter_gpuaas.admission.config import parse_config
+    from jupyter_gpuaas.admission.core import AdmissionCore
+
+    core = AdmissionCore(parse_config({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 2}},
+        "tenants": {"vision": {"quota": {"a100": 2},
+                               "preemption": {"within_tenant": "LowerPriority"}}},
+        "policy": {"idle_timeout": 600, "reservation_ttl": 0},
+    }))  # fmt: skip
+    store = Store.open(db_url)
+    reqs: dict[str, Request] = {}
+
+    def write(t: float, decisions: list[Decision]) -> None:
+        store.write(Batch([(r, {}) for r in reqs.values()], decisions), t)
+
+    try:
+        for req in (
+            Request("r-kernel", "vision", "ann", "kernel", 1, 0.0, priority=5),
+            Request("r-job", "vision", "bob", "job", 1, 0.0, priority=0),
+        ):
+            reqs[req.id] = req
+            write(0.0, core.submit(req, 0.0))
+        write(0.0, core.step(0.0))
+        core.activity("r-kernel", False, 0.0)
+        write(600.0, core.step(600.0))  # the idle kernel is culled, nothing parked
+        assert reqs["r-kernel"].state is State.CULLED
+        write(700.0, core.heartbeat("r-kernel", 700.0, busy=True) + core.step(700.0))
+        assert reqs["r-kernel"].state is State.ADMITTED  # its user came back
+        urgent = Request("r-urgent", "vision", "cy", "job", 1, 800.0, priority=10)
+        reqs[urgent.id] = urgent
+        write(800.0, core.submit(urgent, 800.0) + core.step(800.0))
+        events = [(d.event, d.request_id) for d in store.decisions()]
+        assert ("preempt", "r-job") in events and events.count(("requeue", "r-job")) == 1
+
+        def arrivals(since: float) -> list[tuple[str, float]]:
+            return [(r.id, r.submit_time) for r in store.arrivals_since(since)]
+
+        assert arrivals(0.0) == [
+            ("r-kernel", 0.0), ("r-job", 0.0), ("r-kernel", 700.0), ("r-urgent", 800.0),
+        ]  # fmt: skip
+        assert arrivals(650.0) == [("r-kernel", 700.0), ("r-urgent", 800.0)]
+        back = store.arrivals_since(650.0)[0]
+        assert (back.tenant, back.user, back.kind, back.gpus) == ("vision", "ann", "kernel", 1)
+    finally:
+        store.close()
