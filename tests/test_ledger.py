@@ -96,6 +96,33 @@ def test_tree_borrowing_climbs_within_the_subtree_limit() -> None:
     assert ledger.over_quota("research", "a100", {"nlp": 0}) is False
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(ledgers(), st.integers(1, 8))
+@pytest.mark.slow
+def test_height_with_removed_is_the_height_once_they_are_gone(
+    case: tuple[Ledger, str, dict[str, int], bool], gpus: int
+) -> None:
+    """The borrowing height a preemptor would have once its victims are gone (the flavor
+    to preempt in is chosen by it) is the height the ledger gives after removing them."""
+    ledger, tenant, removed, _ = case
+    asked = ledger.height(tenant, "f", gpus, removed)
+    for name, n in removed.items():
+        ledger.remove(name, "f", n)
+    assert asked == ledger.height(tenant, "f", gpus)
+
+
+def test_tree_height_once_victims_are_gone() -> None:
+    ledger = tree_ledger()
+    ledger.add("vision", "a100", 3)  # its own 2, and 1 of nlp's
+    ledger.add("nlp", "a100", 1)  # research full
+    ledger.add("infra", "a100", 4)  # org full
+    assert ledger.height("vision", "a100", 1) == 2  # only from org, infra's
+    # With nlp's 1 gone, research holds it: height 1; with vision's own 1, within nominal.
+    assert ledger.height("vision", "a100", 1, {"nlp": 1}) == 1
+    assert ledger.height("vision", "a100", 1, {"vision": 2}) == 0
+    assert ledger.height("vision", "a100", 1) == 2  # nothing was changed
+
+
 def test_tree_lending_limit_caps_what_a_subtree_lends() -> None:
     doc = {
         "flavors": {"a100": {"nodes": 2, "gpus_per_node": 4}},

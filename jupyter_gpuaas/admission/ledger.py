@@ -369,21 +369,30 @@ class Ledger:
             return self.usage[(tenant, flavor)] - removed + gpus > 0
         return q.used - removed + gpus > q.nominal
 
-    def height(self, tenant: str, flavor: str, gpus: int) -> int:
+    def height(
+        self, tenant: str, flavor: str, gpus: int, removed: dict[str, int] | None = None
+    ) -> int:
         """Kueue's borrowing height: 0 when `gpus` more fit within nominal; else the height
         (distance to its furthest leaf) of the lowest cohort whose subtree quota holds
-        them, or of the root when none does. A flat cohort has height 1."""
+        them, or of the root when none does. A flat cohort has height 1. `removed` takes
+        GPUs away from tenants first (per tenant, this flavor): the height a preemptor
+        would borrow from once its victims are gone (Kueue's `borrowAfterPreemptions`)."""
         key = (tenant, flavor)
         used = self.usage[key]
+        if removed:
+            used -= removed.get(tenant, 0)
         if used + gpus <= self._nominal.get(key, 0):
             return 0
         path = self._path[tenant]
         if not path:
             return 0
+        after = self._with_removed(flavor, removed) if removed else _UNCHANGED
         remaining = gpus - max(0, self._guaranteed.get(key, 0) - used)
         for c in path:
             ck = (c, flavor)
             cu = self._level(c, flavor).used
+            if after:
+                cu = after.get(c, cu)
             if cu + remaining <= self._sq[ck]:
                 return self._height[c]
             remaining -= max(0, self._lq[ck] - cu)

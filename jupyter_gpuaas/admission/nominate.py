@@ -308,13 +308,15 @@ class Nomination:
     def _choose_flavor(
         self, req: Request, flavors: tuple[str, ...]
     ) -> tuple[str, list[Request]] | None:
-        """The flavor to preempt in and its victims, or None (Kueue's flavor assigner ranks
-        reclaim above preempt): the first flavor whose victims are all other tenants'
-        wins; else the first where the tenant evicts its own by priority; quota order
-        breaks ties."""
+        """The flavor to preempt in and its victims, or None. Kueue's flavor assigner
+        (`whenCanPreempt: TryNextFlavor`) tries every flavor and keeps the best by its
+        `isPreferred`: reclaim (every victim another tenant's) above preempt (some of its
+        own tenant's, by priority), then the lowest borrowing height once the victims are
+        gone (its preemption oracle's `borrowAfterPreemptions`); quota order breaks ties."""
         spec = self._policies.specs[req.tenant]
         graces = self._graces
-        by_priority: tuple[str, list[Request]] | None = None
+        best: tuple[str, list[Request]] | None = None
+        best_rank = (2, 0)
         self._short = []
         for f in flavors:
             holding = self._holders.victim_pool(req, f)
@@ -334,11 +336,17 @@ class Nomination:
                 continue
             if graces and self._takes_kept_room(req, f, victims):
                 continue
-            if all(v.tenant != req.tenant for v in victims):
-                return f, victims
-            if by_priority is None:
-                by_priority = (f, victims)
-        return by_priority
+            removed: dict[str, int] = {}
+            own = False
+            for v in victims:
+                removed[v.tenant] = removed.get(v.tenant, 0) + v.gpus
+                own = own or v.tenant == req.tenant
+            rank = (1 if own else 0, self._ledger.height(req.tenant, f, req.gpus, removed))
+            if best is None or rank < best_rank:
+                best, best_rank = (f, victims), rank
+                if rank == (0, 0):
+                    break  # reclaim within nominal: no later flavor ranks higher
+        return best
 
     def _takes_kept_room(self, req: Request, flavor: str, victims: list[Request]) -> bool:
         return kept_for_reclaim(

@@ -10,8 +10,10 @@ other tenants first, then lower priority, then most recently admitted — until 
 fits, and then puts back, in reverse order, every victim the request can do without.
 
 Across flavors (nominate.py's `_choose_flavor`), one where preemption only reclaims what
-other tenants borrowed is preferred over one that evicts the tenant's own by priority;
-quota order breaks ties (Kueue's flavor assigner ranks reclaim above preempt).
+other tenants borrowed is preferred over one that evicts the tenant's own by priority, then
+the one where the request borrows from the lowest cohort once its victims are gone; quota
+order breaks ties (Kueue's flavor assigner ranks reclaim above preempt, then the borrowing
+height after the preemption).
 """
 
 from __future__ import annotations

@@ -169,6 +169,41 @@ def may_keep_room(case: Case) -> bool:
     return False
 
 
+def may_pick_otherwise(case: Case) -> bool:
+    """Can docs/KUEUE.md's known difference "Kueue picks among tied victims by UID" change
+    more than which of the tied requests goes? Kueue orders victims of one tenant, priority
+    and second of quota reservation (as a wave's requests are) by UID, at random from run
+    to run (`CandidatesOrdering`), where the core takes the most recently admitted; the
+    test takes the tied ones as interchangeable (test_kueue_differential.interchangeable).
+    That holds while they are alike: a tied request of another size or flavor frees other
+    room (and may change the flavor the preemptor takes: the borrowing height once its
+    victims are gone), and under `within_tenant: LowerOrNewerEqualPriority` an older victim,
+    requeued, takes its room back from a newer one of its tenant (found by a fresh draw,
+    seed 800306200). So: a preemption in the core whose victim had a tie, of another size
+    or flavor, or of a tenant that preempts LowerOrNewerEqualPriority."""
+    run = run_scenario(parse_scenario(core_scenario(case), name=case.name))
+    shape = {r["id"]: r for r in case.requests}
+    held: dict[str, tuple[int, str]] = {}  # admitted now: id -> (wave admitted, flavor)
+    for d in run.decisions:
+        e = d.to_json()
+        if e["event"] == "admit":
+            held[e["id"]] = (int(e["t"] // WAVE_GAP), e["flavor"])
+        elif e["event"] in ("preempt", "finish", "cancel"):
+            gone = held.pop(e["id"], None)
+            if e["event"] != "preempt" or gone is None:
+                continue
+            v = shape[e["id"]]
+            pre = case.quota["tenants"][v["tenant"]].get("preemption") or {}
+            chains = pre.get("within_tenant") == "LowerOrNewerEqualPriority"
+            for rid, (wave, flavor) in held.items():
+                u = shape[rid]
+                if (u["tenant"], u["priority"], wave) != (v["tenant"], v["priority"], gone[0]):
+                    continue
+                if chains or (u["gpus"], flavor) != (v["gpus"], gone[1]):
+                    return True
+    return False
+
+
 def without_never_fitting(case: Case) -> Case:
     """`case` without the requests the core rejects at submit as never fitting, where
     docs/KUEUE.md's known difference "a request that can never fit is rejected" would show:

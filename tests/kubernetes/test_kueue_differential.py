@@ -37,6 +37,7 @@ from kueue_diff import (
     fit_for_kueue,
     keyed,
     may_keep_room,
+    may_pick_otherwise,
     run_core,
     without_never_fitting,
 )
@@ -73,6 +74,9 @@ SHARED: dict[str, float | None] = {
     # The same, a head that cannot go spending its tenant's turn (seed 769687430).
     "90-one-head-per-cycle-a-head-that-cannot-go-spends-the-turn": None,
     "91-one-head-per-cycle-equivalent-heads-go-aside-together": None,
+    # The flavor to preempt in: the lowest borrowing height once the victims are gone
+    # (found by a fresh draw, seed 800306200).
+    "92-preempt-flavor-of-lowest-borrowing-height": 10,
 }
 #: Hand-written cases, each the smallest form of a difference the random ones found.
 WRITTEN: dict[str, dict[str, Any]] = {
@@ -139,7 +143,29 @@ WRITTEN: dict[str, dict[str, Any]] = {
             {"id": "a2", "tenant": "alpha", "gpus": 1, "submit": 0},
         ],
     },
+    # docs/KUEUE.md "Kueue picks among tied victims by UID" (found by a fresh draw, seed
+    # 800306200): a3 evicts a1 or a2, reserved in the same second; the core takes a2 (the
+    # most recently admitted), Kueue the one of lower UID. If that is a1, a1, requeued,
+    # evicts a2 (newer, equal priority) and goes back in.
+    "older-equal-victim-takes-its-room-back": {
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 8}},
+        "tenants": {
+            "alpha": {
+                "quota": {"a100": 3},
+                "preemption": {"within_tenant": "LowerOrNewerEqualPriority"},
+            },
+        },
+        "requests": [
+            {"id": "a1", "tenant": "alpha", "gpus": 2, "submit": 0},
+            {"id": "a2", "tenant": "alpha", "gpus": 1, "submit": 0},
+            {"id": "a3", "tenant": "alpha", "gpus": 1, "priority": 1, "submit": 10},
+        ],
+    },
 }
+#: docs/KUEUE.md "Kueue picks among tied victims by UID", as the test expects it: {case:
+#: (the wave, the requests that Kueue, when its pick falls on them, evicts and admits again
+#: in that wave besides the core's victims)}. Either outcome passes; any other fails.
+EITHER: dict[str, tuple[int, set[str]]] = {"older-equal-victim-takes-its-room-back": (1, {"a1"})}
 #: docs/KUEUE.md "Known differences", as the test expects them: {case: (the first wave
 #: where it shows, the requests the core admits there and Kueue leaves pending, and
 #: those Kueue admits there and the core does not)}.
@@ -224,8 +250,9 @@ def random_cases() -> list[Case]:
 #: Fresh random cases per run: the first FRESH of FRESH_DRAWS draws that Kueue can
 #: run with two or more requests, from the seed SEED (a new one each run, or
 #: GPUAAS_DIFF_SEED's), no two alike. They leave out the cases where a known difference
-#: can show (kueue_diff.may_keep_room), and the requests that the core rejects as never
-#: fitting (kueue_diff.without_never_fitting): the kept and hand-written cases pin those.
+#: can show (kueue_diff.may_keep_room, kueue_diff.may_pick_otherwise), and the requests
+#: that the core rejects as never fitting (kueue_diff.without_never_fitting): the kept and
+#: hand-written cases pin those.
 # Opt-in (GPUAAS_DIFF_FRESH=6): a fresh draw that finds a new difference fails the run it
 # falls in, which must not decide whether `make test` passes; the kept random cases are
 # the same every run.
@@ -258,6 +285,7 @@ def fresh_cases(draw_seed: int) -> list[Case]:
             or len(case.requests) < 2
             or [case.quota, case.waves] in seen
             or may_keep_room(case)
+            or may_pick_otherwise(case)
         ):
             continue
         seen.append([case.quota, case.waves])
@@ -334,6 +362,12 @@ def test_core_decides_as_kueue(name: str, kueue_outcomes: dict[str, tuple[Case, 
         for later in real.admitted[wave:]:
             for rid in kueue_only:
                 later.pop(rid, None)
+    if name in EITHER:
+        wave, taken_back = EITHER[name]
+        assert not taken_back & core.preempted[wave], "the core evicts them: docs/KUEUE.md"
+        if taken_back <= real.preempted[wave] and taken_back <= set(real.admitted[wave]):
+            real = Outcome(real.admitted, list(real.preempted), real.pending, real.rejected)
+            real.preempted[wave] = real.preempted[wave] - taken_back
     fresh = f"(a fresh case of seed {SEED}: GPUAAS_DIFF_SEED={SEED} draws it again)\n"
     assert interchangeable(case, core) == interchangeable(case, real), (
         (fresh if name.startswith("fresh-") else "")
