@@ -16,7 +16,6 @@ from jupyter_gpuaas.admission.estimate import (
     Calibration,
     History,
     estimate_waits,
-    forecast,
 )
 from jupyter_gpuaas.admission.model import Request, State
 
@@ -347,19 +346,6 @@ def test_a_forecast_arrival_of_higher_priority_overtakes() -> None:
     got = estimate_waits(core, 10.0, hist, arrivals=[urgent])["j"]
     assert got.seconds == pytest.approx(590.0 + 600.0)
     assert core.get("forecast-1") is None and urgent.state is State.QUEUED  # copies only
-
-
-def test_the_forecast_covers_the_night_a_job_waits_into() -> None:
-    # Yesterday a kernel arrived at 14:00 and another at 23:00. At 13:00 today a job is
-    # queued behind the afternoon, into the night (in the month trace, 6-17 h): both
-    # kernels are forecast, not only those of the next few hours, and each is a copy.
-    day = 86400.0
-    arrived = [req("k1", "vision", t=14 * 3600.0), req("k2", "vision", t=23 * 3600.0)]
-    coming = forecast(arrived, day + 13 * 3600.0)
-    assert [r.submit_time for r in coming] == [day + 14 * 3600.0, day + 23 * 3600.0]
-    assert [r.id for r in coming] != ["k1", "k2"] and arrived[0].submit_time == 14 * 3600.0
-    # What arrived two days ago is not forecast (nor what arrives a day from now).
-    assert forecast(arrived, 2 * day + 15 * 3600.0) == []
 
 
 def test_a_clock_budget_ends_the_runs_and_leaves_no_estimate() -> None:

@@ -76,11 +76,9 @@ STEP = 32
 #: A grant younger than this, with no past grants to go by, has no known end: its age
 #: says nothing yet (a job that started a minute ago may run a minute or a day).
 MIN_AGE = 600.0
-#: The arrival forecast: (period, look-ahead) in seconds: what arrives in the next day is
-#: what arrived a day earlier (seasonal naive; the driver keeps what arrived). The whole
-#: period: a job queued on a weekday afternoon waits into the night (6-17 h in the month
-#: trace), and with 6 h of arrivals the run's queue drained once they stopped coming.
-FORECAST = (86400.0, 86400.0)
+#: The arrival forecast: (period, look-ahead) in seconds: what arrives in the next 6 h is
+#: what arrived a day earlier (seasonal naive; the driver keeps what arrived).
+FORECAST = (86400.0, 6 * 3600.0)
 #: Outcomes a kind's calibration needs, and the quantiles of its ratios that make the
 #: range; estimates shorter than MIN_ESTIMATE are not scaled (nor learnt from).
 MIN_OUTCOMES = 20
@@ -332,9 +330,8 @@ class _Run:
         arrivals: Sequence[Request] = (),
     ) -> None:
         self.now = now
-        # Forecast arrivals, by submit time (copied as they are submitted: the core takes
-        # them over; a run stops when its requests start, mostly before the last).
-        self.arrivals = sorted((r for r in arrivals if r.submit_time >= now), key=_at)
+        # Forecast arrivals, by submit time (copies: the core takes them over).
+        self.arrivals = sorted((_clone(r) for r in arrivals if r.submit_time >= now), key=_at)
         self.next_arrival = 0
         self.history = history
         self.q = q
@@ -529,7 +526,7 @@ class _Run:
                 arrival = arrivals[self.next_arrival]
                 self.next_arrival += 1
                 if copy.get(arrival.id) is None:
-                    decisions += copy.submit(_clone(arrival), t)
+                    decisions += copy.submit(arrival, t)
                     events += 1
             while heap and heap[0][0] <= t:
                 _, _, rid, admitted = heappop(heap)
