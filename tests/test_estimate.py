@@ -16,7 +16,6 @@ from jupyter_gpuaas.admission.estimate import (
     Calibration,
     History,
     estimate_waits,
-    forecast,
 )
 from jupyter_gpuaas.admission.model import Request, State
 
@@ -347,19 +346,6 @@ def test_a_forecast_arrival_of_higher_priority_overtakes() -> None:
     got = estimate_waits(core, 10.0, hist, arrivals=[urgent])["j"]
     assert got.seconds == pytest.approx(590.0 + 600.0)
     assert core.get("forecast-1") is None and urgent.state is State.QUEUED  # copies only
-
-
-def test_a_monday_is_forecast_from_last_monday_not_from_sunday() -> None:
-    # Day 0 is a Monday: a kernel arrived at 14:00, and on Sunday (day 6) nothing did. At
-    # 13:00 on the next Monday the forecast of the next hours has last Monday's kernel
-    # (a copy); forecast from a day earlier, it would have had Sunday's nothing.
-    day = 86400.0
-    arrived = [req("mon", "vision", t=14 * 3600.0), req("sun", "vision", t=6 * day + 20 * 3600.0)]
-    coming = forecast(arrived, 7 * day + 13 * 3600.0)
-    assert [(r.user, r.submit_time) for r in coming] == [("ann", 7 * day + 14 * 3600.0)]
-    assert coming[0].id != "mon" and arrived[0].submit_time == 14 * 3600.0
-    # Without a week of arrivals kept: a day earlier (Tuesday's from Monday's).
-    assert [r.submit_time for r in forecast(arrived[:1], day + 13 * 3600.0)] == [day + 14 * 3600.0]
 
 
 def test_a_clock_budget_ends_the_runs_and_leaves_no_estimate() -> None:

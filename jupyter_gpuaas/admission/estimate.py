@@ -79,11 +79,6 @@ MIN_AGE = 600.0
 #: The arrival forecast: (period, look-ahead) in seconds: what arrives in the next 6 h is
 #: what arrived a day earlier (seasonal naive; the driver keeps what arrived).
 FORECAST = (86400.0, 6 * 3600.0)
-#: ... or a week earlier, once the driver has a week of arrivals (`forecast`): a Monday
-#: afternoon is forecast from the last Monday's, not from Sunday's (a weekend day has a
-#: fraction of a weekday's arrivals, and a run that forecast them started the queued jobs
-#: hours early). The drivers keep this much (and the look-ahead) of what arrived.
-WEEK = 7 * 86400.0
 #: Outcomes a kind's calibration needs, and the quantiles of its ratios that make the
 #: range; estimates shorter than MIN_ESTIMATE are not scaled (nor learnt from).
 MIN_OUTCOMES = 20
@@ -566,13 +561,9 @@ def session_start(req: Request, admitted: float) -> float:
 
 
 def forecast(arrived: Sequence[Request], now: float) -> list[Request]:
-    """What arrives in the next `FORECAST[1]` seconds: what arrived a `WEEK` earlier (a
-    seasonal naive forecast: this weekday a week ago at this hour), as new requests; when
-    `arrived` (oldest first) does not reach back into that window, what arrived
-    `FORECAST[0]` seconds earlier (yesterday at this hour)."""
+    """What arrives in the next `FORECAST[1]` seconds: what arrived `FORECAST[0]` seconds
+    earlier (a seasonal naive forecast: yesterday at this hour), as new requests."""
     period, ahead = FORECAST
-    if arrived and arrived[0].submit_time < now - WEEK + ahead:
-        period = WEEK
     lo = bisect_left(arrived, now - period, key=_submitted)
     hi = bisect_left(arrived, now - period + ahead, key=_submitted)
     out = []
@@ -790,7 +781,6 @@ __all__ = [
     "QUANTILES",
     "STEP",
     "THIN_HISTORY",
-    "WEEK",
     "Calibration",
     "Ends",
     "Estimate",

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from jupyter_gpuaas.admission.config import SpecError, default_cull_warning, parse_config
 from jupyter_gpuaas.admission.core import AdmissionCore
-from jupyter_gpuaas.admission.estimate import WEEK, History, session_start
+from jupyter_gpuaas.admission.estimate import FORECAST, History, session_start
 from jupyter_gpuaas.admission.model import (
     TERMINAL,
     Autoscale,
@@ -248,7 +248,7 @@ class Arbiter:
             live=self.store.live_requests(),
             hold_times=list(self.store.ended_hold_times()),
             holds=self.store.ended_holds(),
-            recent=self.store.submitted_since(time.time() - WEEK),
+            recent=self.store.submitted_since(time.time() - FORECAST[0]),
         )
 
     def _restored(self, now: float, stored: Stored) -> list[Staged]:

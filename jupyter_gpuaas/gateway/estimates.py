@@ -16,9 +16,8 @@ long queue's set never pauses the gateway for more than a slice. Until it is don
 answer from the set before it (counting down), or "no estimate yet". Its `BUDGET` counts
 only the slices' own time.
 
-The runs submit the arrivals forecast from those of a week earlier (a day earlier until a
-week of them is kept), kept from each submission (and read back from the store at a
-restart). Each request's first estimate
+The runs submit the arrivals forecast from those of a day earlier, kept from each
+submission (and read back from the store at a restart). Each request's first estimate
 is kept until it starts, and the calibration
 (admission/estimate.py `Calibration`) learns from how it turned out.
 
@@ -40,7 +39,6 @@ from jupyter_gpuaas.admission.core import AdmissionCore
 from jupyter_gpuaas.admission.estimate import (
     FORECAST,
     THIN_HISTORY,
-    WEEK,
     Calibration,
     Estimate,
     History,
@@ -111,7 +109,7 @@ class Estimates:
         # first estimate of each request still queued: (kind, uncalibrated, made at).
         self.calibration = Calibration()
         self._told: dict[str, tuple[str, float, float]] = {}
-        # The requests submitted in the last week, oldest first: what arrives
+        # The requests submitted in the last forecast period, oldest first: what arrives
         # next is forecast from them (admission/estimate.py `forecast`).
         self.arrived: list[Request] = []
         # The set being made (its steps, its clock, the time it is as of), if one is;
@@ -124,7 +122,7 @@ class Estimates:
         """`req` was submitted (committed): kept for the arrival forecast."""
         arrived = self.arrived
         arrived.append(req)
-        old = req.submit_time - WEEK - FORECAST[1]
+        old = req.submit_time - FORECAST[0] - FORECAST[1]
         if arrived[0].submit_time < old:
             del arrived[: bisect_left(arrived, old, key=_submitted)]
 

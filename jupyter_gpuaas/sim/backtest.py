@@ -57,7 +57,7 @@ class Backtest:
         self.culls: dict[str, int] = {}  # culls of each session still held
         self.eta: dict[str, tuple[float, float, float | None] | None] = {}
         # What arrived so far, in order: the forecast of what arrives next is what arrived
-        # a week (before a week has passed, a day) earlier (admission/estimate.py `forecast`).
+        # a day earlier (admission/estimate.py `forecast`).
         self.arrived: list[Request] = []
         self.instants = 0
         self.asked = 0  # forward-run sets made

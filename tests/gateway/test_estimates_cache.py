@@ -126,13 +126,3 @@ def test_a_culled_request_back_in_the_queue_is_kept_as_an_arrival() -> None:
         ("a", 0.0, 2, 100), ("a", 5000.0, 2, 100),
     ]  # fmt: skip
     assert first.submit_time == 0.0  # the live request is not changed
-
-
-def test_a_week_of_submissions_is_kept_for_the_forecast() -> None:
-    # The forecast goes by this weekday a week ago (admission/estimate.py `forecast`), so
-    # the submissions of the last week are kept, and older ones let go.
-    day = 86400.0
-    cache = Estimates()
-    for i in range(10):
-        cache.submitted(Request(f"r{i}", "vision", "ann", "kernel", 1, i * day))
-    assert [r.id for r in cache.arrived] == [f"r{i}" for i in range(2, 10)]
