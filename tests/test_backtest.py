@@ -174,6 +174,24 @@ def test_a_hold_lasts_until_the_quota_goes_back() -> None:
     assert bt.history.comes_back("kernel") == pytest.approx(1 / 3)
 
 
+def test_a_preempted_run_is_no_sample_of_a_hold() -> None:
+    # Five jobs run 100 s, are preempted and queued again (a preempted job runs again from
+    # the start), then run their whole 3,600 s: each is one hold of 3,600 s. The cut runs
+    # are not how long a job holds its quota (the core cut them; a forward run makes its
+    # own preemptions): counted, a quarter of the history would have said 100 s.
+    ids = [f"j{i}" for i in range(5)]
+    who = [SimpleNamespace(id=rid, kind="job", user="ann") for rid in ids]
+    bt = Backtest(SimpleNamespace(requests=who))  # type: ignore[arg-type]
+    for rid in ids:
+        bt.observe([Decision(0.0, "admit", rid, {})])
+        bt.observe([Decision(100.0, "preempt", rid, {}), Decision(100.0, "requeue", rid, {})])
+        bt.observe([Decision(500.0, "admit", rid, {})])
+        bt.observe([Decision(4100.0, "finish", rid, {})])
+    assert len(bt.history) == 5
+    assert bt.history.remaining("job", "ann", 0.0, 0.25) == (3600.0, True)
+    assert not bt.held_since
+
+
 def test_a_culled_request_queued_again_is_forecast_as_an_arrival() -> None:
     # "k" was culled, its reservation expired, and its user came back at 5000 s: queued
     # again, an arrival to the queue; "j" was preempted and queued again by the core

@@ -94,7 +94,9 @@ class History:
     `keep` of each, sorted (a quantile of those longer than an age is a bisection).
 
     A hold is how long a request kept its quota: from its admission to its finish,
-    cancel, preemption or the end of its parked reservation. A cull that parks it does
+    cancel or the end of its parked reservation. A preempted run is none (the core cut it
+    short, and a forward run makes its own preemptions; a preempted job runs again from
+    the start, and its complete run is the sample). A cull that parks it does
     not end it: most culled notebooks come back within their reservation (in the month
     trace a server is culled twice a session on average, and back within a median 8 min),
     and their quota stays theirs meanwhile; counted from cull to cull, the holds were a

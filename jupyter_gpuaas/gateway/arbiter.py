@@ -939,7 +939,10 @@ class Arbiter:
             if flavor:
                 out.append(functools.partial(self._held, flavor, max(0.0, d.t - req.admit_time)))
         # A hold lasts until the quota goes back: a cull that parks keeps it (History).
-        ends_hold = d.event in ("finish", "cancel", "preempt", "expire") or (
+        # A preempted run is no sample of a hold: the core cut it short (a preempted job
+        # runs again from the start, and its complete run counts), and a forward run makes
+        # its own preemptions (sim/backtest.py `Backtest.observe`).
+        ends_hold = d.event in ("finish", "cancel", "expire") or (
             d.event == "cull" and not d.fields.get("parked")
         )
         if ends_hold and req.admit_time:

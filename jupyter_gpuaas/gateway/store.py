@@ -575,9 +575,10 @@ class Store:
         included (their devices went back when culled, or their parked reservation
         expired: their user did not come back, "gave up"): the history a forward-run
         estimate goes by, rebuilt at a start by the live rule (`hold_start`: a session
-        that was culled, parked and resumed is held from its first admission)."""
-        ended = [s.value for s in (State.FINISHED, State.CANCELLED, State.PREEMPTED)]
-        ended.append(State.CULLED.value)
+        that was culled, parked and resumed is held from its first admission). A preempted
+        grant is not one: the core cut its hold short (the live rule too; a preempted job
+        runs again, and its row holds its last, complete run)."""
+        ended = [s.value for s in (State.FINISHED, State.CANCELLED, State.CULLED)]
         cols = (RequestRow.admit_time, RequestRow.culls, RequestRow.first_admit)
         stmt = (
             select(RequestRow.kind, RequestRow.user, *cols, RequestRow.updated, RequestRow.state)

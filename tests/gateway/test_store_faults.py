@@ -574,3 +574,25 @@ def test_the_history_rebuilt_at_a_restart_holds_a_resumed_session_from_its_first
     assert {user: (culls, gave_up) for _, user, _, culls, gave_up, _ in ended} == {
         "alice": (2, False), "bob": (0, False), "cy": (1, True),
     }  # fmt: skip
+
+
+def test_the_history_rebuilt_at_a_restart_leaves_out_preempted_grants(tmp_path: Path) -> None:
+    """A grant the core preempted is no sample of how long grants are held (the live rule,
+    arbiter `_account`): its hold was cut short, and a forward run makes its own
+    preemptions. A finished one is."""
+    from jupyter_gpuaas.admission.model import Request, State
+    from jupyter_gpuaas.gateway.rows import Batch
+    from jupyter_gpuaas.gateway.store import Store
+
+    store = Store.open(f"sqlite:///{tmp_path / 'gpuaas.db'}")
+    try:
+        cut = Request("r-cut", "vision", "alice", "kernel", 1, 0.0)
+        cut.state, cut.first_admit, cut.admit_time = State.PREEMPTED, 100.0, 100.0
+        done = Request("r-done", "vision", "bob", "kernel", 1, 0.0)
+        done.state, done.first_admit, done.admit_time = State.FINISHED, 500.0, 500.0
+        extra = {"name": None, "created": 0.0}
+        store.write(Batch([(cut, dict(extra)), (done, dict(extra))], []), 1600.0)
+        ended = store.ended_holds()
+    finally:
+        store.close()
+    assert [(user, held) for _, user, held, _, _, _ in ended] == [("bob", 1100.0)]

@@ -159,3 +159,30 @@ async def test_a_forward_run_estimate_from_the_stores_history(
     )
     (listed,) = [r for r in await bob.list() if r["id"] == queued["id"]]
     assert listed["estimated_wait"]["seconds"] == pytest.approx(wait["seconds"], abs=2)
+
+
+async def test_a_preempted_run_is_no_sample_of_the_estimates_history(
+    make_gateway: Any, sqlite_url: str
+) -> None:
+    """A job preempted by a kernel of higher priority runs again from the start: its cut
+    run is not how long a job holds its quota (the core cut it, and a forward run makes
+    its own preemptions), so the wait estimates' history gets its complete run alone."""
+    quotas = {
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 4}},
+        "tenants": {
+            "vision": {"quota": {"a100": 4}, "preemption": {"within_tenant": "LowerPriority"}}
+        },
+    }
+    gw: Gateway = await make_gateway(sqlite_url, quotas=quotas)
+    alice = gw.client("alice")
+    job = await alice.submit("vision", "job", 4, priority=0)
+    assert job["state"] == "admitted"
+    kernel = await alice.submit("vision", "kernel", 4, priority=100)
+    assert kernel["state"] == "admitted"
+    assert (await alice.get(job["id"]))["state"] == "queued"  # preempted, queued again
+    await alice.cancel(kernel["id"])
+    assert (await alice.get(job["id"]))["state"] == "admitted"  # its run again
+    assert (await alice.cancel(job["id"]))["state"] == "finished"
+    history = gw.arbiter.history
+    # The kernel's hold and the job's complete run; not the job's cut run.
+    assert len(history) == 2
