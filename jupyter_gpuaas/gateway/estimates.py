@@ -23,7 +23,8 @@ is kept until it starts, and the calibration
 
 In Kueue mode the gateway's own core holds no requests: the runs start from a core made
 from Kueue's state (admission/from_kueue.py), built only when a set is made (a kept set
-needs none), as the first steps of that set, on the same clock and budget.
+needs none), as the first steps of that set, on the same clock and budget; the set is
+dropped too when Kueue's order changes (the visibility API's positions).
 
 The API object (`estimated_wait`): `seconds` (the middle run), `low`/`high` (the range of
 the quarter and three-quarter runs), `basis` (how, or why there is none, in words) and

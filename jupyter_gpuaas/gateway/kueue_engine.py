@@ -33,7 +33,8 @@ A queued request's wait estimate is the forward run of our core (gateway/estimat
 as with our core deciding, started from a core made from Kueue's state
 (admission/from_kueue.py, `forward_core`): the quotas, the admitted Workloads as holders,
 the pending ones in Kueue's order. It is made only when a set of estimates is, kept
-until the next committed change like every set.
+until the next committed change like every set, or until the visibility API's
+positions change (Kueue's order is the copy's).
 
 Our holders (the Hub's QueuedKubeSpawner, the `gpuaas-kubernetes` kernel provisioner) go
 through Kueue too, and keep their `Claim` (claim.py): a submission through the API is a
@@ -474,9 +475,12 @@ class KueueEngine:
         if said != self.visibility:
             log.info("Kueue's visibility API %s", said)
         self.visibility = said
+        moved = positions != self.positions
         self.positions = positions
         if self.arbiter is not None:
             self.arbiter._json_cache = {}
+            if moved:  # Kueue's order changed: the estimates' copy followed the old one
+                self.arbiter.estimates.forget()
 
     async def _cluster_queue(self, namespace: str, local_queue: str) -> str:
         key = (namespace, local_queue)
