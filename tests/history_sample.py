@@ -107,3 +107,26 @@ def write_sample_store(
     finally:
         store.close()
     return len(rows)
+
+
+def write_past_jobs(db_url: str, held: float, n: int = 6, now: float | None = None) -> None:
+    """`n` jobs of one GPU, each held `held` seconds, ended in the hour before `now` (the
+    history a wait estimate goes by: admission/estimate.py `History` keeps a day of it),
+    into a new store, as a gateway writes their rows (tenant vision, flavor a100)."""
+    end = float(int(now if now is not None else time.time()))
+    store = Store.open(db_url)
+    try:
+        with Session(store.engine) as s, s.begin():
+            for i in range(n):
+                rid, ended = f"r-past-{i:04d}", end - 3600.0 + 600.0 * i / n
+                admit = ended - held
+                s.add(RequestRow(id=rid, tenant="vision", user="alice", kind="job", gpus=1,
+                                 flavor="a100", state="finished", submit_time=admit,
+                                 queue_time=admit, assigned_flavor="a100", first_admit=admit,
+                                 admit_time=admit, created=admit, updated=ended))  # fmt: skip
+                fields = {"tenant": "vision", "flavor": "a100", "gpus": 1}
+                s.add(DecisionRow(t=admit, event="admit", request_id=rid,
+                                  fields=json.dumps(fields)))  # fmt: skip
+                s.add(DecisionRow(t=ended, event="finish", request_id=rid, fields="{}"))
+    finally:
+        store.close()

@@ -768,6 +768,7 @@ class Arbiter:
             hold_times=self.hold_times,
             history=self.history,
             estimates=self.estimates,
+            forward=self.core if self.kueue is None else self.kueue.forward_core,
         )
 
     def view(self, rid: str) -> dict[str, Any] | None:

@@ -21,6 +21,11 @@ submission (and read back from the store at a restart). Each request's first est
 is kept until it starts, and the calibration
 (admission/estimate.py `Calibration`) learns from how it turned out.
 
+In Kueue mode the gateway's own core holds no requests: the runs start from a core made
+from Kueue's state (admission/from_kueue.py), built only when a set is made (a kept set
+needs none), as the first steps of that set, on the same clock and budget; the set is
+dropped too when Kueue's order changes (the visibility API's positions).
+
 The API object (`estimated_wait`): `seconds` (the middle run), `low`/`high` (the range of
 the quarter and three-quarter runs), `basis` (how, or why there is none, in words) and
 `confidence` ("high": only known times such as culls; "low": few past grants to go by).
@@ -32,8 +37,8 @@ import asyncio
 import logging
 import time
 from bisect import bisect_left
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, TypeAlias
 
 from jupyter_gpuaas.admission.core import AdmissionCore
 from jupyter_gpuaas.admission.estimate import (
@@ -50,6 +55,11 @@ from jupyter_gpuaas.admission.model import Request
 from jupyter_gpuaas.words import eta_phrase, format_duration, join_names, plural
 
 log = logging.getLogger("jupyter_gpuaas.gateway")
+
+#: What a set of runs starts from: the core (the gateway's, deciding), or the steps that
+#: make one as of a time, when a set is made (Kueue mode: kueue_engine.py
+#: `KueueEngine.forward_core`).
+Start: TypeAlias = AdmissionCore | Callable[[float], Generator[None, None, AdmissionCore]]
 
 
 class _WorkClock:
@@ -118,6 +128,8 @@ class Estimates:
         self._making: tuple[Generator[None, None, dict[str, Estimate]], _WorkClock, float] | None
         self._making = None
         self._forgotten = False
+        # The core the kept set was made from, when it was made for it (Kueue mode).
+        self._made_from: AdmissionCore | None = None
 
     def submitted(self, req: Request) -> None:
         """`req` was submitted (committed): kept for the arrival forecast."""
@@ -160,21 +172,13 @@ class Estimates:
         # Cheap: made again as the queue now stands; costly: kept a while (`kept_for`).
         return time.perf_counter() - self._made_at < kept_for(self._cost)
 
-    def of(self, rid: str, core: AdmissionCore, history: History, now: float) -> Estimate | None:
-        """The estimate of a queued `rid` as of `now` (None: not queued in the core)."""
+    def of(self, rid: str, core: Start, history: History, now: float) -> Estimate | None:
+        """The estimate of a queued `rid` as of `now` (None: not queued in the core).
+        `core`: the core, or the steps that make one (`Start`), taken only when a set is
+        made."""
         if self._making is None and not self._fresh_enough(rid, now):
             clock = _WorkClock()
-            steps = estimate_steps(
-                core,
-                now,
-                history,
-                horizon=HORIZON,
-                max_events=MAX_EVENTS,
-                calibration=self.calibration,
-                arrivals=forecast(self.arrived, now),
-                clock=clock,
-                budget=BUDGET,
-            )
+            steps = self._steps(core, history, now, clock)
             self._making = (steps, clock, now)
             self._forgotten = False
             if not self._slice():  # not done in one slice: the rest between other work
@@ -184,7 +188,8 @@ class Estimates:
         made = self._made
         est = self._set.get(rid)
         if est is not None and est.raw is not None and rid not in self._told:
-            req = core.get(rid)
+            source = core if isinstance(core, AdmissionCore) else self._made_from
+            req = source.get(rid) if source is not None else None
             self._told[rid] = (req.kind if req else "", est.raw, made)
         if est is None or est.seconds is None:
             return est
@@ -197,6 +202,30 @@ class Estimates:
             est.ends,
             est.why,
         )
+
+    def _steps(
+        self, start: Start, history: History, now: float, clock: _WorkClock
+    ) -> Generator[None, None, dict[str, Estimate]]:
+        """A set's steps: the core made first where it is made for the set (Kueue mode),
+        then the runs (admission/estimate.py `estimate_steps`)."""
+        core = start if isinstance(start, AdmissionCore) else (yield from start(now))
+        tenants = core.config.tenants
+        # The forecast arrivals the runs can place (Kueue mode: a LocalQueue the config
+        # does not name is no tenant of the copy).
+        arrivals = [r for r in forecast(self.arrived, now) if r.tenant in tenants]
+        estimates = yield from estimate_steps(
+            core,
+            now,
+            history,
+            horizon=HORIZON,
+            max_events=MAX_EVENTS,
+            calibration=self.calibration,
+            arrivals=arrivals,
+            clock=clock,
+            budget=BUDGET,
+        )
+        self._made_from = None if core is start else core
+        return estimates
 
     def _slice(self) -> bool:
         """Advance the set being made by one slice; True when it is done (and kept)."""
@@ -315,6 +344,7 @@ __all__ = [
     "HORIZON",
     "MAX_AGE",
     "Estimates",
+    "Start",
     "basis",
     "confidence",
     "eta_of",

@@ -29,6 +29,13 @@ StrictFIFO does (priority, then creation time). `waiting_for` is Kueue's reason 
 reserving quota (the Workload's QuotaReserved=False condition), in our three kinds and in
 words (workloads.waiting_words).
 
+A queued request's wait estimate is the forward run of our core (gateway/estimates.py),
+as with our core deciding, started from a core made from Kueue's state
+(admission/from_kueue.py, `forward_core`): the quotas, the admitted Workloads as holders,
+the pending ones in Kueue's order. It is made only when a set of estimates is, kept
+until the next committed change like every set, or until the visibility API's
+positions change (Kueue's order is the copy's).
+
 Our holders (the Hub's QueuedKubeSpawner, the `gpuaas-kubernetes` kernel provisioner) go
 through Kueue too, and keep their `Claim` (claim.py): a submission through the API is a
 holder's *intent*, recorded as a queued request ("waiting for its pod to reach Kueue's
@@ -53,9 +60,11 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from jupyter_gpuaas.admission.core import AdmissionCore
+from jupyter_gpuaas.admission.from_kueue import kueue_core_steps
 from jupyter_gpuaas.admission.model import TERMINAL, Decision, Request, State
 from jupyter_gpuaas.admission.views import Position
 
@@ -290,6 +299,32 @@ class KueueEngine:
             kind, sentence = waiting_words(view.queue, view.reason, view.message)
         return kind, {"sentence": sentence, "gpus": view.gpus, "tenant": view.queue}
 
+    def forward_core(self, now: float) -> Generator[None, None, AdmissionCore]:
+        """The steps that make a core in Kueue's state as of `now`, where the forward-run
+        wait estimates start (admission/from_kueue.py): the quotas, the requests of the
+        admitted Workloads (those of our holders' kernels and servers culled when idle),
+        the pending ones' in Kueue's order, and their positions from the visibility API.
+        Asked only when a set of estimates is made (gateway/estimates.py), never per view
+        or per submit; its inputs are read at its first step."""
+        arb = self.arbiter
+        assert arb is not None
+        pending = [
+            req
+            for rid, view in self.views.items()
+            if view.state == "queued"
+            and (req := arb.requests.get(rid)) is not None
+            and req.state is State.QUEUED
+        ]
+        positions = {rid: pos.overall_position for rid, pos in self.positions.items()}
+        return kueue_core_steps(
+            arb.config,
+            self.admitted(),
+            pending,
+            now,
+            positions=positions,
+            cullable=self._holders,
+        )
+
     def _rid_of(self, view: WorkloadView) -> str | None:
         """The request a Workload drives: the holder's that its pod names (None once that
         one has ended: its pod is on its way out), else a request of its own."""
@@ -440,9 +475,12 @@ class KueueEngine:
         if said != self.visibility:
             log.info("Kueue's visibility API %s", said)
         self.visibility = said
+        moved = positions != self.positions
         self.positions = positions
         if self.arbiter is not None:
             self.arbiter._json_cache = {}
+            if moved:  # Kueue's order changed: the estimates' copy followed the old one
+                self.arbiter.estimates.forget()
 
     async def _cluster_queue(self, namespace: str, local_queue: str) -> str:
         key = (namespace, local_queue)

@@ -22,7 +22,7 @@ from jupyter_gpuaas.admission.model import Config, Request, State
 from ..devices import DeviceSample, Inventory
 from . import estimates, waits
 from .engine import Engine
-from .estimates import Estimates
+from .estimates import Estimates, Start
 from .grace import grace_of, preempt_reason, preemption_fields, reclaim_wait
 from .metrics import DeviceRow, PendingCount, ReportedGrant, TenantUsage
 from .store import RequestRow
@@ -47,6 +47,9 @@ class CoreState:
     hold_times: Mapping[str, list[float]]
     history: History
     estimates: Estimates
+    # What the forward runs start from: the core, or in Kueue mode the steps that make a
+    # core from Kueue's state (kueue_engine.py `KueueEngine.forward_core`).
+    forward: Start
 
 
 class MetricSnapshot(NamedTuple):
@@ -167,11 +170,11 @@ def _wait(state: CoreState, req: Request, position: int) -> tuple[dict[str, Any]
     config = state.config
     flavors = waits.usable_flavors(config, req.tenant, _flavors_for(config, req))
     now = time.time()
-    # The forward run is the core's (Kueue mode's core holds no requests: it would run an
-    # empty queue for every view and find nothing).
+    # The forward run of the core, or in Kueue mode of a core made from Kueue's state
+    # (which has no tenant the config does not name: a LocalQueue of its own).
     forward = (
-        state.estimates.of(req.id, state.core, state.history, now)
-        if state.engine is state.core
+        state.estimates.of(req.id, state.forward, state.history, now)
+        if req.tenant in config.tenants
         else None
     )
     wait = estimates.wait_json(forward, flavors[0] if len(flavors) == 1 else "GPUs")

@@ -1172,3 +1172,75 @@ async def test_a_gpu_server_kueue_preempts_is_warned_held_then_ends_preempted(
         kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
         kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
         quota.close()
+
+
+async def test_a_queued_workloads_wait_is_the_forward_run_from_kueues_state(
+    kube: KubeOnCluster, tmp_path: Path
+) -> None:
+    """Issue 43 item 1 in Kueue mode: a queued request's `estimated_wait` is the forward
+    run of our core started from Kueue's state (admission/from_kueue.py), not waits.py's
+    guess. The store holds past grants (tests/history_sample.py: six jobs held 4 h each,
+    ended in the last hour), so a Job is expected to hold its GPU about 4 h: with the
+    tenant's one GPU taken and two Jobs made with kubectl waiting, the one behind waits
+    for two holds (more than 6 h), and once the holder ahead is deleted and Kueue admits
+    the next, for one (at most 4 h)."""
+    from history_sample import write_past_jobs
+
+    hour = 3600.0
+    quota = KueueQuota(kube, tmp_path)
+    db_url = f"sqlite:///{tmp_path / 'gpuaas.sqlite'}"
+    write_past_jobs(db_url, held=4 * hour)
+    gw = await quota.gateway(tmp_path, db_url)
+    names = ("ahead", "behind")
+    try:
+        quota.run(job("holder", quota.tenant, seconds=3600))
+        await wait_until(lambda: admitted(gw.url, "holder"), timeout=60, what="holder admitted")
+        quota.run(*(job(n, quota.tenant, seconds=3600) for n in names))
+
+        async def queued_second() -> dict[str, Any] | None:
+            """The request Kueue's visibility API places second in the queue."""
+            for n in names:
+                found = await field_is(
+                    gw.url, n, lambda r: (r["position"] or {}).get("overall") == 2
+                )
+                if found is not None:
+                    return found
+            return None
+
+        last = await wait_until(queued_second, timeout=60, what="a Job second in Kueue's queue")
+        rid = last["id"]
+        first = next(n for n in names if not last["name"].startswith(f"Job {n} ("))
+
+        async def estimate(test: Any, what: str) -> dict[str, Any]:
+            """`rid`'s forward-run estimate once `test` holds of it (what was read last,
+            on a timeout)."""
+            seen: list[Any] = []
+
+            def holds(r: dict[str, Any]) -> bool:
+                seen[:] = [r["state"], r["position"], r["estimated_wait"]]
+                wait = r["estimated_wait"] or {}
+                return r["state"] == "queued" and wait.get("seconds") is not None and test(wait)
+
+            try:
+                found = await wait_until(lambda: field_is_id(gw.url, rid, holds), timeout=60)
+            except AssertionError:
+                raise AssertionError(f"timed out waiting for {what}; last read: {seen}") from None
+            wait: dict[str, Any] = found["estimated_wait"]
+            assert wait["basis"].startswith("from running the queue forward: "), wait
+            return wait
+
+        # The holder's 4 h, then the next one's.
+        before = await estimate(lambda w: w["seconds"] > 6 * hour, "an estimate of two holds")
+        assert "1 grant held about as long as 6 past grants were" in before["basis"], before
+
+        # The holder deleted: Kueue admits the one ahead; the one behind waits one hold.
+        kube.cluster.kubectl("delete", "job", "holder", "-n", kube.namespace, "--wait=false")
+        await wait_until(lambda: admitted(gw.url, first), timeout=60, what=f"{first} admitted")
+        await estimate(lambda w: w["seconds"] <= 4 * hour, "an estimate of one hold")
+    finally:
+        await gw.stop_server()
+        for n in ("holder", *names):
+            kube.cluster.kubectl(
+                "delete", "job", n, "-n", kube.namespace, "--wait=false", check=False
+            )
+        quota.close()
