@@ -1174,6 +1174,57 @@ async def test_a_gpu_server_kueue_preempts_is_warned_held_then_ends_preempted(
         quota.close()
 
 
+async def test_a_holder_that_gives_back_a_preempted_grant_ends_it_preempted(
+    kube: KubeOnCluster, tmp_path: Path
+) -> None:
+    """A holder whose pod Kueue preempted gives its grant back while the pod goes (the
+    kernel provisioner sees its pod deleted and releases, often before the gateway's pods
+    loop sees it gone; a user may stop early in the grace): the request ends as preempted,
+    with the reason in words, not as finished. The server's pod is held on its way out
+    (KWOK's delete delay, KwokKubelet not started), so the release comes first for sure."""
+    quota, high, flavors = await preemptible_vision(kube, tmp_path)
+    tenant, flavor = quota.tenant, quota.flavor
+    gw = await quota.gateway(tmp_path)
+    spawner = kube_spawner(
+        kube.url,
+        gw.url,
+        namespace=kube.namespace,
+        flavors=flavors,
+        kueue_queue="{tenant}",
+        start_timeout=60,
+    )
+    spawner.user_options = {"tenant": tenant, "flavor": flavor, "gpus": 1}
+    name = "jupyter-alice"
+    try:
+        await spawner.run_pre_spawn_hook()
+        await asyncio.wait_for(spawner.start(), spawner.start_timeout + 5)
+        rid = spawner._rid
+        pod = ["pod", name, "-n", kube.namespace]
+        kube.cluster.kubectl("annotate", *pod, "pod-delete.stage.kwok.x-k8s.io/delay=1h")
+        urgent = job("urgent", tenant, seconds=3600)
+        urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
+        quota.run(urgent)
+        await wait_until(lambda: spawner._preempt_warning, timeout=90, what="the warning")
+        assert (await GatewayClient(gw.url, TOKENS["root"]).get(rid))["state"] == "admitted"
+        # The holder gives the grant back while its pod is still on its way out.
+        await GatewayClient(gw.url, TOKENS["alice"]).cancel(rid)
+        ended = await GatewayClient(gw.url, TOKENS["root"]).get(rid)
+        assert ended["state"] == "preempted", ended
+        assert ended["reason"] == f"preempted: a higher-priority request of {tenant} needed its GPU"
+        logged = [d.event for d in gw.arbiter.store.decisions(rid)]
+        assert logged == ["submit", "admit", "preempt_warning", "preempt"], logged
+    finally:
+        kube.cluster.kubectl(
+            "delete", "pod", name, "-n", kube.namespace, "--grace-period=0", "--force", check=False
+        )
+        with contextlib.suppress(Exception):
+            await spawner.stop()
+        await gw.stop_server()
+        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
+        kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
+        quota.close()
+
+
 async def test_a_queued_workloads_wait_is_the_forward_run_from_kueues_state(
     kube: KubeOnCluster, tmp_path: Path
 ) -> None:
