@@ -622,6 +622,9 @@ class QueuedSpawnerMixin(SpawnFormMixin, RequestTokenMixin, Configurable):
         except HTTPClientError as e:
             if e.code != 400:  # 400: already stopping
                 self.log.error("could not stop %s through the Hub: %s", self._log_name, e)
+        except OSError as e:  # the Hub's API is down or unreachable: said, not raised into
+            # a task nobody awaits (its grant is ended already; the Hub's poll sees the rest)
+            self.log.error("could not reach the Hub to stop %s: %s", self._log_name, e)
 
     async def poll(self) -> int | None:
         status: int | None = await super().poll()  # type: ignore[misc]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import re
 from typing import Any
 
@@ -273,3 +274,37 @@ async def test_profiles_compose_with_the_queue(
     assert pod["spec"]["nodeName"] == "a100-0"
     await spawner.stop()
     await wait_until(lambda: not kube.pods())
+
+
+async def test_a_hub_that_cannot_be_reached_to_stop_a_server_is_said_not_raised() -> None:
+    """The gateway ended a server's grant and the spawner stops the server through the
+    Hub's API, but the Hub is down (nothing listens on its port): the spawner says so in
+    its log; nothing is raised into the task nobody awaits (it was "Task exception was
+    never retrieved"). The mixin's own code, shared by every spawner of ours: shown on the
+    local one, which needs no cluster."""
+    from helpers import free_port
+    from jupyterhub.objects import Hub
+    from kubefix import HubUser
+
+    from jupyter_gpuaas.hub.local import QueuedSimpleLocalProcessSpawner
+
+    said: list[logging.LogRecord] = []
+    log = logging.getLogger("gpuaas-test-spawner")  # the Hub's log, here a list
+    handler = logging.Handler()
+    handler.emit = said.append  # type: ignore[method-assign]
+    log.addHandler(handler)
+    try:
+        user = HubUser("alice", ["vision"])
+        spawner = QueuedSimpleLocalProcessSpawner(
+            user=user,
+            orm_spawner=user.orm_spawner(),
+            hub=Hub(ip="127.0.0.1", port=free_port(), base_url="/hub/"),
+            gateway_url="http://127.0.0.1:1",
+            api_token="hub-token-for-the-server",
+            log=log,
+        )
+        await spawner._stop_through_hub()
+    finally:
+        log.removeHandler(handler)
+    messages = [r.getMessage() for r in said]
+    assert any(m.startswith("could not reach the Hub to stop") for m in messages), messages
