@@ -196,6 +196,10 @@ class History:
                 old = recent.popleft()[1]
                 del ordered[bisect_right(ordered, old) - 1]
 
+    def returns(self, kind: str) -> list[float]:
+        """How long after a cull the recent users of `kind` came back, sorted (seconds)."""
+        return list(self._return_delays.get(kind, ()))
+
     def comes_back(self, kind: str, parked_for: float = 0.0) -> float | None:
         """The share of culls of `kind` after which the user came back within the
         reservation (of every kind's when the kind has fewer than `MIN_SAMPLES` culls);
