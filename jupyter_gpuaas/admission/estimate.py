@@ -14,7 +14,9 @@ What ends a grant in the run:
   its reservation's expiry, unless its user is expected back within the reservation (as
   the users of past culls of its kind were, `History.comes_back`: most are, within
   minutes); then it is held for its session, as below. A parked reservation likewise
-  expires at its known time or, expected back, resumes and is held for its session;
+  expires at its known time or, expected back (as often as past users still away after
+  as long came back: fewer, the longer it has waited), resumes and is held for its
+  session;
 - a job with a declared duration: that duration after its admission;
 - anything else: how long past grants were held (`History`), of the same user and kind
   when there are enough of them, else of the kind, else of any kind, given that it has
