@@ -213,3 +213,27 @@ def test_a_culled_request_queued_again_is_forecast_as_an_arrival() -> None:
     assert [(r.user, r.kind, r.gpus, r.priority, r.submit_time) for r in coming] == [
         ("ann", "kernel", 2, 100, 86400.0 + 5000.0)
     ]
+
+
+def test_the_backtest_keeps_how_long_after_a_cull_users_came_back() -> None:
+    # Five kernels culled (parked) at 1800 s; their users came back 100-500 s later. A
+    # sixth was culled and its reservation expired: no return. Of reservations parked
+    # 300 s, those whose users are still to come back are the two later returns of the
+    # five that came back, against the one that expired.
+    ids = [f"k{i}" for i in range(6)]
+    who = [SimpleNamespace(id=rid, kind="kernel", user="ann") for rid in ids]
+    bt = Backtest(SimpleNamespace(requests=who))  # type: ignore[arg-type]
+    for i, rid in enumerate(ids):
+        bt.observe([Decision(0.0, "admit", rid, {})])
+        bt.observe([Decision(1800.0, "cull", rid, {"parked": True})])
+        if i < 5:
+            bt.observe([Decision(1900.0 + 100.0 * i, "resume", rid, {})])
+        else:
+            bt.observe([Decision(3000.0, "expire", rid, {})])
+        bt.observe([Decision(6000.0, "finish", rid, {})])
+    assert not bt.parked_at
+    assert bt.history.comes_back("kernel") == pytest.approx(5 / 6)
+    later = (5 / 6) * (2 / 5)
+    assert bt.history.comes_back("kernel", parked_for=300.0) == pytest.approx(
+        later / (later + 1 / 6)
+    )

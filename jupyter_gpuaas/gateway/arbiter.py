@@ -159,6 +159,9 @@ class Arbiter:
         # Past hold times by kind and user, and the forward-run estimates of the queue as
         # it stands (estimates.py), dropped at each committed decision.
         self.history = History()
+        # When each parked reservation was culled: how long after it its user came back
+        # goes into the history (`History.came_back`).
+        self._culled_at: dict[str, float] = {}
         self.estimates = Estimates()
         self._last_desired: dict[str, int] = {}
         self._last_ready: dict[str, int] = {}
@@ -557,6 +560,7 @@ class Arbiter:
         self.meta = {}
         self.hold_times = {}
         self.history = History()
+        self._culled_at = {}
         self.estimates.forget()
         self._json_cache = {}
         self._last_desired = {}
@@ -935,6 +939,17 @@ class Arbiter:
             out.append(functools.partial(self.metrics.inc_preempted, req.tenant, req.kind))
         elif d.event == "finish" and d.fields.get("reason") == LEASE_EXPIRED:
             out.append(functools.partial(self.metrics.inc_lease_expired, req.tenant, req.kind))
+        # A parked reservation's user back (a busy heartbeat resumes it, or a new request
+        # of theirs claims it, admission/releases.py): how long after the cull, for the
+        # estimates' `History.comes_back`.
+        if d.event == "cull" and d.fields.get("parked"):
+            out.append(functools.partial(self._culled_at.__setitem__, req.id, d.t))
+        elif d.event == "resume" or str(d.fields.get("reason", "")).startswith(
+            "reservation claimed by "
+        ):
+            out.append(functools.partial(self._came_back, req.kind, req.id, d.t))
+        elif d.event in ("finish", "cancel", "expire", "preempt"):
+            out.append(functools.partial(self._not_back, req.id))
         if d.event in ("finish", "cancel", "preempt") and req.admit_time:
             flavor = req.assigned_flavor
             if flavor:
@@ -955,6 +970,14 @@ class Arbiter:
             )
             out.append(add)
         return out
+
+    def _not_back(self, rid: str) -> None:
+        self._culled_at.pop(rid, None)
+
+    def _came_back(self, kind: str, rid: str, t: float) -> None:
+        culled = self._culled_at.pop(rid, None)
+        if culled is not None:
+            self.history.came_back(kind, t - culled, t)
 
     def _held(self, flavor: str, seconds: float) -> None:
         times = self.hold_times.setdefault(flavor, [])

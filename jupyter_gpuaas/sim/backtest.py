@@ -55,6 +55,7 @@ class Backtest:
         self.pending: dict[str, tuple[str, float, float]] = {}
         self.held_since: dict[str, float] = {}
         self.culls: dict[str, int] = {}  # culls of each session still held
+        self.parked_at: dict[str, float] = {}  # when each parked reservation was culled
         self.eta: dict[str, tuple[float, float, float | None] | None] = {}
         # What arrived so far, in order: the forecast of what arrives next is what arrived
         # a day earlier (admission/estimate.py `forecast`).
@@ -72,6 +73,9 @@ class Backtest:
             if event == "admit" or event == "resume":
                 # A resume from a parked reservation goes on with the same hold.
                 self.held_since.setdefault(rid, d.t)
+                culled = self.parked_at.pop(rid, None)
+                if culled is not None:  # its user came back this long after the cull
+                    self.history.came_back(self.who.get(rid, ("", ""))[0], d.t - culled, d.t)
                 told = self.pending.pop(rid, None)
                 if told is not None:  # how the estimate turned out: the calibration learns
                     self.calibration.add(told[0], told[1], d.t - told[2])
@@ -87,6 +91,10 @@ class Backtest:
             parked = event == "cull" and bool(d.fields.get("parked"))
             if event == "cull":
                 self.culls[rid] = self.culls.get(rid, 0) + 1
+                if parked:
+                    self.parked_at[rid] = d.t
+            elif event in _ENDS:
+                self.parked_at.pop(rid, None)
             if event in _ENDS or (event == "cull" and not parked):
                 since = self.held_since.pop(rid, None)
                 culls = self.culls.pop(rid, 0)

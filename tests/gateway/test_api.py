@@ -197,6 +197,10 @@ async def test_idle_cull_park_and_resume(make_gateway: Any) -> None:
     assert old["state"] == "finished" and "claimed" in old["reason"]
     admit = [d for d in gw.arbiter.store.decisions(again["id"]) if d.event == "admit"]
     assert '"resumed_from"' in admit[0].fields
+    # How long after the cull alice came back: the wait estimates' history keeps it.
+    (delay,) = gw.arbiter.history.returns("kernel")
+    cull = next(d for d in gw.arbiter.store.decisions(k["id"]) if d.event == "cull")
+    assert 0.0 <= delay <= admit[0].t - cull.t
 
 
 async def test_simulated_scale_up_tells_waiters(make_gateway: Any) -> None:
