@@ -258,10 +258,16 @@ class Hub:
         return None
 
     def log(self, tail: int = 6000) -> str:
+        """The last `tail` characters of the Hub's log, less the lines of the tests' own
+        polling (a wait of 30 s polls /hub/api/users 150 times: two lines each, which
+        would fill the tail and hide what the Hub did meanwhile)."""
         try:
-            return self.log_path.read_text(errors="replace")[-tail:]
+            text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+        polled = ("Checking access to /hub/api/users/", "200 GET /hub/api/users/")
+        kept = [line for line in text.splitlines() if not any(p in line for p in polled)]
+        return "\n".join(kept)[-tail:]
 
     def log_in(self, page: Any, user: str, next_path: str = "") -> None:
         """`log_in` to this hub with the shared password."""
@@ -352,9 +358,13 @@ class Hub:
         return next(t for t in data["tenants"] if t["name"] == name)
 
     def cleanup(self) -> None:
-        """Stop every server (and pending spawn) so the next test starts from empty."""
+        """Stop every server (and pending spawn) so the next test starts from empty.
+        A stop may take the spawner's SIGINT, SIGTERM and SIGKILL waits (JupyterHub's
+        defaults: 30 + 30 + 5 s) and the gateway release's 30 s bound (client.py), so
+        each user gets 100 s: a server JupyterLab was open in outlived the 30 s of
+        `wait_stopped` once under a fresh-clone run's load."""
         for user in USERS:
             if self.server(user) is not None:
                 self.stop_server(user)
         for user in USERS:
-            self.wait_stopped(user)
+            self.wait_stopped(user, timeout=100)

@@ -51,8 +51,9 @@ ends its job: a pod of Kueue's pod integration is deleted, any other job's Workl
 deactivated (`spec.active: false`; kubeapi/workloads.py `WorkloadWatch.stop`). A Workload
 naming a request of ours that has ended is not shown again, and its job is ended too
 (a holder whose request was cancelled before its pod reached Kueue leaves no gated pod).
-A release of a request whose pod Kueue preempted, while the pod goes, ends it as
-preempted: the holder gives it back because of the eviction.
+A release of a request whose pod Kueue preempted (warned, the pod going, whether or
+not Kueue has taken the quota back yet) ends it as preempted: the holder gives it back
+because of the eviction.
 """
 
 from __future__ import annotations
@@ -162,11 +163,13 @@ class KueueEngine:
         req = self.arbiter.requests.get(rid)
         if req is None or _over(req):
             raise Conflict(f"request {rid} has ended")
-        if rid in self._going:
-            # Kueue preempted its pod, which is on its way out: the holder gives the grant
-            # back because of that eviction (it saw its pod go before `_reap` did, or its
-            # user stopped early in the grace). It ends as what it is, preempted, and
-            # Kueue is already deleting the pod.
+        if rid in self._going or req.preempt_at is not None:
+            # Kueue preempted its pod (the warning stands), which is on its way out: the
+            # holder gives the grant back because of that eviction (it saw its pod go
+            # before `_reap` did, or its user stopped early in the grace). It ends as what
+            # it is, preempted, and Kueue is already deleting the pod. Whether Kueue has
+            # taken the quota back yet (the Workload requeued: `_going`) or still holds it
+            # while the pod terminates is a race the holder must not decide.
             decisions, _, _ = self._preempted(req, now, [])
             return decisions
         view = self.views.get(rid)
