@@ -106,6 +106,7 @@ def test_cull_warning_then_cull_then_new_request_takes_over_reservation() -> Non
     out = core.submit(req("k2", t=200.0), 200.0)
     assert events(out) == [("submit", "k2"), ("finish", "k1")]
     assert out[1].fields["reason"] == "reservation claimed by k2"
+    assert out[1].fields["claimed_by"] == "k2"  # the gateway counts a return by it
     out = core.schedule(200.0)
     assert events(out) == [("admit", "k2")]
     assert out[0].fields["resumed_from"] == "k1"

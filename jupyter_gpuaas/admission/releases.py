@@ -191,7 +191,9 @@ class Releases:
         old.state = State.FINISHED
         old.reason = f"reservation claimed by {req.id}"
         del self._requests[old.id]
-        out.append(Decision(now, "finish", old.id, {"reason": old.reason}))
+        # `claimed_by` says it in data: what counts a user's return (the gateway's
+        # estimates) reads it, not the reason's words.
+        out.append(Decision(now, "finish", old.id, {"reason": old.reason, "claimed_by": req.id}))
         q.resuming[req.id] = req
         self._queues.touch(req.tenant)
 

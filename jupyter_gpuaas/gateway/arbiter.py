@@ -944,9 +944,7 @@ class Arbiter:
         # estimates' `History.comes_back`.
         if d.event == "cull" and d.fields.get("parked"):
             out.append(functools.partial(self._culled_at.__setitem__, req.id, d.t))
-        elif d.event == "resume" or str(d.fields.get("reason", "")).startswith(
-            "reservation claimed by "
-        ):
+        elif d.event == "resume" or "claimed_by" in d.fields:
             out.append(functools.partial(self._came_back, req.kind, req.id, d.t))
         elif d.event in ("finish", "cancel", "expire", "preempt"):
             out.append(functools.partial(self._not_back, req.id))
