@@ -237,3 +237,26 @@ def test_the_backtest_keeps_how_long_after_a_cull_users_came_back() -> None:
     assert bt.history.comes_back("kernel", parked_for=300.0) == pytest.approx(
         later / (later + 1 / 6)
     )
+
+
+def test_a_new_request_that_claims_a_reservation_goes_on_with_its_hold() -> None:
+    # Five kernels admitted at 0 s, culled and parked at 600 s; at 900 s a new kernel of
+    # each user takes the reservation over (the core's `claimed_by`, then an admit with
+    # `resumed_from`) and is released at 3,000 s. Each user held the quota for one hold of
+    # 3,000 s with one cull, and came back 300 s after it: what the gateway keeps too
+    # (arbiter `_account`, `Request.held_since`), not a hold of 900 s and one of 2,100 s.
+    ids = [f"k{i}" for i in range(5)]
+    who = [SimpleNamespace(id=rid, kind="kernel", user=f"u{i}") for i, rid in enumerate(ids)]
+    who += [SimpleNamespace(id=f"n{i}", kind="kernel", user=f"u{i}") for i in range(5)]
+    bt = Backtest(SimpleNamespace(requests=who))  # type: ignore[arg-type]
+    for i, rid in enumerate(ids):
+        new = f"n{i}"
+        bt.observe([Decision(0.0, "admit", rid, {})])
+        bt.observe([Decision(600.0, "cull", rid, {"parked": True})])
+        bt.observe([Decision(900.0, "finish", rid, {"reason": "…", "claimed_by": new})])
+        bt.observe([Decision(900.0, "admit", new, {"resumed_from": rid})])
+        bt.observe([Decision(3000.0, "finish", new, {})])
+    assert bt.history.holds("kernel") == [3000.0] * 5
+    assert bt.history.culls("kernel") == (5, 0)
+    assert bt.history.returns("kernel") == [300.0] * 5
+    assert not bt.held_since and not bt.parked_at

@@ -113,6 +113,33 @@ def test_cull_warning_then_cull_then_new_request_takes_over_reservation() -> Non
     assert core.tenant_usage()[0].parked == 0
 
 
+def test_a_hold_begins_at_an_admission_and_goes_on_through_a_resume_or_a_claim() -> None:
+    """`held_since`, the start of a grant's hold of quota (the wait estimates' age of a
+    grant): its admission; a resume from its parked reservation and a new request that
+    claims it go on with it; after its reservation expired, its next admission holds anew."""
+    core = make_core(True, idle_timeout=100, reservation_ttl=600)
+    core.submit(req("k1"), 0.0)
+    core.schedule(0.0)
+    assert core.get("k1").held_since == 0.0
+    core.activity("k1", False, 10.0)
+    assert events(core.advance(110.0)) == [("cull", "k1")]
+    out = core.activity("k1", True, 200.0) + core.schedule(200.0)
+    assert events(out) == [("resume", "k1")]
+    assert core.get("k1").held_since == 0.0  # resumed: the same hold
+    core.activity("k1", False, 300.0)
+    core.advance(400.0)
+    core.submit(req("k2", t=500.0), 500.0)  # claims k1's parked reservation
+    assert events(core.schedule(500.0)) == [("admit", "k2")]
+    assert core.get("k2").held_since == 0.0  # its user's hold goes on
+    core.activity("k2", False, 600.0)
+    assert events(core.advance(700.0)) == [("cull", "k2")]
+    assert events(core.advance(1300.0)) == [("expire", "k2")]
+    assert core.get("k2").held_since == 0.0  # (what it held last: it holds nothing now)
+    out = core.activity("k2", True, 1400.0) + core.schedule(1400.0)
+    assert events(out) == [("requeue", "k2"), ("admit", "k2")]  # back after it went
+    assert core.get("k2").held_since == 1400.0
+
+
 def test_claim_parked_needs_same_user_tenant_and_shape() -> None:
     core = make_core(True, idle_timeout=10, reservation_ttl=600)
     core.submit(req("k1"), 0.0)

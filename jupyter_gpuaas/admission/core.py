@@ -482,6 +482,8 @@ class AdmissionCore:
             self._ledger.add(req.tenant, e.flavor, req.gpus)
             self._nomination.capacity_blocked.pop((req.tenant, (req.flavor, req.gpus)), None)
         self._bind(req, node, e.flavor, now)
+        if not resume:  # a hold begins (a resume, or a claim, goes on with one)
+            req.held_since, req.culls = now, 0
         e.status = Status.ASSUMED
         self._nomination.taken()
         if resume or self._ledger.borrowed(req.tenant, e.flavor):

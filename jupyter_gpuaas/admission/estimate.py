@@ -96,7 +96,10 @@ class History:
     `keep` of each, sorted (a quantile of those longer than an age is a bisection).
 
     A hold is how long a request kept its quota: from its admission to its finish,
-    cancel or the end of its parked reservation. A preempted run is none (the core cut it
+    cancel or the end of its parked reservation (`Request.held_since`: a new request of
+    its user that takes the reservation over goes on with the hold; one queued again
+    after its reservation went holds anew, and a grant's age in the runs is counted
+    alike, `hold_start`). A preempted run is none (the core cut it
     short, and a forward run makes its own preemptions; a preempted job runs again from
     the start, and its complete run is the sample). A cull that parks it does
     not end it: most culled notebooks come back within their reservation (in the month
@@ -197,6 +200,16 @@ class History:
             while len(recent) > self.keep or recent[0][0] < oldest:
                 old = recent.popleft()[1]
                 del ordered[bisect_right(ordered, old) - 1]
+
+    def holds(self, kind: str, user: str = "") -> list[float]:
+        """The recent holds of `kind` (of `user`; "": anyone's), sorted (seconds)."""
+        return list(self._sorted.get((kind, user), ()))
+
+    def culls(self, kind: str) -> tuple[int, int]:
+        """(culls, culls after which the user did not come back) of the recent holds of
+        `kind`: what `comes_back` goes by."""
+        sums = self._cull_sums.get(kind, [0, 0])
+        return sums[0], sums[1]
 
     def returns(self, kind: str) -> list[float]:
         """How long after a cull the recent users of `kind` came back, sorted (seconds)."""
@@ -603,12 +616,25 @@ def _mix(rid: str) -> int:
     return zlib.crc32(rid.encode())
 
 
-def hold_start(admitted: float, culls: int, first_admit: float | None) -> float:
-    """When the hold of a request admitted at `admitted` began: a request culled before
-    held its quota parked and resumed (a hold is the whole session, `History`), so from its
-    first admission; else from its admission. (A culled request whose reservation expired
-    and that queued again is counted from its first admission too: older than it is.) The
-    one rule for the live history and for the one rebuilt from the store at a restart."""
+def hold_start(
+    admitted: float, culls: int, first_admit: float | None, held_since: float | None = None
+) -> float:
+    """When the hold of a request admitted at `admitted` began: `held_since`, its latest
+    admission, which a resume from its parked reservation (or a claim of it) goes on
+    from. A hold is one stretch of quota kept: a culled request whose reservation
+    expired, queued again and admitted, holds anew, and the history's samples are holds
+    alike (`History`; the one rule for the live history, the backtest's and the one
+    rebuilt from the store at a restart).
+
+    Without `held_since` (a row stored before migration 0006), a request culled before
+    is counted from its first admission, else from its admission, as all were before:
+    a request queued again after its reservation went (the simulator's users come back
+    so; the gateway's come back as new requests) looked as old as its first session to
+    the runs, while the backtest's history counted its holds apart, and a claim of a
+    parked reservation began a hold of its own in the gateway's history
+    (benchmarks/RESULTS.md)."""
+    if held_since is not None:
+        return held_since
     if culls and first_admit is not None:
         return min(first_admit, admitted)
     return admitted
@@ -616,7 +642,7 @@ def hold_start(admitted: float, culls: int, first_admit: float | None) -> float:
 
 def session_start(req: Request, admitted: float) -> float:
     """`hold_start` of a live request."""
-    return hold_start(admitted, req.culls, req.first_admit)
+    return hold_start(admitted, req.culls, req.first_admit, req.held_since)
 
 
 def arrival(req: Request, t: float) -> Request:
@@ -728,6 +754,7 @@ def _clone(r: Request) -> Request:
         resumed_from=r.resumed_from,
         preempt_at=r.preempt_at,
         preempted_by=r.preempted_by,
+        held_since=r.held_since,
     )
 
 

@@ -135,7 +135,8 @@ def kueue_core_steps(
                     idle_since=r.idle_since if ours else None,
                     preemptions=r.preemptions, culls=r.culls,
                     preempt_at=r.preempt_at if warned else None,
-                    preempted_by=r.preempted_by if warned else None)
+                    preempted_by=r.preempted_by if warned else None,
+                    held_since=r.held_since)
         )  # fmt: skip
     # Queue order within a ClusterQueue and a priority is (queue time, arrival): both
     # follow Kueue's order (a queue time is never earlier than the one before it).

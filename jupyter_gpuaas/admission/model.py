@@ -178,11 +178,16 @@ class Request:
     lease_expires: float | None
     wants_devices: bool  # parked and busy again: waits to be resumed
     preemptions: int
-    culls: int
+    culls: int  # culls in its current hold (`held_since`)
     reason: str
     resumed_from: str | None  # the parked reservation this request took over
     preempt_at: float | None  # warned victim: evicted then, unless withdrawn
     preempted_by: str | None  # ... to make room for this request
+    # When its current hold of quota began: its latest admission. A resume from its
+    # parked reservation goes on with the same hold, and so does a new request of its
+    # user that takes the reservation over (`resumed_from`): the wait estimates' age of
+    # a grant and their history's samples are holds (admission/estimate.py `History`).
+    held_since: float | None
 
     def __init__(
         self,
@@ -213,6 +218,7 @@ class Request:
         resumed_from: str | None = None,
         preempt_at: float | None = None,
         preempted_by: str | None = None,
+        held_since: float | None = None,
     ) -> None:
         self.id = id
         self.tenant = tenant
@@ -241,6 +247,7 @@ class Request:
         self.resumed_from = resumed_from
         self.preempt_at = preempt_at
         self.preempted_by = preempted_by
+        self.held_since = held_since
 
     @property
     def holds_quota(self) -> bool:

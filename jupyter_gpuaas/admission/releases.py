@@ -183,6 +183,7 @@ class Releases:
         req.park_expires = old.park_expires
         req.wants_devices = True
         req.resumed_from = old.id
+        req.held_since, req.culls = old.held_since, old.culls  # its user's hold goes on
         self._parked.add(req)
         if req.park_expires is not None:
             self._timers.set(EXPIRE, req.id, req.park_expires)

@@ -952,16 +952,19 @@ class Arbiter:
             flavor = req.assigned_flavor
             if flavor:
                 out.append(functools.partial(self._held, flavor, max(0.0, d.t - req.admit_time)))
-        # A hold lasts until the quota goes back: a cull that parks keeps it (History).
-        # A preempted run is no sample of a hold: the core cut it short (a preempted job
-        # runs again from the start, and its complete run counts), and a forward run makes
-        # its own preemptions (sim/backtest.py `Backtest.observe`).
-        ends_hold = d.event in ("finish", "cancel", "expire") or (
-            d.event == "cull" and not d.fields.get("parked")
-        )
+        # A hold lasts until the quota goes back: a cull that parks keeps it, and so
+        # does a new request of its user that takes the parked reservation over (it goes
+        # on with the hold: `Request.held_since`). A preempted run is no sample of a
+        # hold: the core cut it short (a preempted job runs again from the start, and
+        # its complete run counts), and a forward run makes its own preemptions
+        # (sim/backtest.py `Backtest.observe`, the same rule).
+        ends_hold = (
+            d.event in ("finish", "cancel", "expire") and "claimed_by" not in d.fields
+        ) or (d.event == "cull" and not d.fields.get("parked"))
         if ends_hold and req.admit_time:
             held = max(0.0, d.t - session_start(req, req.admit_time))
-            # Whether its user came back after its culls: the estimates' `comes_back`.
+            # Whether its user came back after its culls (those of this hold): the
+            # estimates' `comes_back`.
             gave_up = d.event in ("expire", "cull")
             add = functools.partial(
                 self.history.add, req.kind, req.user, held, req.culls, gave_up, d.t

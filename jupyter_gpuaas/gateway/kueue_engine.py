@@ -649,6 +649,7 @@ class KueueEngine:
             req.state = State.ADMITTED
             req.assigned_flavor = view.flavor
             req.admit_time = now
+            req.held_since = now  # Kueue parks nothing: every admission begins a hold
             if req.first_admit is None:
                 req.first_admit = now
             req.reason = ""

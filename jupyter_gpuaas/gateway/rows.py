@@ -65,6 +65,8 @@ class RequestRow(Base):
     # A warned preemption victim: evicted at preempt_at for preempted_by (migration 0003).
     preempt_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     preempted_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # When its current hold of quota began (migration 0006; admission/model.py).
+    held_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
@@ -174,6 +176,7 @@ _COPIED = (
     "reason",
     "preempt_at",
     "preempted_by",
+    "held_since",
 )
 
 

@@ -574,14 +574,19 @@ class Store:
         (as many as the estimates' history keeps, admission/estimate.py `KEEP`), culled ones
         included (their devices went back when culled, or their parked reservation
         expired: their user did not come back, "gave up"): the history a forward-run
-        estimate goes by, rebuilt at a start by the live rule (`hold_start`: a session
-        that was culled, parked and resumed is held from its first admission). A preempted
-        grant is not one: the core cut its hold short (the live rule too; a preempted job
-        runs again, and its row holds its last, complete run)."""
+        estimate goes by, rebuilt at a start by the live rule (`hold_start`: from the
+        start of the hold that ended, `held_since`, which a resume from its parked
+        reservation goes on with). A preempted grant is not one: the core cut its hold
+        short (the live rule too; a preempted job runs again, and its row holds its last,
+        complete run). Two things the live history knows and a row does not: a
+        reservation a new request took over ended no hold (the new request goes on with
+        it; its row reads finished), and `culls` counts every cull of the request, not
+        only those of its last hold."""
         ended = [s.value for s in (State.FINISHED, State.CANCELLED, State.CULLED)]
         cols = (RequestRow.admit_time, RequestRow.culls, RequestRow.first_admit)
         stmt = (
-            select(RequestRow.kind, RequestRow.user, *cols, RequestRow.updated, RequestRow.state)
+            select(RequestRow.kind, RequestRow.user, *cols, RequestRow.held_since)
+            .add_columns(RequestRow.updated, RequestRow.state)
             .where(RequestRow.state.in_(ended), RequestRow.admit_time.is_not(None))
             .order_by(RequestRow.updated.desc())
             .limit(limit)
@@ -589,8 +594,8 @@ class Store:
         with self.session() as s:
             culled = State.CULLED.value
             rows = [
-                (k, u, max(0.0, up - hold_start(a, c or 0, f)), c or 0, st == culled, up)
-                for k, u, a, c, f, up, st in s.execute(stmt)
+                (k, u, max(0.0, up - hold_start(a, c or 0, f, h)), c or 0, st == culled, up)
+                for k, u, a, c, f, h, up, st in s.execute(stmt)
                 if a is not None
             ]
         rows.reverse()  # oldest first: the history keeps the most recent

@@ -88,6 +88,18 @@ class Backtest:
                     self.preempted.discard(rid)
                 else:
                     self.came_back(rid, d.t)
+            claimed_by = d.fields.get("claimed_by")
+            if isinstance(claimed_by, str):
+                # A new request of its user took the parked reservation over: the hold
+                # goes on in it (`Request.held_since`; the gateway's `_account` alike).
+                since = self.held_since.pop(rid, None)
+                if since is not None:
+                    self.held_since[claimed_by] = since
+                    self.culls[claimed_by] = self.culls.pop(rid, 0)
+                culled = self.parked_at.pop(rid, None)
+                if culled is not None:  # and its user is back, this long after the cull
+                    self.history.came_back(self.who.get(rid, ("", ""))[0], d.t - culled, d.t)
+                continue
             parked = event == "cull" and bool(d.fields.get("parked"))
             if event == "cull":
                 self.culls[rid] = self.culls.get(rid, 0) + 1

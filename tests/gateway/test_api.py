@@ -201,6 +201,14 @@ async def test_idle_cull_park_and_resume(make_gateway: Any) -> None:
     (delay,) = gw.arbiter.history.returns("kernel")
     cull = next(d for d in gw.arbiter.store.decisions(k["id"]) if d.event == "cull")
     assert 0.0 <= delay <= admit[0].t - cull.t
+    # Her hold goes on in the new request: the claimed one ended none. Released, the
+    # hold is one sample, from her first kernel's admission, with its one cull.
+    assert gw.arbiter.history.holds("kernel") == []
+    first = next(d for d in gw.arbiter.store.decisions(k["id"]) if d.event == "admit")
+    await alice.cancel(again["id"])
+    end = next(d for d in gw.arbiter.store.decisions(again["id"]) if d.event == "finish")
+    assert gw.arbiter.history.holds("kernel", "alice") == [pytest.approx(end.t - first.t)]
+    assert gw.arbiter.history.culls("kernel") == (1, 0)  # one cull, and she came back
 
 
 async def test_simulated_scale_up_tells_waiters(make_gateway: Any) -> None:

@@ -33,7 +33,7 @@ def test_upgrade_is_idempotent_and_creates_tables(db_url: str) -> None:
             "leader_lease",
         } <= tables
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0005"
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0006"
         indexes = {
             i["name"]: i["column_names"] for i in inspect(store.engine).get_indexes("requests")
         }

@@ -546,7 +546,10 @@ def test_the_history_rebuilt_at_a_restart_holds_a_resumed_session_from_its_first
     """The wait estimates' history after a restart (`Store.ended_holds`) counts holds as the
     live gateway does (admission/estimate.py `hold_start`): a kernel culled twice, parked and
     resumed each time, held its quota from its first admission to its end, not from its
-    last resume; one never culled, from its admission."""
+    last resume; one never culled, from its admission; one whose reservation expired and
+    that came back, from the start of its last hold (`held_since`), not its first
+    admission. (Rows without `held_since`, written before migration 0006, are read by
+    the old rule: the first three.)"""
     from jupyter_gpuaas.admission.model import Request, State
     from jupyter_gpuaas.gateway.rows import Batch
     from jupyter_gpuaas.gateway.store import Store
@@ -560,19 +563,21 @@ def test_the_history_rebuilt_at_a_restart_holds_a_resumed_session_from_its_first
         plain.state, plain.first_admit, plain.admit_time = State.FINISHED, 500.0, 500.0
         gone = Request("r-gone", "vision", "cy", "kernel", 1, 0.0)
         gone.state, gone.culls, gone.first_admit, gone.admit_time = State.CULLED, 1, 0.0, 0.0
+        back = Request("r-back", "vision", "dan", "kernel", 1, 0.0, culls=1, first_admit=0.0)
+        back.state, back.admit_time, back.held_since = State.FINISHED, 1200.0, 1200.0
         extra = {"name": None, "created": 0.0}
-        rows = [(resumed, dict(extra)), (plain, dict(extra)), (gone, dict(extra))]
+        rows = [(r, dict(extra)) for r in (resumed, plain, gone, back)]
         store.write(Batch(rows, []), 1600.0)
         ended = store.ended_holds()
     finally:
         store.close()
     assert {user: held for _, user, held, _, _, _ in ended} == {
-        "alice": 1500.0, "bob": 1100.0, "cy": 1600.0,
+        "alice": 1500.0, "bob": 1100.0, "cy": 1600.0, "dan": 400.0,
     }  # fmt: skip
     # Whether the user came back after the culls (the estimates' `History.comes_back`):
     # alice did, twice; cy's reservation expired.
     assert {user: (culls, gave_up) for _, user, _, culls, gave_up, _ in ended} == {
-        "alice": (2, False), "bob": (0, False), "cy": (1, True),
+        "alice": (2, False), "bob": (0, False), "cy": (1, True), "dan": (1, False),
     }  # fmt: skip
 
 

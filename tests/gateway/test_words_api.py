@@ -139,7 +139,10 @@ async def test_a_forward_run_estimate_from_the_stores_history(
         assert (await alice.cancel(job["id"]))["state"] == "finished"  # (a release)
     await first.app.stop_server()
     with sqlite3.connect(db) as conn:  # ... after 20 min each (a test cannot wait 20 min)
-        conn.execute("UPDATE requests SET admit_time = updated - 1200 WHERE state = 'finished'")
+        conn.execute(
+            "UPDATE requests SET admit_time = updated - 1200, held_since = updated - 1200"
+            " WHERE state = 'finished'"
+        )
 
     gw: Gateway = await make_gateway(f"sqlite:///{db}", quotas=SHARED)
     alice, bob = gw.client("alice"), gw.client("bob")
