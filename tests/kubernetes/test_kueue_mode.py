@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
@@ -601,12 +602,48 @@ async def gone(kube: KubeOnCluster, *what: str) -> None:
     await wait_until(absent, timeout=60, what=f"{' '.join(what)} gone")
 
 
-async def preemptible_vision(
-    kube: KubeOnCluster, tmp_path: Path
-) -> tuple[KueueQuota, str, dict[str, Any]]:
-    """The set-up of the preemption tests: tenant "vision" whose ClusterQueue preempts
-    lower priorities within it, a WorkloadPriorityClass above every holder of ours (its
-    name, for an outside Job that takes the GPU back), and the flavor's placement."""
+@dataclasses.dataclass
+class Preemptible:
+    """The set-up of the preemption tests (`preemptible_vision`): tenant "vision" whose
+    ClusterQueue preempts lower priorities within it, a WorkloadPriorityClass above every
+    holder of ours (`high`), and the flavor's placement (`flavors`)."""
+
+    kube: KubeOnCluster
+    quota: KueueQuota
+    high: str
+    flavors: dict[str, Any]
+
+    def take_back(self) -> None:
+        """An outside Job of the `high` priority takes the tenant's GPU back: Kueue
+        preempts the holder of ours that has it."""
+        urgent = job("urgent", self.quota.tenant, seconds=3600)
+        urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = self.high
+        self.quota.run(urgent)
+
+    def server_spawner(self, gw_url: str, **more: Any) -> Any:
+        """alice's QueuedKubeSpawner in Kueue mode, for one GPU of the tenant's flavor."""
+        spawner = kube_spawner(
+            self.kube.url,
+            gw_url,
+            namespace=self.kube.namespace,
+            flavors=self.flavors,
+            kueue_queue="{tenant}",
+            start_timeout=60,
+            **more,
+        )
+        spawner.user_options = {"tenant": self.quota.tenant, "flavor": self.quota.flavor, "gpus": 1}
+        return spawner
+
+    def close(self) -> None:
+        """The outside Job, the priority class and the quota, gone."""
+        kubectl = self.kube.cluster.kubectl
+        kubectl("delete", "job", "urgent", "-n", self.kube.namespace, check=False)
+        kubectl("delete", "workloadpriorityclass", self.high, "--wait=false", check=False)
+        self.quota.close()
+
+
+async def preemptible_vision(kube: KubeOnCluster, tmp_path: Path) -> Preemptible:
+    """The preemption tests' set-up (`Preemptible`), made."""
     await gone(kube, "clusterqueue", "vision")  # an earlier test's, deleted without waiting
     quota = KueueQuota(kube, tmp_path, name="vision", preemption={"within_tenant": "LowerPriority"})
     high = f"kq-high-{quota.tag}"
@@ -626,7 +663,7 @@ async def preemptible_vision(
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
         }
     }
-    return quota, high, flavors
+    return Preemptible(kube, quota, high, flavors)
 
 
 async def field_is_id(url: str, rid: str, test: Any) -> dict[str, Any] | None:
@@ -856,7 +893,8 @@ async def test_a_kernel_kueue_preempts_is_warned_then_ends_preempted(
     second request appears for the pod's Workload."""
     from jupyter_gpuaas.server.kernelspec_cli import write_spec
 
-    quota, high, flavors = await preemptible_vision(kube, tmp_path)
+    pre = await preemptible_vision(kube, tmp_path)
+    quota, flavors = pre.quota, pre.flavors
     tenant, flavor = quota.tenant, quota.flavor
     mine = {"gpuaas-test": kube.namespace}
     kube.add_node(f"kq-cpu-{quota.tag}", mine)
@@ -873,9 +911,7 @@ async def test_a_kernel_kueue_preempts_is_warned_then_ends_preempted(
                 rid = km.provisioner.record.request_id
                 assert (await root.get(rid))["state"] == "admitted"
 
-                urgent = job("urgent", tenant, seconds=3600)
-                urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
-                quota.run(urgent)
+                pre.take_back()
                 ended = await wait_until(
                     lambda: field_is_id(gw.url, rid, lambda r: r["state"] == "preempted"),
                     timeout=90,
@@ -916,9 +952,7 @@ async def test_a_kernel_kueue_preempts_is_warned_then_ends_preempted(
     finally:
         listening.cancel()
         await gw.stop_server()
-        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
-        kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
-        quota.close()
+        pre.close()
 
 
 async def test_a_kernel_kueue_preempts_runs_until_the_time_it_was_told(
@@ -933,7 +967,8 @@ async def test_a_kernel_kueue_preempts_runs_until_the_time_it_was_told(
     from jupyter_gpuaas.kubernetes.prestop import DEFAULT_MARGIN
     from jupyter_gpuaas.server.kernelspec_cli import write_spec
 
-    quota, high, flavors = await preemptible_vision(kube, tmp_path)
+    pre = await preemptible_vision(kube, tmp_path)
+    quota, flavors = pre.quota, pre.flavors
     tenant, flavor = quota.tenant, quota.flavor
     mine = {"gpuaas-test": kube.namespace}
     kube.add_node(f"kq-cpu-{quota.tag}", mine)
@@ -969,9 +1004,7 @@ async def test_a_kernel_kueue_preempts_runs_until_the_time_it_was_told(
                 # it once its process is gone), not to remove it at a random time.
                 pod = ["pod", name, "-n", kube.namespace]
                 kube.cluster.kubectl("annotate", *pod, "pod-delete.stage.kwok.x-k8s.io/delay=1h")
-                urgent = job("urgent", tenant, seconds=3600)
-                urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
-                quota.run(urgent)
+                pre.take_back()
                 # The warning, or already the end: a gateway that saw Kueue's eviction only
                 # once Kueue had also taken the quota back (a stall of the gateway, a slow
                 # watch) records the preemption at once; the pod's grace is the user's either
@@ -1017,9 +1050,7 @@ async def test_a_kernel_kueue_preempts_runs_until_the_time_it_was_told(
                     await km.shutdown_kernel(now=True)
     finally:
         await gw.stop_server()
-        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
-        kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
-        quota.close()
+        pre.close()
 
 
 async def test_an_idle_holder_is_culled_and_its_workload_finishes(
@@ -1100,21 +1131,15 @@ async def test_a_gpu_server_kueue_preempts_is_warned_held_then_ends_preempted(
     only once the pod is gone."""
     from kwok_kubelet import UNTIL_SIGTERM, KwokKubelet
 
-    quota, high, flavors = await preemptible_vision(kube, tmp_path)
-    tenant, flavor = quota.tenant, quota.flavor
+    pre = await preemptible_vision(kube, tmp_path)
+    quota, tenant = pre.quota, pre.quota.tenant
     gw = await quota.gateway(tmp_path)
-    spawner = kube_spawner(
-        kube.url,
+    spawner = pre.server_spawner(
         gw.url,
-        namespace=kube.namespace,
-        flavors=flavors,
-        kueue_queue="{tenant}",
-        start_timeout=60,
         # Where the server (and its preStop hook) finds the gateway with no Hub's proxy
         # (c.Spawner.environment, as hub/gateway_url.py says); alice's token for the Hub's.
         environment={"GPUAAS_URL": gw.url, "GPUAAS_TOKEN": TOKENS["alice"]},
     )
-    spawner.user_options = {"tenant": tenant, "flavor": flavor, "gpus": 1}
     kubelet = KwokKubelet(
         kube.cluster.kubeconfig,
         kube.namespace,
@@ -1135,9 +1160,7 @@ async def test_a_gpu_server_kueue_preempts_is_warned_held_then_ends_preempted(
         pod = ["pod", name, "-n", kube.namespace]
         kube.cluster.kubectl("annotate", *pod, "pod-delete.stage.kwok.x-k8s.io/delay=1h")
 
-        urgent = job("urgent", tenant, seconds=3600)
-        urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
-        quota.run(urgent)
+        pre.take_back()
         warned = await wait_until(
             lambda: spawner._preempt_warning, timeout=90, what="the spawner warned"
         )
@@ -1169,9 +1192,7 @@ async def test_a_gpu_server_kueue_preempts_is_warned_held_then_ends_preempted(
         with contextlib.suppress(Exception):
             await spawner.stop()
         await gw.stop_server()
-        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
-        kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
-        quota.close()
+        pre.close()
 
 
 async def test_a_holder_that_gives_back_a_preempted_grant_ends_it_preempted(
@@ -1182,18 +1203,10 @@ async def test_a_holder_that_gives_back_a_preempted_grant_ends_it_preempted(
     loop sees it gone; a user may stop early in the grace): the request ends as preempted,
     with the reason in words, not as finished. The server's pod is held on its way out
     (KWOK's delete delay, KwokKubelet not started), so the release comes first for sure."""
-    quota, high, flavors = await preemptible_vision(kube, tmp_path)
-    tenant, flavor = quota.tenant, quota.flavor
+    pre = await preemptible_vision(kube, tmp_path)
+    quota, tenant = pre.quota, pre.quota.tenant
     gw = await quota.gateway(tmp_path)
-    spawner = kube_spawner(
-        kube.url,
-        gw.url,
-        namespace=kube.namespace,
-        flavors=flavors,
-        kueue_queue="{tenant}",
-        start_timeout=60,
-    )
-    spawner.user_options = {"tenant": tenant, "flavor": flavor, "gpus": 1}
+    spawner = pre.server_spawner(gw.url)
     name = "jupyter-alice"
     try:
         await spawner.run_pre_spawn_hook()
@@ -1201,9 +1214,7 @@ async def test_a_holder_that_gives_back_a_preempted_grant_ends_it_preempted(
         rid = spawner._rid
         pod = ["pod", name, "-n", kube.namespace]
         kube.cluster.kubectl("annotate", *pod, "pod-delete.stage.kwok.x-k8s.io/delay=1h")
-        urgent = job("urgent", tenant, seconds=3600)
-        urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
-        quota.run(urgent)
+        pre.take_back()
         await wait_until(lambda: spawner._preempt_warning, timeout=90, what="the warning")
         assert (await GatewayClient(gw.url, TOKENS["root"]).get(rid))["state"] == "admitted"
         # The holder gives the grant back while its pod is still on its way out.
@@ -1220,9 +1231,7 @@ async def test_a_holder_that_gives_back_a_preempted_grant_ends_it_preempted(
         with contextlib.suppress(Exception):
             await spawner.stop()
         await gw.stop_server()
-        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
-        kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
-        quota.close()
+        pre.close()
 
 
 async def test_a_queued_workloads_wait_is_the_forward_run_from_kueues_state(
