@@ -33,7 +33,12 @@ LONG_WAIT = 300.0
 
 
 def run(
-    scenario_path: Path, every: int, out: IO[str], until: float | None, offset: int = 0
+    scenario_path: Path,
+    every: int,
+    out: IO[str],
+    until: float | None,
+    offset: int = 0,
+    every_spell: bool = False,
 ) -> dict[str, Any]:
     import jupyter_gpuaas.sim.backtest as backtest_module
     from jupyter_gpuaas.admission.core import AdmissionCore
@@ -84,7 +89,7 @@ def run(
     bt = Recorded(scenario, every, offset)
     tally = Tally(scenario, None, None)
     started = time.perf_counter()
-    sim = run_scenario(scenario, until=until, tally=tally, backtest=bt)
+    sim = run_scenario(scenario, until=until, tally=tally, backtest=bt, every_spell=every_spell)
     wall = time.perf_counter() - started
     result = tally.result(sim.end, wall, None)
     bt.apply(result)
@@ -162,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--until", type=float, help="stop the clock here (seconds)")
     ap.add_argument("--offset", type=int, default=0, help="sample other instants (a second sample)")
     ap.add_argument("--out", type=Path, default=Path("estimates.jsonl"))
+    ap.add_argument(
+        "--every-spell",
+        action="store_true",
+        help="the core hears every idle spell, as a gateway does from heartbeats (slower)",
+    )
     ap.add_argument("--report", type=Path, help="only report on a recorded run")
     args = ap.parse_args(argv)
     if args.report:
@@ -170,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario is None:
         ap.error("give a scenario, or --report FILE")
     with args.out.open("w", encoding="utf-8", buffering=1) as out:
-        print(json.dumps(run(args.scenario, args.every, out, args.until, args.offset)))
+        summary = run(args.scenario, args.every, out, args.until, args.offset, args.every_spell)
+        print(json.dumps(summary))
     print(report(args.out))
     return 0
 
