@@ -260,3 +260,29 @@ def test_a_new_request_that_claims_a_reservation_goes_on_with_its_hold() -> None
     assert bt.history.culls("kernel") == (5, 0)
     assert bt.history.returns("kernel") == [300.0] * 5
     assert not bt.held_since and not bt.parked_at
+
+
+def test_the_backtest_hears_the_idle_spells_a_gateway_hears(tmp_path: Path) -> None:
+    # k1 is busy 0-60 s, 300-400 s and 1000-1100 s: idle 240 s and 600 s, each spell over
+    # long before its cull (idle_timeout 1800 s). The quiet replay tells the core neither
+    # (they change no decision); with every spell told, as a gateway hears them from
+    # heartbeats, the backtest's history keeps both (`History.busy_before_cull`).
+    path = write(
+        tmp_path,
+        {
+            "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+            "tenants": {"vision": {"quota": {"a100": 1}}},
+            "policy": {"idle_timeout": 1800},
+            "requests": [
+                {"id": "k1", "tenant": "vision", "user": "ann", "kind": "kernel", "gpus": 1,
+                 "submit": 0, "duration": 1200, "busy": [[0, 60], [300, 400], [1000, 1100]]},
+            ],
+        },
+    )  # fmt: skip
+    scenario = load_scenario(path)
+    quiet = Backtest(scenario)
+    run_scenario(scenario, backtest=quiet)
+    assert quiet.history.idle_spells("kernel") == []
+    heard = Backtest(scenario)
+    run_scenario(scenario, backtest=heard, every_spell=True)
+    assert heard.history.idle_spells("kernel") == [240.0, 600.0]

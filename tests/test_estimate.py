@@ -194,6 +194,48 @@ def test_an_idle_holder_whose_user_comes_back_holds_its_quota_for_the_session() 
     assert got.ends.culled == 1
 
 
+def test_idle_holders_busy_again_before_their_cull_as_past_idle_spells_were() -> None:
+    # Twelve holds culled once each (none came back after); twelve idle spells heard to
+    # end before a cull, six after 120 s and six after 900 s. Of holders idle 300 s so
+    # far, the six longer spells against the twelve culls were busy again: a third.
+    h = sessions("kernel", [3000.0] * 12, came_back=0, gave_up=12)
+    for s in [120.0] * 6 + [900.0] * 6:
+        h.busy_again("kernel", s)
+    assert h.busy_before_cull("kernel", 0.0) == pytest.approx(12 / 24)
+    assert h.busy_before_cull("kernel", 300.0) == pytest.approx(6 / 18)
+    assert h.busy_before_cull("kernel", 1000.0) == 0.0
+    # No spell heard (a replay that says only the spells that end in a cull): none.
+    assert sessions("kernel", [3000.0] * 12, 0, 12).busy_before_cull("kernel", 0.0) == 0.0
+
+
+def test_an_idle_holder_busy_again_before_its_cull_holds_its_quota() -> None:
+    # "a" is idle from 100 s (culled at 1900 s, its reservation to 2500 s), and no user
+    # came back after a past cull: without idle spells heard, every run frees its quota
+    # at 2500 s. With a third of the holders idle 300 s busy again before their cull, the
+    # three-quarter run has "a" busy again: held as a busy holder (past sessions of
+    # 3000-5000 s at the quantile 0.25 of the third: 3000 s from its admission), so "b"
+    # starts at 3000 s there; the quarter and middle runs still free it at 2500 s.
+    core = core_of({
+        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
+        "tenants": {"vision": {"quota": {"a100": 1}}},
+        "policy": {"idle_timeout": 1800, "cull_warning": 0, "reservation_ttl": 600},
+    })  # fmt: skip
+    core.submit(req("a", "vision"), 0.0)
+    core.step(0.0)
+    core.activity("a", False, 100.0)
+    core.submit(req("b", "vision", user="bob", t=400.0), 400.0)
+    core.step(400.0)
+    hist = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=0, gave_up=12)
+    got = estimate_waits(core, 400.0, hist)["b"]
+    assert (got.low, got.seconds, got.high) == (2100.0, 2100.0, 2100.0)
+    for s in [120.0] * 6 + [900.0] * 6:
+        hist.busy_again("kernel", s)
+    got = estimate_waits(core, 400.0, hist)["b"]
+    assert (got.low, got.seconds, got.high) == (2100.0, 2100.0, 2600.0)
+    assert got.ends.culled == 1  # (the middle run's count)
+    assert core.get("a").idle_since == 100.0  # type: ignore[union-attr]
+
+
 def test_a_parked_reservation_whose_user_comes_back_keeps_the_quota() -> None:
     # "a" was culled and parked at 600 s (reservation to 1800 s). With its users back
     # after every past cull, it is back halfway through what is left of the reservation

@@ -11,9 +11,12 @@ resume is already in the queue, and is served in its turn).
 
 What ends a grant in the run:
 - an idle kernel or server: the core's own cull timer (the idle policy: a known time) and
-  its reservation's expiry, unless its user is expected back within the reservation (as
-  the users of past culls of its kind were, `History.comes_back`: most are, within
-  minutes); then it is held for its session, as below. A parked reservation likewise
+  its reservation's expiry, unless it is expected busy again before the cull (as past
+  idle spells of its kind as long so far were, `History.busy_before_cull`: a gateway
+  hears every spell from heartbeats, and most end within minutes) or its user back
+  within the reservation (as the users of past culls of its kind were,
+  `History.comes_back`: most are, within minutes); then it is held for its session, as
+  below. A parked reservation likewise
   expires at its known time or, expected back (as often as past users still away after
   as long came back: fewer, the longer it has waited), resumes and is held for its
   session;
@@ -124,6 +127,10 @@ class History:
         # kind ("": all): (came back at, seconds) oldest first, and the seconds sorted.
         self._returns: dict[str, deque[tuple[float, float]]] = {}
         self._return_delays: dict[str, list[float]] = {}
+        # How long each recent idle spell lasted that ended with its holder busy again
+        # before the cull, by kind ("": all), kept alike.
+        self._spells: dict[str, deque[tuple[float, float]]] = {}
+        self._spell_lengths: dict[str, list[float]] = {}
         self._last = -math.inf  # the latest end added
 
     def add(
@@ -185,21 +192,55 @@ class History:
     def came_back(self, kind: str, seconds: float, at: float | None = None) -> None:
         """A user of `kind` came back `seconds` after the cull of their grant, within its
         reservation, at `at` (None: now, as far as the window goes)."""
+        self._keep(self._returns, self._return_delays, kind, seconds, at)
+
+    def busy_again(self, kind: str, seconds: float, at: float | None = None) -> None:
+        """A holder of `kind` idle for `seconds` was busy again before its cull, at `at`
+        (None: now, as far as the window goes): a gateway hears it from heartbeats."""
+        self._keep(self._spells, self._spell_lengths, kind, seconds, at)
+
+    def _keep(
+        self,
+        recent_of: dict[str, deque[tuple[float, float]]],
+        sorted_of: dict[str, list[float]],
+        kind: str,
+        seconds: float,
+        at: float | None,
+    ) -> None:
+        """Keep `seconds` of `kind` (and of every kind, ""), ended `at`, in `recent_of`
+        (oldest first) and `sorted_of`, within the window and `keep` of each."""
         if at is None:
             at = self._last
         self._last = now = max(self._last, at)
         oldest = now - self.window
+        seconds = max(0.0, seconds)
         for of in (kind, ""):
-            recent = self._returns.get(of)
-            ordered = self._return_delays.get(of)
+            recent = recent_of.get(of)
+            ordered = sorted_of.get(of)
             if recent is None or ordered is None:
-                recent = self._returns[of] = deque()
-                ordered = self._return_delays[of] = []
-            recent.append((at, max(0.0, seconds)))
-            insort(ordered, max(0.0, seconds))
+                recent = recent_of[of] = deque()
+                ordered = sorted_of[of] = []
+            recent.append((at, seconds))
+            insort(ordered, seconds)
             while len(recent) > self.keep or recent[0][0] < oldest:
                 old = recent.popleft()[1]
                 del ordered[bisect_right(ordered, old) - 1]
+
+    def busy_before_cull(self, kind: str, idle_for: float) -> float:
+        """The share of holders of `kind` idle for `idle_for` seconds so far that are busy
+        again before their cull: of the recent idle spells longer than that, those that
+        ended with the holder busy, against the culls (the spells that lasted until the
+        idle timeout). 0.0 when too few are known (`MIN_SAMPLES`), or none of the spells
+        that ended early were heard (a replay that tells the core only of the idle spells
+        that end in a cull: then an idle holder is one about to be culled)."""
+        for key in (kind, ""):
+            sums = self._cull_sums.get(key)
+            lengths = self._spell_lengths.get(key, [])
+            culls = sums[0] if sums is not None else 0
+            longer = len(lengths) - bisect_right(lengths, idle_for)
+            if longer + culls >= MIN_SAMPLES:
+                return longer / (longer + culls)
+        return 0.0
 
     def holds(self, kind: str, user: str = "") -> list[float]:
         """The recent holds of `kind` (of `user`; "": anyone's), sorted (seconds)."""
@@ -210,6 +251,11 @@ class History:
         `kind`: what `comes_back` goes by."""
         sums = self._cull_sums.get(kind, [0, 0])
         return sums[0], sums[1]
+
+    def idle_spells(self, kind: str) -> list[float]:
+        """How long the recent idle spells of `kind` that ended before a cull lasted,
+        sorted (seconds)."""
+        return list(self._spell_lengths.get(kind, ()))
 
     def returns(self, kind: str) -> list[float]:
         """How long after a cull the recent users of `kind` came back, sorted (seconds)."""
@@ -460,18 +506,29 @@ class _Run:
             u = self.u[rid] = lo + wide * _mix(rid) / 2.0**32
         return u
 
-    def returning(self, kind: str, rid: str, parked_for: float = 0.0) -> float | None:
-        """The quantile of its session's remaining hold at which a culled holder of `kind`
-        that comes back is held, in this run; None: in this run it does not come back.
+    def returning(
+        self, kind: str, rid: str, parked_for: float = 0.0, idle_for: float | None = None
+    ) -> tuple[float, bool] | None:
+        """The quantile of its session's remaining hold at which an idle or culled holder
+        of `kind` that comes back is held in this run, and whether it is back before its
+        cull; None: in this run it does not come back.
+
         A culled holder either does not come back (its hold ends when its reservation
-        expires, a known time) or does, and is held as long as past sessions were:
-        of the mixture of the two, this run's `q` quantile is the known end when `q` is
-        below the share that did not come back, else the session's quantile above it."""
-        p = self.history.comes_back(kind, parked_for)
+        expires, a known time) or does, and is held as long as past sessions were: of
+        the mixture of the two, this run's `q` quantile is the known end when `q` is
+        below the share that did not come back, else the session's quantile above it.
+        An idle holder (`idle_for`: idle that long so far, not culled yet) may also be
+        busy again before its cull (`History.busy_before_cull`): the share that comes
+        back is that one and, of the rest, those whose users come back after the cull."""
+        p = self.history.comes_back(kind, parked_for) or 0.0
+        early = 0.0 if idle_for is None else self.history.busy_before_cull(kind, idle_for)
+        back = early + (1.0 - early) * p
         u = self.quantile(rid)
-        if p is None or p <= 0.0 or u < 1.0 - p:
+        if back <= 0.0 or u < 1.0 - back:
             return None
-        return min(1.0, (u - (1.0 - p)) / p)
+        # The upper `back` of the quantiles: those back after a cull, then those back
+        # before it (a quantile's place in the mixture: the longer sessions last).
+        return min(1.0, (u - (1.0 - back)) / back), u >= 1.0 - early
 
     def park(self, req: Request, now: float) -> None:
         """A parked reservation: expected back (its user active again) halfway through
@@ -481,10 +538,10 @@ class _Run:
             return
         # Parked since its cull: the reservation's length less what is left of it.
         parked_for = max(0.0, self.reservation(req) - (req.park_expires - now))
-        q = self.returning(req.kind, req.id, parked_for)
-        if q is None:
+        back = self.returning(req.kind, req.id, parked_for)
+        if back is None:
             return
-        self.back_q[req.id] = q
+        self.back_q[req.id] = back[0]
         self.floor[req.id] = req.park_expires
         self.ends.back += 1
         self.pokes.append((now + max(0.0, req.park_expires - now) / 2.0, req.id))
@@ -500,15 +557,18 @@ class _Run:
         if q is None:
             q = self.quantile(req.id)
         cull_at = math.inf if idle is None else self.copy.idle_deadline(req.id, idle)
-        if cull_at < math.inf:
-            back = self.returning(req.kind, req.id)
+        if cull_at < math.inf and idle is not None:
+            back = self.returning(req.kind, req.id, idle_for=max(0.0, now - idle))
             if back is None:
                 ends.culled += 1
                 return
-            # Culled, and back within its reservation: its quota stays held as if busy.
+            # Busy again before its cull, or culled and back within its reservation: its
+            # quota stays held as if busy.
             self.copy.activity(req.id, True, now)
             ends.back += 1
-            q = back
+            q, early = back
+            if early:  # never culled: a busy holder's end, as below
+                cull_at = math.inf
         declared = self.declared.get(req.id)
         if declared is not None and req.kind == "job":
             end = max(now, admitted + declared)

@@ -705,7 +705,7 @@ class Arbiter:
         req = self._live(rid)
         if req.state is not State.ADMITTED:
             raise Conflict(f"request {rid} is {req.state.value}, not admitted")
-        was_busy = req.busy
+        was_busy, idle_since = req.busy, req.idle_since
         decisions = self.engine.heartbeat(rid, now, busy=busy)
         decisions += self.engine.step(now)
         meta = self.meta[rid]
@@ -720,9 +720,15 @@ class Arbiter:
             meta["uuids"] = tuple(uuids[: req.gpus])
         # A change of busy/idle is kept for `history export` (the request's busy intervals).
         activity = [(rid, busy, utilization)] if busy != was_busy else []
+        # An idle spell that ended before the cull: how long idle holders stay idle, for
+        # the estimates (`History.busy_before_cull`), once that is committed.
+        after = []
+        if busy and idle_since is not None and req.state is State.ADMITTED:
+            spell = functools.partial(self.history.busy_again, req.kind, now - idle_since, now)
+            after.append(spell)
         # The renewed lease is written even without decisions: after a restart the
         # holder must not lose a grant it kept renewing.
-        self.commit(decisions, now, extra=[req], activity=activity)
+        self.commit(decisions, now, extra=[req], activity=activity, after=after)
         return req, self._json_of(req)
 
     async def put_tenant(self, name: str, spec: Mapping[str, Any]) -> Config:
@@ -807,9 +813,11 @@ class Arbiter:
         extra: Iterable[Request] = (),
         tenants: Sequence[tuple[str, dict[str, Any]]] = (),
         activity: Sequence[tuple[str, bool, float | None]] = (),
+        after: Sequence[Callable[[], None]] = (),
     ) -> None:
         """Stage decisions and the requests they touch: written in one transaction with
-        the rest of this cycle's group, and announced only once that committed.
+        the rest of this cycle's group, and announced only once that committed (`after`:
+        more of what memory learns then, beside the decisions' own `_account`).
 
         Everything announced (the rows, the SSE data, the metrics) is taken now, as of
         this batch: later batches of the group do not leak into its announcement.
@@ -861,7 +869,7 @@ class Arbiter:
             now,
         )
         events: list[Event] = []
-        accounts: list[Callable[[], None]] = []
+        accounts: list[Callable[[], None]] = list(after)
         for d in decisions:
             accounts += self._account(d)
             about = self.requests.get(d.id) if d.id else None

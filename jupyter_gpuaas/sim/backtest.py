@@ -123,6 +123,11 @@ class Backtest:
                     gave_up = event == "expire" or event == "cull"
                     self.history.add(kind, user, d.t - since, culls, gave_up, at=d.t)
 
+    def busy_again(self, rid: str, seconds: float, t: float) -> None:
+        """A holder idle for `seconds` is busy again at `t`, before its cull (the driver
+        says so for the spells the core hears: every one with `every_spell`)."""
+        self.history.busy_again(self.who.get(rid, ("", ""))[0], seconds, t)
+
     def came_back(self, rid: str, t: float) -> None:
         """A culled request whose reservation had gone is queued again at `t`: its user
         is back. To the queue it is an arrival like a submission, and the forecast counts

@@ -294,6 +294,14 @@ class _Replay:
                                 self.push(anchor + busy[n + 1][1], (seq + 2, _IDLE, life, n + 1))
                                 continue
                             self.push(back, (seq + 1, _BUSY, life, n + 1))
+                        idle = req.idle_since
+                        if (
+                            what == _BUSY
+                            and self.backtest is not None
+                            and idle is not None
+                            and req.state is State.ADMITTED
+                        ):  # an idle spell heard to end before the cull, as a gateway does
+                            self.backtest.busy_again(rid, now - idle, now)
                         decisions += core.activity(rid, what == _BUSY, now)
                         told = True
                 del due_at[now]

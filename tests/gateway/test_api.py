@@ -211,6 +211,28 @@ async def test_idle_cull_park_and_resume(make_gateway: Any) -> None:
     assert gw.arbiter.history.culls("kernel") == (1, 0)  # one cull, and she came back
 
 
+async def test_an_idle_spell_heard_to_end_is_kept_for_the_estimates(make_gateway: Any) -> None:
+    """A holder idle, then busy again before its cull: how long it was idle goes into
+    the wait estimates' history (`History.busy_before_cull`: idle holders are not all
+    culled), once the heartbeat is committed; a busy heartbeat that ends no spell adds
+    none."""
+    quotas = {**QUOTAS, "policy": {"idle_timeout": 60}}
+    gw: Gateway = await make_gateway(quotas=quotas)
+    alice = gw.client("alice")
+    k = await alice.submit("vision", "kernel", 1)
+    await alice.heartbeat(k["id"], busy=True)
+    assert gw.arbiter.history.idle_spells("kernel") == []
+    await asyncio.sleep(0.3)  # (busy since its admission: the spell starts below)
+    before_idle = time.time()
+    await alice.heartbeat(k["id"], busy=False)
+    idle_at = time.time()
+    await asyncio.sleep(0.3)
+    before_busy = time.time()
+    await alice.heartbeat(k["id"], busy=True)
+    (spell,) = gw.arbiter.history.idle_spells("kernel")
+    assert before_busy - idle_at <= spell <= time.time() - before_idle
+
+
 async def test_simulated_scale_up_tells_waiters(make_gateway: Any) -> None:
     quotas = {
         **QUOTAS,
