@@ -168,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--offset", type=int, default=0, help="sample other instants (a second sample)")
     ap.add_argument("--out", type=Path, default=Path("estimates.jsonl"))
     ap.add_argument(
-        "--every-spell",
+        "--quiet-spells",
         action="store_true",
-        help="the core hears every idle spell, as a gateway does from heartbeats (slower)",
+        help="tell the core only the idle spells that change a decision (the replay before"
+        " 2026-12-07, faster); by default it hears every one, as a gateway does and as"
+        " `simulate --estimates` replays",
     )
     ap.add_argument("--report", type=Path, help="only report on a recorded run")
     args = ap.parse_args(argv)
@@ -180,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario is None:
         ap.error("give a scenario, or --report FILE")
     with args.out.open("w", encoding="utf-8", buffering=1) as out:
-        summary = run(args.scenario, args.every, out, args.until, args.offset, args.every_spell)
+        every_spell = not args.quiet_spells
+        summary = run(args.scenario, args.every, out, args.until, args.offset, every_spell)
         print(json.dumps(summary))
     print(report(args.out))
     return 0

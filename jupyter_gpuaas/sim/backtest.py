@@ -2,11 +2,13 @@
 and how right it was.
 
 While the scenario replays, the backtest keeps what a gateway would know at each moment:
-the hold times of grants that ended so far (by kind and user, `History`), and nothing of
-what is still to come. When requests arrive and the instant's admission cycle leaves some
-of them queued, it asks `estimate_waits` (the forward run of a copy of the core,
-admission/estimate.py) for those, as the gateway would for the first view of them; a
-request admitted in its own arrival cycle was shown no wait at all (its estimate is 0).
+the hold times of grants that ended so far (by kind and user, `History`), how long idle
+spells lasted that ended before a cull (the replay tells the core every spell, as a
+gateway hears each from heartbeats), and nothing of what is still to come. When
+requests arrive and the instant's admission cycle leaves some of them queued, it asks
+`estimate_waits` (the forward run of a copy of the core, admission/estimate.py) for
+those, as the gateway would for the first view of them; a request admitted in its own
+arrival cycle was shown no wait at all (its estimate is 0).
 
 The accuracy is judged on the requests that waited at least `LONG_WAIT` (a short wait
 needs no estimate, and a relative error of a tiny wait means nothing): the median of

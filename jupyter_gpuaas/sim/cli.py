@@ -227,7 +227,12 @@ def _run(args: argparse.Namespace) -> int:
         if backtest is None:
             sim = run_scenario(scenario, until=until, tally=tally)
         else:
-            sim = run_scenario(scenario, until=until, tally=tally, backtest=backtest)
+            # Every idle spell told to the core, as a gateway hears each from heartbeats:
+            # the estimates see the idle holders a gateway would (the decisions are the
+            # same either way, tests/test_quiet_spells.py).
+            sim = run_scenario(
+                scenario, until=until, tally=tally, backtest=backtest, every_spell=True
+            )
         wall = time.perf_counter() - started
         if progress is not None:
             progress.finish(sim.end)
