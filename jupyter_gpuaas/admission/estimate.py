@@ -526,9 +526,10 @@ class _Run:
         u = self.quantile(rid)
         if back <= 0.0 or u < 1.0 - back:
             return None
-        # The upper `back` of the quantiles: those back after a cull, then those back
-        # before it (a quantile's place in the mixture: the longer sessions last).
-        return min(1.0, (u - (1.0 - back)) / back), u >= 1.0 - early
+        # Which way it comes back says nothing of how long its session lasts then: drawn
+        # apart from its quantile (a hash of its own), `early / back` of them before.
+        before = _mix(rid + "/idle") / 2.0**32 < early / back
+        return min(1.0, (u - (1.0 - back)) / back), before
 
     def park(self, req: Request, now: float) -> None:
         """A parked reservation: expected back (its user active again) halfway through
