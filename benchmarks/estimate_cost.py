@@ -35,9 +35,10 @@ from jupyter_gpuaas.sim.scenario import load_scenario
 def measure(at: float, requests: int, repeat: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         scenario = load_scenario(month_trace.generate(Path(tmp), requests))
-    # History only: one arrival instant in a billion is estimated (the first).
+    # History only: one arrival instant in a billion is estimated (the first). Every idle
+    # spell told, as a gateway hears them: its idle holders and its history of spells.
     backtest = Backtest(scenario, every=10**9)
-    sim = run_scenario(scenario, until=at, backtest=backtest)
+    sim = run_scenario(scenario, until=at, backtest=backtest, every_spell=True)
     core = sim.core
     live = list(core.live_requests())
     queued = [r for r in live if r.state is State.QUEUED]

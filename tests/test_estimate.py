@@ -484,7 +484,8 @@ def test_the_calibrated_range_holds_the_next_outcome_as_often_as_it_says() -> No
 
 def test_calibration_makes_the_range_and_leaves_the_middle_to_the_run() -> None:
     # "a" ends in 1900 s in every run (a cull); past kernel estimates turned out between
-    # half and three times as long: the range is the ratios' p20-p80, the middle the run's.
+    # half and three times as long: the range is the ratios' RANGE quantiles, the middle
+    # the run's.
     core = core_of({
         "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
         "tenants": {"vision": {"quota": {"a100": 1}}},

@@ -103,7 +103,12 @@ SCHEMAS: dict[str, Any] = {
                 "description": "the middle estimate of a forward run of the queue, in seconds "
                 "from now; null: no estimate, `basis` says why",
             },
-            "low": {**NULLNUM, "description": "the range's low end (the quarter run)"},
+            "low": {
+                **NULLNUM,
+                "description": "the range's low end (the quarter run; once enough past "
+                "estimates have turned out, calibrated so that the range holds about two "
+                "starts in three)",
+            },
             "high": {
                 **NULLNUM,
                 "description": "the range's high end (the three-quarter run); null with "
