@@ -133,17 +133,24 @@ def test_preempting_head_behind_another_waits_for_the_preemption() -> None:
     assert got["k1"].ends.preempted == 2
 
 
-def test_an_idle_holder_is_culled_at_a_known_time() -> None:
+def idle_holder_and_bob(**policy: float) -> AdmissionCore:
+    """One a100, vision's quota of 1: ann's kernel "a" admitted at 0 s and idle from
+    100 s, bob's "b" queued behind it at 400 s."""
     core = core_of({
         "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
         "tenants": {"vision": {"quota": {"a100": 1}}},
-        "policy": {"idle_timeout": 1800},
+        "policy": policy,
     })  # fmt: skip
     core.submit(req("a", "vision"), 0.0)
     core.step(0.0)
-    core.activity("a", False, 100.0)  # idle from 100 s: culled at 1900 s
+    core.activity("a", False, 100.0)
     core.submit(req("b", "vision", user="bob", t=400.0), 400.0)
     core.step(400.0)
+    return core
+
+
+def test_an_idle_holder_is_culled_at_a_known_time() -> None:
+    core = idle_holder_and_bob(idle_timeout=1800)  # "a" culled at 1900 s
     # No history at all: the cull alone decides, so every quantile says the same.
     got = estimate_waits(core, 400.0, History())["b"]
     assert (got.seconds, got.low, got.high) == (1500.0, 1500.0, 1500.0)
@@ -167,16 +174,7 @@ def test_an_idle_holder_whose_user_comes_back_holds_its_quota_for_the_session() 
     # not) frees the quota at 2500 s; the middle and the three-quarter runs have "a"
     # back and held as long as past sessions (3000/4000/5000 s) at their quantiles of
     # those that came back (1/4 and 5/8): 3000 s and 4000 s from its admission.
-    core = core_of({
-        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
-        "tenants": {"vision": {"quota": {"a100": 1}}},
-        "policy": {"idle_timeout": 1800, "cull_warning": 0, "reservation_ttl": 600},
-    })  # fmt: skip
-    core.submit(req("a", "vision"), 0.0)
-    core.step(0.0)
-    core.activity("a", False, 100.0)
-    core.submit(req("b", "vision", user="bob", t=400.0), 400.0)
-    core.step(400.0)
+    core = idle_holder_and_bob(idle_timeout=1800, cull_warning=0, reservation_ttl=600)
     hist = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=8, gave_up=4)
     assert hist.comes_back("kernel") == pytest.approx(2 / 3)
     got = estimate_waits(core, 400.0, hist)["b"]
@@ -215,16 +213,7 @@ def test_an_idle_holder_busy_again_before_its_cull_holds_its_quota() -> None:
     # three-quarter run has "a" busy again: held as a busy holder (past sessions of
     # 3000-5000 s at the quantile 0.25 of the third: 3000 s from its admission), so "b"
     # starts at 3000 s there; the quarter and middle runs still free it at 2500 s.
-    core = core_of({
-        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
-        "tenants": {"vision": {"quota": {"a100": 1}}},
-        "policy": {"idle_timeout": 1800, "cull_warning": 0, "reservation_ttl": 600},
-    })  # fmt: skip
-    core.submit(req("a", "vision"), 0.0)
-    core.step(0.0)
-    core.activity("a", False, 100.0)
-    core.submit(req("b", "vision", user="bob", t=400.0), 400.0)
-    core.step(400.0)
+    core = idle_holder_and_bob(idle_timeout=1800, cull_warning=0, reservation_ttl=600)
     hist = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=0, gave_up=12)
     got = estimate_waits(core, 400.0, hist)["b"]
     assert (got.low, got.seconds, got.high) == (2100.0, 2100.0, 2100.0)
@@ -486,16 +475,7 @@ def test_calibration_makes_the_range_and_leaves_the_middle_to_the_run() -> None:
     # "a" ends in 1900 s in every run (a cull); past kernel estimates turned out between
     # half and three times as long: the range is the ratios' RANGE quantiles, the middle
     # the run's.
-    core = core_of({
-        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
-        "tenants": {"vision": {"quota": {"a100": 1}}},
-        "policy": {"idle_timeout": 1800},
-    })  # fmt: skip
-    core.submit(req("a", "vision"), 0.0)
-    core.step(0.0)
-    core.activity("a", False, 100.0)
-    core.submit(req("b", "vision", user="bob", t=400.0), 400.0)
-    core.step(400.0)
+    core = idle_holder_and_bob(idle_timeout=1800)
     cal = Calibration()
     for i in range(MIN_OUTCOMES):
         cal.add("kernel", 1000.0, 1000.0 * (0.5 + 2.5 * i / (MIN_OUTCOMES - 1)))
