@@ -16,10 +16,9 @@ What ends a grant in the run:
   hears every spell from heartbeats, and most end within minutes) or its user back
   within the reservation (as the users of past culls of its kind were,
   `History.comes_back`: most are, within minutes); then it is held for its session, as
-  below. A parked reservation likewise
-  expires at its known time or, expected back (as often as past users still away after
-  as long came back: fewer, the longer it has waited), resumes and is held for its
-  session;
+  below. A parked reservation likewise expires at its known time or, expected back (as
+  often as past users still away after as long came back: fewer, the longer it has
+  waited), resumes and is held for its session;
 - a job with a declared duration: that duration after its admission;
 - anything else: how long past grants were held (`History`), of the same user and kind
   when there are enough of them, else of the kind, else of any kind, given that it has
@@ -105,9 +104,9 @@ class History:
     cancel or the end of its parked reservation (`Request.held_since`: a new request of
     its user that takes the reservation over goes on with the hold; one queued again
     after its reservation went holds anew, and a grant's age in the runs is counted
-    alike, `hold_start`). A preempted run is none (the core cut it
-    short, and a forward run makes its own preemptions; a preempted job runs again from
-    the start, and its complete run is the sample). A cull that parks it does
+    alike, `hold_start`). A preempted run is none (the core cut it short, and a forward
+    run makes its own preemptions; a preempted job runs again from the start, and its
+    complete run is the sample). A cull that parks it does
     not end it: most culled notebooks come back within their reservation (in the month
     trace a server is culled twice a session on average, and back within a median 8 min),
     and their quota stays theirs meanwhile; counted from cull to cull, the holds were a
