@@ -45,7 +45,7 @@ import pytest
 from helpers import async_chromium, free_port, notebook, stop, wait_until
 from kubefix import TOKENS
 from kubeutil import KubeOnCluster, kernel_cluster
-from test_kueue_mode import field_is_id, job, preemptible_vision
+from test_kueue_mode import field_is_id, preemptible_vision
 from tornado.httpclient import AsyncHTTPClient
 
 pytestmark = pytest.mark.asyncio
@@ -180,8 +180,8 @@ WATCH_JS = """() => {
 async def test_an_open_notebook_is_saved_when_kueue_preempts_its_gpu_kernel(
     kube: KubeOnCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    quota, high, flavors = await preemptible_vision(kube, tmp_path)
-    tenant = quota.tenant
+    pre = await preemptible_vision(kube, tmp_path)
+    quota, flavors, tenant = pre.quota, pre.flavors, pre.quota.tenant
     mine = {"gpuaas-test": kube.namespace}
     kube.add_node(f"kq-cpu-{quota.tag}", mine)
     gw = await quota.gateway(tmp_path)
@@ -264,9 +264,7 @@ async def test_an_open_notebook_is_saved_when_kueue_preempts_its_gpu_kernel(
                 kube.cluster.kubectl("annotate", *pod, "pod-delete.stage.kwok.x-k8s.io/delay=1h")
 
                 # Kueue takes the GPU back for a Job of a higher priority.
-                urgent = job("urgent", tenant, seconds=3600)
-                urgent["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = high
-                quota.run(urgent)
+                pre.take_back()
                 why = f"a higher-priority request of {tenant} needs the GPU"
                 # The row, the notebook's own line and a notification say when and why.
                 row = panel.locator(f'.jp-gpuaas-work li[data-key="{rid}"]')
@@ -322,9 +320,7 @@ async def test_an_open_notebook_is_saved_when_kueue_preempts_its_gpu_kernel(
                 assert "".join(source) == f"print(6 * 7)\n{EDIT}", source
     finally:
         await gw.stop_server()
-        kube.cluster.kubectl("delete", "job", "urgent", "-n", kube.namespace, check=False)
-        kube.cluster.kubectl("delete", "workloadpriorityclass", high, "--wait=false", check=False)
-        quota.close()
+        pre.close()
 
 
 async def gw_requests(url: str, user: str, kind: str) -> list[dict[str, Any]]:
