@@ -225,10 +225,9 @@ def test_an_idle_holder_busy_again_before_its_cull_holds_its_quota() -> None:
     assert core.get("a").idle_since == 100.0  # type: ignore[union-attr]
 
 
-def test_a_parked_reservation_whose_user_comes_back_keeps_the_quota() -> None:
-    # "a" was culled and parked at 600 s (reservation to 1800 s). With its users back
-    # after every past cull, it is back halfway through what is left of the reservation
-    # and held as long as past sessions were: "b" waits for that, not for the expiry.
+def parked_holder() -> AdmissionCore:
+    """One a100, vision's quota of 1: ann's kernel "a" admitted at 0 s, idle at once,
+    culled and parked at 600 s (its reservation to 1800 s)."""
     core = core_of({
         "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
         "tenants": {"vision": {"quota": {"a100": 1}}},
@@ -239,6 +238,14 @@ def test_a_parked_reservation_whose_user_comes_back_keeps_the_quota() -> None:
     core.activity("a", False, 0.0)
     core.step(600.0)
     assert core.get("a").state is State.PARKED  # type: ignore[union-attr]
+    return core
+
+
+def test_a_parked_reservation_whose_user_comes_back_keeps_the_quota() -> None:
+    # "a" was culled and parked at 600 s (reservation to 1800 s). With its users back
+    # after every past cull, it is back halfway through what is left of the reservation
+    # and held as long as past sessions were: "b" waits for that, not for the expiry.
+    core = parked_holder()
     core.submit(req("b", "vision", user="bob", t=800.0), 800.0)
     core.step(800.0)
     back = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=12, gave_up=0)
@@ -256,16 +263,7 @@ def test_a_reservation_parked_longer_than_past_users_took_to_come_back_expires()
     # back after a cull, but within 60-300 s of it. At 1500 s "a" has waited 900 s: of
     # the users who were to come back, none took that long, so it expires at 1800 s;
     # asked at 700 s (parked 100 s), most of its like were still to come back.
-    core = core_of({
-        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
-        "tenants": {"vision": {"quota": {"a100": 1}}},
-        "policy": {"idle_timeout": 600, "cull_warning": 0, "reservation_ttl": 1200},
-    })  # fmt: skip
-    core.submit(req("a", "vision"), 0.0)
-    core.step(0.0)
-    core.activity("a", False, 0.0)
-    core.step(600.0)
-    assert core.get("a").state is State.PARKED  # type: ignore[union-attr]
+    core = parked_holder()
     back = sessions("kernel", [3000.0, 4000.0, 5000.0] * 4, came_back=12, gave_up=0)
     for i in range(12):
         back.came_back("kernel", 60.0 + 20.0 * i)  # 60 s to 280 s after the cull
@@ -289,16 +287,7 @@ def test_a_resumed_notebook_is_as_old_as_its_session() -> None:
     # "a" is admitted at 0, idle, culled and parked at 600, back at 700: its quota was
     # never free, so its hold is 800 s old at 800, not 100 s (History: a hold lasts
     # from the admission to the end of the reservation).
-    core = core_of({
-        "flavors": {"a100": {"nodes": 1, "gpus_per_node": 1}},
-        "tenants": {"vision": {"quota": {"a100": 1}}},
-        "policy": {"idle_timeout": 600, "cull_warning": 0, "reservation_ttl": 1200},
-    })  # fmt: skip
-    core.submit(req("a", "vision"), 0.0)
-    core.step(0.0)
-    core.activity("a", False, 0.0)
-    core.step(600.0)
-    assert core.get("a").state is State.PARKED  # type: ignore[union-attr]
+    core = parked_holder()
     core.activity("a", True, 700.0)
     core.step(700.0)
     assert core.get("a").state is State.ADMITTED  # type: ignore[union-attr]
