@@ -723,7 +723,7 @@ class Arbiter:
         # An idle spell that ended before the cull: how long idle holders stay idle, for
         # the estimates (`History.busy_before_cull`), once that is committed.
         after = []
-        if busy and idle_since is not None and req.state is State.ADMITTED:
+        if busy and idle_since is not None:
             spell = functools.partial(self.history.busy_again, req.kind, now - idle_since, now)
             after.append(spell)
         # The renewed lease is written even without decisions: after a restart the

@@ -75,9 +75,7 @@ class Backtest:
             if event == "admit" or event == "resume":
                 # A resume from a parked reservation goes on with the same hold.
                 self.held_since.setdefault(rid, d.t)
-                culled = self.parked_at.pop(rid, None)
-                if culled is not None:  # its user came back this long after the cull
-                    self.history.came_back(self.who.get(rid, ("", ""))[0], d.t - culled, d.t)
+                self._back(rid, d.t)
                 told = self.pending.pop(rid, None)
                 if told is not None:  # how the estimate turned out: the calibration learns
                     self.calibration.add(told[0], told[1], d.t - told[2])
@@ -98,9 +96,7 @@ class Backtest:
                 if since is not None:
                     self.held_since[claimed_by] = since
                     self.culls[claimed_by] = self.culls.pop(rid, 0)
-                culled = self.parked_at.pop(rid, None)
-                if culled is not None:  # and its user is back, this long after the cull
-                    self.history.came_back(self.who.get(rid, ("", ""))[0], d.t - culled, d.t)
+                self._back(rid, d.t)  # and its user is back
                 continue
             parked = event == "cull" and bool(d.fields.get("parked"))
             if event == "cull":
@@ -124,6 +120,13 @@ class Backtest:
                     # without one): its user did not come back after its last cull.
                     gave_up = event == "expire" or event == "cull"
                     self.history.add(kind, user, d.t - since, culls, gave_up, at=d.t)
+
+    def _back(self, rid: str, t: float) -> None:
+        """`rid`'s parked reservation (if any) is taken back at `t`: how long after its
+        cull its user came back goes into the history."""
+        culled = self.parked_at.pop(rid, None)
+        if culled is not None:
+            self.history.came_back(self.who.get(rid, ("", ""))[0], t - culled, t)
 
     def busy_again(self, rid: str, seconds: float, t: float) -> None:
         """A holder idle for `seconds` is busy again at `t`, before its cull (the driver
