@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from helpers import new_page
@@ -32,7 +33,10 @@ def test_the_gpus_panel_in_jupyterlab_behind_the_hub(clean_hub: Hub, browser: An
     shots = ROOT / "test-artifacts" / "ui"
     shots.mkdir(parents=True, exist_ok=True)
     page = new_page(browser, 1280, 900)
-    hub.log_in(page, "alice", "/user/alice/lab")
+    # `?reset`: an empty layout, not the one an earlier test of this hub left in alice's
+    # workspace (its notebooks restored, a kernel dialog over the page: a fresh-clone run
+    # met one, "<dialog class=jp-Dialog> intercepts pointer events").
+    hub.log_in(page, "alice", quote("/user/alice/lab?reset", safe=""))
     page.wait_for_url("**/user/alice/lab**")
     page.locator('.jp-SideBar [data-id="jp-gpuaas-panel"]').click()
     panel = page.locator("#jp-gpuaas-panel")
